@@ -1,0 +1,122 @@
+"""Atomic file writes, the one canonical JSON serialization, and sha256 helpers. Knows nothing
+about what the files mean."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+_HASH_CHUNK_BYTES = 1 << 20
+
+
+def canonical_json(obj: Any) -> str:
+    """The one JSON serialization used for every artifact we write: UTF-8 text, non-ASCII kept,
+    sorted keys, fixed separators, trailing newline. Two runs that produce equal objects produce
+    equal bytes, so artifacts can be compared by sha256."""
+    return json.dumps(obj, ensure_ascii=False, sort_keys=True, separators=(",", ":"), indent=None) + "\n"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[BinaryIO]:
+    """Open a temp file beside `path`; on clean exit fsync it and `os.replace` it onto `path`.
+    A crash leaves the old file or the new one, never half of one."""
+    path = Path(path)
+    if mode not in ("wb", "w"):
+        raise ValueError(f"atomic_open mode must be 'wb' or 'w', got {mode!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **({"encoding": "utf-8", "newline": "\n"} if mode == "w" else {})) as f:
+            yield f  # type: ignore[misc]
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    with atomic_open(path, "wb") as f:
+        f.write(data)
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write `obj` with `canonical_json`, atomically."""
+    write_bytes_atomic(path, canonical_json(obj).encode("utf-8"))
+
+
+def read_json(path: str | os.PathLike[str], *, what: str = "JSON file") -> Any:
+    """Read a JSON file, raising a ValueError that names the file when it is missing or broken."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path} is missing; re-run the stage that writes it") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} {path} is not UTF-8 ({e}); delete it and re-run the stage that writes it") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{what} {path} is not valid JSON ({e}); delete it and re-run the stage that writes it") from None
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK_BYTES):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_of_manifest(files: dict[str, str]) -> str:
+    """One hash for a set of files, from their names and per-file sha256 (order-independent)."""
+    return sha256_bytes("".join(f"{name}\t{digest}\n" for name, digest in sorted(files.items())).encode("utf-8"))
+
+
+@contextlib.contextmanager
+def atomic_dir(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield an empty temp folder beside `out_dir`; on clean exit it replaces `out_dir` whole.
+    On any error the temp folder is removed and `out_dir` is left as it was, so a half-written
+    output is never published under the final name."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        yield tmp
+        for p in tmp.rglob("*"):
+            if p.is_file():
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+        old = None
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        _fsync_dir(out_dir.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
