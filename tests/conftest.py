@@ -1,0 +1,44 @@
+"""Shared pytest fixtures: the real-format samples beside the checkout, and hermetic defaults."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_FIXTURES = ROOT.parent / "shared" / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def shared_fixtures() -> Path:
+    """`../shared/fixtures` (real-format data samples); tests using it skip when it is absent,
+    as in a user's clone."""
+    if not SHARED_FIXTURES.is_dir():
+        pytest.skip(f"real-format samples not found at {SHARED_FIXTURES} (only present beside the dev checkout)")
+    return SHARED_FIXTURES
+
+
+@pytest.fixture(autouse=True)
+def _hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No test may reach the network: the hub libraries honour these.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Two cores are shared by the suite; keep torch from oversubscribing them.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
