@@ -1,0 +1,69 @@
+"""End to end: the whole DVC DAG on the `smoke` preset in a scratch copy of the checkout, then a
+second `dvc repro` that must do nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _run(cmd: list[str], cwd: Path, timeout_s: int) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "DVC_"))}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("OMP_NUM_THREADS", None)  # the stages set their own thread count from params
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def _checkout_copy(dst: Path) -> None:
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if not src.is_file() or rel.startswith("data/"):
+            continue
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst / rel)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_smoke_pipeline_end_to_end(tmp_path: Path) -> None:
+    work = tmp_path / "repo"
+    work.mkdir()
+    _checkout_copy(work)
+    (work / "dvc.lock").unlink(missing_ok=True)  # the committed lock is for the tiny preset
+    subprocess.run(["git", "init", "-q"], cwd=work, check=True)
+    _run([str(BIN / "lockstep"), "preset", "smoke"], work, 60)
+
+    _run([str(BIN / "dvc"), "repro"], work, 1500)
+
+    lock = yaml.safe_load((work / "dvc.lock").read_text())
+    for stage, entry in lock["stages"].items():
+        for out in entry.get("outs", []):
+            assert (work / out["path"]).exists(), f"{stage}: output {out['path']} missing"
+    stages = set(lock["stages"])
+    expected = {"tokenizer"} | {f"fetch@{k}" for k in yaml.safe_load((work / "params.yaml").read_text())["fetch"]}
+    assert expected <= stages, f"stages that did not run: {sorted(expected - stages)}"
+
+    for metrics in (work / "data" / "metrics").glob("*.json"):
+        assert isinstance(json.loads(metrics.read_text()), dict), metrics
+
+    again = _run([str(BIN / "dvc"), "repro"], work, 300)
+    assert "Running stage" not in again.stdout, f"second dvc repro re-ran stages:\n{again.stdout}"
+    status = _run([str(BIN / "dvc"), "status"], work, 120)
+    assert "up to date" in status.stdout, status.stdout
