@@ -1,0 +1,217 @@
+"""Optimizers: Muon for the 2-D block matrices, AdamW for embeddings, lm_head and scalars, and the
+parameter grouping between them. Knows nothing about schedules, data or checkpoints on disk."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+# Quintic Newton-Schulz coefficients chosen to push singular values towards 1 as fast as possible
+# in few steps (K. Jordan, "Muon: An optimizer for hidden layers", 2024); the result is only
+# approximately orthogonal (singular values land in roughly [0.7, 1.2]), which trains as well.
+_NS_COEFFS = (3.4445, -4.7750, 2.0315)
+# AdamW learning rates were tuned at width 768; scale them by (n_embd / 768) ** -0.5 elsewhere.
+_REFERENCE_WIDTH = 768
+
+
+def orthogonalize(g: torch.Tensor, steps: int = 5, *, eps: float = 1e-7) -> torch.Tensor:
+    """Approximate U V^T of g = U S V^T by a quintic Newton-Schulz iteration. g: (rows, cols).
+    Runs in bf16 on CUDA (tensor cores) and in fp32 on CPU, where it must stay bit-reproducible."""
+    if g.ndim != 2:
+        raise ValueError(f"orthogonalize needs a 2-D matrix, got shape {tuple(g.shape)}")
+    a, b, c = _NS_COEFFS
+    x = g.to(torch.bfloat16 if g.is_cuda else torch.float32)
+    transposed = x.size(0) > x.size(1)
+    if transposed:
+        x = x.T  # (cols, rows): iterate on the short side so X X^T is the small Gram matrix
+    x = x / (x.norm() + eps)  # spectral norm <= Frobenius norm <= 1, inside the basin of convergence
+    for _ in range(steps):
+        gram = x @ x.T  # (short, short)
+        poly = b * gram + c * (gram @ gram)
+        x = a * x + poly @ x
+    if transposed:
+        x = x.T
+    return x.to(g.dtype)
+
+
+class AdamW(torch.optim.Optimizer):
+    """Decoupled-weight-decay Adam (Loshchilov & Hutter 2019), with the same update formula as
+    torch.optim.AdamW so the two agree to rounding. State is replicated on every rank."""
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0):
+        if lr < 0 or eps < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+            raise ValueError(f"AdamW needs lr >= 0, eps >= 0 and betas in [0, 1); got lr={lr}, betas={betas}, eps={eps}")
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                step = state["step"].item()
+                grad = p.grad
+                p.mul_(1 - lr * wd)
+                state["exp_avg"].lerp_(grad, 1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                bias1 = 1 - beta1**step
+                bias2_sqrt = math.sqrt(1 - beta2**step)
+                denom = (state["exp_avg_sq"].sqrt() / bias2_sqrt).add_(eps)
+                p.addcdiv_(state["exp_avg"], denom, value=-lr / bias1)
+        return None
+
+
+class Muon(torch.optim.Optimizer):
+    """MomentUm Orthogonalized by Newton-schulz, for 2-D weight matrices only.
+
+    Update: buf = mu * buf + g; u = g + mu * buf (Nesterov) or buf; W -= lr * sqrt(max(1, rows/cols))
+    * orthogonalize(u). The aspect-ratio factor keeps the per-element update size comparable for
+    tall matrices. Under torch.distributed each parameter has one owner rank (round robin) that
+    holds its momentum and computes its update, then broadcasts the new weights: optimizer state
+    and Newton-Schulz work are sharded, gradients must already be averaged across ranks."""
+
+    def __init__(self, params: Iterable, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
+                 ns_steps: int = 5, weight_decay: float = 0.0, *, rank: int = 0, world_size: int = 1):
+        params = list(params)
+        tensors = [t for item in params for t in (item["params"] if isinstance(item, dict) else [item])]
+        for p in tensors:
+            if p.ndim != 2:
+                raise ValueError(f"Muon only takes 2-D matrices, got a parameter of shape {tuple(p.shape)}; give it to AdamW")
+        if not 0 <= momentum < 1:
+            raise ValueError(f"Muon momentum={momentum} must be in [0, 1)")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        self.rank, self.world_size = rank, world_size
+        super().__init__(params, {"lr": lr, "momentum": momentum, "nesterov": nesterov,
+                                  "ns_steps": ns_steps, "weight_decay": weight_decay})
+
+    def _owned(self) -> list[tuple[int, torch.Tensor, dict]]:
+        flat = [(p, g) for g in self.param_groups for p in g["params"]]
+        return [(i, p, g) for i, (p, g) in enumerate(flat)]
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        for i, p, group in self._owned():
+            owner = i % self.world_size
+            if owner == self.rank and p.grad is not None:
+                grad = p.grad
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(grad)
+                buf = state["momentum_buffer"]
+                mu = group["momentum"]
+                buf.mul_(mu).add_(grad)
+                update = grad.add(buf, alpha=mu) if group["nesterov"] else buf
+                ortho = orthogonalize(update, group["ns_steps"])
+                scale = math.sqrt(max(1.0, p.size(0) / p.size(1)))
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(ortho, alpha=-group["lr"] * scale)
+            if self.world_size > 1:
+                dist.broadcast(p.data, src=owner)
+        return None
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Learning rates and optimizer settings (part of a training stage's params section)."""
+
+    matrix_lr: float = 0.02  # Muon, block matrices
+    embed_lr: float = 0.2  # AdamW, token embedding (before width scaling)
+    unembed_lr: float = 0.004  # AdamW, lm_head (before width scaling)
+    scalar_lr: float = 0.5  # AdamW, 1-D parameters (norm gains, gates), if the model has any
+    weight_decay: float = 0.0  # decoupled, AdamW groups
+    adam_beta1: float = 0.8
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-10
+    muon_momentum_start: float = 0.85  # momentum warm-up from here ...
+    muon_momentum_end: float = 0.95  # ... to here ...
+    muon_momentum_warmup_steps: int = 300  # ... over this many steps
+    grad_clip: float = 1.0  # max global grad norm; 0 disables
+
+
+def split_params(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
+    """Group parameters by role from their names and shapes: `embed` (token/value embeddings),
+    `unembed` (lm_head), `matrix` (other 2-D weights, for Muon), `scalar` (everything else)."""
+    groups: dict[str, list[tuple[str, nn.Parameter]]] = {"embed": [], "unembed": [], "matrix": [], "scalar": []}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        leaf = name.lower()
+        if "lm_head" in leaf:
+            groups["unembed"].append((name, p))
+        elif "wte" in leaf or "embed" in leaf:
+            groups["embed"].append((name, p))
+        elif p.ndim == 2:
+            groups["matrix"].append((name, p))
+        else:
+            groups["scalar"].append((name, p))
+    return groups
+
+
+def build_optimizers(model: nn.Module, cfg: OptimConfig, *, model_dim: int, rank: int = 0,
+                     world_size: int = 1) -> list[torch.optim.Optimizer]:
+    """[AdamW, Muon] over the model's parameters. Every group records `initial_lr` so a schedule
+    can scale it."""
+    groups = split_params(model)
+    width_scale = (model_dim / _REFERENCE_WIDTH) ** -0.5
+    adam_groups = []
+    for role, lr in (("embed", cfg.embed_lr * width_scale), ("unembed", cfg.unembed_lr * width_scale),
+                     ("scalar", cfg.scalar_lr)):
+        if groups[role]:
+            adam_groups.append({"params": [p for _, p in groups[role]], "lr": lr, "role": role})
+    if not groups["matrix"]:
+        raise ValueError("model has no 2-D block matrices for Muon; check the parameter names")
+    optimizers: list[torch.optim.Optimizer] = [
+        AdamW(adam_groups, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, weight_decay=cfg.weight_decay),
+        Muon([{"params": [p for _, p in groups["matrix"]], "role": "matrix"}], lr=cfg.matrix_lr,
+             momentum=cfg.muon_momentum_start, rank=rank, world_size=world_size),
+    ]
+    for opt in optimizers:
+        for g in opt.param_groups:
+            g["initial_lr"] = g["lr"]
+    return optimizers
+
+
+def muon_momentum(step: int, cfg: OptimConfig) -> float:
+    """Linear momentum warm-up: low momentum early, when gradients change direction fast."""
+    if cfg.muon_momentum_warmup_steps <= 0:
+        return cfg.muon_momentum_end
+    frac = min(1.0, step / cfg.muon_momentum_warmup_steps)
+    return (1 - frac) * cfg.muon_momentum_start + frac * cfg.muon_momentum_end
+
+
+def set_lr(optimizers: list[torch.optim.Optimizer], multiplier: float, *, momentum: float | None = None) -> None:
+    for opt in optimizers:
+        for g in opt.param_groups:
+            g["lr"] = g["initial_lr"] * multiplier
+            if momentum is not None and isinstance(opt, Muon):
+                g["momentum"] = momentum
+
+
+def all_reduce_grads(params: list[nn.Parameter]) -> None:
+    """Average gradients across ranks in one flat buffer (one collective instead of one per
+    tensor). A no-op without torch.distributed."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    flat.div_(dist.get_world_size())
+    offset = 0
+    for g in grads:
+        n = g.numel()
+        g.copy_(flat[offset:offset + n].view_as(g))
+        offset += n

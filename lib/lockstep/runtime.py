@@ -1,0 +1,226 @@
+"""Runtime: device and dtype choice (once, with a reason), distributed detection, determinism
+settings and peak-FLOPs. Knows nothing about models, data or training."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+# Dense bf16 tensor-core peaks from the vendors' datasheets (no sparsity), FLOP/s per device.
+_DECLARED_BF16_PEAK_FLOPS = (
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
+    ("A10G", 125e12),
+    ("L4", 121e12),
+    ("4090", 165e12),
+    ("3090", 71e12),
+)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """The `runtime` params section."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "fp32", "bf16"] = "auto"
+    nproc: int = 1  # processes on this node; >1 makes the stage re-run itself under torchrun
+    threads: int = 0  # torch intra-op threads per process on CPU; 0 = cores // nproc
+    compile: Literal["auto", "on", "off"] = "auto"  # torch.compile: auto = on for CUDA only
+    deterministic: bool = True  # torch.use_deterministic_algorithms (bit-exact CPU resume needs it)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What the process runs on, decided once at the stage entry and passed explicitly."""
+
+    device: torch.device
+    dtype: torch.dtype  # compute dtype of matmuls: float32, or bfloat16 under autocast
+    reason: str  # why this device and dtype, for the log
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    compile: bool = False
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def autocast(self) -> torch.autocast:
+        """Autocast context for forward passes: bf16 where chosen, a no-op for fp32."""
+        return torch.autocast(
+            device_type=self.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16
+        )
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def describe(self) -> dict:
+        return {
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "reason": self.reason,
+            "world_size": self.world_size,
+            "compile": self.compile,
+        }
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU executes bf16 dot products natively (AVX-512 BF16 or AMX-BF16); there
+    bf16 matmuls run ~4x faster than fp32 (measured on a Sapphire Rapids vCPU by bench_train)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return bool(flags & {"avx512_bf16", "amx_bf16"})
+    return False
+
+
+def choose_device_dtype(device: str = "auto", dtype: str = "auto", *, local_rank: int = 0) -> tuple[torch.device, torch.dtype, str]:
+    """Pick the device and compute dtype, and say why. CPU fp32 always works; `auto` never picks
+    CPU bf16 (a measured choice the user makes, see bench/bench_train.py)."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"runtime.device={device!r} must be auto, cpu or cuda")
+    if dtype not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"runtime.dtype={dtype!r} must be auto, fp32 or bf16")
+    has_cuda = torch.cuda.is_available()
+    if device == "cuda" and not has_cuda:
+        raise RuntimeError("runtime.device=cuda but torch sees no CUDA device; set runtime.device: cpu or auto")
+    if device == "cuda" or (device == "auto" and has_cuda):
+        dev = torch.device("cuda", local_rank)
+        major, minor = torch.cuda.get_device_capability(dev)
+        name = torch.cuda.get_device_name(dev)
+        bf16_ok = major >= 8
+        if dtype == "bf16" and not bf16_ok:
+            raise ValueError(f"runtime.dtype=bf16 needs CUDA sm80+, {name} is sm{major}{minor}; use fp32 or auto")
+        if dtype == "fp32" or (dtype == "auto" and not bf16_ok):
+            why = "requested" if dtype == "fp32" else f"sm{major}{minor} has no bf16 tensor cores"
+            return dev, torch.float32, f"fp32 on CUDA {name} ({why})"
+        return dev, torch.bfloat16, f"bf16 autocast on CUDA {name} sm{major}{minor}"
+    dev = torch.device("cpu")
+    if dtype == "bf16":
+        native = cpu_has_native_bf16()
+        note = "native avx512_bf16/amx" if native else "no native bf16 on this CPU: emulated and slow"
+        return dev, torch.bfloat16, f"bf16 autocast on CPU (requested; {note})"
+    why = "requested" if dtype == "fp32" else "CPU default: always works, bit-reproducible"
+    return dev, torch.float32, f"fp32 on CPU ({why})"
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def torchrun_argv(nproc: int, module: str, args: list[str]) -> list[str]:
+    """The command that re-runs `python -m module args` under torchrun on this node."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *args]
+
+
+def configure_threads(threads: int, nproc: int) -> int:
+    """Set torch's intra-op thread count; 0 shares the cores evenly among this node's processes.
+    Results on CPU are bit-reproducible only for a fixed thread count (reduction order)."""
+    if threads < 0:
+        raise ValueError(f"runtime.threads={threads} must be >= 0 (0 = cores // nproc)")
+    n = threads or max(1, (os.cpu_count() or 1) // max(1, nproc))
+    torch.set_num_threads(n)
+    return n
+
+
+def configure_determinism(deterministic: bool) -> None:
+    """Deterministic kernels. On CPU, with a fixed thread count, this makes training bit-exact
+    run to run; on CUDA it also needs CUBLAS_WORKSPACE_CONFIG, set here, and holds per GPU model
+    and software stack only."""
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(deterministic, warn_only=False)
+
+
+def init_runtime(cfg: RuntimeConfig) -> Runtime:
+    """Detect torchrun from the environment, join the process group, choose device and dtype."""
+    rank, local_rank, world_size = 0, 0, 1
+    if under_torchrun():
+        rank = int(os.environ["RANK"])
+        local_rank = int(os.environ["LOCAL_RANK"])
+        world_size = int(os.environ["WORLD_SIZE"])
+    dev, dt, reason = choose_device_dtype(cfg.device, cfg.dtype, local_rank=local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, device_id=dev if dev.type == "cuda" else None)
+    compile_on = cfg.compile == "on" or (cfg.compile == "auto" and dev.type == "cuda")
+    return Runtime(device=dev, dtype=dt, reason=reason, rank=rank, local_rank=local_rank,
+                   world_size=world_size, compile=compile_on)
+
+
+def shutdown(rt: Runtime) -> None:
+    if rt.distributed and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def barrier(rt: Runtime) -> None:
+    if rt.distributed:
+        dist.barrier()
+
+
+def declared_peak_flops(device: torch.device) -> float | None:
+    """Datasheet bf16 peak for known CUDA devices, None when unknown."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in _DECLARED_BF16_PEAK_FLOPS:
+        if key in name:
+            return flops
+    return None
+
+
+def measure_matmul_peak_flops(device: torch.device, dtype: torch.dtype, *, n: int = 1024, min_time_s: float = 0.5) -> float:
+    """Measured dense matmul throughput (FLOP/s) for square n x n products: the honest peak to
+    quote MFU against on a CPU, whose datasheet peak is unreachable in practice. Median of
+    repeated timed batches after a warm-up."""
+    a = torch.ones(n, n, device=device, dtype=dtype) / n
+    b = torch.ones(n, n, device=device, dtype=dtype) / n
+    for _ in range(3):
+        torch.mm(a, b)
+    rates = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < min_time_s or len(rates) < 3:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        reps = 4
+        for _ in range(reps):
+            torch.mm(a, b)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        rates.append(2.0 * n**3 * reps / (time.perf_counter() - t0))
+    rates.sort()
+    return rates[len(rates) // 2]
+
+
+def peak_flops(rt: Runtime, *, declared: float = 0.0) -> tuple[float, str]:
+    """The peak MFU is quoted against: `declared` if given, else the datasheet for known GPUs,
+    else a short measurement of this device in its compute dtype."""
+    if declared > 0:
+        return declared, "declared in params"
+    known = declared_peak_flops(rt.device)
+    if known is not None and rt.dtype == torch.bfloat16:
+        return known, "datasheet bf16 dense"
+    return measure_matmul_peak_flops(rt.device, rt.dtype), f"measured {str(rt.dtype).removeprefix('torch.')} matmul"
+
