@@ -1,0 +1,429 @@
+"""The tokenizer interface shared by every kind, the special tokens, the on-disk layout (meta.json
+with per-file sha256) and chat rendering. Knows nothing about how any kind splits text.
+
+System messages: the chat format has no system role token. A leading system message is folded
+into the first user message, its text first, then a blank line (`"\\n\\n"`), then the user's text;
+a conversation that starts with a system message must therefore have a user message next.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from lockstep.io import atomic_dir, read_json, sha256_bytes, sha256_file, sha256_of_manifest, write_json_atomic
+
+SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|bos|>",
+    "<|user_start|>",
+    "<|user_end|>",
+    "<|assistant_start|>",
+    "<|assistant_end|>",
+    "<|python_start|>",
+    "<|python_end|>",
+    "<|output_start|>",
+    "<|output_end|>",
+)
+BOS = "<|bos|>"
+META_FILE = "meta.json"
+TOKEN_BYTES_FILE = "token_bytes.npy"
+FORMAT_VERSION = 1
+DEFAULT_ENCODE_THREADS = 8
+
+
+class TokenizerFileError(ValueError):
+    """A tokenizer directory is missing a file, or a file does not match its recorded sha256."""
+
+
+class ConversationError(ValueError):
+    """A conversation does not follow the record format (see docs/internals.md, "Records")."""
+
+
+def token_bytes_npy(token_bytes: np.ndarray) -> bytes:
+    """The exact bytes of `token_bytes.npy`: int32, no pickle; the same array gives the same bytes."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(token_bytes, dtype=np.int32), allow_pickle=False)
+    return buf.getvalue()
+
+
+class Tokenizer(ABC):
+    """Text <-> token ids for one tokenizer kind, plus the chat template.
+
+    Subclasses provide the kind-specific pieces (ordinary encoding, decoding, their plain files);
+    this class owns the special tokens, the saved layout and identity, and rendering. Ordinary
+    encoding never yields a special id, whatever the text contains: special tokens enter a
+    sequence only through `prepend`/`append`, `encode_special` and the renderers.
+    """
+
+    kind: ClassVar[str]
+
+    def __init__(self, special_ids: Mapping[str, int]) -> None:
+        missing = [name for name in SPECIAL_TOKENS if name not in special_ids]
+        if missing:
+            raise TokenizerFileError(f"special token(s) {missing} have no id; retrain the tokenizer")
+        self._special_ids: dict[str, int] = {name: int(special_ids[name]) for name in SPECIAL_TOKENS}
+        self._id_to_special: dict[int, str] = {i: name for name, i in self._special_ids.items()}
+        self._sha256: str | None = None
+        self._token_bytes: np.ndarray | None = None
+
+    # ---- kind-specific pieces -------------------------------------------------------------
+
+    @classmethod
+    @abstractmethod
+    def train_from_iterator(cls, texts: Iterable[str], *, vocab_size: int | None = None, **options: Any) -> Tokenizer:
+        """Learn a tokenizer of this kind from `texts`."""
+
+    @classmethod
+    @abstractmethod
+    def _from_files(cls, directory: Path, meta: dict[str, Any]) -> Tokenizer:
+        """Build from a directory whose files were already verified against meta.json."""
+
+    @abstractmethod
+    def _files(self) -> dict[str, bytes]:
+        """The kind's own plain files (name -> exact bytes), without token_bytes.npy and meta.json."""
+
+    @abstractmethod
+    def _encode_ordinary(self, text: str) -> list[int]:
+        """Ids of `text` with no special ids, whatever the text contains."""
+
+    def _encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
+        return [self._encode_ordinary(t) for t in texts]
+
+    @abstractmethod
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of `ids`; special ids appear as their names (e.g. `<|bos|>`)."""
+
+    @abstractmethod
+    def id_to_token(self, token_id: int) -> str:
+        """A readable form of one id: its text (invalid UTF-8 replaced) or the special name."""
+
+    @abstractmethod
+    def get_vocab_size(self) -> int:
+        """Number of ids, special tokens included."""
+
+    @abstractmethod
+    def _compute_token_bytes(self) -> np.ndarray:
+        """int32 (vocab,): UTF-8 bytes each id stands for, 0 for special (and control) ids."""
+
+    # ---- identity and files ---------------------------------------------------------------
+
+    def token_bytes(self) -> np.ndarray:
+        """int32 (vocab,): bytes each id stands for, 0 for specials; bits-per-byte divides by it."""
+        if self._token_bytes is None:
+            tb = np.ascontiguousarray(self._compute_token_bytes(), dtype=np.int32)
+            assert tb.shape == (self.get_vocab_size(),), (tb.shape, self.get_vocab_size())
+            tb[list(self._special_ids.values())] = 0
+            tb.setflags(write=False)
+            self._token_bytes = tb
+        return self._token_bytes
+
+    def _all_files(self) -> dict[str, bytes]:
+        files = dict(self._files())
+        files[TOKEN_BYTES_FILE] = token_bytes_npy(self.token_bytes())
+        return files
+
+    @property
+    def sha256(self) -> str:
+        """Identity of the tokenizer: sha256_of_manifest over its saved files (meta.json excluded),
+        the same value `save` records and `load_tokenizer` checks."""
+        if self._sha256 is None:
+            self._sha256 = sha256_of_manifest({name: sha256_bytes(data) for name, data in self._all_files().items()})
+        return self._sha256
+
+    def meta(self) -> dict[str, Any]:
+        files = self._all_files()
+        digests = {name: sha256_bytes(data) for name, data in files.items()}
+        return {
+            "format_version": FORMAT_VERSION,
+            "kind": self.kind,
+            "vocab_size": self.get_vocab_size(),
+            "special_token_ids": dict(self._special_ids),
+            "bos_token_id": self.get_bos_token_id(),
+            "files": digests,
+            "sha256": sha256_of_manifest(digests),
+        }
+
+    def save(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
+        """Write the tokenizer to `directory`, replacing it whole and atomically; meta.json is
+        written last. Returns the meta dict."""
+        meta = self.meta()
+        with atomic_dir(directory) as tmp:
+            for name, data in sorted(self._all_files().items()):
+                (tmp / name).write_bytes(data)
+            write_json_atomic(tmp / META_FILE, meta)
+        return meta
+
+    @classmethod
+    def from_directory(cls, directory: str | os.PathLike[str]) -> Tokenizer:
+        """Load a saved tokenizer, verifying every file against meta.json."""
+        tok = load_tokenizer(directory)
+        if cls is not Tokenizer and not isinstance(tok, cls):
+            raise TokenizerFileError(f"{directory} holds a {tok.kind!r} tokenizer, not {cls.kind!r}")
+        return tok
+
+    # ---- specials -------------------------------------------------------------------------
+
+    def get_special_tokens(self) -> dict[str, int]:
+        return dict(self._special_ids)
+
+    def get_bos_token_id(self) -> int:
+        return self._special_ids[BOS]
+
+    def encode_special(self, name: str) -> int:
+        try:
+            return self._special_ids[name]
+        except KeyError:
+            raise ValueError(f"{name!r} is not a special token; use one of {', '.join(SPECIAL_TOKENS)}") from None
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self._id_to_special
+
+    def _special_arg(self, value: int | str | None) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            return self.encode_special(value)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"prepend/append must be a special token name or id, got {value!r}")
+        if not 0 <= int(value) < self.get_vocab_size():
+            raise ValueError(f"token id {value} is outside the vocabulary [0, {self.get_vocab_size()})")
+        return int(value)
+
+    # ---- encoding -------------------------------------------------------------------------
+
+    def encode(
+        self,
+        text: str | Sequence[str],
+        prepend: int | str | None = None,
+        append: int | str | None = None,
+        num_threads: int = DEFAULT_ENCODE_THREADS,
+    ) -> list[int] | list[list[int]]:
+        """Ids of `text` (a str) or of each text in a list. `prepend`/`append` take a special
+        token name or id and wrap each sequence; the text itself never becomes a special id."""
+        first = self._special_arg(prepend)
+        last = self._special_arg(append)
+        if isinstance(text, str):
+            ids = self._encode_ordinary(text)
+            return ([first] if first is not None else []) + ids + ([last] if last is not None else [])
+        if not isinstance(text, Sequence) or not all(isinstance(t, str) for t in text):
+            raise TypeError(f"encode takes a str or a list of str, got {type(text).__name__}")
+        out = self._encode_ordinary_batch(list(text), num_threads)
+        if first is not None:
+            out = [[first, *ids] for ids in out]
+        if last is not None:
+            for ids in out:
+                ids.append(last)
+        return out
+
+    # ---- chat rendering -------------------------------------------------------------------
+
+    def render_conversation(self, conversation: Mapping[str, Any], max_tokens: int | None = None) -> tuple[list[int], list[int]]:
+        """(ids, mask) of a conversation record: one `<|bos|>`, then each turn. The mask is 1 on
+        assistant text, python calls with their delimiters and `<|assistant_end|>`; 0 elsewhere,
+        tool outputs included. Truncated to `max_tokens` when given."""
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens} must be at least 1 (or None for no limit)")
+        ids: list[int] = []
+        mask: list[int] = []
+
+        def add(chunk: list[int], m: int) -> None:
+            ids.extend(chunk)
+            mask.extend([m] * len(chunk))
+
+        sp = self._special_ids
+        add([sp[BOS]], 0)
+        for role, parts in _turns(conversation):
+            if role == "user":
+                text = "".join(p["text"] for p in parts)
+                add([sp["<|user_start|>"]], 0)
+                add(self._encode_ordinary(text), 0)
+                add([sp["<|user_end|>"]], 0)
+            else:
+                add([sp["<|assistant_start|>"]], 0)
+                for p in parts:
+                    if p["type"] == "text":
+                        add(self._encode_ordinary(p["text"]), 1)
+                    elif p["type"] == "python":
+                        add([sp["<|python_start|>"], *self._encode_ordinary(p["text"]), sp["<|python_end|>"]], 1)
+                    else:  # python_output: produced by the tool, never trained on
+                        add([sp["<|output_start|>"], *self._encode_ordinary(p["text"]), sp["<|output_end|>"]], 0)
+                add([sp["<|assistant_end|>"]], 1)
+            if max_tokens is not None and len(ids) >= max_tokens:
+                break
+        if max_tokens is not None:
+            del ids[max_tokens:], mask[max_tokens:]
+        return ids, mask
+
+    def render_for_completion(self, conversation: Mapping[str, Any]) -> list[int]:
+        """Prompt ids for sampling the next assistant turn: the conversation without its last
+        assistant message (if it ends with one), followed by `<|assistant_start|>`."""
+        messages = list(_messages(conversation))
+        if messages and messages[-1].get("role") == "assistant":
+            messages = messages[:-1]
+        if not any(m.get("role") == "user" for m in messages):
+            raise ConversationError("render_for_completion needs at least one user message before the reply")
+        ids, _ = self.render_conversation({"messages": messages})
+        ids.append(self._special_ids["<|assistant_start|>"])
+        return ids
+
+
+# ---- conversation records --------------------------------------------------------------------
+
+_PART_TYPES = {"user": ("text",), "assistant": ("text", "python", "python_output"), "system": ("text",)}
+
+
+def _messages(conversation: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    if not isinstance(conversation, Mapping) or "messages" not in conversation:
+        raise ConversationError('a conversation is a dict {"messages": [...]}; got ' + type(conversation).__name__)
+    messages = conversation["messages"]
+    if not isinstance(messages, Sequence) or isinstance(messages, str):
+        raise ConversationError('conversation["messages"] must be a list of {"role", "content"} dicts')
+    return list(messages)
+
+
+def _parts(message: Mapping[str, Any], index: int) -> list[dict[str, str]]:
+    """A message's content as typed parts. A plain string is accepted as one text part."""
+    role = message.get("role")
+    if role not in _PART_TYPES:
+        raise ConversationError(f"message {index} has role {role!r}; use 'system', 'user' or 'assistant'")
+    content = message.get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, Sequence):
+        raise ConversationError(f"message {index} content must be a string or a list of parts, got {type(content).__name__}")
+    parts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, Mapping) or not isinstance(part.get("text"), str):
+            raise ConversationError(f'message {index} part {j} must be {{"type", "text": str}}, got {part!r}')
+        kind = part.get("type", "text")
+        if kind not in _PART_TYPES[role]:
+            raise ConversationError(
+                f"message {index} ({role}) part {j} has type {kind!r}; a {role} message allows {list(_PART_TYPES[role])}"
+            )
+        parts.append({"type": kind, "text": part["text"]})
+    return parts
+
+
+def _turns(conversation: Mapping[str, Any]) -> list[tuple[str, list[dict[str, str]]]]:
+    """(role, parts) per user/assistant turn, the system message folded into the first user turn,
+    after checking that roles alternate user/assistant."""
+    messages = _messages(conversation)
+    system_text: str | None = None
+    start = 0
+    if messages and isinstance(messages[0], Mapping) and messages[0].get("role") == "system":
+        system_text = "".join(p["text"] for p in _parts(messages[0], 0))
+        start = 1
+    turns = []
+    for i in range(start, len(messages)):
+        message = messages[i]
+        if not isinstance(message, Mapping):
+            raise ConversationError(f"message {i} must be a dict with role and content, got {message!r}")
+        parts = _parts(message, i)
+        expected = "user" if (i - start) % 2 == 0 else "assistant"
+        if message["role"] != expected:
+            raise ConversationError(
+                f"message {i} has role {message['role']!r} but {expected!r} was expected: after an optional leading "
+                "system message, roles must alternate user, assistant, user, ..."
+            )
+        turns.append((message["role"], parts))
+    if system_text is not None:
+        if not turns:
+            raise ConversationError("a system message must be followed by a user message")
+        user_text = "".join(p["text"] for p in turns[0][1])
+        turns[0] = ("user", [{"type": "text", "text": system_text + "\n\n" + user_text}])
+    return turns
+
+
+def conversation_texts(conversation: Mapping[str, Any]) -> list[str]:
+    """The text content of a conversation, one string per part (system text included), in order:
+    what a tokenizer learns from and is measured on."""
+    return [p["text"] for i, m in enumerate(_messages(conversation)) for p in _parts(m, i)]
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+_KINDS: dict[str, type[Tokenizer]] = {}
+
+
+def register_kind(cls: type[Tokenizer]) -> type[Tokenizer]:
+    _KINDS[cls.kind] = cls
+    return cls
+
+
+def tokenizer_class(kind: str) -> type[Tokenizer]:
+    try:
+        return _KINDS[kind]
+    except KeyError:
+        raise ValueError(f"unknown tokenizer kind {kind!r}; use one of {sorted(_KINDS)}") from None
+
+
+def load_tokenizer(directory: str | os.PathLike[str]) -> Tokenizer:
+    """Load the tokenizer saved in `directory`, refusing it unless every file matches the sha256
+    recorded in its meta.json and the manifest hash matches."""
+    directory = Path(directory)
+    meta = read_json(directory / META_FILE, what="tokenizer meta")
+    if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict) or "kind" not in meta:
+        raise TokenizerFileError(f"{directory / META_FILE} is not a tokenizer meta file; re-run the tokenizer stage")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise TokenizerFileError(
+            f"{directory} has tokenizer format {meta.get('format_version')!r}, this code reads {FORMAT_VERSION}; "
+            "re-run the tokenizer stage"
+        )
+    files: dict[str, str] = meta["files"]
+    for name, digest in sorted(files.items()):
+        path = directory / name
+        if os.path.basename(name) != name:
+            raise TokenizerFileError(f"{directory / META_FILE} lists {name!r}, which is not a plain file name")
+        if not path.is_file():
+            raise TokenizerFileError(f"tokenizer file {path} is missing; re-run the tokenizer stage")
+        actual = sha256_file(path)
+        if actual != digest:
+            raise TokenizerFileError(
+                f"tokenizer file {path} has sha256 {actual[:12]}..., meta.json records {digest[:12]}...: the file was "
+                "modified or corrupted; re-run the tokenizer stage to rebuild data/tokenizer"
+            )
+    if sha256_of_manifest(files) != meta.get("sha256"):
+        raise TokenizerFileError(f"{directory / META_FILE} sha256 does not match its file list; re-run the tokenizer stage")
+    cls = tokenizer_class(meta["kind"])
+    tok = cls._from_files(directory, meta)
+    if tok.get_special_tokens() != meta.get("special_token_ids") or tok.get_vocab_size() != meta.get("vocab_size"):
+        raise TokenizerFileError(f"{directory / META_FILE} special ids or vocab size disagree with the tokenizer files")
+    if TOKEN_BYTES_FILE in files:
+        saved = np.load(directory / TOKEN_BYTES_FILE, allow_pickle=False)
+        if saved.dtype != np.int32 or not np.array_equal(saved, tok.token_bytes()):
+            raise TokenizerFileError(f"{directory / TOKEN_BYTES_FILE} disagrees with the tokenizer; re-run the tokenizer stage")
+    if tok.sha256 != meta["sha256"]:
+        raise TokenizerFileError(f"{directory} re-serializes to a different sha256 than meta.json records; re-run the tokenizer stage")
+    return tok
+
+
+def train_tokenizer(kind: str, texts: Iterable[str], *, vocab_size: int | None = None, **kind_options: Any) -> Tokenizer:
+    """Train a tokenizer of `kind` ("bpe", "sentencepiece", "char", "byte") on `texts`.
+    `vocab_size` counts the special tokens; char and byte fix their own size and take None."""
+    return tokenizer_class(kind).train_from_iterator(texts, vocab_size=vocab_size, **kind_options)
+
+
+def decode_with_specials(ids: Iterable[int], id_to_special: Mapping[int, str], piece_bytes: Any) -> str:
+    """Decode ids through `piece_bytes(run_of_ids) -> bytes`, writing special ids as their names.
+    Invalid UTF-8 (e.g. a multi-byte character cut by truncation) becomes U+FFFD."""
+    out: list[str] = []
+    run: list[int] = []
+    for i in ids:
+        i = int(i)
+        name = id_to_special.get(i)
+        if name is None:
+            run.append(i)
+            continue
+        if run:
+            out.append(piece_bytes(run).decode("utf-8", errors="replace"))
+            run = []
+        out.append(name)
+    if run:
+        out.append(piece_bytes(run).decode("utf-8", errors="replace"))
+    return "".join(out)

@@ -1,0 +1,247 @@
+"""Tokenizer interface tests run against every kind: round trips, special-token injection, BOS
+count, chat rendering masks (hand-checked), save/load identity and tamper refusal."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lockstep.tokenizer import (
+    SPECIAL_TOKENS,
+    ConversationError,
+    Tokenizer,
+    TokenizerFileError,
+    load_tokenizer,
+    train_tokenizer,
+)
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. 12345 + 678 = 13023\n",
+    "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.\n",
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
+    "Héllo wörld — ünïcödé text, emoji 🙂 and CJK 漢字 too.\n",
+] * 4
+
+KINDS = ["byte"]
+_TOKENIZERS: dict[str, Tokenizer] = {}
+
+
+def tiny_tokenizer(kind: str) -> Tokenizer:
+    """One small tokenizer per kind, trained once per test session (tokenizers are immutable)."""
+    if kind not in _TOKENIZERS:
+        options = {"byte": {}}[kind]
+        vocab = {"byte": None}[kind]
+        _TOKENIZERS[kind] = train_tokenizer(kind, CORPUS, vocab_size=vocab, **options)
+    return _TOKENIZERS[kind]
+
+
+@pytest.fixture(params=KINDS)
+def tok(request: pytest.FixtureRequest) -> Tokenizer:
+    return tiny_tokenizer(request.param)
+
+
+def roundtrip_text(kind: str) -> st.SearchStrategy[str]:
+    if kind == "char":  # only bytes of the learned alphabet survive a char round trip
+        alphabet = sorted(set("".join(CORPUS)))
+        return st.text(alphabet=[c for c in alphabet if c.isascii()], max_size=200)
+    return st.text(max_size=200)
+
+
+def sample_conversation() -> dict:
+    return {
+        "messages": [
+            {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+            {"role": "user", "content": [{"type": "text", "text": "What is 2+3?"}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Let me check."},
+                    {"type": "python", "text": "2+3"},
+                    {"type": "python_output", "text": "5"},
+                    {"type": "text", "text": "It is 5."},
+                ],
+            },
+            {"role": "user", "content": [{"type": "text", "text": "Thanks"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "Welcome."}]},
+        ]
+    }
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_roundtrip(kind: str, data: st.DataObject) -> None:
+    tok = tiny_tokenizer(kind)
+    text = data.draw(roundtrip_text(kind))
+    ids = tok.encode(text)
+    assert all(0 <= i < tok.get_vocab_size() and not tok.is_special(i) for i in ids)
+    assert tok.decode(ids) == text
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=60, deadline=None)
+@given(
+    prefix=st.text(max_size=8),
+    suffix=st.text(max_size=8),
+    order=st.permutations(SPECIAL_TOKENS),
+    sep=st.sampled_from(["", " ", "\n", "x", "<", "|", ">"]),
+)
+def test_special_strings_in_text_never_become_special_ids(kind: str, prefix: str, suffix: str, order, sep: str) -> None:
+    tok = tiny_tokenizer(kind)
+    text = prefix + sep.join(order) + suffix
+    specials = set(tok.get_special_tokens().values())
+    assert not specials & set(tok.encode(text))
+    conv = {
+        "messages": [
+            {"role": "system", "content": [{"type": "text", "text": text}]},
+            {"role": "user", "content": [{"type": "text", "text": text}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": text},
+                    {"type": "python", "text": text},
+                    {"type": "python_output", "text": text},
+                ],
+            },
+        ]
+    }
+    ids, mask = tok.render_conversation(conv)
+    sp = tok.get_special_tokens()
+    special_seq = [i for i in ids if i in specials]
+    names = {v: k for k, v in sp.items()}
+    assert [names[i] for i in special_seq] == [
+        "<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>", "<|python_start|>",
+        "<|python_end|>", "<|output_start|>", "<|output_end|>", "<|assistant_end|>",
+    ]  # fmt: skip
+    assert len(ids) == len(mask)
+
+
+def test_batch_encode_matches_single_and_one_bos(tok: Tokenizer) -> None:
+    bos = tok.get_bos_token_id()
+    docs = CORPUS[:5] + ["", "<|bos|><|bos|>"]
+    batch = tok.encode(docs, prepend="<|bos|>", num_threads=2)
+    for doc, ids in zip(docs, batch, strict=True):
+        assert ids == tok.encode(doc, prepend=bos)
+        assert ids.count(bos) == 1 and ids[0] == bos
+    assert tok.encode("ab", append="<|assistant_end|>")[-1] == tok.encode_special("<|assistant_end|>")
+
+
+def test_render_conversation_has_exactly_one_bos(tok: Tokenizer) -> None:
+    ids, _ = tok.render_conversation(sample_conversation())
+    assert ids.count(tok.get_bos_token_id()) == 1 and ids[0] == tok.get_bos_token_id()
+
+
+def test_render_conversation_mask_hand_checked(tok: Tokenizer) -> None:
+    sp = tok.get_special_tokens()
+    e = tok.encode
+    expected = [
+        ([sp["<|bos|>"]], 0),
+        ([sp["<|user_start|>"]], 0),
+        (e("Be brief.\n\nWhat is 2+3?"), 0),  # system text folded into the first user turn
+        ([sp["<|user_end|>"]], 0),
+        ([sp["<|assistant_start|>"]], 0),
+        (e("Let me check."), 1),
+        ([sp["<|python_start|>"]] + e("2+3") + [sp["<|python_end|>"]], 1),
+        ([sp["<|output_start|>"]] + e("5") + [sp["<|output_end|>"]], 0),
+        (e("It is 5."), 1),
+        ([sp["<|assistant_end|>"]], 1),
+        ([sp["<|user_start|>"]], 0),
+        (e("Thanks"), 0),
+        ([sp["<|user_end|>"]], 0),
+        ([sp["<|assistant_start|>"]], 0),
+        (e("Welcome."), 1),
+        ([sp["<|assistant_end|>"]], 1),
+    ]
+    want_ids = [i for chunk, _ in expected for i in chunk]
+    want_mask = [m for chunk, m in expected for _ in chunk]
+    ids, mask = tok.render_conversation(sample_conversation())
+    assert ids == want_ids
+    assert mask == want_mask
+    cut_ids, cut_mask = tok.render_conversation(sample_conversation(), max_tokens=7)
+    assert cut_ids == want_ids[:7] and cut_mask == want_mask[:7]
+
+
+def test_render_for_completion(tok: Tokenizer) -> None:
+    sp = tok.get_special_tokens()
+    conv = sample_conversation()
+    prompt = tok.render_for_completion(conv)
+    full, _ = tok.render_conversation(conv)
+    # Everything up to the last assistant turn, then <|assistant_start|> to prompt the reply.
+    last_start = len(full) - 1 - full[::-1].index(sp["<|assistant_start|>"])
+    assert prompt == full[: last_start + 1]
+    assert prompt[-1] == sp["<|assistant_start|>"]
+    # A conversation that already ends with the user gets the same prompt.
+    assert tok.render_for_completion({"messages": conv["messages"][:-1]}) == prompt
+
+
+def test_bad_conversations_raise(tok: Tokenizer) -> None:
+    with pytest.raises(ConversationError, match="alternate"):
+        tok.render_conversation({"messages": [{"role": "assistant", "content": [{"type": "text", "text": "hi"}]}]})
+    with pytest.raises(ConversationError, match="allows"):
+        tok.render_conversation({"messages": [{"role": "user", "content": [{"type": "python", "text": "1"}]}]})
+    with pytest.raises(ConversationError, match="messages"):
+        tok.render_conversation([{"role": "user", "content": "hi"}])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not a special token"):
+        tok.encode_special("<|system|>")
+
+
+def test_token_bytes(tok: Tokenizer) -> None:
+    tb = tok.token_bytes()
+    assert tb.dtype == np.int32 and tb.shape == (tok.get_vocab_size(),)
+    assert all(tb[i] == 0 for i in tok.get_special_tokens().values())
+    # Summing token_bytes over a text's ids gives its UTF-8 length (bits-per-byte relies on it).
+    text = CORPUS[0] + CORPUS[3]
+    assert int(tb[tok.encode(text)].sum()) == len(text.encode("utf-8"))
+
+
+def test_save_load_roundtrip_is_byte_identical(tok: Tokenizer, tmp_path) -> None:
+    meta = tok.save(tmp_path / "a")
+    loaded = load_tokenizer(tmp_path / "a")
+    assert loaded.sha256 == tok.sha256 == meta["sha256"]
+    assert loaded.kind == tok.kind and loaded.get_vocab_size() == tok.get_vocab_size()
+    assert loaded.get_special_tokens() == tok.get_special_tokens()
+    loaded.save(tmp_path / "b")
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "b").iterdir())
+    for name in names:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    assert loaded.encode(CORPUS[4]) == tok.encode(CORPUS[4])
+    assert type(tok).from_directory(tmp_path / "a").sha256 == tok.sha256
+
+
+def test_tampered_file_is_refused(tok: Tokenizer, tmp_path) -> None:
+    meta = tok.save(tmp_path / "t")
+    for name in meta["files"]:
+        path = tmp_path / "t" / name
+        original = path.read_bytes()
+        path.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+        with pytest.raises(TokenizerFileError, match="re-run the tokenizer stage"):
+            load_tokenizer(tmp_path / "t")
+        path.unlink()
+        with pytest.raises(TokenizerFileError, match="missing"):
+            load_tokenizer(tmp_path / "t")
+        path.write_bytes(original)
+    assert load_tokenizer(tmp_path / "t").sha256 == tok.sha256
+
+
+def test_training_twice_gives_identical_files(tmp_path) -> None:
+    for kind in KINDS:
+        a = tiny_tokenizer(kind)
+        options = {"byte": {}}[kind]
+        vocab = {"byte": None}[kind]
+        b = train_tokenizer(kind, list(CORPUS), vocab_size=vocab, **options)
+        assert a.sha256 == b.sha256, kind
+        a.save(tmp_path / f"{kind}_a")
+        b.save(tmp_path / f"{kind}_b")
+        for p in (tmp_path / f"{kind}_a").iterdir():
+            assert p.read_bytes() == (tmp_path / f"{kind}_b" / p.name).read_bytes(), (kind, p.name)
+
+
+def test_unknown_kind_and_bad_vocab() -> None:
+    with pytest.raises(ValueError, match="unknown tokenizer kind"):
+        train_tokenizer("wordpiece", CORPUS, vocab_size=100)
+    with pytest.raises(ValueError, match="vocab_size=None"):
+        train_tokenizer("byte", CORPUS, vocab_size=300)
