@@ -1,0 +1,128 @@
+"""The `bpe` tokenizer: byte-level BPE learned with rustbpe over a GPT-4-style split pattern, encoded
+with tiktoken. Saved as plain files (a tiktoken ranks file and a JSON config); never pickled. Does
+not read corpora from disk."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lockstep.tokenizer.base import SPECIAL_TOKENS, Tokenizer, TokenizerFileError, register_kind
+
+RANKS_FILE = "ranks.tiktoken"
+CONFIG_FILE = "bpe.json"
+N_BYTES = 256
+# GPT-4's split pattern with digit runs cut at 2 instead of 3: a small vocabulary spends fewer
+# ranks on 3-digit numbers, and arithmetic sees a more regular digit grouping.
+SPLIT_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
+TRAIN_BUFFER_TEXTS = 8192
+
+
+def ranks_to_bytes(ranks: dict[bytes, int]) -> bytes:
+    """tiktoken's ranks format: `base64(token) rank` per line, in rank order."""
+    return b"".join(base64.b64encode(token) + b" " + str(rank).encode() + b"\n" for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]))
+
+
+def ranks_from_bytes(data: bytes, where: Path) -> dict[bytes, int]:
+    ranks: dict[bytes, int] = {}
+    for lineno, line in enumerate(data.splitlines(), 1):
+        try:
+            token_b64, rank = line.split(b" ")
+            ranks[base64.b64decode(token_b64, validate=True)] = int(rank)
+        except ValueError:
+            raise TokenizerFileError(f"{where}:{lineno} is not `base64 rank`; re-run the tokenizer stage") from None
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise TokenizerFileError(f"{where} ranks are not 0..{len(ranks) - 1} without gaps; re-run the tokenizer stage")
+    return ranks
+
+
+@register_kind
+class BPETokenizer(Tokenizer):
+    kind = "bpe"
+
+    def __init__(self, ranks: dict[bytes, int], pattern: str = SPLIT_PATTERN) -> None:
+        import tiktoken  # imported here so that `import lockstep.tokenizer` stays light
+
+        missing = [b for b in range(N_BYTES) if bytes([b]) not in ranks]
+        if missing:
+            raise TokenizerFileError(f"BPE ranks lack single-byte token(s) {missing[:5]}; text could not be encoded")
+        n_ranks = len(ranks)
+        super().__init__({name: n_ranks + i for i, name in enumerate(SPECIAL_TOKENS)})
+        self.pattern = pattern
+        self._ranks = dict(ranks)
+        self._enc = tiktoken.Encoding(
+            name=f"lockstep_bpe_{n_ranks}", pat_str=pattern, mergeable_ranks=self._ranks, special_tokens=self.get_special_tokens()
+        )
+
+    @classmethod
+    def train_from_iterator(
+        cls, texts: Iterable[str], *, vocab_size: int | None = None, pattern: str = SPLIT_PATTERN, **options: Any
+    ) -> BPETokenizer:
+        import rustbpe
+
+        if options:
+            raise ValueError(f"unknown bpe tokenizer option(s) {sorted(options)}; the only option is pattern")
+        min_vocab = N_BYTES + len(SPECIAL_TOKENS)
+        if vocab_size is None or vocab_size < min_vocab:
+            raise ValueError(f"bpe vocab_size={vocab_size} must be at least {min_vocab} (256 byte tokens + 9 special tokens)")
+        trainer = rustbpe.Tokenizer()
+        # The special tokens are appended after the learned ranks, so learn vocab_size - 9.
+        trainer.train_from_iterator(
+            iter(texts), vocab_size=vocab_size - len(SPECIAL_TOKENS), buffer_size=TRAIN_BUFFER_TEXTS, pattern=pattern
+        )
+        ranks = {bytes(token): int(rank) for token, rank in trainer.get_mergeable_ranks()}
+        return cls(ranks, pattern)
+
+    @classmethod
+    def _from_files(cls, directory: Path, meta: dict[str, Any]) -> BPETokenizer:
+        config = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+        if not isinstance(config, dict) or not isinstance(config.get("pattern"), str):
+            raise TokenizerFileError(f"{directory / CONFIG_FILE} has no split pattern; re-run the tokenizer stage")
+        tok = cls(ranks_from_bytes((directory / RANKS_FILE).read_bytes(), directory / RANKS_FILE), config["pattern"])
+        if config.get("special_token_ids") != tok.get_special_tokens():
+            raise TokenizerFileError(f"{directory / CONFIG_FILE} special ids disagree with {RANKS_FILE}; re-run the tokenizer stage")
+        return tok
+
+    def _files(self) -> dict[str, bytes]:
+        config = {"kind": self.kind, "pattern": self.pattern, "n_ranks": len(self._ranks), "special_token_ids": self.get_special_tokens()}
+        return {
+            RANKS_FILE: ranks_to_bytes(self._ranks),
+            CONFIG_FILE: (json.dumps(config, ensure_ascii=False, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8"),
+        }
+
+    def get_vocab_size(self) -> int:
+        return len(self._ranks) + len(SPECIAL_TOKENS)
+
+    def _encode_ordinary(self, text: str) -> list[int]:
+        # encode_ordinary treats special-token strings as plain text: they can never become special ids.
+        return self._enc.encode_ordinary(text)
+
+    def _encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
+        return self._enc.encode_ordinary_batch(list(texts), num_threads=max(1, num_threads))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.get_vocab_size()]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.get_vocab_size()})")
+        return self._enc.decode(ids, errors="replace")
+
+    def id_to_token(self, token_id: int) -> str:
+        if token_id in self._id_to_special:
+            return self._id_to_special[token_id]
+        if not 0 <= token_id < len(self._ranks):
+            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self.get_vocab_size()})")
+        return self._enc.decode_single_token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def _compute_token_bytes(self) -> np.ndarray:
+        tb = np.zeros(self.get_vocab_size(), dtype=np.int32)
+        for token, rank in self._ranks.items():
+            tb[rank] = len(token)
+        return tb

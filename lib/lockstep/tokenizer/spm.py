@@ -1,0 +1,170 @@
+"""The `sentencepiece` tokenizer: SentencePiece BPE or unigram with byte fallback and the special
+tokens as control symbols (never matched in text). Saved as the .model protobuf. Does not read
+corpora from disk.
+
+Normalization is off (identity rule, no dummy prefix, whitespace kept) so that decode(encode(x))
+gives x back. SentencePiece writes spaces as U+2581 internally; a literal U+2581 in the text is
+therefore encoded through its byte-fallback pieces, which decode back to U+2581.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from lockstep.tokenizer.base import SPECIAL_TOKENS, Tokenizer, TokenizerFileError, decode_with_specials, register_kind
+
+MODEL_FILE = "spm.model"
+SPACE_MARK = "\u2581"
+# SentencePiece drops training sentences longer than max_sentence_length bytes; chunks stay below.
+TRAIN_CHUNK_CHARS = 4096
+MAX_SENTENCE_BYTES = 4 * TRAIN_CHUNK_CHARS
+
+
+def _training_chunks(texts: Iterable[str]) -> Iterator[str]:
+    """Lines with their newline kept (so the model learns newline pieces), long lines cut."""
+    for text in texts:
+        for line in text.splitlines(keepends=True):
+            for start in range(0, len(line), TRAIN_CHUNK_CHARS):
+                yield line[start : start + TRAIN_CHUNK_CHARS]
+
+
+@register_kind
+class SentencePieceTokenizer(Tokenizer):
+    kind = "sentencepiece"
+
+    def __init__(self, model_proto: bytes) -> None:
+        import sentencepiece
+
+        self._proto = bytes(model_proto)
+        try:
+            self._sp = sentencepiece.SentencePieceProcessor(model_proto=self._proto)
+        except RuntimeError as e:
+            raise TokenizerFileError(f"not a SentencePiece model ({e}); re-run the tokenizer stage") from None
+        special_ids = {}
+        for name in SPECIAL_TOKENS:
+            i = self._sp.piece_to_id(name)
+            if self._sp.id_to_piece(i) != name or not self._sp.is_control(i):
+                raise TokenizerFileError(f"SentencePiece model lacks control symbol {name}; retrain the tokenizer")
+            special_ids[name] = i
+        super().__init__(special_ids)
+        self._space_mark_ids = [self._sp.piece_to_id(f"<0x{b:02X}>") for b in SPACE_MARK.encode("utf-8")]
+        if not all(self._sp.is_byte(i) for i in self._space_mark_ids):
+            raise TokenizerFileError("SentencePiece model has no byte-fallback pieces; retrain with byte_fallback")
+
+    @classmethod
+    def train_from_iterator(
+        cls,
+        texts: Iterable[str],
+        *,
+        vocab_size: int | None = None,
+        model_type: Literal["bpe", "unigram"] = "bpe",
+        character_coverage: float = 0.9995,
+        num_threads: int = 1,
+        seed: int | None = None,
+        **options: Any,
+    ) -> SentencePieceTokenizer:
+        import sentencepiece
+
+        if options:
+            raise ValueError(
+                f"unknown sentencepiece option(s) {sorted(options)}; valid: model_type, character_coverage, num_threads, seed"
+            )
+        if model_type not in ("bpe", "unigram"):
+            raise ValueError(f"sentencepiece model_type={model_type!r} must be 'bpe' or 'unigram'")
+        min_vocab = 1 + len(SPECIAL_TOKENS) + 256 + 1
+        if vocab_size is None or vocab_size < min_vocab:
+            raise ValueError(
+                f"sentencepiece vocab_size={vocab_size} must be at least {min_vocab} "
+                "(<unk>, 9 special tokens, 256 byte pieces and one learned piece)"
+            )
+        buf = io.BytesIO()
+        # SentencePiece's trainer has no seed flag in this version; shuffling and sampling are
+        # turned off instead, which makes training a function of the corpus. `seed` is accepted
+        # so callers can pass the params seed uniformly.
+        del seed
+        try:
+            sentencepiece.SentencePieceTrainer.train(
+                sentence_iterator=_training_chunks(texts),
+                model_writer=buf,
+                model_type=model_type,
+                vocab_size=vocab_size,
+                hard_vocab_limit=False,
+                control_symbols=list(SPECIAL_TOKENS),
+                byte_fallback=True,
+                unk_id=0,
+                bos_id=-1,
+                eos_id=-1,
+                pad_id=-1,
+                normalization_rule_name="identity",
+                remove_extra_whitespaces=False,
+                add_dummy_prefix=False,
+                split_digits=True,
+                allow_whitespace_only_pieces=True,
+                character_coverage=character_coverage,
+                input_sentence_size=0,
+                shuffle_input_sentence=False,
+                max_sentence_length=MAX_SENTENCE_BYTES,
+                num_threads=num_threads,
+                minloglevel=2,
+            )
+        except RuntimeError as e:
+            raise ValueError(f"sentencepiece training failed: {e} (check vocab_size and character_coverage against the corpus)") from None
+        return cls(buf.getvalue())
+
+    @classmethod
+    def _from_files(cls, directory: Path, meta: dict[str, Any]) -> SentencePieceTokenizer:
+        return cls((directory / MODEL_FILE).read_bytes())
+
+    def _files(self) -> dict[str, bytes]:
+        return {MODEL_FILE: self._proto}
+
+    def get_vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    def _encode_ordinary(self, text: str) -> list[int]:
+        if SPACE_MARK not in text:
+            return self._sp.encode(text)
+        ids: list[int] = []
+        for k, segment in enumerate(text.split(SPACE_MARK)):
+            if k:
+                ids.extend(self._space_mark_ids)
+            ids.extend(self._sp.encode(segment))
+        return ids
+
+    def _encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
+        if any(SPACE_MARK in t for t in texts):
+            return [self._encode_ordinary(t) for t in texts]
+        return self._sp.encode(list(texts), num_threads=max(1, num_threads))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        n = self.get_vocab_size()
+
+        def piece_bytes(run: list[int]) -> bytes:
+            bad = [i for i in run if not 0 <= i < n]
+            if bad:
+                raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {n})")
+            return self._sp.decode(run).encode("utf-8")
+
+        return decode_with_specials(ids, self._id_to_special, piece_bytes)
+
+    def id_to_token(self, token_id: int) -> str:
+        if token_id in self._id_to_special:
+            return self._id_to_special[token_id]
+        if not 0 <= token_id < self.get_vocab_size():
+            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self.get_vocab_size()})")
+        return self._sp.id_to_piece(token_id)
+
+    def _compute_token_bytes(self) -> np.ndarray:
+        sp = self._sp
+        tb = np.zeros(self.get_vocab_size(), dtype=np.int32)
+        for i in range(self.get_vocab_size()):
+            if sp.is_byte(i):
+                tb[i] = 1
+            elif not (sp.is_control(i) or sp.is_unknown(i)):
+                tb[i] = len(sp.id_to_piece(i).replace(SPACE_MARK, " ").encode("utf-8"))
+        return tb
