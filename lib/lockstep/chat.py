@@ -1,0 +1,340 @@
+"""Chat sessions over a model: the text-streaming backend seam, incremental UTF-8 decoding and the
+terminal chat loop. Not the HTTP server (lockstep.server) and not sampling (lockstep.engine)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+log = logging.getLogger(__name__)
+
+# A GSM8K-style annotation is how a tool call reads as plain text: `<<48/2=24>>`.
+TOOL_MARKERS = {
+    "<|python_start|>": "<<",
+    "<|python_end|>": "=",
+    "<|output_start|>": "",
+    "<|output_end|>": ">>",
+}
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How one reply is sampled."""
+
+    temperature: float = 0.6  # 0 = greedy
+    top_k: int = 50  # 0 = no top-k cut
+    top_p: float = 1.0  # 1.0 = no nucleus cut
+    max_tokens: int = 256  # new tokens at most in the reply
+    seed: int = 0  # seeds the sampling torch.Generator
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One step of a streamed reply: the text that became printable (possibly empty, when a
+    token ends mid-character), the tokens consumed, and on the last delta why it ended."""
+
+    text: str
+    tokens: int = 1
+    finish_reason: str | None = None  # "stop" | "length" on the last delta
+
+
+class ChatBackend(Protocol):
+    """Messages in, a stream of text deltas out. The server and the terminal chat only see this,
+    so both run against a fake in tests and against a checkpoint in use."""
+
+    model_id: str
+    context_tokens: int  # prompt + reply tokens the model can attend to
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def prompt_tokens(self, messages: list[dict]) -> int: ...
+
+    def stream(self, messages: list[dict], settings: SamplingSettings) -> Iterator[Delta]: ...
+
+
+class ChatError(ValueError):
+    """A conversation or setting the model cannot be asked about; the message says how to fix it."""
+
+
+def text_message(role: str, text: str) -> dict:
+    """A message in the project's conversation format with one text part."""
+    return {"role": role, "content": [{"type": "text", "text": text}]}
+
+
+def check_messages(messages: list[dict]) -> None:
+    """Refuse a conversation that cannot be completed: an optional leading system message, then
+    user and assistant alternating, ending with a user message."""
+    if not messages:
+        raise ChatError("no messages: send at least one user message")
+    body = messages[1:] if messages[0]["role"] == "system" else messages
+    if not body:
+        raise ChatError("only a system message: add a user message after it")
+    for i, m in enumerate(body):
+        want = "user" if i % 2 == 0 else "assistant"
+        if m["role"] != want:
+            raise ChatError(
+                f"message {i + len(messages) - len(body)} has role {m['role']!r} where {want!r} was expected: "
+                "after an optional first system message, user and assistant must alternate"
+            )
+    if body[-1]["role"] != "user":
+        raise ChatError("the last message must be from the user: the reply is the assistant's turn")
+
+
+class IncrementalDecoder:
+    """Turns token ids into text as they arrive, emitting only complete characters.
+
+    A token may end in the middle of a multi-byte UTF-8 character; decoding it alone gives
+    U+FFFD. Pending ids are held until they decode cleanly (at most `max_pending_tokens`, so a
+    model that truly emits invalid bytes still makes progress). One token of left context is kept
+    so tokenizers that drop a leading space when decoding a lone token still decode right."""
+
+    def __init__(self, decode: Callable[[list[int]], str], *, max_pending_tokens: int = 4):
+        self._decode = decode
+        self._max_pending = max_pending_tokens
+        self._ids: list[int] = []
+        self._prefix_start = 0  # context ids begin here
+        self._read_start = 0  # ids not yet emitted begin here
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        prefix = self._decode(self._ids[self._prefix_start : self._read_start])
+        full = self._decode(self._ids[self._prefix_start :])
+        pending = len(self._ids) - self._read_start
+        if full.endswith("\ufffd") and pending < self._max_pending:
+            return ""
+        piece = full[len(prefix) :] if full.startswith(prefix) else full
+        self._prefix_start, self._read_start = self._read_start, len(self._ids)
+        if self._prefix_start > 0:
+            # Keep one id of context; drop the rest so decode cost stays constant per token.
+            keep = self._prefix_start - 1
+            self._ids = self._ids[keep:]
+            self._prefix_start -= keep
+            self._read_start -= keep
+        return piece
+
+    def flush(self) -> str:
+        """Whatever is still pending, replacement characters included; then start afresh."""
+        prefix = self._decode(self._ids[self._prefix_start : self._read_start])
+        full = self._decode(self._ids[self._prefix_start :])
+        piece = full[len(prefix) :] if full.startswith(prefix) else full
+        self.reset()
+        return piece
+
+    def reset(self) -> None:
+        self._ids, self._prefix_start, self._read_start = [], 0, 0
+
+
+class EngineBackend:
+    """A ChatBackend over lockstep.engine: renders the conversation with the tokenizer, samples with
+    the engine (calculator tool on) and decodes the reply incrementally."""
+
+    def __init__(self, engine: Any, tokenizer: Any, *, model_id: str, context_tokens: int):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.context_tokens = context_tokens
+        specials = tokenizer.get_special_tokens()
+        self._markers = {specials[name]: text for name, text in TOOL_MARKERS.items() if name in specials}
+        # Any other special token ends the turn: the model has left the assistant's role.
+        self._stop_ids = {i for name, i in specials.items() if name not in TOOL_MARKERS}
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text))
+
+    def _prompt_ids(self, messages: list[dict]) -> list[int]:
+        check_messages(messages)
+        return self.tokenizer.render_for_completion({"messages": messages})
+
+    def prompt_tokens(self, messages: list[dict]) -> int:
+        return len(self._prompt_ids(messages))
+
+    def stream(self, messages: list[dict], settings: SamplingSettings) -> Iterator[Delta]:
+        prompt = self._prompt_ids(messages)
+        room_tokens = self.context_tokens - len(prompt)
+        if room_tokens <= 0:
+            raise ChatError(
+                f"the conversation is {len(prompt)} tokens, the model's context is {self.context_tokens}: "
+                "start a new conversation or shorten it"
+            )
+        max_tokens = min(settings.max_tokens, room_tokens)
+        decoder = IncrementalDecoder(self.tokenizer.decode)
+        steps = self.engine.generate(
+            prompt,
+            num_samples=1,
+            max_tokens=max_tokens,
+            temperature=settings.temperature,
+            top_k=settings.top_k if settings.top_k > 0 else None,
+            top_p=settings.top_p,
+            seed=settings.seed,
+            use_tools=True,
+        )
+        n_tokens = 0
+        try:
+            for token_column, _mask_column in steps:
+                token = int(token_column[0])
+                n_tokens += 1
+                if token in self._stop_ids:
+                    yield Delta(decoder.flush(), 1, "stop")
+                    return
+                if token in self._markers:
+                    text = decoder.flush() + self._markers[token]
+                else:
+                    text = decoder.push(token)
+                if n_tokens >= max_tokens:
+                    yield Delta(text + decoder.flush(), 1, "length")
+                    return
+                yield Delta(text, 1)
+            # The engine ran out of steps without a stop token: it hit its own length bound.
+            yield Delta(decoder.flush(), 0, "length")
+        finally:
+            close = getattr(steps, "close", None)
+            if close is not None:
+                close()
+
+
+def load_backend(ckpt_dir: Path, tokenizer_dir: Path, *, device: str = "cpu") -> EngineBackend:
+    """Load a checkpoint and its tokenizer into an EngineBackend, refusing a tokenizer other than
+    the one the checkpoint was trained with."""
+    import torch
+
+    from lockstep.checkpoint import load_checkpoint
+    from lockstep.engine import Engine
+    from lockstep.model import GPT, GPTConfig
+    from lockstep.tokenizer import load_tokenizer
+
+    ckpt_dir, tokenizer_dir = Path(ckpt_dir), Path(tokenizer_dir)
+    if not ckpt_dir.is_dir():
+        raise FileNotFoundError(f"no checkpoint directory at {ckpt_dir}: pass --ckpt data/ckpt/<stage>")
+    if not tokenizer_dir.is_dir():
+        raise FileNotFoundError(f"no tokenizer directory at {tokenizer_dir}: pass --tokenizer data/tokenizer")
+    tokenizer = load_tokenizer(tokenizer_dir)
+    ckpt = load_checkpoint(ckpt_dir)
+    meta = ckpt.meta
+    want_sha = meta.get("tokenizer_sha256")
+    if want_sha is not None and want_sha != tokenizer.sha256:
+        raise ChatError(
+            f"tokenizer at {tokenizer_dir} has sha256 {tokenizer.sha256[:12]}..., the checkpoint at {ckpt_dir} "
+            f"was trained with {want_sha[:12]}...: pass the --tokenizer it was trained with"
+        )
+    cfg_dict = meta["model_config"]
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    config = GPTConfig(**{k: v for k, v in cfg_dict.items() if k in fields})
+    model = GPT.build(config, torch.device(device))
+    model.load_state_dict(ckpt.model_state)
+    model.eval()
+    engine = Engine(model, tokenizer)
+    model_id = f"lockstep-{ckpt_dir.name}"
+    return EngineBackend(engine, tokenizer, model_id=model_id, context_tokens=config.sequence_len)
+
+
+HELP = """commands:
+  /clear            start a new conversation
+  /temperature X    sampling temperature, 0 (greedy) to 2
+  /topk K           sample from the K most likely tokens, 0 to 200 (0 = all)
+  /help             this text
+  /quit             leave (also Ctrl-D)"""
+
+
+def _set_setting(settings: SamplingSettings, command: str, arg: str) -> SamplingSettings:
+    if command == "/temperature":
+        try:
+            value = float(arg)
+        except ValueError:
+            raise ChatError(f"/temperature needs a number from 0 to 2, got {arg!r}") from None
+        if not 0.0 <= value <= 2.0:
+            raise ChatError(f"/temperature must be from 0 to 2, got {value}")
+        return dataclasses.replace(settings, temperature=value)
+    try:
+        k = int(arg)
+    except ValueError:
+        raise ChatError(f"/topk needs a whole number from 0 to 200, got {arg!r}") from None
+    if not 0 <= k <= 200:
+        raise ChatError(f"/topk must be from 0 to 200, got {k}")
+    return dataclasses.replace(settings, top_k=k)
+
+
+def reply(backend: ChatBackend, messages: list[dict], settings: SamplingSettings, out: TextIO) -> str:
+    """Stream one reply to `out` as it is sampled; return its full text."""
+    parts: list[str] = []
+    for delta in backend.stream(messages, settings):
+        if delta.text:
+            out.write(delta.text)
+            out.flush()
+            parts.append(delta.text)
+    out.write("\n")
+    out.flush()
+    return "".join(parts)
+
+
+def run_chat(
+    backend: ChatBackend,
+    settings: SamplingSettings,
+    *,
+    lines: Iterable[str],
+    out: TextIO,
+    prompt: str | None = None,
+    show_prompt: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """The terminal chat loop. `lines` yields the user's input lines (stdin in use, a list in
+    tests); with `prompt`, answer it once and return. Each reply gets its own seed (the base seed
+    plus the turn number) so a session replays exactly. Returns the final conversation."""
+    messages: list[dict] = []
+    if prompt is not None:
+        messages.append(text_message("user", prompt))
+        messages.append(text_message("assistant", reply(backend, messages, settings, out)))
+        return messages
+    out.write(f"lockstep chat with {backend.model_id}; /help for commands\n")
+    turn = 0
+    line_iter = iter(lines)
+    while True:
+        if show_prompt is not None:
+            show_prompt("you> ")
+        try:
+            line = next(line_iter)
+        except StopIteration:
+            break
+        text = line.rstrip("\n")
+        stripped = text.strip()
+        if not stripped:
+            continue
+        if stripped.startswith("/"):
+            command, _, arg = stripped.partition(" ")
+            if command in ("/quit", "/exit"):
+                break
+            if command == "/help":
+                out.write(HELP + "\n")
+            elif command == "/clear":
+                messages = []
+                out.write("conversation cleared\n")
+            elif command in ("/temperature", "/topk"):
+                if not arg.strip():
+                    value = settings.temperature if command == "/temperature" else settings.top_k
+                    out.write(f"{command[1:]} = {value}\n")
+                else:
+                    try:
+                        settings = _set_setting(settings, command, arg.strip())
+                    except ChatError as e:
+                        out.write(f"error: {e}\n")
+                    else:
+                        out.write(f"temperature = {settings.temperature}, topk = {settings.top_k}\n")
+            else:
+                out.write(f"unknown command {command!r}; /help lists the commands\n")
+            out.flush()
+            continue
+        messages.append(text_message("user", text))
+        out.write("assistant> ")
+        turn_settings = dataclasses.replace(settings, seed=settings.seed + turn)
+        try:
+            answer = reply(backend, messages, turn_settings, out)
+        except ChatError as e:
+            messages.pop()
+            out.write(f"\nerror: {e}\n")
+            continue
+        messages.append(text_message("assistant", answer))
+        turn += 1
+    return messages
