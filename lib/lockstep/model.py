@@ -1,0 +1,463 @@
+"""The GPT: one config, one module, weights initialised in one place. It is not a trainer, a
+sampler or a checkpoint format; the KV cache it reads from lives in lockstep.engine."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lockstep.config import build_config, config_to_dict
+
+IGNORE_INDEX = -100
+LossReduction = Literal["mean", "sum", "none"]
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of the network. `vocab_size` is the tokenizer's; the embedding and lm_head are padded
+    up to `padded_vocab_size` (a multiple of `vocab_multiple`) because matmuls with a round inner
+    size run faster; padded ids are never returned as logits."""
+
+    sequence_len: int  # context length in tokens; rotary tables and the engine stop here
+    vocab_size: int  # real vocabulary size in ids, special tokens included
+    n_layer: int
+    n_head: int  # query heads
+    n_kv_head: int  # key/value heads (grouped-query attention); divides n_head
+    n_embd: int  # residual width in channels; n_embd / n_head is the head dim
+    rope_theta: float = 10000.0  # rotary base
+    softcap: float = 15.0  # logits become softcap * tanh(logits / softcap); 0 disables
+    vocab_multiple: int = 64  # pad the vocab to a multiple of this many ids
+    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * n_embd
+
+    def __post_init__(self) -> None:
+        positive = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "vocab_multiple", "mlp_ratio")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"GPTConfig.{name}={getattr(self, name)} must be positive")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} must divide by n_head={self.n_head}; pick a head dim that divides n_embd")
+        if self.head_dim % 2:
+            raise ValueError(f"head dim n_embd/n_head={self.head_dim} must be even for rotary embeddings")
+        if self.n_kv_head > self.n_head or self.n_head % self.n_kv_head:
+            raise ValueError(
+                f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head} (and be <= it) for grouped-query attention"
+            )
+        if self.rope_theta <= 0:
+            raise ValueError(f"rope_theta={self.rope_theta} must be positive")
+        if self.softcap < 0:
+            raise ValueError(f"softcap={self.softcap} must be >= 0 (0 disables capping)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.vocab_multiple
+        return (self.vocab_size + m - 1) // m * m
+
+    @classmethod
+    def from_depth(
+        cls,
+        depth: int,
+        vocab_size: int,
+        sequence_len: int,
+        head_dim: int = 64,
+        *,
+        n_kv_head: int | None = None,
+        **overrides: Any,
+    ) -> GPTConfig:
+        """One dial: `n_layer = depth`, `n_embd = depth * 64`, `n_head = n_embd / head_dim`,
+        `n_kv_head = n_head` unless given. Any field can be overridden by keyword."""
+        if depth <= 0:
+            raise ValueError(f"depth={depth} must be positive")
+        n_embd = overrides.pop("n_embd", depth * 64)
+        if n_embd % head_dim:
+            raise ValueError(f"n_embd={n_embd} must divide by head_dim={head_dim}; choose a head_dim dividing {n_embd}")
+        n_head = overrides.pop("n_head", n_embd // head_dim)
+        fields = dict(
+            sequence_len=sequence_len,
+            vocab_size=vocab_size,
+            n_layer=overrides.pop("n_layer", depth),
+            n_head=n_head,
+            n_kv_head=n_head if n_kv_head is None else n_kv_head,
+            n_embd=n_embd,
+        )
+        return cls(**fields, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return config_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GPTConfig:
+        """Inverse of `to_dict`; unknown keys raise ConfigError (e.g. a checkpoint from a newer
+        model version)."""
+        return build_config(cls, d, where="model")
+
+
+class KVCacheLike(Protocol):
+    """What attention needs from a KV cache (implemented by lockstep.engine.KVCache)."""
+
+    def positions(self) -> torch.Tensor | int: ...
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]: ...
+
+    def advance(self, num_tokens: int) -> None: ...
+
+
+def rms_norm(x: torch.Tensor) -> torch.Tensor:
+    """Parameter-free RMSNorm over the last dim."""
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def rotary_tables(seq_len: int, head_dim: int, theta: float, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables, each (seq_len, head_dim // 2) fp32, for the half-split rotary layout."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim))
+    t = torch.arange(seq_len, dtype=torch.float64, device=device)
+    freqs = torch.outer(t, inv_freq)  # (T, D/2)
+    return freqs.cos().float(), freqs.sin().float()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs (i, i + D/2) of x (B, H, T, D) by the angles in cos/sin, which
+    broadcast as (1 or B, 1, T, D/2)."""
+    d = x.size(-1) // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, *, is_causal: bool
+) -> torch.Tensor:
+    """Scaled dot-product attention, q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D) with Hkv dividing Hq:
+    query head h reads kv head h // (Hq / Hkv). Returns (B, Hq, Tq, D)."""
+    n_rep = q.size(1) // k.size(1)
+    if n_rep > 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head
+        self.head_dim = config.head_dim
+        C, D = config.n_embd, config.head_dim
+        self.c_q = nn.Linear(C, config.n_head * D, bias=False)
+        self.c_k = nn.Linear(C, config.n_kv_head * D, bias=False)
+        self.c_v = nn.Linear(C, config.n_kv_head * D, bias=False)
+        self.c_proj = nn.Linear(config.n_head * D, C, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCacheLike | None) -> torch.Tensor:
+        B, T, C = x.shape
+        D = self.head_dim
+        q = self.c_q(x).view(B, T, self.n_head, D).transpose(1, 2)  # (B, H, T, D)
+        k = self.c_k(x).view(B, T, self.n_kv_head, D).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.c_v(x).view(B, T, self.n_kv_head, D).transpose(1, 2)  # (B, Hkv, T, D)
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+        # QK-norm after rotary keeps attention logits bounded whatever the residual scale
+        q = rms_norm(apply_rotary(q, cos, sin))
+        k = rms_norm(apply_rotary(k, cos, sin))
+        if kv_cache is None:
+            y = attend(q, k, v, None, is_causal=True)
+        else:
+            k, v, mask = kv_cache.update(self.layer_idx, k, v)
+            # mask None means every row sits at the same position: either a prefill from 0
+            # (plain causal, Tk == Tq) or one new token that may see all cached keys.
+            y = attend(q, k, v, mask, is_causal=mask is None and T > 1)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        hidden = config.mlp_ratio * config.n_embd
+        self.c_fc = nn.Linear(config.n_embd, hidden, bias=False)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCacheLike | None) -> torch.Tensor:
+        x = x + self.attn(rms_norm(x), cos, sin, kv_cache)
+        return x + self.mlp(rms_norm(x))
+
+
+class GPT(nn.Module):
+    """Token embedding -> n_layer pre-norm blocks -> norm -> untied lm_head -> soft-capped logits.
+
+    Build with `GPT.build(config, device)`: parameters are created on the meta device (no
+    memory, no init work), moved with `to_empty`, then `init_weights` fills every parameter and
+    the rotary tables exactly once."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        V = config.padded_vocab_size
+        self.wte = nn.Embedding(V, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        self.lm_head = nn.Linear(config.n_embd, V, bias=False)
+        # Rotary tables are derived data, not weights: kept out of the state dict.
+        self.register_buffer("rotary_cos", torch.empty(config.sequence_len, config.head_dim // 2), persistent=False)
+        self.register_buffer("rotary_sin", torch.empty(config.sequence_len, config.head_dim // 2), persistent=False)
+
+    @classmethod
+    def build(
+        cls, config: GPTConfig, device: torch.device | str, dtype: torch.dtype | None = None, *, seed: int = 0
+    ) -> GPT:
+        """A ready model on `device`: weights drawn from `torch.Generator().manual_seed(seed)`,
+        then cast to `dtype` if given (rotary tables stay fp32)."""
+        with torch.device("meta"):
+            model = cls(config)
+        model.to_empty(device=device)
+        model.init_weights(torch.Generator().manual_seed(seed))
+        if dtype is not None:
+            for p in model.parameters():
+                p.data = p.data.to(dtype)
+        return model
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator) -> None:
+        """Fill every parameter from `generator` (a CPU generator), in a fixed order, drawing on
+        the CPU and copying to the parameter's device: the weights are a pure function of the
+        generator state whatever the device. Output projections start at zero so every block
+        begins as the identity on the residual stream."""
+        C = self.config.n_embd
+
+        def draw(p: torch.Tensor, std: float) -> None:
+            w = torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=generator)
+            p.copy_(w)
+
+        draw(self.wte.weight, 1.0)
+        for block in self.blocks:
+            attn, mlp = block.attn, block.mlp
+            for lin in (attn.c_q, attn.c_k, attn.c_v, mlp.c_fc):
+                draw(lin.weight, C**-0.5)
+            attn.c_proj.weight.zero_()
+            mlp.c_proj.weight.zero_()
+        # A small lm_head makes the initial distribution near uniform (loss ~ ln V).
+        draw(self.lm_head.weight, 1e-3)
+        self.init_rotary()
+
+    @torch.no_grad()
+    def init_rotary(self) -> None:
+        """(Re)compute the rotary tables on the model's device (they are not in the state dict)."""
+        cos, sin = rotary_tables(self.config.sequence_len, self.config.head_dim, self.config.rope_theta)
+        self.rotary_cos = cos.to(self.rotary_cos.device)
+        self.rotary_sin = sin.to(self.rotary_sin.device)
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters by role for the optimizers: `matrix` holds the 2-D weights inside blocks
+        (for Muon), `embedding` the token embedding and `lm_head` the output head (for AdamW).
+        Every parameter appears in exactly one group."""
+        matrix = [p for p in self.blocks.parameters()]
+        groups = {"matrix": matrix, "embedding": [self.wte.weight], "lm_head": [self.lm_head.weight]}
+        assert sum(len(g) for g in groups.values()) == len(list(self.parameters()))
+        assert all(p.ndim == 2 for p in matrix)
+        return groups
+
+    def num_params(self, *, exclude_embedding: bool = False) -> int:
+        """Parameter count (padded vocab rows included). With `exclude_embedding`, the token
+        embedding is left out: a lookup, not a matmul, so it adds no FLOPs."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wte.weight.numel() if exclude_embedding else n
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token (forward + backward): `6 * N` over the matmul parameters
+        (all but the embedding, lm_head included) plus attention scores and mixing,
+        `12 * n_layer * n_head * head_dim * T` (2 matmuls of 2*D*T FLOPs per query, x3 for the
+        backward). T defaults to sequence_len; the causal mask's savings are not subtracted, by
+        the usual convention (Kaplan et al. 2020; PaLM appendix B), so MFU is comparable."""
+        c = self.config
+        T = c.sequence_len if seq_len is None else seq_len
+        return 6 * self.num_params(exclude_embedding=True) + 12 * c.n_layer * c.n_head * c.head_dim * T
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        kv_cache: KVCacheLike | None = None,
+        loss_reduction: LossReduction = "mean",
+    ) -> torch.Tensor:
+        """idx (B, T) int64. Without targets: logits (B, T, vocab_size), soft-capped, padded ids
+        sliced off. With targets (B, T) (IGNORE_INDEX = -100 marks positions without a loss):
+        the fp32 cross-entropy, `mean` over non-ignored targets, `sum`, or `none` (B, T) with 0
+        at ignored positions. With a kv_cache, positions continue from the cache's."""
+        B, T = idx.shape
+        c = self.config
+        if kv_cache is None:
+            if T > c.sequence_len:
+                raise ValueError(f"sequence of {T} tokens exceeds the model's context sequence_len={c.sequence_len}")
+            cos = self.rotary_cos[None, None, :T]  # (1, 1, T, D/2)
+            sin = self.rotary_sin[None, None, :T]
+        else:
+            cos, sin = self._rotary_at(kv_cache.positions(), B, T)
+        x = rms_norm(self.wte(idx))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x, cos, sin, kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(T)
+        x = rms_norm(x)
+        if targets is not None:
+            if targets.shape != idx.shape:
+                raise ValueError(f"targets shape {tuple(targets.shape)} must equal idx shape {tuple(idx.shape)}")
+            return head_loss(x, self.lm_head.weight, targets, softcap=c.softcap, vocab_size=c.vocab_size, reduction=loss_reduction)
+        logits = self.lm_head(x)  # (B, T, V_padded)
+        if c.padded_vocab_size != c.vocab_size:
+            logits = logits[..., : c.vocab_size]
+        logits = logits.float()
+        if c.softcap:
+            logits = c.softcap * torch.tanh(logits / c.softcap)
+        return logits
+
+    def _rotary_at(self, pos: torch.Tensor | int, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary angles for tokens at positions pos..pos+T-1 (pos an int shared by all rows, or
+        a (B,) tensor per row)."""
+        limit = self.config.sequence_len
+        if isinstance(pos, int):
+            if pos + T > limit:
+                raise ValueError(f"position {pos + T} exceeds the model's context sequence_len={limit}")
+            return self.rotary_cos[None, None, pos : pos + T], self.rotary_sin[None, None, pos : pos + T]
+        if int(pos.max()) + T > limit:
+            raise ValueError(f"position {int(pos.max()) + T} exceeds the model's context sequence_len={limit}")
+        at = pos.to(self.rotary_cos.device)[:, None] + torch.arange(T, device=self.rotary_cos.device)  # (B, T)
+        return self.rotary_cos[at][:, None], self.rotary_sin[at][:, None]  # (B, 1, T, D/2)
+
+
+# Rows of logits processed at once by the fused head: 32 rows of a 32k vocab are 4 MB in fp32,
+# about one core's L2, so the ten elementwise passes over them stay in cache. Measured on the
+# d4/32768 benchmark (bench/bench_model.py): 16..64 within a few percent, 2048 (unchunked) 2x slower.
+HEAD_CHUNK_ROWS = 32
+# exp(softcap * tanh(.)) stays finite in fp32 up to ~88, so below this cap the softmax can skip
+# its max-subtraction pass.
+_SAFE_EXP_CAP = 80.0
+
+
+class _HeadLoss(torch.autograd.Function):
+    """Per-row cross-entropy of soft-capped `x @ weight[:vocab].T` without materialising the
+    fp32 logits for the whole batch: logits are made, capped, soft-maxed and turned into their
+    gradient one chunk of rows at a time (in cache), and only that gradient G (N, V) is kept, in
+    the matmul dtype. The backward is then two matmuls, scaled per row by the incoming gradient,
+    so every reduction (mean, sum, none) reuses it."""
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, softcap, vocab_size, compute_dtype, keep_grad):  # type: ignore[override]
+        N = x.size(0)
+        xc = x.to(compute_dtype)  # (N, C)
+        w = weight[:vocab_size].to(compute_dtype)  # (V, C)
+        if softcap:
+            w_in = w / softcap  # fold the 1/softcap into the weights: one (V, C) pass, not N*V
+        else:
+            w_in = w
+        valid = targets != IGNORE_INDEX  # (N,)
+        safe_t = torch.where(valid, targets, 0)[:, None]  # (N, 1)
+        losses = torch.empty(N, dtype=torch.float32, device=x.device)
+        G = torch.empty(N, vocab_size, dtype=compute_dtype, device=x.device) if keep_grad else None
+        fast_exp = 0 < softcap <= _SAFE_EXP_CAP
+        for i in range(0, N, HEAD_CHUNK_ROWS):
+            j = min(i + HEAD_CHUNK_ROWS, N)
+            z = torch.mm(xc[i:j], w_in.t()).float()  # (R, V)
+            if softcap:
+                t = z.tanh_()  # (R, V), tanh(logits / softcap)
+                logit = t * softcap
+            else:
+                t, logit = None, z
+            picked = logit.gather(1, safe_t[i:j]).squeeze(1)  # (R,)
+            if fast_exp:
+                e = logit.exp_()  # logits are within +-softcap: no overflow without a max shift
+                total = e.sum(dim=1)  # (R,)
+                lse = total.log()
+                p = e.div_(total[:, None]) if keep_grad else None  # softmax
+            else:
+                lse = torch.logsumexp(logit, dim=1)
+                p = logit.sub_(lse[:, None]).exp_() if keep_grad else None
+            losses[i:j] = torch.where(valid[i:j], lse - picked, 0.0)
+            if p is None:
+                continue
+            # d loss / d logit = softmax - onehot(target); ignored rows get no gradient
+            p.scatter_add_(1, safe_t[i:j], torch.full((j - i, 1), -1.0, device=p.device))
+            if not bool(valid[i:j].all()):
+                p[~valid[i:j]] = 0.0
+            if t is not None:
+                # through the cap: d(s * tanh(z / s)) / dz = 1 - tanh^2
+                p.addcmul_(p, t.square_(), value=-1.0)
+            G[i:j] = p  # type: ignore[index]
+        if keep_grad:
+            ctx.save_for_backward(xc, w, G)
+            ctx.shapes = (x.dtype, weight.dtype, weight.size(0))
+        return losses
+
+    @staticmethod
+    def backward(ctx, grad_losses):  # type: ignore[override]
+        xc, w, G = ctx.saved_tensors
+        x_dtype, w_dtype, v_padded = ctx.shapes
+        go = grad_losses.to(G.dtype)[:, None]  # (N, 1)
+        dx = torch.mm(G, w).mul_(go).to(x_dtype)  # (N, C)
+        dw = torch.mm(G.t(), xc * go)  # (V, C)
+        if v_padded != dw.size(0):
+            dw = torch.cat([dw, dw.new_zeros(v_padded - dw.size(0), dw.size(1))])  # padded ids: zero gradient
+        return dx, dw.to(w_dtype), None, None, None, None, None
+
+
+def head_loss(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    softcap: float,
+    vocab_size: int,
+    reduction: LossReduction,
+) -> torch.Tensor:
+    """fp32 cross-entropy of the soft-capped logits `x @ weight[:vocab_size].T` against targets,
+    IGNORE_INDEX skipped. x (B, T, C), targets (B, T). Equal (to rounding) to `cross_entropy` on
+    the logits `forward` returns, at a fraction of the memory traffic.
+
+    `mean` divides the summed loss by max(1, number of counted targets) instead of F.cross_entropy's
+    mean, which is 0/0 = NaN when every target is ignored (a fully masked SFT batch): such a batch
+    gives loss 0 with all-zero, finite gradients."""
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
+    B, T, C = x.shape
+    if torch.is_autocast_enabled(x.device.type):
+        compute_dtype = torch.get_autocast_dtype(x.device.type)
+    else:
+        compute_dtype = weight.dtype
+    keep_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    losses = _HeadLoss.apply(x.reshape(B * T, C), weight, targets.reshape(B * T), float(softcap), vocab_size, compute_dtype, keep_grad)
+    if reduction == "none":
+        return losses.view(B, T)
+    total = losses.sum()
+    if reduction == "sum":
+        return total
+    return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction: LossReduction) -> torch.Tensor:
+    """Reference fp32 cross-entropy of logits (B, T, V) against targets (B, T), IGNORE_INDEX
+    skipped, with the same reductions and all-ignored behaviour as `head_loss`. For callers that
+    already hold logits (evaluation) and for tests."""
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
+    flat = logits.reshape(-1, logits.size(-1)).float()  # (B*T, V)
+    y = targets.reshape(-1)  # (B*T,)
+    if reduction == "none":
+        return F.cross_entropy(flat, y, ignore_index=IGNORE_INDEX, reduction="none").view(targets.shape)
+    total = F.cross_entropy(flat, y, ignore_index=IGNORE_INDEX, reduction="sum")
+    if reduction == "sum":
+        return total
+    return total / (y != IGNORE_INDEX).sum().clamp(min=1)

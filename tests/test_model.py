@@ -1,0 +1,220 @@
+"""GPT model tests on tiny CPU configs: shapes, config round-trip, loss reductions and masking,
+the fused head against the plain logits path, grouped-query attention against multi-head, and
+overfitting one batch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lockstep.config import ConfigError
+from lockstep.model import GPT, IGNORE_INDEX, GPTConfig, attend, cross_entropy
+
+
+def tiny(**kw) -> GPTConfig:
+    base = dict(sequence_len=32, vocab_size=100, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
+    base.update(kw)
+    return GPTConfig(**base)
+
+
+def randomize(model: GPT, seed: int = 0) -> GPT:
+    """Give the zero-initialised projections and the tiny lm_head real values, so outputs depend
+    on every weight."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return model
+
+
+def tokens(B: int, T: int, V: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_from_depth_dims_and_padding():
+    c = GPTConfig.from_depth(4, vocab_size=265, sequence_len=256)
+    assert (c.n_layer, c.n_embd, c.n_head, c.n_kv_head, c.head_dim) == (4, 256, 4, 4, 64)
+    assert c.padded_vocab_size == 320
+    c2 = GPTConfig.from_depth(2, vocab_size=4096, sequence_len=64, head_dim=32, n_kv_head=2, softcap=0.0)
+    assert (c2.n_head, c2.n_kv_head, c2.softcap, c2.padded_vocab_size) == (4, 2, 0.0, 4096)
+
+
+def test_config_dict_round_trip_and_validation():
+    c = tiny(rope_theta=500.0)
+    assert GPTConfig.from_dict(c.to_dict()) == c
+    with pytest.raises(ConfigError, match="bogus"):
+        GPTConfig.from_dict({**c.to_dict(), "bogus": 1})
+    with pytest.raises(ValueError, match="n_kv_head=3 must divide n_head=4"):
+        tiny(n_kv_head=3)
+    with pytest.raises(ValueError, match="must divide by n_head"):
+        tiny(n_embd=30)
+
+
+def test_build_is_a_pure_function_of_the_seed_and_zero_inits_projections():
+    c = tiny()
+    a, b, other = GPT.build(c, "cpu", seed=3), GPT.build(c, "cpu", seed=3), GPT.build(c, "cpu", seed=4)
+    for (name, pa), pb, po in zip(a.named_parameters(), b.parameters(), other.parameters()):
+        assert torch.equal(pa, pb), name
+        if "c_proj" in name:
+            assert not pa.any(), name
+        else:
+            assert not torch.equal(pa, po), name
+    assert not any(p.is_meta for p in a.parameters())
+
+
+def test_param_groups_and_counts():
+    c = tiny()
+    m = GPT.build(c, "cpu")
+    groups = m.param_groups()
+    ids = [id(p) for g in groups.values() for p in g]
+    assert sorted(ids) == sorted(id(p) for p in m.parameters())
+    assert all(p.ndim == 2 for p in groups["matrix"])
+    V, C, L = c.padded_vocab_size, c.n_embd, c.n_layer
+    D = c.head_dim
+    per_block = C * C + 2 * C * c.n_kv_head * D + C * C + 2 * 4 * C * C
+    assert m.num_params() == 2 * V * C + L * per_block
+    assert m.num_params(exclude_embedding=True) == V * C + L * per_block
+    assert m.flops_per_token() == 6 * (V * C + L * per_block) + 12 * L * c.n_head * D * c.sequence_len
+
+
+def test_forward_shapes_and_padded_vocab_sliced():
+    c = tiny(vocab_size=70)  # padded to 128
+    m = randomize(GPT.build(c, "cpu"))
+    idx = tokens(3, 10, 70)
+    logits = m(idx)
+    assert logits.shape == (3, 10, 70) and logits.dtype == torch.float32
+    assert logits.abs().max() <= c.softcap
+    assert m(idx, idx).shape == ()
+    assert m(idx, idx, loss_reduction="none").shape == (3, 10)
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        m(tokens(1, 33, 70))
+    with pytest.raises(ValueError, match="loss_reduction"):
+        m(idx, idx, loss_reduction="avg")
+
+
+@pytest.mark.parametrize("softcap", [15.0, 0.0])
+def test_fused_head_loss_equals_plain_cross_entropy(softcap):
+    c = tiny(vocab_size=70, softcap=softcap)
+    m = randomize(GPT.build(c, "cpu"))
+    idx = tokens(3, 20, 70)  # 60 rows: more than one chunk of the fused head
+    y = tokens(3, 20, 70, seed=1)
+    y[0, :5] = IGNORE_INDEX
+    for reduction in ("mean", "sum", "none"):
+        m.zero_grad()
+        ref = cross_entropy(m(idx), y, reduction)
+        (ref.sum()).backward()
+        ref_grads = [p.grad.clone() for p in m.parameters()]
+        m.zero_grad()
+        got = m(idx, y, loss_reduction=reduction)
+        got.sum().backward()
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        for (name, p), g in zip(m.named_parameters(), ref_grads):
+            torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6, msg=name)
+    assert not m.lm_head.weight.grad[70:].any()  # padded rows never learn
+
+
+def test_masked_targets_are_ignored():
+    c = tiny()
+    m = randomize(GPT.build(c, "cpu"))
+    idx = tokens(2, 16, 100)
+    y = tokens(2, 16, 100, seed=1)
+    y2 = y.clone()
+    y[:, ::2] = IGNORE_INDEX
+    y2[:, ::2] = (y2[:, ::2] + 1) % 100  # different values at the positions masked in y
+    none = m(idx, y, loss_reduction="none")
+    assert (none[:, ::2] == 0).all() and (none[:, 1::2] > 0).all()
+    keep = y != IGNORE_INDEX
+    torch.testing.assert_close(m(idx, y), m(idx, y2, loss_reduction="none")[keep].mean())
+    torch.testing.assert_close(m(idx, y, loss_reduction="sum"), none.sum())
+
+
+def test_all_ignored_batch_gives_zero_loss_and_finite_grads():
+    m = randomize(GPT.build(tiny(), "cpu"))
+    idx = tokens(2, 8, 100)
+    y = torch.full_like(idx, IGNORE_INDEX)
+    loss = m(idx, y)
+    loss.backward()
+    assert loss.item() == 0.0
+    for name, p in m.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and not p.grad.any(), name
+
+
+def test_gqa_attention_equals_mha_with_repeated_heads():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 5, 8, generator=g)
+    k, v = torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
+    got = attend(q, k, v, None, is_causal=True)
+    ref = attend(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), None, is_causal=True)
+    torch.testing.assert_close(got, ref)
+
+
+def test_gqa_model_equals_mha_model_with_duplicated_kv_weights():
+    cg = tiny(n_head=4, n_kv_head=2)
+    gqa = randomize(GPT.build(cg, "cpu"))
+    mha = GPT.build(tiny(n_head=4, n_kv_head=4), "cpu")
+    D = cg.head_dim
+    state = {}
+    for name, p in gqa.state_dict().items():
+        if name.endswith(("c_k.weight", "c_v.weight")):
+            # kv head j serves query heads 2j and 2j+1: duplicate its rows in that order
+            p = p.view(cg.n_kv_head, D, -1).repeat_interleave(2, dim=0).reshape(cg.n_head * D, -1)
+        state[name] = p
+    mha.load_state_dict(state)
+    idx = tokens(2, 12, 100)
+    torch.testing.assert_close(gqa(idx), mha(idx), rtol=1e-5, atol=1e-5)
+
+
+def test_gqa_with_equal_heads_uses_the_plain_path():
+    c = tiny(n_kv_head=4)
+    a = randomize(GPT.build(c, "cpu"))
+    b = randomize(GPT.build(GPTConfig.from_dict({**c.to_dict()}), "cpu"))
+    idx = tokens(1, 9, 100)
+    torch.testing.assert_close(a(idx), b(idx))
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 4, 6, 8, generator=g) for _ in range(3))
+    plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    forced = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(attend(q, k, v, None, is_causal=True), plain)
+    torch.testing.assert_close(forced, plain)
+
+
+def test_causality_future_tokens_do_not_change_past_logits():
+    m = randomize(GPT.build(tiny(), "cpu"))
+    idx = tokens(1, 12, 100)
+    idx2 = idx.clone()
+    idx2[0, 8:] = (idx2[0, 8:] + 7) % 100
+    torch.testing.assert_close(m(idx)[:, :8], m(idx2)[:, :8])
+
+
+def test_initial_loss_near_uniform_and_overfits_a_batch():
+    torch.manual_seed(0)  # AdamW itself draws nothing; kept for hermeticity
+    c = tiny(vocab_size=64)
+    m = GPT.build(c, "cpu", seed=0)
+    idx = tokens(2, 16, 64)
+    y = tokens(2, 16, 64, seed=1)
+    first = m(idx, y).item()
+    assert abs(first - math.log(64)) < 0.05
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    for _ in range(60):
+        opt.zero_grad()
+        loss = m(idx, y)
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.3 * first
+
+
+def test_bf16_autocast_loss_close_to_fp32():
+    m = randomize(GPT.build(tiny(), "cpu"), seed=2)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(0.3)
+    idx, y = tokens(2, 16, 100), tokens(2, 16, 100, seed=1)
+    ref = m(idx, y)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = m(idx, y)
+    assert got.dtype == torch.float32
+    assert abs(got.item() - ref.item()) < 0.05 * ref.item()
+    got.backward()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())
