@@ -143,8 +143,14 @@ class OptimConfig:
 
 
 def split_params(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
-    """Group parameters by role from their names and shapes: `embed` (token/value embeddings),
-    `unembed` (lm_head), `matrix` (other 2-D weights, for Muon), `scalar` (everything else)."""
+    """Group parameters by role: `embed` (token embedding), `unembed` (lm_head), `matrix` (2-D
+    block weights, for Muon), `scalar` (everything else). Uses the model's own `param_groups()`
+    when it has one, else names and shapes."""
+    if hasattr(model, "param_groups"):
+        names = {id(p): n for n, p in model.named_parameters()}
+        own = model.param_groups()
+        return {role: [(names[id(p)], p) for p in own.get(key, [])]
+                for role, key in (("embed", "embedding"), ("unembed", "lm_head"), ("matrix", "matrix"), ("scalar", "scalar"))}
     groups: dict[str, list[tuple[str, nn.Parameter]]] = {"embed": [], "unembed": [], "matrix": [], "scalar": []}
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -201,15 +207,16 @@ def set_lr(optimizers: list[torch.optim.Optimizer], multiplier: float, *, moment
                 g["momentum"] = momentum
 
 
-def all_reduce_grads(params: list[nn.Parameter]) -> None:
-    """Average gradients across ranks in one flat buffer (one collective instead of one per
-    tensor). A no-op without torch.distributed."""
+def all_reduce_grads(params: list[nn.Parameter], *, average: bool = True) -> None:
+    """Sum (or average) gradients across ranks in one flat buffer: one collective instead of one
+    per tensor. A no-op without torch.distributed."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
     grads = [p.grad for p in params if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    flat.div_(dist.get_world_size())
+    if average:
+        flat.div_(dist.get_world_size())
     offset = 0
     for g in grads:
         n = g.numel()

@@ -1,0 +1,429 @@
+"""The shared training loop for pretrain, midtrain and SFT: horizon, LR schedule, gradient
+accumulation, clipping, val bits-per-byte, samples, checkpoints and resume. It does not know
+where batches come from (any object with `get_batch(*, B, generator)`) or how text is encoded."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lockstep import checkpoint as ckpt
+from lockstep.config import ConfigError, config_to_dict
+from lockstep.io import read_json, write_json_atomic
+from lockstep.model import GPT, IGNORE_INDEX, GPTConfig
+from lockstep.optim import OptimConfig, all_reduce_grads, build_optimizers, muon_momentum, set_lr
+from lockstep.runtime import Runtime, barrier, peak_flops
+
+log = logging.getLogger("lockstep.train")
+TIMING_FILE = "timing.json"
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """The `model` params section: one depth dial plus a few shape knobs."""
+
+    depth: int = 4  # layers; width n_embd = 64 * depth
+    sequence_len: int = 256  # context length in tokens
+    head_dim: int = 64  # channels per attention head
+    n_kv_head: int = 0  # key/value heads; 0 = as many as query heads
+    softcap: float = 15.0  # logit soft cap; 0 disables
+    rope_theta: float = 10000.0
+
+    def gpt_config(self, vocab_size: int) -> GPTConfig:
+        return GPTConfig.from_depth(self.depth, vocab_size, self.sequence_len, self.head_dim,
+                                    n_kv_head=self.n_kv_head or None, softcap=self.softcap, rope_theta=self.rope_theta)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A training stage's params section (`pretrain`, `midtrain`, `sft`)."""
+
+    mixture: dict[str, float] = field(default_factory=dict)  # cache name -> sampling weight
+    batch_tokens: int = 8192  # tokens per optimizer step, all ranks and micro-batches together
+    device_batch_rows: int = 8  # sequences per forward pass per rank
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    # Horizon, first that is set wins: explicit steps, a FLOP budget, a tokens:params ratio.
+    num_steps: int = 0
+    target_flops: float = 0.0
+    tokens_params_ratio: float = 0.0  # 20 = Chinchilla-optimal
+    warmup_steps: int = 0
+    warmdown_frac: float = 0.4  # last fraction of steps decays linearly ...
+    final_lr_frac: float = 0.0  # ... to this fraction of the peak LR
+    loss: Literal["all", "assistant"] = "all"  # SFT trains on assistant tokens only
+    eval_every_steps: int = 100  # val bpb; 0 = only at the end
+    eval_tokens: int = 65536  # val tokens per evaluation (all ranks)
+    sample_every_steps: int = 0  # greedy samples on rank 0; 0 = only at the end
+    sample_tokens: int = 48  # new tokens per sample
+    checkpoint_every_steps: int = 100  # intermediate checkpoints under the run folder; 0 = only the last
+    keep_last: int = 2  # intermediate checkpoints kept (>= 2)
+    peak_flops: float = 0.0  # FLOP/s per device for MFU; 0 = datasheet (CUDA) or measured matmul peak
+
+    def __post_init__(self) -> None:
+        if self.batch_tokens <= 0 or self.device_batch_rows <= 0:
+            raise ConfigError(f"batch_tokens={self.batch_tokens} and device_batch_rows={self.device_batch_rows} must be positive")
+        if self.keep_last < 2:
+            raise ConfigError(f"keep_last={self.keep_last} must be >= 2 so a crash mid-save leaves a complete checkpoint")
+        if not 0 <= self.warmdown_frac <= 1 or not 0 <= self.final_lr_frac <= 1:
+            raise ConfigError(f"warmdown_frac={self.warmdown_frac} and final_lr_frac={self.final_lr_frac} must be in [0, 1]")
+        for name, w in self.mixture.items():
+            if w <= 0:
+                raise ConfigError(f"mixture weight for {name!r} is {w}; weights must be > 0 (drop the entry to exclude it)")
+
+
+class BatchSource(Protocol):
+    def get_batch(self, *, B: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]: ...
+
+
+def horizon_steps(cfg: TrainConfig, *, flops_per_token: int, num_params: int) -> tuple[int, str]:
+    """Optimizer steps to run and why: explicit steps, else a FLOP budget, else a tokens:params
+    ratio (in that order)."""
+    if cfg.num_steps > 0:
+        return cfg.num_steps, f"num_steps={cfg.num_steps}"
+    if cfg.target_flops > 0:
+        steps = max(1, round(cfg.target_flops / (flops_per_token * cfg.batch_tokens)))
+        return steps, f"target_flops={cfg.target_flops:.3g} at {flops_per_token} FLOPs/token"
+    if cfg.tokens_params_ratio > 0:
+        steps = max(1, round(cfg.tokens_params_ratio * num_params / cfg.batch_tokens))
+        return steps, f"tokens_params_ratio={cfg.tokens_params_ratio} x {num_params} params"
+    raise ConfigError("no training horizon: set one of num_steps, target_flops or tokens_params_ratio (> 0)")
+
+
+def lr_multiplier(step: int, total_steps: int, *, warmup_steps: int, warmdown_frac: float, final_lr_frac: float) -> float:
+    """Warmup (linear from 1/warmup), constant, then linear warmdown to `final_lr_frac`."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    warmdown_steps = round(warmdown_frac * total_steps)
+    start = total_steps - warmdown_steps
+    if step < start or warmdown_steps == 0:
+        return 1.0
+    progress = (total_steps - step) / warmdown_steps  # 1 at the start of warmdown -> 1/n at the end
+    return progress + (1 - progress) * final_lr_frac
+
+
+def grad_accum_steps(cfg: TrainConfig, *, seq_len: int, world_size: int) -> int:
+    per_pass = world_size * cfg.device_batch_rows * seq_len
+    if cfg.batch_tokens % per_pass:
+        raise ConfigError(f"batch_tokens={cfg.batch_tokens} must divide by world*rows*seq_len={world_size}*"
+                          f"{cfg.device_batch_rows}*{seq_len}={per_pass}; change batch_tokens or device_batch_rows")
+    return cfg.batch_tokens // per_pass
+
+
+def batch_generator(seed: int, step: int, micro: int) -> torch.Generator:
+    """The generator for one micro-batch, from (seed, step, global micro-batch index) alone: data
+    order needs no saved state, a resumed run draws exactly the batches an uninterrupted one
+    would, and the same global batch splits over any number of ranks."""
+    digest = hashlib.sha256(f"lockstep-batch:{seed}:{step}:{micro}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+
+
+def code_revision(root: Path | None = None) -> str:
+    """The git commit the code runs from, or "unknown" outside a checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def _targets(batch: Sequence[torch.Tensor], loss: str) -> torch.Tensor:
+    if loss == "assistant":
+        if len(batch) < 3:
+            raise ValueError("loss='assistant' needs batches of (x, y, y_masked): use SFT caches in the mixture")
+        return batch[2]
+    return batch[1]
+
+
+@torch.no_grad()
+def evaluate_bpb(model: nn.Module, data: BatchSource, token_bytes: torch.Tensor, rt: Runtime, *, rows: int,
+                 seq_len: int, eval_tokens: int, seed: int, loss: str = "all") -> dict[str, float]:
+    """Validation bits per byte: summed loss in nats over target tokens with a byte length,
+    divided by ln 2 times their bytes (special tokens have 0 bytes and are left out). The same
+    windows every call (fixed generators); the batches are split over ranks and the sums
+    all-reduced. Also returns `unigram_bpb`, the entropy of the same targets' own unigram
+    distribution: a lower bound for any unigram model, the baseline learning must beat."""
+    was_training = model.training
+    model.eval()
+    n_batches = max(1, eval_tokens // (rows * seq_len))
+    tb = token_bytes.to(rt.device)
+    nats = torch.zeros((), dtype=torch.float64, device=rt.device)
+    nbytes = torch.zeros((), dtype=torch.float64, device=rt.device)
+    counts = torch.zeros(tb.numel(), dtype=torch.float64, device=rt.device)
+    for j in range(rt.rank, n_batches, rt.world_size):
+        batch = data.get_batch(B=rows, generator=batch_generator(seed, -1, j))
+        x, y = batch[0].to(rt.device), _targets(batch, loss).to(rt.device)
+        with rt.autocast():
+            per_token = model(x, y, loss_reduction="none")  # (B, T) nats, 0 at ignored targets
+        valid = y != IGNORE_INDEX
+        b = torch.where(valid, tb[y.clamp(min=0)], 0)  # (B, T) bytes per target
+        keep = b > 0
+        nats += per_token.double()[keep].sum()
+        nbytes += b[keep].double().sum()
+        counts += torch.bincount(y[keep], minlength=tb.numel()).double()
+    if rt.distributed:
+        for t in (nats, nbytes, counts):
+            dist.all_reduce(t)
+    model.train(was_training)
+    total = counts.sum()
+    probs = counts[counts > 0] / total
+    unigram_nats = -(counts[counts > 0] * probs.log()).sum()
+    denom = math.log(2) * max(nbytes.item(), 1.0)
+    return {"val_bpb": nats.item() / denom, "unigram_bpb": unigram_nats.item() / denom, "val_bytes": nbytes.item()}
+
+
+@torch.no_grad()
+def greedy_sample(model: nn.Module, prompt_ids: Sequence[int], max_new_tokens: int, rt: Runtime) -> list[int]:
+    """Greedy continuation by repeated full forwards (no KV cache): slow, simple, exact."""
+    seq_len = model.config.sequence_len
+    ids = list(prompt_ids)
+    was_training = model.training
+    model.eval()
+    for _ in range(max_new_tokens):
+        window = torch.tensor([ids[-seq_len:]], dtype=torch.long, device=rt.device)  # (1, T)
+        with rt.autocast():
+            logits = model(window)  # (1, T, V)
+        ids.append(int(logits[0, -1].argmax()))
+    model.train(was_training)
+    return ids[len(prompt_ids):]
+
+
+@dataclass
+class TrainResult:
+    step: int  # steps completed in total (including resumed ones)
+    total_steps: int
+    losses: list[tuple[int, float]]  # (step, train loss) for steps run in this process
+    final_eval: dict[str, float]
+    samples: list[str]
+    checkpoint: Path  # the last checkpoint in the run folder
+    resumed_from: int  # 0 when started fresh
+    tokens: int  # tokens trained on in total
+    flops: float  # training FLOPs in total (flops_per_token x tokens)
+    tok_per_s: float  # median over timed steps (all ranks together)
+    mfu: float
+    train_time_s: float  # wall time spent in steps, all sessions of the run
+    peak: dict[str, Any]
+
+
+def _gather_objects(obj: Any, rt: Runtime) -> list[Any]:
+    if not rt.distributed:
+        return [obj]
+    out: list[Any] = [None] * rt.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _save(model: nn.Module, optimizers: list[torch.optim.Optimizer], rt: Runtime, run_dir: Path, step: int,
+          meta: dict[str, Any], keep_last: int) -> Path:
+    final = ckpt.step_dir(run_dir, step)
+    if rt.is_main:
+        ckpt.begin_checkpoint(final)
+    barrier(rt)
+    ckpt.write_optim_state(ckpt.partial_dir(final), rt.rank, {"optimizers": [o.state_dict() for o in optimizers]})
+    barrier(rt)
+    if rt.is_main:
+        # The global RNG is unused by the loop (batches come from per-step generators) but is
+        # stored so code that draws from it (dropout, say) resumes exactly too.
+        ckpt.finish_checkpoint(ckpt.partial_dir(final), final, model_state=model.state_dict(),
+                               meta={**meta, "step": step, "world_size": rt.world_size},
+                               rng_states={"torch_cpu": torch.get_rng_state()})
+        ckpt.prune_checkpoints(run_dir, keep_last)
+    barrier(rt)
+    return final
+
+
+def _fmt_count(x: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def _fmt_eta(s: float) -> str:
+    if s >= 3600:
+        return f"{s / 3600:.1f}h"
+    if s >= 60:
+        return f"{s / 60:.0f}m"
+    return f"{s:.0f}s"
+
+
+def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource, val_data: BatchSource | None,
+          token_bytes: torch.Tensor | None, run_dir: Path, seed: int, meta: dict[str, Any],
+          sample_prompts: Sequence[Sequence[int]] = (), decode: Callable[[list[int]], str] | None = None,
+          on_step: Callable[[dict[str, float]], None] | None = None, stop_at_step: int | None = None) -> TrainResult:
+    """Train `model` (already on rt.device, fp32 master weights) in place, resuming from the
+    latest complete checkpoint in `run_dir` if there is one. `meta` (model config, stage config,
+    tokenizer sha256, ...) goes into every checkpoint. `stop_at_step` ends early after that step,
+    as a kill would (tests). Only rank 0 logs and writes."""
+    run_dir = Path(run_dir)
+    seq_len = model.config.sequence_len
+    accum = grad_accum_steps(cfg, seq_len=seq_len, world_size=rt.world_size)
+    rows = cfg.device_batch_rows
+    flops_per_token = model.flops_per_token()
+    num_params = model.num_params(exclude_embedding=True)
+    total_steps, why = horizon_steps(cfg, flops_per_token=flops_per_token, num_params=num_params)
+    optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd, rank=rt.rank, world_size=rt.world_size)
+    params = [p for p in model.parameters() if p.requires_grad]
+    meta = {**meta, "code_revision": meta.get("code_revision") or code_revision(), "total_steps": total_steps,
+            "data_order": "stateless: micro-batch generator from sha256(seed, step, global micro-batch index)"}
+
+    if rt.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        removed = ckpt.clean_incomplete(run_dir)
+        if removed:
+            log.info("removed %d incomplete checkpoint(s) in %s", len(removed), run_dir)
+    barrier(rt)
+    start_step, train_time_s = 0, 0.0
+    latest = ckpt.latest_checkpoint(run_dir)
+    if latest is not None:
+        state = ckpt.load_checkpoint(latest)
+        if state.meta.get("world_size") != rt.world_size:
+            raise ckpt.CheckpointError(f"{latest} was written by {state.meta.get('world_size')} ranks, this run has "
+                                       f"{rt.world_size}; set runtime.nproc back or delete {run_dir}")
+        model.load_state_dict({k: v.to(rt.device) for k, v in state.model_state.items()})
+        for opt, sd in zip(optimizers, state.optim_state(rt.rank)["optimizers"], strict=True):
+            opt.load_state_dict(sd)
+        start_step = state.step
+        if "torch_cpu" in state.rng_states:
+            torch.set_rng_state(state.rng_states["torch_cpu"])
+        timing = run_dir / TIMING_FILE
+        if timing.is_file():
+            train_time_s = float(read_json(timing).get("train_time_s", 0.0))
+        if rt.is_main:
+            log.info("resuming from %s (step %d/%d)", latest, start_step, total_steps)
+    if rt.is_main:
+        log.info("horizon %d steps (%s); %d micro-batches x %d rows x %d tokens x %d ranks = %d tokens/step",
+                 total_steps, why, accum, rows, seq_len, rt.world_size, cfg.batch_tokens)
+    peak, peak_why = peak_flops(rt, declared=cfg.peak_flops)
+    if rt.is_main:
+        log.info("MFU peak %.3g FLOP/s per device (%s); %d params, %d FLOPs/token", peak, peak_why, num_params, flops_per_token)
+
+    fwd = torch.compile(model) if rt.compile else model
+    model.train()
+    losses: list[tuple[int, float]] = []
+    dts: list[float] = []
+    checkpoint_path = latest
+    eval_result: dict[str, float] = {}
+
+    def do_eval(step: int) -> dict[str, float]:
+        if val_data is None or token_bytes is None:
+            return {}
+        r = evaluate_bpb(model, val_data, token_bytes, rt, rows=rows, seq_len=seq_len, eval_tokens=cfg.eval_tokens,
+                         seed=seed, loss=cfg.loss)
+        if rt.is_main:
+            log.info("step %d/%d | val bpb %.4f | unigram bpb %.4f", step, total_steps, r["val_bpb"], r["unigram_bpb"])
+            if on_step:
+                on_step({"step": step, "val_bpb": r["val_bpb"]})
+        return r
+
+    def do_samples() -> list[str]:
+        if not (rt.is_main and sample_prompts and decode):
+            return []
+        out = []
+        for prompt in sample_prompts:
+            text = decode(list(prompt) + greedy_sample(model, prompt, cfg.sample_tokens, rt))
+            log.info("sample: %r", text)
+            out.append(text)
+        return out
+
+    step = start_step
+    while step < total_steps:
+        if rt.device.type == "cuda":
+            torch.cuda.synchronize(rt.device)
+        t0 = time.perf_counter()
+        mult = lr_multiplier(step, total_steps, warmup_steps=cfg.warmup_steps, warmdown_frac=cfg.warmdown_frac,
+                             final_lr_frac=cfg.final_lr_frac)
+        set_lr(optimizers, mult, momentum=muon_momentum(step, cfg.optim))
+        micro = []
+        for i in range(accum):
+            batch = train_data.get_batch(B=rows, generator=batch_generator(seed, step, rt.rank * accum + i))
+            micro.append((batch[0].to(rt.device, non_blocking=True), _targets(batch, cfg.loss).to(rt.device, non_blocking=True)))
+        # Normalise by the target count of the whole global batch, so an SFT batch with few
+        # assistant tokens weighs each token the same, and 1 or N ranks give the same gradient.
+        n_targets = sum((y != IGNORE_INDEX).sum() for _, y in micro).to(torch.float64)
+        if rt.distributed:
+            dist.all_reduce(n_targets)
+        denom = n_targets.clamp(min=1.0).item()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
+        for x, y in micro:
+            with rt.autocast():
+                loss = fwd(x, y, loss_reduction="sum")
+            (loss / denom).backward()
+            loss_sum += loss.detach().double()
+        all_reduce_grads(params, average=False)
+        if rt.distributed:
+            dist.all_reduce(loss_sum)
+        if cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+        for opt in optimizers:
+            opt.step()
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        train_loss = loss_sum.item() / denom
+        if rt.device.type == "cuda":
+            torch.cuda.synchronize(rt.device)
+        dt = time.perf_counter() - t0
+        step += 1
+        losses.append((step, train_loss))
+        train_time_s += dt
+        # The first step of a process carries compile and allocator warm-up: left out of throughput.
+        if len(losses) > 1 or total_steps - start_step == 1:
+            dts.append(dt)
+        tok_s = cfg.batch_tokens / dt
+        mfu = flops_per_token * tok_s / (peak * rt.world_size)
+        if rt.is_main:
+            med = sorted(dts)[len(dts) // 2] if dts else dt
+            lr_now = optimizers[-1].param_groups[0]["lr"]
+            log.info("step %d/%d | loss %.4f | lr %.3g | dt %.0fms | tok/s %s | mfu %.1f%% | eta %s", step, total_steps,
+                     train_loss, lr_now, dt * 1e3, _fmt_count(tok_s), 100 * mfu, _fmt_eta(med * (total_steps - step)))
+            if on_step:
+                on_step({"step": step, "train_loss": train_loss, "lr_mult": mult, "tok_per_s": tok_s, "mfu": mfu})
+        last = step == total_steps
+        if cfg.eval_every_steps and step % cfg.eval_every_steps == 0 and not last:
+            eval_result = do_eval(step)
+        if cfg.sample_every_steps and step % cfg.sample_every_steps == 0 and not last:
+            do_samples()
+        if last or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0):
+            checkpoint_path = _save(model, optimizers, rt, run_dir, step, meta, cfg.keep_last)
+            if rt.is_main:
+                write_json_atomic(run_dir / TIMING_FILE, {"step": step, "train_time_s": train_time_s})
+        if stop_at_step is not None and step >= stop_at_step:
+            break
+
+    if step == total_steps:
+        eval_result = do_eval(step)
+    samples = do_samples() if step == total_steps else []
+    assert checkpoint_path is not None
+    tokens = step * cfg.batch_tokens
+    med_dt = sorted(dts)[len(dts) // 2] if dts else float("nan")
+    tok_per_s = cfg.batch_tokens / med_dt if dts else float("nan")
+    return TrainResult(step=step, total_steps=total_steps, losses=losses, final_eval=eval_result, samples=samples,
+                       checkpoint=checkpoint_path, resumed_from=start_step, tokens=tokens,
+                       flops=float(flops_per_token) * tokens, tok_per_s=tok_per_s,
+                       mfu=flops_per_token * tok_per_s / (peak * rt.world_size) if dts else float("nan"),
+                       train_time_s=train_time_s, peak={"flops_per_s": peak, "source": peak_why})
+
+
+def run_key(stage: str, payload: dict[str, Any]) -> str:
+    """A short hash naming a run folder: the stage name, its params and its inputs' identities.
+    A params or input change gets a new folder, so a run never resumes someone else's state."""
+    from lockstep.io import canonical_json
+
+    return hashlib.sha256(canonical_json({"stage": stage, **payload}).encode("utf-8")).hexdigest()[:16]
+
+
+def stage_meta(*, model_config: GPTConfig, cfg: TrainConfig, stage: str, tokenizer_sha256: str, seed: int,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The meta.json fields every training checkpoint carries (no times or hosts: the final
+    checkpoint must be byte-identical across identical runs)."""
+    return {"stage": stage, "model_config": model_config.to_dict(), "stage_config": config_to_dict(cfg),
+            "tokenizer_sha256": tokenizer_sha256, "seed": seed, **(extra or {})}
