@@ -1,0 +1,166 @@
+"""The tokenizer stage's work: read raw snapshots, train a tokenizer on capped train text, save it,
+and measure bytes/token on each metric source's val text. Takes explicit paths and a config; does
+not read params.yaml or parse argv (stages/tokenizer.py does)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from lockstep.io import write_json_atomic
+from lockstep.tokenizer.base import Tokenizer, conversation_texts, train_tokenizer
+
+log = logging.getLogger("lockstep.tokenizer")
+
+# Texts encoded per tiktoken batch call while measuring: large enough to use the threads,
+# small enough that a big val split is never held whole as token lists.
+METRIC_BATCH_TEXTS = 1024
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """The `tokenizer:` params section."""
+
+    kind: Literal["bpe", "sentencepiece", "char", "byte"] = "bpe"
+    vocab_size: int = 4096  # ids including the 9 special tokens (bpe, sentencepiece); char and byte fix their own
+    train_sources: tuple[str, ...] = ()  # raw snapshots whose train split is learned from, in this order
+    max_chars: int = 20_000_000  # characters of train text read, across train_sources in order
+    metric_sources: tuple[str, ...] = ()  # bytes/token is reported on each one's val split
+    spm_model_type: Literal["bpe", "unigram"] = "bpe"  # sentencepiece only
+    char_max_alphabet: int = 65  # char only: most distinct bytes kept
+    encode_threads: int = 2  # threads for batch encoding while measuring
+
+    def __post_init__(self) -> None:
+        if not self.train_sources and self.kind in ("bpe", "sentencepiece", "char"):
+            raise ValueError(f"tokenizer.train_sources is empty; a {self.kind} tokenizer must learn from at least one raw source")
+        if self.max_chars < 1:
+            raise ValueError(f"tokenizer.max_chars={self.max_chars} must be positive")
+        if self.encode_threads < 1:
+            raise ValueError(f"tokenizer.encode_threads={self.encode_threads} must be at least 1")
+
+    def train_options(self, seed: int) -> dict[str, Any]:
+        """Arguments for train_tokenizer beyond kind and texts."""
+        if self.kind == "sentencepiece":
+            return {"vocab_size": self.vocab_size, "model_type": self.spm_model_type, "seed": seed}
+        if self.kind == "char":
+            return {"vocab_size": None, "max_alphabet": self.char_max_alphabet}
+        if self.kind == "byte":
+            return {"vocab_size": None}
+        return {"vocab_size": self.vocab_size}
+
+
+def record_texts(kind: str, record: Mapping[str, Any]) -> list[str]:
+    """The text content of one raw record, as the model will see it: a document's text; each part
+    of a conversation; a problem rendered as its conversation (calculator annotations become
+    python / output parts)."""
+    if kind == "document":
+        return [record["text"]]
+    if kind == "conversation":
+        return conversation_texts(record)
+    if kind == "problem":
+        from lockstep.sources.gsm8k import problem_to_conversation
+
+        return conversation_texts(problem_to_conversation(dict(record)))
+    raise ValueError(f"record kind {kind!r} must be document, conversation or problem")
+
+
+def snapshot_texts(snapshot_dir: Path, split: str) -> Iterator[str]:
+    """Texts of one split of a raw snapshot, in stored order."""
+    from lockstep.sources import iter_records, read_meta
+
+    kind = read_meta(snapshot_dir)["kind"]
+    for record in iter_records(snapshot_dir, split):
+        yield from record_texts(kind, record)
+
+
+class CappedTexts:
+    """Texts from several sources in order, cut at `max_chars` characters in all (the last text is
+    cropped so the total is exact). Counts what it yielded."""
+
+    def __init__(self, sources: Iterable[Iterable[str]], max_chars: int) -> None:
+        self.sources = sources
+        self.max_chars = max_chars
+        self.chars = 0
+        self.texts = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for texts in self.sources:
+            for text in texts:
+                room = self.max_chars - self.chars
+                if room <= 0:
+                    return
+                text = text[:room]
+                self.chars += len(text)
+                self.texts += 1
+                yield text
+
+
+def bytes_per_token(tokenizer: Tokenizer, texts: Iterable[str], *, num_threads: int = 2) -> dict[str, float | int]:
+    """UTF-8 bytes per token over `texts`, each encoded on its own without special tokens."""
+    n_bytes = 0
+    n_tokens = 0
+    batch: list[str] = []
+
+    def flush() -> None:
+        nonlocal n_tokens, n_bytes
+        n_bytes += sum(len(t.encode("utf-8")) for t in batch)
+        n_tokens += sum(len(ids) for ids in tokenizer.encode(batch, num_threads=num_threads))
+        batch.clear()
+
+    for text in texts:
+        batch.append(text)
+        if len(batch) >= METRIC_BATCH_TEXTS:
+            flush()
+    flush()
+    if n_tokens == 0:
+        raise ValueError("no text to measure bytes/token on; check that the metric source's val split is not empty")
+    return {"bytes": n_bytes, "tokens": n_tokens, "bytes_per_token": n_bytes / n_tokens}
+
+
+def _snapshot_dir(raw_dir: Path, name: str) -> Path:
+    path = raw_dir / name
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"raw snapshot {path} not found: add `{name}` under `fetch:` in params.yaml and run `dvc repro fetch@{name}`, "
+            "or remove it from tokenizer.train_sources / tokenizer.metric_sources"
+        )
+    return path
+
+
+def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metrics_path: Path, *, seed: int) -> dict[str, Any]:
+    """Train on the capped train text of cfg.train_sources, save to `out_dir` (replaced whole),
+    write bytes/token of each metric source's val split to `metrics_path`. Returns the metrics."""
+    raw_dir, out_dir = Path(raw_dir), Path(out_dir)
+    train_dirs = [_snapshot_dir(raw_dir, name) for name in cfg.train_sources]
+    metric_dirs = {name: _snapshot_dir(raw_dir, name) for name in cfg.metric_sources}
+
+    t0 = time.perf_counter()
+    texts = CappedTexts((snapshot_texts(d, "train") for d in train_dirs), cfg.max_chars)
+    tok = train_tokenizer(cfg.kind, texts, **cfg.train_options(seed))
+    train_s = time.perf_counter() - t0
+    log.info(
+        "trained %s tokenizer | vocab %d | %d texts | %d chars | %.2fs", cfg.kind, tok.get_vocab_size(), texts.texts, texts.chars, train_s
+    )
+    meta = tok.save(out_dir)
+
+    per_source = {}
+    for name, path in metric_dirs.items():
+        per_source[name] = bytes_per_token(tok, snapshot_texts(path, "val"), num_threads=cfg.encode_threads)
+        log.info("bytes/token %-14s %.3f (%d bytes)", name, per_source[name]["bytes_per_token"], per_source[name]["bytes"])
+    metrics = {
+        "kind": cfg.kind,
+        "vocab_size": tok.get_vocab_size(),
+        "tokenizer_sha256": meta["sha256"],
+        "train_chars": texts.chars,
+        "train_texts": texts.texts,
+        "bytes_per_token": {name: m["bytes_per_token"] for name, m in per_source.items()},
+        "val_bytes": {name: m["bytes"] for name, m in per_source.items()},
+        "val_tokens": {name: m["tokens"] for name, m in per_source.items()},
+    }
+    write_json_atomic(os.fspath(metrics_path), metrics)
+    return metrics

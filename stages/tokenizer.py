@@ -1,0 +1,32 @@
+"""The `tokenizer` stage: parse paths, read the `tokenizer:` params section, call
+lockstep.tokenizer.pipeline. No tokenizer logic lives here."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lockstep.tokenizer.pipeline import TokenizerConfig, run_tokenizer_stage
+from stages._common import load_params, section, setup
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m stages.tokenizer", description=__doc__)
+    parser.add_argument("--raw", type=Path, required=True, help="folder of raw snapshots (data/raw)")
+    parser.add_argument("--out", type=Path, required=True, help="tokenizer output folder (data/tokenizer)")
+    parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON (data/metrics/tokenizer.json)")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    args = parser.parse_args(argv)
+    log = setup("tokenizer")
+    params = load_params(args.params)
+    cfg = section(params, "tokenizer", TokenizerConfig)
+    if cfg.kind in ("char", "byte"):
+        log.info("tokenizer.kind=%s fixes its own vocabulary; tokenizer.vocab_size=%d is not used", cfg.kind, cfg.vocab_size)
+    seed = params.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"params.yaml `seed` must be an integer, got {seed!r}; set it or switch preset with `lockstep preset`")
+    run_tokenizer_stage(cfg, args.raw, args.out, args.metrics, seed=seed)
+
+
+if __name__ == "__main__":
+    main()
