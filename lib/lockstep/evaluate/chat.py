@@ -1,0 +1,330 @@
+"""Chat-model evaluations: GSM8K-format problems (generated with tools, exact final number),
+ARC/MMLU-style categorical multiple choice (argmax over the answer letters' logits), letter
+counting/spelling conversations, HumanEval-style code run in the sandbox, and the ChatCORE
+aggregate. Generation is passed in as a function; this module never builds a model or engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterable, Sequence
+from decimal import Decimal, InvalidOperation
+from typing import Any, Literal, Protocol
+
+import torch
+import torch.distributed as dist
+
+from lockstep.evaluate.sandbox import SandboxLimits, run_python
+
+LETTERS = "ABCDEFGHIJ"
+# Number with optional sign, currency sign, thousands commas (groups of three) and decimals.
+_NUMBER = re.compile(r"-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.DOTALL)
+
+# (prompts as token id lists) -> completions as token id lists, greedy, tool calls answered.
+Generate = Callable[[list[list[int]]], list[list[int]]]
+
+
+class ChatTokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+    def render_for_completion(self, conversation: dict[str, Any]) -> list[int]: ...
+
+
+def normalize_number(text: str) -> str | None:
+    """A number as a canonical string: `$1,234.50` -> `1234.5`, `-3.0` -> `-3`; None if not one."""
+    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    try:
+        value = Decimal(cleaned)
+    except InvalidOperation:
+        return None
+    if not value.is_finite():
+        return None
+    if value == value.to_integral_value():
+        return str(int(value))
+    return format(value.normalize(), "f")
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer of a solution or completion: the number after the last `####` when there
+    is one (GSM8K convention), else the last number in the text (so a tool-computed result that
+    the model leaves as its last number counts). Normalised with `normalize_number`."""
+    if "####" in text:
+        tail = text.rsplit("####", 1)[1]
+        m = _NUMBER.search(tail)
+        return normalize_number(m.group(0)) if m else None
+    found = _NUMBER.findall(text)
+    return normalize_number(found[-1]) if found else None
+
+
+def _normalize_text(text: str) -> str:
+    return " ".join(text.strip().lower().split()).rstrip(".!")
+
+
+def final_answer_of_text(text: str) -> tuple[Literal["number", "text"], str] | None:
+    """How a reply is judged: by its final number when it has one, else by its last line."""
+    num = extract_answer(text)
+    if num is not None:
+        return ("number", num)
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return ("text", _normalize_text(lines[-1])) if lines else None
+
+
+def answers_match(reference: str, completion: str) -> bool:
+    """Exact match of the final answer: numbers after normalisation, else the last line."""
+    ref = final_answer_of_text(reference)
+    if ref is None:
+        raise ValueError(f"reference answer {reference!r} has no final answer; drop the item")
+    kind, value = ref
+    if kind == "number":
+        return extract_answer(completion) == value
+    lines = [ln for ln in completion.strip().splitlines() if ln.strip()]
+    return bool(lines) and _normalize_text(lines[-1]) == value
+
+
+def _text_of(message: dict[str, Any]) -> str:
+    return "".join(p["text"] for p in message["content"] if p["type"] in ("text", "python_output"))
+
+
+def _final_text_of(message: dict[str, Any]) -> str:
+    texts = [p["text"] for p in message["content"] if p["type"] == "text"]
+    return texts[-1] if texts else _text_of(message)
+
+
+def _user_message(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+def _assistant_message(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": [{"type": "text", "text": text}]}
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerativeItem:
+    conversation: dict[str, Any]  # ends with the reference assistant turn (dropped when prompting)
+    reference: str                # text holding the final answer
+
+
+def problem_items(problems: Iterable[dict[str, Any]]) -> list[GenerativeItem]:
+    """GSM8K-format problems (`question`, `answer` ending `#### N`) as generative items."""
+    items = []
+    for i, p in enumerate(problems):
+        if "question" not in p or "answer" not in p:
+            raise ValueError(f"problem {i} needs `question` and `answer` (GSM8K format), got keys {sorted(p)}")
+        if extract_answer(p["answer"]) is None:
+            raise ValueError(f"problem {i} answer has no final number (`#### N` line): {p['answer'][-80:]!r}")
+        conv = {"messages": [_user_message(p["question"]), _assistant_message(p["answer"])]}
+        items.append(GenerativeItem(conv, p["answer"]))
+    return items
+
+
+def conversation_items(conversations: Iterable[dict[str, Any]]) -> list[GenerativeItem]:
+    """Conversations (e.g. letter counting and spelling) judged on their last assistant turn's final
+    answer; conversations whose last turn has no final answer are left out."""
+    items = []
+    for conv in conversations:
+        messages = conv.get("messages") or []
+        if not messages or messages[-1].get("role") != "assistant":
+            raise ValueError("a conversation must end with an assistant message (see docs/internals.md records)")
+        reference = _final_text_of(messages[-1])
+        if final_answer_of_text(reference) is not None:
+            items.append(GenerativeItem(conv, reference))
+    return items
+
+
+@dataclasses.dataclass(frozen=True)
+class CategoricalItem:
+    question: str
+    choices: tuple[str, ...]
+    answer: int  # index into choices
+
+
+def categorical_items(records: Iterable[dict[str, Any]]) -> list[CategoricalItem]:
+    """ARC/MMLU-style records: `question`, `choices` (list of strings), `answer` (index or letter)."""
+    items = []
+    for i, r in enumerate(records):
+        choices = r.get("choices")
+        if not isinstance(choices, list) or not 2 <= len(choices) <= len(LETTERS):
+            raise ValueError(f"item {i}: `choices` must be a list of 2..{len(LETTERS)} strings")
+        ans = r.get("answer")
+        if isinstance(ans, str) and len(ans) == 1 and ans in LETTERS:
+            ans = LETTERS.index(ans)
+        if isinstance(ans, bool) or not isinstance(ans, int) or not 0 <= ans < len(choices):
+            raise ValueError(f"item {i}: `answer` must be a letter or index among {len(choices)} choices, got {r.get('answer')!r}")
+        items.append(CategoricalItem(str(r["question"]), tuple(map(str, choices)), ans))
+    return items
+
+
+def categorical_prompt(item: CategoricalItem) -> dict[str, Any]:
+    """The user turn for a categorical item; the reply is one letter."""
+    lines = [item.question, ""]
+    lines += [f"{LETTERS[j]}. {c}" for j, c in enumerate(item.choices)]
+    lines += ["", "Answer with the letter only."]
+    return {"messages": [_user_message("\n".join(lines)), _assistant_message(LETTERS[item.answer])]}
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeItem:
+    task_id: str
+    prompt: str       # function signature and docstring
+    test: str         # defines check(candidate)
+    entry_point: str
+
+
+def code_items(records: Iterable[dict[str, Any]]) -> list[CodeItem]:
+    """HumanEval-format records: `task_id`, `prompt`, `test`, `entry_point`."""
+    items = []
+    for i, r in enumerate(records):
+        missing = [k for k in ("task_id", "prompt", "test", "entry_point") if k not in r]
+        if missing:
+            raise ValueError(f"code item {i} misses {missing} (HumanEval format)")
+        items.append(CodeItem(str(r["task_id"]), r["prompt"], r["test"], r["entry_point"]))
+    return items
+
+
+def code_program(item: CodeItem, completion: str) -> str:
+    """The program the sandbox runs: the model's code (from a ```python block when there is one;
+    after the prompt when it does not define the entry point itself), the tests, and the call."""
+    blocks = _CODE_BLOCK.findall(completion)
+    code = blocks[0] if blocks else completion
+    if f"def {item.entry_point}" not in code:
+        code = item.prompt + code
+    return f"{code}\n\n{item.test}\n\ncheck({item.entry_point})\n"
+
+
+@dataclasses.dataclass
+class TaskResult:
+    correct: int = 0
+    total: int = 0
+    records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def reduce(self, device: torch.device) -> None:
+        """Sum counts over ranks when a process group is up (records stay per rank)."""
+        if dist.is_available() and dist.is_initialized():
+            t = torch.tensor([self.correct, self.total], dtype=torch.float64)
+            t = t.to(device) if device.type == "cuda" else t
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            self.correct, self.total = int(t[0].item()), int(t[1].item())
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.total if self.total else float("nan")
+
+
+def _shard(seq: Sequence[Any], rank: int, world_size: int) -> list[tuple[int, Any]]:
+    return [(i, seq[i]) for i in range(rank, len(seq), world_size)]
+
+
+def _generate_in_batches(generate: Generate, prompts: list[list[int]], batch_size: int) -> list[list[int]]:
+    out: list[list[int]] = []
+    for s in range(0, len(prompts), batch_size):
+        out.extend(generate(prompts[s : s + batch_size]))
+    if len(out) != len(prompts):
+        raise ValueError(f"generate returned {len(out)} completions for {len(prompts)} prompts")
+    return out
+
+
+def evaluate_generative(
+    items: Sequence[GenerativeItem],
+    *,
+    tokenizer: ChatTokenizer,
+    generate: Generate,
+    batch_size: int = 8,
+    rank: int = 0,
+    world_size: int = 1,
+) -> TaskResult:
+    """Exact match of the final answer of each generated reply (tool calls included in the reply)."""
+    mine = _shard(items, rank, world_size)
+    prompts = [tokenizer.render_for_completion(item.conversation) for _, item in mine]
+    completions = _generate_in_batches(generate, prompts, batch_size)
+    result = TaskResult()
+    for (index, item), ids in zip(mine, completions):
+        text = tokenizer.decode(ids)
+        ok = answers_match(item.reference, text)
+        result.correct += int(ok)
+        result.total += 1
+        result.records.append({
+            "index": index,
+            "prompt": _text_of(item.conversation["messages"][-2]) if len(item.conversation["messages"]) > 1 else "",
+            "reference": item.reference,
+            "completion": text,
+            "extracted": extract_answer(text),
+            "correct": ok,
+        })
+    return result
+
+
+@torch.no_grad()
+def evaluate_categorical(
+    model: Callable[[torch.Tensor], torch.Tensor],
+    items: Sequence[CategoricalItem],
+    *,
+    tokenizer: ChatTokenizer,
+    device: torch.device,
+    max_seq_len: int,
+    rank: int = 0,
+    world_size: int = 1,
+) -> TaskResult:
+    """Argmax over the logits of the valid answer letters at the first reply position."""
+    letter_ids = []
+    for letter in LETTERS:
+        ids = tokenizer.encode(letter)
+        if len(ids) != 1:
+            raise ValueError(f"letter {letter!r} encodes to {len(ids)} tokens; categorical scoring needs one token per letter")
+        letter_ids.append(ids[0])
+    result = TaskResult()
+    for index, item in _shard(items, rank, world_size):
+        prompt = tokenizer.render_for_completion(categorical_prompt(item))
+        if len(prompt) > max_seq_len:
+            raise ValueError(f"categorical item {index} renders to {len(prompt)} tokens > max_seq_len={max_seq_len}; shorten it")
+        logits = model(torch.tensor([prompt], dtype=torch.long, device=device))  # (1, T, V)
+        allowed = torch.tensor(letter_ids[: len(item.choices)], device=device)
+        pick = int(logits[0, -1, allowed].float().argmax().item())
+        ok = pick == item.answer
+        result.correct += int(ok)
+        result.total += 1
+        result.records.append({
+            "index": index, "question": item.question, "choices": list(item.choices),
+            "reference": LETTERS[item.answer], "predicted": LETTERS[pick], "correct": ok,
+        })
+    return result
+
+
+def evaluate_code(
+    items: Sequence[CodeItem],
+    *,
+    tokenizer: ChatTokenizer,
+    generate: Generate,
+    limits: SandboxLimits,
+    batch_size: int = 8,
+    rank: int = 0,
+    world_size: int = 1,
+) -> TaskResult:
+    """pass@1: the generated code, with the item's tests, exits 0 in the sandbox."""
+    mine = _shard(items, rank, world_size)
+    convs = [{"messages": [_user_message(it.prompt), _assistant_message("")]} for _, it in mine]
+    completions = _generate_in_batches(generate, [tokenizer.render_for_completion(c) for c in convs], batch_size)
+    result = TaskResult()
+    for (index, item), ids in zip(mine, completions):
+        text = tokenizer.decode(ids)
+        run = run_python(code_program(item, text), limits)
+        result.correct += int(run.passed)
+        result.total += 1
+        result.records.append({
+            "index": index, "task_id": item.task_id, "completion": text, "status": run.status,
+            "stderr_tail": run.stderr[-500:], "correct": run.passed,
+        })
+    return result
+
+
+def random_baseline_categorical(items: Sequence[CategoricalItem]) -> float:
+    return sum(1.0 / len(it.choices) for it in items) / len(items) if items else 0.0
+
+
+def chatcore(accuracy_and_baseline: dict[str, tuple[float, float]]) -> float:
+    """ChatCORE: mean over tasks of accuracy centred on the task's random baseline (0 for
+    open-ended generation), so guessing scores 0 and a perfect model 1."""
+    if not accuracy_and_baseline:
+        raise ValueError("no chat tasks were evaluated; enable at least one in the eval params")
+    vals = [(acc - base) / (1.0 - base) for acc, base in accuracy_and_baseline.values()]
+    return sum(vals) / len(vals)

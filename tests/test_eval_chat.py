@@ -1,0 +1,140 @@
+"""Chat scorers on planted outputs: final-number extraction, generative, categorical, code, ChatCORE."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lockstep.evaluate.chat import (
+    answers_match,
+    categorical_items,
+    chatcore,
+    code_items,
+    code_program,
+    conversation_items,
+    evaluate_categorical,
+    evaluate_code,
+    evaluate_generative,
+    extract_answer,
+    normalize_number,
+    problem_items,
+)
+from lockstep.evaluate.sandbox import SandboxLimits
+from _eval_helpers import ASSISTANT_START, BigramModel, CharTokenizer
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("She pays 3*4=12 dollars.\n#### 1,234", "1234"),
+        ("#### -7", "-7"),
+        ("The answer is 3.50 dollars", "3.5"),
+        ("#### $2,000.00", "2000"),
+        ("first 5, then 6 and finally 42.", "42"),
+        ("no number here", None),
+        ("-0.25 is the change", "-0.25"),
+    ],
+)
+def test_extract_answer(text: str, expected: str | None) -> None:
+    assert extract_answer(text) == expected
+
+
+def test_normalize_number() -> None:
+    assert normalize_number("1,000") == "1000"
+    assert normalize_number("-3.0") == "-3"
+    assert normalize_number("abc") is None
+
+
+def test_answers_match_planted() -> None:
+    ref = "He has 48/2 = <<48/2=24>>24 apples.\n#### 1,024"
+    assert answers_match(ref, "so the total is 1024")
+    assert answers_match(ref, "#### 1,024.0")
+    assert not answers_match(ref, "#### 1023")
+    assert answers_match("#### -15", "The change was -15")
+    assert not answers_match("#### -15", "The change was 15")
+    assert answers_match("#### 2.5", "#### 2.50")
+    # tool-computed: the number comes from the calculator's output, left as the reply's last number
+    assert answers_match("#### 391", "<|python_start|>17*23<|python_end|><|output_start|>391<|output_end|>")
+    # spelling: no number, judged on the last line
+    assert answers_match("The word spelled out:\nc-a-t", "Sure.\nc-a-t.")
+    assert not answers_match("c-a-t", "c-a-r")
+
+
+def _planted_generate(tok: CharTokenizer, replies: dict[str, str]):
+    def generate(prompts: list[list[int]]) -> list[list[int]]:
+        return [tok.encode(replies.get(tok.decode(p), "no idea")) for p in prompts]
+    return generate
+
+
+def test_evaluate_generative_planted() -> None:
+    tok = CharTokenizer()
+    problems = [
+        {"question": "What is 2+3?", "answer": "2+3=<<2+3=5>>5\n#### 5"},
+        {"question": "What is 1000*2?", "answer": "#### 2,000"},
+        {"question": "What is 3-10?", "answer": "#### -7"},
+    ]
+    replies = {"What is 2+3?": "#### 5", "What is 1000*2?": "It is 2,000.", "What is 3-10?": "#### 7"}
+    res = evaluate_generative(problem_items(problems), tokenizer=tok, generate=_planted_generate(tok, replies), batch_size=2)
+    assert (res.correct, res.total) == (2, 3)
+    assert [r["correct"] for r in res.records] == [True, True, False]
+    # rank sharding splits the items
+    r1 = evaluate_generative(problem_items(problems), tokenizer=tok, generate=_planted_generate(tok, replies), rank=1, world_size=2)
+    assert r1.total == 1 and r1.records[0]["index"] == 1
+
+
+def test_conversation_items_skip_turns_without_an_answer() -> None:
+    def conv(answer: str) -> dict:
+        return {"messages": [
+            {"role": "user", "content": [{"type": "text", "text": "How many r in strawberry?"}]},
+            {"role": "assistant", "content": [{"type": "python", "text": "'strawberry'.count('r')"},
+                                              {"type": "python_output", "text": "3"},
+                                              {"type": "text", "text": answer}]},
+        ]}
+    items = conversation_items([conv("There are 3."), conv("   ")])
+    assert len(items) == 1 and items[0].reference == "There are 3."
+
+
+def test_problem_without_final_number_is_refused() -> None:
+    with pytest.raises(ValueError, match="####"):
+        problem_items([{"question": "q", "answer": "no final line"}])
+
+
+def test_categorical_planted() -> None:
+    tok = CharTokenizer()
+    items = categorical_items([
+        {"question": "Pick B", "choices": ["x", "y", "z"], "answer": "B"},
+        {"question": "Pick A", "choices": ["x", "y"], "answer": 0},
+    ])
+    model = BigramModel()
+    with torch.no_grad():
+        model.table[ASSISTANT_START, tok.encode("B")[0]] = 5.0
+        model.table[ASSISTANT_START, tok.encode("D")[0]] = 9.0  # not a valid letter for 3 choices
+    res = evaluate_categorical(model, items, tokenizer=tok, device=torch.device("cpu"), max_seq_len=512)
+    assert [r["predicted"] for r in res.records] == ["B", "B"]
+    assert (res.correct, res.total) == (1, 2)
+
+
+def test_categorical_answer_validation() -> None:
+    with pytest.raises(ValueError, match="answer"):
+        categorical_items([{"question": "q", "choices": ["a", "b"], "answer": "C"}])
+
+
+def test_code_program_and_sandbox_pass_at_1() -> None:
+    tok = CharTokenizer()
+    items = code_items([
+        {"task_id": "t/0", "prompt": "def add(a, b):\n", "entry_point": "add",
+         "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n"},
+        {"task_id": "t/1", "prompt": "def neg(a):\n", "entry_point": "neg",
+         "test": "def check(candidate):\n    assert candidate(2) == -2\n"},
+    ])
+    assert "def add(a, b):\n    return a + b" in code_program(items[0], "    return a + b\n")
+    replies = {"def add(a, b):\n": "```python\ndef add(a, b):\n    return a + b\n```", "def neg(a):\n": "    return a\n"}
+    res = evaluate_code(items, tokenizer=tok, generate=_planted_generate(tok, replies), limits=SandboxLimits(timeout_s=5))
+    assert [r["correct"] for r in res.records] == [True, False]
+    assert res.records[1]["status"] == "error"
+
+
+def test_chatcore() -> None:
+    assert chatcore({"math": (0.5, 0.0), "arc": (0.25, 0.25)}) == 0.25
+    with pytest.raises(ValueError):
+        chatcore({})
