@@ -1,0 +1,588 @@
+"""Token caches on disk: streaming writers and checked, memory-mapped readers. Not a batcher:
+turning caches into (x, y) batches is lockstep.loaders' job."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from lockstep.io import atomic_dir, atomic_open, read_json, sha256_file, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+# ~128 MB per shard: big enough that a 10B-token corpus is a few hundred files, small enough to
+# hash and copy one at a time.
+DEFAULT_SHARD_BYTES = 128 * 2**20
+SPLITS = ("train", "val")
+# uint16 covers ids 0..65535; the architecture notes fix uint32 only above that.
+_UINT16_MAX_VOCAB = 65_535
+_RANDOM_BLOCK = 4096
+
+
+class CacheError(ValueError):
+    """A cache on disk is missing, damaged, or does not fit the tokenizer in use."""
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """One `cache.<name>` params section."""
+
+    kind: Literal["pretrain", "sft"]
+    # Cap on train/val tokens written (pretrain only); applied after the streaming shuffle, the
+    # last document is cut at the cap and reading stops there. null = the whole split.
+    max_train_tokens: int | None = None
+    max_val_tokens: int | None = None
+    shard_bytes: int = DEFAULT_SHARD_BYTES  # bytes per pretrain shard (the last one may be smaller)
+    shuffle_buffer: int = 8192  # documents held by the streaming shuffle (pretrain); 1 = stored order
+    # SFT only: null = keep the snapshot's train/val split; a number = read only the snapshot's
+    # train split and carve this fraction of it out as val (gsm8k, whose val split is the eval set).
+    val_frac: float | None = None
+    artifact_records: int = 8  # records / samples kept in the parity artifacts
+    encode_batch_docs: int = 512  # documents per tokenizer.encode call (pretrain)
+    num_threads: int = 2  # tokenizer threads
+
+
+# ---------------------------------------------------------------------------------------------
+# dtypes and checks
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """Little-endian uint16 for vocabularies up to 65,535 ids, uint32 above."""
+    if vocab_size <= 0:
+        raise CacheError(f"vocab_size={vocab_size} must be positive")
+    if vocab_size <= _UINT16_MAX_VOCAB:
+        return np.dtype("<u2")
+    if vocab_size <= 2**32:
+        return np.dtype("<u4")
+    raise CacheError(f"vocab_size={vocab_size} does not fit uint32 token files")
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    return {np.dtype("<u2"): "uint16", np.dtype("<u4"): "uint32"}[np.dtype(dtype)]
+
+
+def dtype_from_name(name: str, where: Path) -> np.dtype:
+    try:
+        return {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}[name]
+    except KeyError:
+        raise CacheError(f"{where}: token_dtype {name!r} is not uint16 or uint32; rebuild the cache") from None
+
+
+def to_token_array(ids: np.ndarray, vocab_size: int, dtype: np.dtype, where: str) -> np.ndarray:
+    """Checked narrowing: an id outside [0, vocab_size) is an error, never a wrap-around."""
+    if ids.size:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise CacheError(
+                f"{where}: token id {bad} is outside the vocabulary [0, {vocab_size}); "
+                "the tokenizer and its reported vocab size disagree"
+            )
+    return ids.astype(dtype, copy=False)
+
+
+def _tokenizer_identity(tokenizer: Any) -> dict[str, Any]:
+    specials = tokenizer.get_special_tokens() if hasattr(tokenizer, "get_special_tokens") else {}
+    return {
+        "tokenizer_sha256": str(tokenizer.sha256),
+        "vocab_size": int(tokenizer.get_vocab_size()),
+        "special_token_ids": {str(k): int(v) for k, v in sorted(specials.items())},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# deterministic streaming shuffle
+
+
+def _random_ints(generator: torch.Generator) -> Iterator[int]:
+    # Blocks amortise the per-call cost of torch's RNG; the stream is a pure function of the seed.
+    while True:
+        yield from torch.randint(0, 2**62, (_RANDOM_BLOCK,), generator=generator).tolist()
+
+
+def buffer_shuffle(items: Iterable[Any], buffer_size: int, generator: torch.Generator) -> Iterator[Any]:
+    """Shuffle a stream with a fixed-size buffer: each incoming item replaces a uniformly drawn
+    buffered one, which is emitted. Memory is `buffer_size` items; buffer_size <= 1 keeps order."""
+    if buffer_size <= 1:
+        yield from items
+        return
+    rand = _random_ints(generator)
+    buf: list[Any] = []
+    for item in items:
+        if len(buf) < buffer_size:
+            buf.append(item)
+            continue
+        j = next(rand) % buffer_size
+        yield buf[j]
+        buf[j] = item
+    # Drain in a random order: a Fisher-Yates pass over what is left.
+    for i in range(len(buf) - 1, 0, -1):
+        j = next(rand) % (i + 1)
+        buf[i], buf[j] = buf[j], buf[i]
+    yield from buf
+
+
+# ---------------------------------------------------------------------------------------------
+# writers
+
+
+class _ShardWriter:
+    """Appends token arrays to `shard_00000.bin, ...` in one folder. A shard is written under a
+    temp name and renamed only when complete, so a complete-looking shard is a complete one."""
+
+    def __init__(self, directory: Path, dtype: np.dtype, tokens_per_shard: int) -> None:
+        self.directory = directory
+        self.dtype = dtype
+        self.tokens_per_shard = tokens_per_shard
+        self.shards: list[dict[str, Any]] = []
+        self._f: Any = None
+        self._hash: Any = None
+        self._count = 0
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def _name(self) -> str:
+        return f"shard_{len(self.shards):05d}.bin"
+
+    def _open(self) -> None:
+        self._f = open(self.directory / f".{self._name()}.tmp", "wb")
+        self._hash = hashlib.sha256()
+        self._count = 0
+
+    def _finish(self) -> None:
+        name = self._name()
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        os.replace(self.directory / f".{name}.tmp", self.directory / name)
+        self.shards.append({"name": name, "tokens": self._count, "sha256": self._hash.hexdigest()})
+        self._f = None
+
+    def write(self, tokens: np.ndarray) -> None:
+        pos = 0
+        while pos < tokens.size:
+            if self._f is None:
+                self._open()
+            take = min(self.tokens_per_shard - self._count, tokens.size - pos)
+            data = tokens[pos : pos + take].tobytes()
+            self._f.write(data)
+            self._hash.update(data)
+            self._count += take
+            pos += take
+            if self._count == self.tokens_per_shard:
+                self._finish()
+
+    def close(self) -> list[dict[str, Any]]:
+        if self._f is not None:
+            self._finish()
+        return self.shards
+
+
+def _batched(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
+    it = iter(items)
+    while batch := list(itertools.islice(it, n)):
+        yield batch
+
+
+def _bos_join(ids_lists: list[list[int]], bos_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate documents, each prefixed with BOS. Returns (tokens int64 (N,), doc lengths)."""
+    lengths = np.fromiter((len(ids) for ids in ids_lists), dtype=np.int64, count=len(ids_lists))
+    flat = np.fromiter(itertools.chain.from_iterable(ids_lists), dtype=np.int64, count=int(lengths.sum()))
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1])) if len(lengths) else lengths
+    return np.insert(flat, starts, bos_id), lengths + 1
+
+
+def build_pretrain_cache(
+    texts: Mapping[str, Iterable[str]],
+    out_dir: str | os.PathLike[str],
+    *,
+    tokenizer: Any,
+    max_train_tokens: int | None,
+    max_val_tokens: int | None,
+    shard_bytes: int,
+    seed: int,
+    shuffle_buffer: int,
+    dataset_name: str = "",
+    dataset_config: Any = None,
+    artifact_records: int = 8,
+    encode_batch_docs: int = 512,
+    num_threads: int = 2,
+) -> dict[str, Any]:
+    """Tokenize documents into BOS-prefixed token shards, streaming: `texts` maps a split name
+    ("train", "val") to an iterable of documents, read once. Each split is shuffled with a
+    `shuffle_buffer`-document buffer from its own generator (seed for train, seed + 1 for val),
+    then written until its token cap; the document at the cap is cut. Writes
+    `{train,val}/shard_NNNNN.bin`, the parity artifacts and `meta.json` (last), all into a temp
+    folder that replaces `out_dir` only when everything is written."""
+    from lockstep.parity import RenderedSamples, SnapshotCollector
+
+    if not isinstance(texts, Mapping) or not set(texts) <= set(SPLITS) or "train" not in texts:
+        raise TypeError('texts must map "train" (and optionally "val") to iterables of documents')
+    ident = _tokenizer_identity(tokenizer)
+    dtype = token_dtype(ident["vocab_size"])
+    tokens_per_shard = shard_bytes // dtype.itemsize
+    if tokens_per_shard < 1:
+        raise CacheError(f"shard_bytes={shard_bytes} holds no {dtype_name(dtype)} token; raise it")
+    caps = {"train": max_train_tokens, "val": max_val_tokens}
+    for split, cap in caps.items():
+        if cap is not None and cap < 0:
+            raise CacheError(f"max_{split}_tokens={cap} must be >= 0 or null (no cap)")
+    bos_id = int(tokenizer.get_bos_token_id())
+    meta: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "kind": "pretrain",
+        "dataset_name": dataset_name,
+        "dataset_config": dataset_config,
+        "split_rule": "snapshot train split -> train shards, snapshot val split -> val shards",
+        "seed": seed,
+        "shuffle_buffer": shuffle_buffer,
+        "token_dtype": dtype_name(dtype),
+        "shard_bytes": shard_bytes,
+        "max_train_tokens": max_train_tokens,
+        "max_val_tokens": max_val_tokens,
+        "bos_id": bos_id,
+        **ident,
+        "shards": {},
+    }
+    snapshot = SnapshotCollector(artifact_records)
+    rendered = RenderedSamples(tokenizer, artifact_records, bos_id=bos_id)
+    with atomic_dir(out_dir) as tmp:
+        for offset, split in enumerate(SPLITS):
+            gen = torch.Generator().manual_seed(seed + offset)
+            writer = _ShardWriter(tmp / split, dtype, tokens_per_shard)
+            cap = caps[split]
+            n_tokens = n_docs = n_cut = 0
+            docs = buffer_shuffle(texts.get(split, ()), shuffle_buffer, gen)
+            for batch in _batched(docs, encode_batch_docs if cap != 0 else 1):
+                if cap is not None and n_tokens >= cap:
+                    break
+                for t in batch:
+                    if not isinstance(t, str):
+                        raise TypeError(f"{split} document {n_docs} is {type(t).__name__}, expected str")
+                ids_lists = tokenizer.encode(batch, num_threads=num_threads)
+                flat, lengths = _bos_join(ids_lists, bos_id)
+                if cap is not None and n_tokens + flat.size > cap:
+                    ends = np.cumsum(lengths)
+                    keep_docs = int(np.searchsorted(ends, cap - n_tokens, side="left")) + 1
+                    n_cut = int(ends[keep_docs - 1] > cap - n_tokens)
+                    batch, ids_lists = batch[:keep_docs], ids_lists[:keep_docs]
+                    flat = flat[: cap - n_tokens]
+                for text, ids in zip(batch, ids_lists):
+                    snapshot.add(split, {"text": text})
+                    rendered.add(split, [bos_id, *ids])
+                writer.write(to_token_array(flat, ident["vocab_size"], dtype, f"{split} documents"))
+                n_tokens += flat.size
+                n_docs += len(batch)
+                if cap is not None and n_tokens >= cap:
+                    break  # stop reading: a capped split never streams the rest of a large source
+            meta["shards"][split] = writer.close()
+            meta[f"{split}_tokens"] = n_tokens
+            meta[f"{split}_docs"] = n_docs
+            meta[f"{split}_docs_cut_at_cap"] = n_cut
+            log.info("cache %s: %s docs, %s tokens, %s shards", split, n_docs, n_tokens, len(meta["shards"][split]))
+        meta["artifacts"] = _write_artifacts(tmp, snapshot, rendered)
+        write_json_atomic(tmp / "meta.json", meta)
+    return meta
+
+
+def _write_artifacts(tmp: Path, snapshot: Any, rendered: Any) -> dict[str, str]:
+    write_json_atomic(tmp / "dataset_snapshot.json", snapshot.to_json())
+    write_json_atomic(tmp / "rendered_samples.json", rendered.to_json())
+    return {name: sha256_file(tmp / name) for name in ("dataset_snapshot.json", "rendered_samples.json")}
+
+
+def _as_conversation(example: Any, where: str) -> dict[str, Any]:
+    if isinstance(example, Mapping) and "messages" in example:
+        return dict(example)
+    if isinstance(example, Mapping) and "question" in example and "answer" in example:
+        from lockstep.sources.gsm8k import problem_to_conversation
+
+        return problem_to_conversation(dict(example))
+    raise TypeError(f"{where} is neither a conversation ({{'messages': ...}}) nor a problem ({{'question', 'answer'}})")
+
+
+def _split_by_frac(examples: Iterable[Any], val_frac: float, seed: int) -> dict[str, list[Any]]:
+    items = list(examples)
+    n_val = int(round(val_frac * len(items)))
+    if val_frac > 0 and len(items) >= 2:
+        n_val = min(max(n_val, 1), len(items) - 1)
+    perm = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed))
+    is_val = torch.zeros(len(items), dtype=torch.bool)
+    is_val[perm[:n_val]] = True
+    # Each split keeps the stored order, so the artifacts read like the snapshot.
+    return {
+        "train": [x for x, v in zip(items, is_val.tolist()) if not v],
+        "val": [x for x, v in zip(items, is_val.tolist()) if v],
+    }
+
+
+def build_sft_cache(
+    examples: Iterable[Any] | Mapping[str, Iterable[Any]],
+    out_dir: str | os.PathLike[str],
+    *,
+    tokenizer: Any,
+    val_frac: float | None,
+    seed: int,
+    dataset_name: str = "",
+    dataset_config: Any = None,
+    artifact_records: int = 8,
+) -> dict[str, Any]:
+    """Render conversations (or GSM8K-format problems, converted to conversations) with the
+    tokenizer's chat template and write `{train,val}_tokens.bin`, `{train,val}_mask.bin` (uint8
+    loss mask, one byte per token), `{train,val}_idx.npy` (int64 start offsets), the parity
+    artifacts and `meta.json` (last). `examples` is either a mapping split -> examples (then
+    val_frac must be None) or one iterable split by `val_frac` with a seeded permutation."""
+    from lockstep.parity import RenderedSamples, SnapshotCollector
+
+    if isinstance(examples, Mapping):
+        if val_frac is not None:
+            raise CacheError("val_frac must be null when examples already come split into train/val")
+        if not set(examples) <= set(SPLITS):
+            raise TypeError(f"example splits must be among {SPLITS}, got {sorted(examples)}")
+        splits: Mapping[str, Iterable[Any]] = examples
+        split_rule = "snapshot train split -> train, snapshot val split -> val"
+    else:
+        if val_frac is None or not 0.0 <= val_frac < 1.0:
+            raise CacheError(f"val_frac={val_frac} must be in [0, 1) when examples come as one stream")
+        splits = _split_by_frac(examples, val_frac, seed)
+        split_rule = f"snapshot train split -> seeded permutation, val_frac={val_frac} -> val"
+    ident = _tokenizer_identity(tokenizer)
+    dtype = token_dtype(ident["vocab_size"])
+    bos_id = int(tokenizer.get_bos_token_id())
+    meta: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "kind": "sft",
+        "dataset_name": dataset_name,
+        "dataset_config": dataset_config,
+        "split_rule": split_rule,
+        "seed": seed,
+        "val_frac": val_frac,
+        "token_dtype": dtype_name(dtype),
+        "shard_bytes": None,
+        "bos_id": bos_id,
+        **ident,
+        "files": {},
+    }
+    snapshot = SnapshotCollector(artifact_records)
+    rendered = RenderedSamples(tokenizer, artifact_records, bos_id=bos_id)
+    with atomic_dir(out_dir) as tmp:
+        for split in SPLITS:
+            offsets: list[int] = []
+            n_tokens = n_supervised = 0
+            with atomic_open(tmp / f"{split}_tokens.bin") as ft, atomic_open(tmp / f"{split}_mask.bin") as fm:
+                for i, example in enumerate(splits.get(split, ())):
+                    where = f"{split} example {i}"
+                    conv = _as_conversation(example, where)
+                    ids, mask = tokenizer.render_conversation(conv)
+                    ids_arr = to_token_array(np.asarray(ids, dtype=np.int64), ident["vocab_size"], dtype, where)
+                    mask_arr = np.asarray(mask, dtype=np.int64)
+                    if mask_arr.shape != ids_arr.shape or not np.isin(mask_arr, (0, 1)).all():
+                        raise CacheError(f"{where}: render_conversation returned a mask that is not 0/1 per token")
+                    if not mask_arr.any():
+                        raise CacheError(f"{where}: no supervised token; a conversation must end with an assistant turn")
+                    offsets.append(n_tokens)
+                    ft.write(ids_arr.tobytes())
+                    fm.write(mask_arr.astype(np.uint8).tobytes())
+                    n_tokens += ids_arr.size
+                    n_supervised += int(mask_arr.sum())
+                    snapshot.add(split, conv)
+                    rendered.add(split, [int(t) for t in ids], [int(m) for m in mask])
+            with atomic_open(tmp / f"{split}_idx.npy") as fi:
+                np.save(fi, np.asarray(offsets, dtype=np.int64), allow_pickle=False)
+            meta[f"{split}_examples"] = len(offsets)
+            meta[f"{split}_tokens"] = n_tokens
+            meta[f"{split}_supervised_tokens"] = n_supervised
+            for suffix in ("tokens.bin", "mask.bin", "idx.npy"):
+                name = f"{split}_{suffix}"
+                meta["files"][name] = {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+            log.info("cache %s: %s examples, %s tokens", split, len(offsets), n_tokens)
+        meta["artifacts"] = _write_artifacts(tmp, snapshot, rendered)
+        write_json_atomic(tmp / "meta.json", meta)
+    return meta
+
+
+# ---------------------------------------------------------------------------------------------
+# readers
+
+
+def read_cache_meta(cache_dir: str | os.PathLike[str], *, kind: str | None = None) -> dict[str, Any]:
+    """meta.json of a cache, checked for the fields readers rely on."""
+    path = Path(cache_dir) / "meta.json"
+    if not path.is_file():
+        raise CacheError(f"{path} is missing: the cache is absent or its build did not finish; re-run its cache stage")
+    try:
+        meta = read_json(path, what="cache meta")
+    except (ValueError, OSError) as e:
+        raise CacheError(f"{path} is unreadable ({e}); delete {Path(cache_dir)} and re-run its cache stage") from None
+    need = ["format_version", "kind", "token_dtype", "tokenizer_sha256", "vocab_size"]
+    missing = [k for k in need if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise CacheError(f"{path} lacks {', '.join(missing)}; rebuild the cache with this version")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise CacheError(f"{path}: format_version {meta['format_version']} != {FORMAT_VERSION}; rebuild the cache")
+    if kind is not None and meta["kind"] != kind:
+        raise CacheError(f"{path}: a {meta['kind']} cache, expected a {kind} cache; check the path")
+    return meta
+
+
+def check_tokenizer(meta: Mapping[str, Any], tokenizer_sha256: str | None, where: Path) -> None:
+    if tokenizer_sha256 is not None and meta["tokenizer_sha256"] != tokenizer_sha256:
+        raise CacheError(
+            f"{where} was built with tokenizer {meta['tokenizer_sha256'][:12]}…, but the tokenizer in use is "
+            f"{tokenizer_sha256[:12]}…; re-run the cache stage after the tokenizer stage (dvc repro)"
+        )
+
+
+def open_token_file(path: Path, dtype: np.dtype, tokens: int, sha256: str | None, *, verify: bool) -> np.ndarray:
+    """Memory-map one token file after checking its size (and sha256 when `verify`)."""
+    if not path.is_file():
+        raise CacheError(f"{path} is missing; the cache is incomplete, re-run its cache stage")
+    size_bytes = path.stat().st_size
+    if size_bytes % dtype.itemsize:
+        raise CacheError(
+            f"{path} has an odd byte count ({size_bytes}) for {dtype_name(dtype)} tokens; it is damaged, rebuild the cache"
+        )
+    if size_bytes // dtype.itemsize != tokens:
+        state = "truncated" if size_bytes // dtype.itemsize < tokens else "longer than recorded"
+        raise CacheError(
+            f"{path} is {state}: {size_bytes // dtype.itemsize} tokens on disk, meta.json says {tokens}; rebuild the cache"
+        )
+    if verify and sha256 is not None and sha256_file(path) != sha256:
+        raise CacheError(f"{path} fails its sha256 check against meta.json; it was modified or damaged, rebuild the cache")
+    if tokens == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(tokens,))
+
+
+@dataclass(frozen=True)
+class PretrainSplit:
+    """The shards of one split, memory-mapped."""
+
+    directory: Path
+    meta: dict[str, Any]
+    shards: tuple[np.ndarray, ...]
+    shard_names: tuple[str, ...]
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.size for s in self.shards)
+
+
+def open_pretrain_split(
+    shards_dir: str | os.PathLike[str], *, tokenizer_sha256: str | None = None, verify: bool = True
+) -> PretrainSplit:
+    """Open `<cache>/<split>/` (meta.json is in `<cache>/`), checking every shard."""
+    shards_dir = Path(shards_dir)
+    split = shards_dir.name
+    meta = read_cache_meta(shards_dir.parent, kind="pretrain")
+    meta_path = shards_dir.parent / "meta.json"
+    check_tokenizer(meta, tokenizer_sha256, meta_path)
+    if split not in meta.get("shards", {}):
+        raise CacheError(f"{meta_path} lists no split {split!r}; pass <cache>/train or <cache>/val")
+    dtype = dtype_from_name(meta["token_dtype"], meta_path)
+    entries = meta["shards"][split]
+    shards = tuple(
+        open_token_file(shards_dir / e["name"], dtype, int(e["tokens"]), e["sha256"], verify=verify) for e in entries
+    )
+    return PretrainSplit(shards_dir, meta, shards, tuple(e["name"] for e in entries))
+
+
+@dataclass(frozen=True)
+class SFTSplit:
+    """One SFT split: tokens and loss mask memory-mapped, offsets in memory."""
+
+    tokens: np.ndarray  # (N,) uint16/uint32
+    mask: np.ndarray  # (N,) uint8, 1 = supervised
+    offsets: np.ndarray  # (E,) int64 start of each example
+    meta: dict[str, Any]
+
+    def __len__(self) -> int:
+        return int(self.offsets.size)
+
+    def bounds(self, i: int) -> tuple[int, int]:
+        end = int(self.offsets[i + 1]) if i + 1 < self.offsets.size else int(self.tokens.size)
+        return int(self.offsets[i]), end
+
+
+def open_sft_split(
+    tokens_path: str | os.PathLike[str],
+    idx_path: str | os.PathLike[str],
+    *,
+    tokenizer_sha256: str | None = None,
+    verify: bool = True,
+) -> SFTSplit:
+    """Open `<cache>/<split>_tokens.bin` with its `_idx.npy` and `_mask.bin`, checking all three."""
+    tokens_path, idx_path = Path(tokens_path), Path(idx_path)
+    cache_dir = tokens_path.parent
+    meta_path = cache_dir / "meta.json"
+    meta = read_cache_meta(cache_dir, kind="sft")
+    check_tokenizer(meta, tokenizer_sha256, meta_path)
+    if not tokens_path.name.endswith("_tokens.bin"):
+        raise CacheError(f"{tokens_path}: expected a <split>_tokens.bin file")
+    split = tokens_path.name[: -len("_tokens.bin")]
+    files = meta.get("files", {})
+    for p in (tokens_path, idx_path, cache_dir / f"{split}_mask.bin"):
+        if p.name not in files:
+            raise CacheError(f"{meta_path} does not list {p.name}; rebuild the cache")
+    dtype = dtype_from_name(meta["token_dtype"], meta_path)
+    n_tokens = int(meta[f"{split}_tokens"])
+    tokens = open_token_file(tokens_path, dtype, n_tokens, files[tokens_path.name]["sha256"], verify=verify)
+    mask_path = cache_dir / f"{split}_mask.bin"
+    mask = open_token_file(mask_path, np.dtype("u1"), n_tokens, files[mask_path.name]["sha256"], verify=verify)
+    if not idx_path.is_file():
+        raise CacheError(f"{idx_path} is missing; re-run the cache stage")
+    if verify and sha256_file(idx_path) != files[idx_path.name]["sha256"]:
+        raise CacheError(f"{idx_path} fails its sha256 check against meta.json; rebuild the cache")
+    try:
+        offsets = np.load(idx_path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise CacheError(f"{idx_path} is unreadable ({e}); rebuild the cache") from None
+    n_ex = int(meta[f"{split}_examples"])
+    if offsets.dtype != np.int64 or offsets.shape != (n_ex,):
+        raise CacheError(f"{idx_path} holds {offsets.dtype} {offsets.shape}, expected int64 ({n_ex},); rebuild the cache")
+    if n_ex and (offsets[0] != 0 or (np.diff(offsets) <= 0).any() or offsets[-1] >= n_tokens):
+        raise CacheError(f"{idx_path}: offsets are not strictly increasing from 0 within {n_tokens} tokens; rebuild")
+    return SFTSplit(tokens, mask, offsets, meta)
+
+
+def cache_summary(cache_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Stats of a cache for people: kind, dtype, tokenizer, tokens/docs/shards per split."""
+    meta = read_cache_meta(cache_dir)
+    out: dict[str, Any] = {k: meta.get(k) for k in ("kind", "dataset_name", "token_dtype", "vocab_size", "tokenizer_sha256", "seed")}
+    for split in SPLITS:
+        s: dict[str, Any] = {"tokens": meta.get(f"{split}_tokens")}
+        if meta["kind"] == "pretrain":
+            s["docs"] = meta.get(f"{split}_docs")
+            s["shards"] = len(meta.get("shards", {}).get(split, []))
+        else:
+            s["examples"] = meta.get(f"{split}_examples")
+            s["supervised_tokens"] = meta.get(f"{split}_supervised_tokens")
+        out[split] = s
+    return out
+
+
+__all__ = [
+    "CacheConfig",
+    "CacheError",
+    "DEFAULT_SHARD_BYTES",
+    "PretrainSplit",
+    "SFTSplit",
+    "buffer_shuffle",
+    "build_pretrain_cache",
+    "build_sft_cache",
+    "cache_summary",
+    "check_tokenizer",
+    "open_pretrain_split",
+    "open_sft_split",
+    "read_cache_meta",
+    "token_dtype",
+]
