@@ -1,0 +1,59 @@
+"""Distributed training on CPU with 2 gloo ranks: the final weights equal a 1-rank run with the
+same total batch, to float rounding."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from lockstep.runtime import Runtime
+from lockstep.train import train
+
+from test_train import V, ToySource, _cfg, _model
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        rt = Runtime(device=torch.device("cpu"), dtype=torch.float32, reason="test", rank=rank, world_size=world)
+        model = _model()
+        res = train(model, cfg=_cfg(num_steps=4), rt=rt, train_data=ToySource(), val_data=ToySource(),
+                    token_bytes=torch.ones(V, dtype=torch.int32), run_dir=os.path.join(out_dir, "run"), seed=5,
+                    meta={"stage": "test", "code_revision": "test"})
+        if rank == 0:
+            torch.save({"state": model.state_dict(), "losses": res.losses, "bpb": res.final_eval["val_bpb"]},
+                       os.path.join(out_dir, "rank0.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_match_one_rank(tmp_path) -> None:
+    mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="fork", join=True)
+    two = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    one_model = _model()
+    one = train(one_model, cfg=_cfg(num_steps=4), rt=Runtime(device=torch.device("cpu"), dtype=torch.float32, reason="test"),
+                train_data=ToySource(), val_data=ToySource(), token_bytes=torch.ones(V, dtype=torch.int32),
+                run_dir=tmp_path / "one", seed=5, meta={"stage": "test", "code_revision": "test"})
+    # Same batches, same normalisation; only the order of float sums differs across ranks.
+    for (s1, l1), (s2, l2) in zip(one.losses, two["losses"], strict=True):
+        assert s1 == s2 and abs(l1 - l2) < 1e-5
+    max_diff = max((two["state"][k] - v).abs().max().item() for k, v in one_model.state_dict().items())
+    print(f"max |w_2rank - w_1rank| = {max_diff:.3g}")
+    for k, v in one_model.state_dict().items():
+        torch.testing.assert_close(two["state"][k], v, rtol=0, atol=2e-5, msg=k)
+    assert abs(one.final_eval["val_bpb"] - two["bpb"]) < 1e-5
+    # 2-rank checkpoints hold one optimizer-state file per rank (Muon state is sharded).
+    last = sorted((tmp_path / "run").glob("step_*"))[-1]
+    assert (last / "optim_rank0.pt").is_file() and (last / "optim_rank1.pt").is_file()
