@@ -1,0 +1,251 @@
+"""Helpers shared by the source loaders: seeded splits, JSON-lines reading with line numbers,
+local-file fingerprints, and bounded retries for network reads. No loader logic lives here."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from lockstep.io import sha256_file, sha256_of_manifest
+from lockstep.sources.snapshot import SnapshotWriter, split_sizes
+
+T = TypeVar("T")
+log = logging.getLogger("lockstep.sources")
+
+
+class SourceUnavailableError(RuntimeError):
+    """A remote source could not be read after the allowed retries."""
+
+
+def generator(seed: int, stream: int = 0) -> torch.Generator:
+    """A torch.Generator for one purpose of one source; `stream` keeps purposes independent."""
+    g = torch.Generator()
+    g.manual_seed(int(seed) * 1_000_003 + stream)
+    return g
+
+
+class Draw:
+    """Seeded choices from one torch.Generator."""
+
+    def __init__(self, g: torch.Generator):
+        self.g = g
+
+    def int(self, lo: int, hi: int) -> int:
+        """Uniform in [lo, hi]."""
+        return lo + int(torch.randint(hi - lo + 1, (1,), generator=self.g).item())
+
+    def pick(self, seq: Sequence[T]) -> T:
+        return seq[self.int(0, len(seq) - 1)]
+
+    def uniform(self) -> float:
+        """Uniform in [0, 1)."""
+        return float(torch.rand((), generator=self.g).item())
+
+
+def val_indices(n: int, val_frac: float, seed: int) -> set[int]:
+    """Which of `n` examples (by position) form the val split: a seeded random subset."""
+    n_val = split_sizes(n, val_frac)
+    if n_val == 0:
+        return set()
+    perm = torch.randperm(n, generator=generator(seed, stream=1))
+    return set(perm[:n_val].tolist())
+
+
+def write_split(sink: SnapshotWriter, items: Sequence[tuple[str, dict[str, Any]]], val_frac: float, seed: int) -> None:
+    """Write already-validated (where, record) pairs, val chosen by a seeded split by example;
+    each split keeps the source order."""
+    val = val_indices(len(items), val_frac, seed)
+    for i, (where, record) in enumerate(items):
+        sink.add("val" if i in val else "train", record, where)
+
+
+def local_files(path: str | Path, suffixes: Sequence[str], *, what: str) -> list[Path]:
+    """`path` itself when it is a file, else the files under it with one of `suffixes`, sorted."""
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise FileNotFoundError(f"{what}: {p} does not exist; point `path` at a file or a folder of {'/'.join(suffixes)} files")
+    files = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(tuple(suffixes)))
+    if not files:
+        raise FileNotFoundError(f"{what}: no {'/'.join(suffixes)} files under {p}")
+    return files
+
+
+def files_revision(files: Iterable[Path]) -> tuple[str, dict[str, str]]:
+    """(one sha256 for the set, sha256 per file) of local input files."""
+    per_file = {f.as_posix(): sha256_file(f) for f in files}
+    return "sha256:" + sha256_of_manifest(per_file), per_file
+
+
+def read_jsonl(path: Path, sink: SnapshotWriter) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(`file:line`, object) for each line of a JSON-lines file; lines that are not UTF-8, not
+    JSON or not an object are reported to `sink` as bad records."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                sink.bad(where, f"invalid UTF-8 ({e.reason} at byte {e.start})")
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                sink.bad(where, f"invalid JSON ({e.msg} at column {e.colno})")
+                continue
+            if not isinstance(obj, dict):
+                sink.bad(where, f"expected a JSON object, got {type(obj).__name__}")
+                continue
+            yield where, obj
+
+
+def read_text(path: Path, sink: SnapshotWriter) -> str | None:
+    """A file's text (UTF-8 BOM removed, newlines normalised to LF), or None after reporting it."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        sink.bad(str(path), f"invalid UTF-8 ({e.reason} at byte {e.start})")
+        return None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _retryable() -> tuple[type[BaseException], ...]:
+    kinds: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    try:
+        import requests
+
+        kinds += [requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.ChunkedEncodingError]
+    except ImportError:
+        pass
+    try:
+        import httpx
+
+        kinds.append(httpx.TransportError)
+    except ImportError:
+        pass
+    try:
+        import aiohttp
+
+        kinds.append(aiohttp.ClientError)
+    except ImportError:
+        pass
+    return tuple(kinds)
+
+
+def with_retries(
+    fn: Callable[[], T], *, what: str, max_retries: int, backoff_s: float, sleep: Callable[[float], None] = time.sleep
+) -> T:
+    """fn() with up to `max_retries` retries on network errors, waiting backoff_s * 2**k between."""
+    kinds = _retryable()
+    for attempt in range(max_retries + 1):
+        try:
+            return fn()
+        except kinds as e:
+            if attempt == max_retries:
+                raise SourceUnavailableError(
+                    f"{what}: network error after {max_retries} retries ({type(e).__name__}: {e}); "
+                    "check the connection, or set `path` to local files in the same format"
+                ) from e
+            wait_s = backoff_s * 2**attempt
+            log.warning("%s: %s: %s; retry %d/%d in %.1fs", what, type(e).__name__, e, attempt + 1, max_retries, wait_s)
+            sleep(wait_s)
+    raise AssertionError("unreachable")
+
+
+def retrying_stream(
+    make_iter: Callable[[], Iterable[T]],
+    *,
+    what: str,
+    max_retries: int,
+    backoff_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[T]:
+    """Items of a deterministic stream, reopening it after a network error and skipping the items
+    already yielded, so the result is the same as an uninterrupted read. Up to `max_retries`
+    consecutive failures (the count resets once new items arrive), then SourceUnavailableError."""
+    kinds = _retryable()
+    yielded = 0
+    failures = 0
+    while True:
+        position = 0
+        try:
+            for item in make_iter():
+                position += 1
+                if position <= yielded:
+                    continue
+                yielded += 1
+                failures = 0
+                yield item
+            return
+        except kinds as e:
+            if failures == max_retries:
+                raise SourceUnavailableError(
+                    f"{what}: stream failed {failures + 1} times in a row at item {yielded} "
+                    f"({type(e).__name__}: {e}); check the connection, or set `path` to local files in the same format"
+                ) from e
+            wait_s = backoff_s * 2**failures
+            failures += 1
+            log.warning("%s: %s at item %d; reopening (retry %d/%d) in %.1fs", what, e, yielded, failures, max_retries, wait_s)
+            sleep(wait_s)
+
+
+def resolve_hub_revision(repo_id: str, revision: str, *, max_retries: int, backoff_s: float) -> str:
+    """The commit sha of a hub dataset revision, so the snapshot records (and loads) a fixed one."""
+    from huggingface_hub import HfApi
+
+    info = with_retries(
+        lambda: HfApi().dataset_info(repo_id, revision=revision),
+        what=f"hub dataset {repo_id}@{revision}",
+        max_retries=max_retries,
+        backoff_s=backoff_s,
+    )
+    return str(info.sha)
+
+
+def dataset_rows(
+    *,
+    hub_id: str,
+    hub_config: str | None,
+    hub_split: str,
+    revision: str,
+    files: Sequence[Path] | None,
+    max_retries: int,
+    backoff_s: float,
+    shuffle_seed: int | None = None,
+    shuffle_buffer: int = 0,
+) -> Iterator[dict[str, Any]]:
+    """Rows of a hub dataset split, or of local parquet `files` in the same layout, always through
+    `datasets.load_dataset(..., streaming=True)`: nothing is materialised and nothing is written
+    to a hidden cache. With `shuffle_seed`, the stream goes through `.shuffle(seed, buffer_size)`."""
+
+    def open_stream() -> Iterable[dict[str, Any]]:
+        from datasets import load_dataset
+
+        if files is not None:
+            ds = load_dataset("parquet", data_files=[str(f) for f in files], split="train", streaming=True)
+        else:
+            ds = load_dataset(hub_id, hub_config, split=hub_split, revision=revision, streaming=True)
+        if shuffle_seed is not None:
+            ds = ds.shuffle(seed=shuffle_seed, buffer_size=shuffle_buffer)
+        return ds
+
+    what = f"{'/'.join(str(f) for f in files[:1]) + ('...' if len(files) > 1 else '')}" if files else f"hub {hub_id}@{revision} {hub_split}"
+    return retrying_stream(open_stream, what=what, max_retries=max_retries, backoff_s=backoff_s)
+
+
+def hub_revision(hub_id: str, revision: str, *, max_retries: int, backoff_s: float) -> str:
+    """`revision` itself when it already is a commit sha, else the sha it resolves to now."""
+    if re.fullmatch(r"[0-9a-f]{40}", revision):
+        return revision
+    return resolve_hub_revision(hub_id, revision, max_retries=max_retries, backoff_s=backoff_s)

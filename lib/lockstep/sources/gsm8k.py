@@ -1,0 +1,90 @@
+"""GSM8K (`openai/gsm8k`, config `main`) as problem records, and the two helpers every consumer of
+problem records uses: problem -> tool-using conversation, and the final `####` answer. Does not
+grade or sample."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from lockstep.sources.hub import HubFields, rows_by_split
+from lockstep.sources.snapshot import SnapshotWriter
+
+KIND = "problem"
+EXTRA_FIELDS: tuple[str, ...] = ()
+
+# `<<48/2=24>>`: the calculator annotation; the expression may not contain `=` or angle brackets.
+_CALC = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
+_FINAL = re.compile(r"####\s*(.+?)\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Gsm8kConfig(HubFields):
+    source: Literal["gsm8k"] = "gsm8k"
+    dataset: str = "openai/gsm8k"
+    config: str = "main"  # `main` (calculator annotations) or `socratic`
+
+
+def final_answer(text: str) -> str | None:
+    """The number after the last `####` in `text`, commas and a leading `$` removed; None when
+    there is no `####` line or nothing numeric follows it."""
+    matches = _FINAL.findall(text)
+    if not matches:
+        return None
+    value = matches[-1].replace(",", "").replace("$", "").strip()
+    m = re.fullmatch(r"-?\d+(?:\.\d+)?", value)
+    if m is None:
+        return None
+    if "." in value:
+        value = value.rstrip("0").rstrip(".")
+    return value
+
+
+def problem_to_conversation(problem: dict[str, Any]) -> dict[str, Any]:
+    """A problem as a two-turn conversation: the question as the user turn; the solution as the
+    assistant turn, where each `<<expr=result>>` becomes a `python` part (`expr`) followed by a
+    `python_output` part (`result`), the surrounding text kept as text parts."""
+    answer = problem["answer"]
+    parts: list[dict[str, str]] = []
+    pos = 0
+    for m in _CALC.finditer(answer):
+        if m.start() > pos:
+            parts.append({"type": "text", "text": answer[pos : m.start()]})
+        parts.append({"type": "python", "text": m.group(1)})
+        parts.append({"type": "python_output", "text": m.group(2)})
+        pos = m.end()
+    if pos < len(answer):
+        parts.append({"type": "text", "text": answer[pos:]})
+    return {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": problem["question"]}]},
+            {"role": "assistant", "content": parts},
+        ]
+    }
+
+
+def check_problem(row: dict[str, Any]) -> str | None:
+    """Why `row` is not a usable problem, or None."""
+    for key in ("question", "answer"):
+        if not isinstance(row.get(key), str):
+            return f"missing field {key!r}"
+        if not row[key].strip():
+            return f"empty {key!r}"
+    if final_answer(row["answer"]) is None:
+        return "answer has no final `#### <number>` line"
+    return None
+
+
+def produce(cfg: Gsm8kConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, Any]:
+    def convert(where: str, row: dict[str, Any]) -> dict[str, Any] | None:
+        reason = check_problem(row)
+        if reason is not None:
+            sink.bad(where, reason)
+            return None
+        return {"question": row["question"], "answer": row["answer"]}
+
+    return rows_by_split(
+        cfg, sink, dataset=cfg.dataset, config=cfg.config,
+        hub_splits={"train": "train", "val": "test"}, convert=convert, seed=seed,
+    )

@@ -1,0 +1,283 @@
+"""The raw snapshot format: record validation, a streaming parquet writer with meta.json written
+last, and checked readers. Knows nothing about where records come from."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lockstep.io import read_json, sha256_file, write_json_atomic
+
+FORMAT_VERSION = 1
+SPLITS = ("train", "val")
+KINDS = ("document", "conversation", "problem")
+ROLES = ("system", "user", "assistant")
+PART_TYPES = ("text", "python", "python_output")
+# Bad-record reasons kept in meta.json: enough to diagnose, small enough to read.
+MAX_BAD_EXAMPLES = 5
+# Records buffered per parquet row group; bounds memory while streaming.
+ROW_GROUP_RECORDS = 1024
+DEFAULT_PART_BYTES = 128 * 1024 * 1024
+
+_PART = pa.struct([("type", pa.string()), ("text", pa.string())])
+_MESSAGE = pa.struct([("role", pa.string()), ("content", pa.list_(_PART))])
+
+
+class BadRecord(ValueError):
+    """One source record is unusable (bad JSON, missing field, empty text, ...)."""
+
+
+class BadRecordError(ValueError):
+    """A bad record was met with `strict: true`; the message names the file and line."""
+
+
+class SnapshotError(ValueError):
+    """A snapshot on disk is missing, incomplete or does not match its meta.json."""
+
+
+def schema_for(kind: str, extra_fields: Sequence[str] = ()) -> pa.Schema:
+    if kind == "document":
+        return pa.schema([("text", pa.string())] + [(f, pa.string()) for f in extra_fields])
+    if kind == "conversation":
+        return pa.schema([("messages", pa.list_(_MESSAGE))])
+    if kind == "problem":
+        return pa.schema([("question", pa.string()), ("answer", pa.string())])
+    raise ValueError(f"record kind {kind!r} must be one of {KINDS}")
+
+
+def _nonempty_str(record: dict[str, Any], key: str) -> str:
+    if key not in record or record[key] is None:
+        raise BadRecord(f"missing field {key!r}")
+    value = record[key]
+    if not isinstance(value, str):
+        raise BadRecord(f"field {key!r} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise BadRecord(f"empty {key!r}")
+    return value
+
+
+def validate_conversation(messages: Any) -> None:
+    """Raise BadRecord unless `messages` follows the conversation contract in docs/internals.md."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRecord("conversation has no messages")
+    body = messages[1:] if messages[0].get("role") == "system" else messages
+    if not body:
+        raise BadRecord("conversation holds only a system message")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise BadRecord(f"message {i} has no valid role (one of {ROLES})")
+        content = m.get("content")
+        if not isinstance(content, list) or not content:
+            raise BadRecord(f"message {i} has no content parts")
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") not in PART_TYPES or not isinstance(part.get("text"), str):
+                raise BadRecord(f"message {i} has a part that is not {{type in {PART_TYPES}, text: str}}")
+            if part["type"] != "text" and m["role"] != "assistant":
+                raise BadRecord(f"message {i} ({m['role']}) carries a {part['type']} part; only assistants may")
+        if not "".join(p["text"] for p in content).strip():
+            raise BadRecord(f"message {i} is empty")
+    for i, m in enumerate(body):
+        want = "user" if i % 2 == 0 else "assistant"
+        if m["role"] != want:
+            raise BadRecord(f"roles must alternate user/assistant; turn {i} is {m['role']}")
+    if body[-1]["role"] != "assistant":
+        raise BadRecord("conversation must end with an assistant message")
+
+
+def validate_record(kind: str, record: dict[str, Any], extra_fields: Sequence[str] = ()) -> dict[str, Any]:
+    """The record reduced to the columns of `kind`; raises BadRecord when it breaks the contract."""
+    if kind == "document":
+        out = {"text": _nonempty_str(record, "text")}
+        for f in extra_fields:
+            v = record.get(f)
+            out[f] = None if v is None else str(v)
+        return out
+    if kind == "conversation":
+        validate_conversation(record.get("messages"))
+        return {
+            "messages": [
+                {"role": m["role"], "content": [{"type": p["type"], "text": p["text"]} for p in m["content"]]}
+                for m in record["messages"]
+            ]
+        }
+    if kind == "problem":
+        return {"question": _nonempty_str(record, "question"), "answer": _nonempty_str(record, "answer")}
+    raise ValueError(f"record kind {kind!r} must be one of {KINDS}")
+
+
+class _SplitWriter:
+    def __init__(self, root: Path, split: str, schema: pa.Schema, part_bytes: int):
+        self.dir = root / split
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.schema = schema
+        self.part_bytes = part_bytes
+        self.rows: list[dict[str, Any]] = []
+        self.writer: pq.ParquetWriter | None = None
+        self.part_index = -1
+        self.part_text_bytes = 0
+        self.count = 0
+        self.text_bytes = 0
+
+    def _open_part(self) -> None:
+        self.part_index += 1
+        path = self.dir / f"part_{self.part_index:05d}.parquet"
+        # Fixed writer options so that equal records give equal bytes on every run.
+        self.writer = pq.ParquetWriter(path, self.schema, compression="zstd", compression_level=3, write_statistics=False)
+        self.part_text_bytes = 0
+
+    def add(self, record: dict[str, Any], size_bytes: int) -> None:
+        self.rows.append(record)
+        self.count += 1
+        self.text_bytes += size_bytes
+        self.part_text_bytes += size_bytes
+        if len(self.rows) >= ROW_GROUP_RECORDS or self.part_text_bytes >= self.part_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            if self.writer is None:
+                self._open_part()
+            assert self.writer is not None
+            self.writer.write_table(pa.Table.from_pylist(self.rows, schema=self.schema))
+            self.rows = []
+        if self.writer is not None and self.part_text_bytes >= self.part_bytes:
+            self.writer.close()
+            self.writer = None
+
+    def close(self) -> None:
+        self.flush()
+        if self.writer is None and self.part_index < 0:
+            self._open_part()  # an empty split still gets one (empty) part, so readers need no special case
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def _record_bytes(record: dict[str, Any]) -> int:
+    if "text" in record:
+        return len(record["text"].encode("utf-8"))
+    if "messages" in record:
+        return sum(len(p["text"].encode("utf-8")) for m in record["messages"] for p in m["content"])
+    return len(record["question"].encode("utf-8")) + len(record["answer"].encode("utf-8"))
+
+
+class SnapshotWriter:
+    """Writes records into `root/{train,val}/part_NNNNN.parquet` as they arrive, counts bad ones,
+    and writes meta.json last. `root` should be an `atomic_dir` temp folder so that a failure
+    never publishes a half snapshot."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        kind: str,
+        extra_fields: Sequence[str] = (),
+        strict: bool = False,
+        part_bytes: int = DEFAULT_PART_BYTES,
+    ):
+        self.root = Path(root)
+        self.kind = kind
+        self.extra_fields = tuple(extra_fields)
+        self.strict = strict
+        self.schema = schema_for(kind, extra_fields)
+        self.splits = {s: _SplitWriter(self.root, s, self.schema, part_bytes) for s in SPLITS}
+        self.skipped = 0
+        self.bad_examples: list[str] = []
+
+    def bad(self, where: str, reason: str) -> None:
+        """Count one unusable record at `where` (e.g. `file.jsonl:17`); raise in strict mode."""
+        if self.strict:
+            raise BadRecordError(f"{where}: {reason} (fix the record, or set strict: false to skip and count bad records)")
+        self.skipped += 1
+        if len(self.bad_examples) < MAX_BAD_EXAMPLES:
+            self.bad_examples.append(f"{where}: {reason}")
+
+    def check(self, record: dict[str, Any], where: str) -> dict[str, Any] | None:
+        """The validated record, or None after counting it as bad."""
+        try:
+            return validate_record(self.kind, record, self.extra_fields)
+        except BadRecord as e:
+            self.bad(where, str(e))
+            return None
+
+    def add(self, split: str, record: dict[str, Any], where: str) -> bool:
+        """Validate and append one record to `split`; returns False when it was bad (and counted)."""
+        if split not in self.splits:
+            raise ValueError(f"split {split!r} must be one of {SPLITS}")
+        clean = self.check(record, where)
+        if clean is None:
+            return False
+        self.splits[split].add(clean, _record_bytes(clean))
+        return True
+
+    def count(self, split: str) -> int:
+        return self.splits[split].count
+
+    def text_bytes(self, split: str) -> int:
+        return self.splits[split].text_bytes
+
+    def close(self, **meta_fields: Any) -> dict[str, Any]:
+        """Finish the parquet parts and write meta.json (last). Returns the meta dict."""
+        for w in self.splits.values():
+            w.close()
+        files = {
+            p.relative_to(self.root).as_posix(): sha256_file(p) for p in sorted(self.root.rglob("*.parquet"))
+        }
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "kind": self.kind,
+            "columns": list(self.schema.names),
+            "counts": {"train": self.count("train"), "val": self.count("val"), "skipped": self.skipped},
+            "text_bytes": {s: self.text_bytes(s) for s in SPLITS},
+            "bad_examples": self.bad_examples,
+            "files": files,
+            **meta_fields,
+        }
+        write_json_atomic(self.root / "meta.json", meta)
+        return meta
+
+
+def read_meta(snapshot_dir: str | Path) -> dict[str, Any]:
+    """meta.json of a snapshot; a folder without it is not a snapshot (a fetch did not finish)."""
+    snapshot_dir = Path(snapshot_dir)
+    path = snapshot_dir / "meta.json"
+    if not path.is_file():
+        raise SnapshotError(f"{snapshot_dir} has no meta.json, so it is not a finished snapshot; run `dvc repro fetch@{snapshot_dir.name}`")
+    meta = read_json(path, what="snapshot meta")
+    if meta.get("kind") not in KINDS or not isinstance(meta.get("files"), dict):
+        raise SnapshotError(f"{path} lacks `kind` or `files`; delete {snapshot_dir} and re-run its fetch stage")
+    return meta
+
+
+def iter_records(snapshot_dir: str | Path, split: str, *, verify: bool = True) -> Iterator[dict[str, Any]]:
+    """Records of `split` in stored order. Each part file is checked against its sha256 in
+    meta.json first (unless verify=False), so a damaged snapshot fails instead of feeding bad data."""
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r} must be one of {SPLITS}")
+    snapshot_dir = Path(snapshot_dir)
+    meta = read_meta(snapshot_dir)
+    names = sorted(n for n in meta["files"] if n.startswith(f"{split}/"))
+    for name in names:
+        path = snapshot_dir / name
+        if not path.is_file():
+            raise SnapshotError(f"{path} listed in meta.json is missing; re-run the fetch stage")
+        if verify and sha256_file(path) != meta["files"][name]:
+            raise SnapshotError(f"{path} does not match its sha256 in meta.json; re-run the fetch stage")
+        pf = pq.ParquetFile(path)
+        for batch in pf.iter_batches(batch_size=ROW_GROUP_RECORDS):
+            yield from batch.to_pylist()
+
+
+def split_sizes(n: int, val_frac: float) -> int:
+    """How many of `n` examples go to val: round(n * val_frac), at least 1 when val_frac > 0 and
+    n >= 2, and never all of them."""
+    if not 0.0 <= val_frac < 1.0:
+        raise ValueError(f"val_frac={val_frac} must be in [0, 1)")
+    if val_frac == 0.0 or n < 2:
+        return 0
+    return min(n - 1, max(1, int(math.floor(n * val_frac + 0.5))))

@@ -1,0 +1,41 @@
+"""Stage `fetch@<name>`: read params `fetch.<name>` and `seed`, write the raw snapshot of that
+source to --out. Parsing and params only; the work is lockstep.sources.fetch_source."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lockstep.config import ConfigError
+from lockstep.sources import SOURCE_CONFIGS, fetch_source
+from stages._common import load_params, section, setup
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("name", help="the entry under `fetch:` in params.yaml")
+    ap.add_argument("--out", type=Path, required=True, help="snapshot folder, e.g. data/raw/<name>")
+    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
+    args = ap.parse_args(argv)
+    log = setup("fetch")
+    params = load_params(args.params)
+    entry = (params.get("fetch") or {}).get(args.name)
+    if not isinstance(entry, dict) or "source" not in entry:
+        raise ConfigError(f"params has no fetch.{args.name}.source; add an entry naming one of {', '.join(sorted(SOURCE_CONFIGS))}")
+    source = entry["source"]
+    if source not in SOURCE_CONFIGS:
+        raise ConfigError(f"fetch.{args.name}.source={source!r} must be one of {', '.join(sorted(SOURCE_CONFIGS))}")
+    cfg = section(params, f"fetch.{args.name}", SOURCE_CONFIGS[source])
+    seed = params.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"params `seed` must be an integer, got {seed!r}")
+    meta = fetch_source(args.name, cfg, args.out, seed=seed)
+    c = meta["counts"]
+    log.info("fetch %s (%s, %s): train %d | val %d | skipped %d -> %s",
+             args.name, source, meta["kind"], c["train"], c["val"], c["skipped"], args.out)
+    for reason in meta["bad_examples"]:
+        log.warning("skipped: %s", reason)
+
+
+if __name__ == "__main__":
+    main()
