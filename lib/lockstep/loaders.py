@@ -271,3 +271,50 @@ def open_sft_dataset(cache_dir: str | os.PathLike[str], split: str, **kwargs: An
     """SFTExampleDataset over `<cache_dir>/<split>_tokens.bin` and its index."""
     d = Path(cache_dir)
     return SFTExampleDataset(d / f"{split}_tokens.bin", d / f"{split}_idx.npy", **kwargs)
+
+
+def inspect_cache(
+    cache_dir: str | os.PathLike[str],
+    *,
+    tokenizer: Any = None,
+    split: str = "train",
+    seed: int = 0,
+    window_tokens: int = 64,
+) -> str:
+    """A human-readable report of a cache: its stats, then one random window (pretrain) or one
+    random example (SFT) decoded, with supervised tokens inside [[ ]]. Without a tokenizer the
+    ids are shown instead of text."""
+    from lockstep.cache import cache_summary, check_tokenizer, read_cache_meta
+    from lockstep.io import canonical_json
+
+    cache_dir = Path(cache_dir)
+    meta = read_cache_meta(cache_dir)
+    if tokenizer is not None:
+        check_tokenizer(meta, tokenizer.sha256, cache_dir / "meta.json")
+    summary = cache_summary(cache_dir)
+    lines = [f"{k}: {canonical_json(v).strip()}" for k, v in summary.items()]
+    g = torch.Generator().manual_seed(seed)
+    if meta["kind"] == "pretrain":
+        ds = PretrainTokenStreamDataset(cache_dir / split, T=window_tokens, device="cpu")
+        x, y = ds.get_batch(B=1, generator=g)
+        ids = x[0].tolist() + y[0, -1:].tolist()
+        mask = [1] * len(ids)
+        where = f"window: shard {ds.last_rows[0]['shard']} tokens {ds.last_rows[0]['start']}..+{len(ids)}"
+    else:
+        s = open_sft_split(cache_dir / f"{split}_tokens.bin", cache_dir / f"{split}_idx.npy")
+        if len(s) == 0:
+            return "\n".join([*lines, f"{split}: no examples"])
+        ex = int(torch.randint(0, len(s), (1,), generator=g))
+        lo, hi = s.bounds(ex)
+        ids, mask = s.tokens[lo:hi].tolist(), s.mask[lo:hi].tolist()
+        where = f"example {ex} ({hi - lo} tokens, {sum(mask)} supervised)"
+    pieces = [tokenizer.decode([t]) for t in ids] if tokenizer is not None else [f"<{t}>" for t in ids]
+    out, open_ = [], False
+    for piece, m in zip(pieces, mask):
+        if meta["kind"] == "sft" and bool(m) != open_:
+            out.append("[[" if m else "]]")
+            open_ = bool(m)
+        out.append(piece)
+    if open_:
+        out.append("]]")
+    return "\n".join([*lines, where, "".join(out)])

@@ -227,10 +227,10 @@ def compare_rendered(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
         ia, ib = sa["ids"], sb["ids"]
         pa, pb = _bos_positions(ia, bos), _bos_positions(ib, bos)
         if len(pa) != len(pb):
-            return (
-                f"{name}: A has {len(pa)} BOS token{'s' * (len(pa) != 1)} at positions {_fmt_positions(pa) or '-'}; "
-                f"B has {len(pb)}{' at positions ' + _fmt_positions(pb) if pb else ''}"
-            )
+            def at(ps: list[int]) -> str:
+                return f" at position{'s' * (len(ps) != 1)} {_fmt_positions(ps)}" if ps else ""
+
+            return f"{name}: A has {len(pa)} BOS token{'s' * (len(pa) != 1)}{at(pa)}; B has {len(pb)}{at(pb)}"
         if ia != ib:
             p = next((k for k, (ta, tb) in enumerate(zip(ia, ib)) if ta != tb), min(len(ia), len(ib)))
             if p == min(len(ia), len(ib)):

@@ -1,0 +1,138 @@
+"""Parity artifacts and `lockstep parity`: planted differences are named in words."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lockstep.cache import build_pretrain_cache, build_sft_cache
+from lockstep.cli import app
+from lockstep.io import canonical_json
+from lockstep.loaders import SFTExampleDataset
+from lockstep.parity import (
+    compare_artifacts,
+    describe_text_difference,
+    dump_first_batch,
+    write_dataset_snapshot,
+    write_rendered_samples,
+)
+from lockstep.tokenizer import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer("byte", [])
+
+
+class DoubleBos:
+    """A tokenizer that (wrongly) adds its own BOS to every chunk, as one implementation did."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def encode(self, texts, num_threads=1):
+        return [[self.inner.get_bos_token_id(), *ids] for ids in self.inner.encode(texts, num_threads=num_threads)]
+
+
+DOCS = [f"Document {i} says \u201chello\u201d to the reader number {i}." for i in range(30)]
+
+
+def _pretrain(tok, out, docs=DOCS, seed=0, buffer=1):
+    build_pretrain_cache({"train": docs, "val": docs[:2]}, out, tokenizer=tok, max_train_tokens=None,
+                         max_val_tokens=None, shard_bytes=1 << 16, seed=seed, shuffle_buffer=buffer)  # fmt: skip
+
+
+def test_identical_runs_have_no_difference(tok, tmp_path):
+    _pretrain(tok, tmp_path / "a" / "cache")
+    _pretrain(tok, tmp_path / "b" / "cache")
+    assert compare_artifacts(tmp_path / "a", tmp_path / "b") == []
+    result = CliRunner().invoke(app, ["parity", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert result.exit_code == 0 and "no difference" in result.output
+
+
+def test_planted_double_bos_is_named(tok, tmp_path):
+    _pretrain(DoubleBos(tok), tmp_path / "a" / "cache")
+    _pretrain(tok, tmp_path / "b" / "cache")
+    diffs = compare_artifacts(tmp_path / "a", tmp_path / "b")
+    assert diffs[0] == "cache/rendered_samples.json: train sample 0: A has 2 BOS tokens at positions 0,1; B has 1 at position 0"
+    result = CliRunner().invoke(app, ["parity", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert result.exit_code == 1 and "A has 2 BOS tokens at positions 0,1; B has 1" in result.output
+
+
+def test_planted_reorder_is_named(tok, tmp_path):
+    _pretrain(tok, tmp_path / "a" / "cache", buffer=8)  # shuffled at the document level
+    _pretrain(tok, tmp_path / "b" / "cache", buffer=1)
+    first = compare_artifacts(tmp_path / "a", tmp_path / "b")[0]
+    assert first.startswith("cache/dataset_snapshot.json: train record 0: A's record is B's record ")
+    assert "the order differs" in first
+
+
+def test_planted_quote_change_is_named(tok, tmp_path):
+    plain = [d.replace("\u201c", '"').replace("\u201d", '"') for d in DOCS]
+    _pretrain(tok, tmp_path / "a" / "cache")
+    _pretrain(tok, tmp_path / "b" / "cache", docs=DOCS[:5] + plain[5:])
+    first = compare_artifacts(tmp_path / "a", tmp_path / "b")[0]
+    assert first.startswith("cache/dataset_snapshot.json: train record 5 field text differs only by Unicode quote characters")
+    assert "'\u201c'" in first
+
+
+def test_snapshot_hash_catches_a_difference_past_the_first_records(tmp_path):
+    recs = [{"text": f"r{i}"} for i in range(20)]
+    write_dataset_snapshot(recs, tmp_path / "a" / "dataset_snapshot.json", n=4)
+    write_dataset_snapshot(recs[:15] + [{"text": "other"}] + recs[16:], tmp_path / "b" / "dataset_snapshot.json", n=4)
+    assert compare_artifacts(tmp_path / "a", tmp_path / "b") == [
+        "dataset_snapshot.json: all: the first 4 records agree, but a later record differs (sha256 of all differs)"
+    ]
+
+
+def test_first_batch_names_the_drawn_examples(tok, tmp_path):
+    convs = [{"messages": [{"role": "user", "content": [{"type": "text", "text": f"q{i}"}]},
+                           {"role": "assistant", "content": [{"type": "text", "text": f"a{i}"}]}]} for i in range(30)]  # fmt: skip
+    build_sft_cache({"train": convs}, tmp_path / "s", tokenizer=tok, val_frac=None, seed=0)
+    ds = SFTExampleDataset(tmp_path / "s" / "train_tokens.bin", tmp_path / "s" / "train_idx.npy", T=16, pad_id=0)
+    for run, seed in (("a", 1), ("b", 2)):
+        x, y, ym = ds.get_batch(B=6, generator=torch.Generator().manual_seed(seed))
+        dump_first_batch(tmp_path / run / "first_batch.json", x, y, ym, rows=ds.last_rows, meta={"step": 0})
+    rows_a = json.loads((tmp_path / "a" / "first_batch.json").read_text())["rows"]
+    rows_b = json.loads((tmp_path / "b" / "first_batch.json").read_text())["rows"]
+    i = next(k for k, (p, q) in enumerate(zip(rows_a, rows_b)) if p != q)
+    assert compare_artifacts(tmp_path / "a", tmp_path / "b") == [
+        f"first_batch.json: batch 0 row {i}: A drew example {rows_a[i]['example']}, B drew example {rows_b[i]['example']}"
+    ]
+
+
+def test_rendered_samples_mask_difference_and_serialization(tok, tmp_path):
+    ids = tok.encode("abc", prepend="<|bos|>")
+    write_rendered_samples([(ids, [0, 1, 1, 1])], tmp_path / "a" / "rendered_samples.json", tokenizer=tok)
+    write_rendered_samples([(ids, [0, 1, 0, 1])], tmp_path / "b" / "rendered_samples.json", tokenizer=tok)
+    assert compare_artifacts(tmp_path / "a", tmp_path / "b") == [
+        "rendered_samples.json: train sample 0: loss mask differs first at position 2 ('b'): A [1], B [0]"
+    ]
+    text = (tmp_path / "a" / "rendered_samples.json").read_text(encoding="utf-8")
+    assert text == canonical_json(json.loads(text))
+
+
+def test_text_difference_kinds():
+    assert describe_text_difference("caf\u00e9", "cafe\u0301").startswith("differs only by Unicode normalization")
+    assert describe_text_difference("a  b", "a b") == "differs only by whitespace"
+    assert describe_text_difference("abcd", "abXd").startswith("differs first at char 2")
+
+
+def test_data_inspect_cli(tok, tmp_path):
+    _pretrain(tok, tmp_path / "c")
+    tok.save(tmp_path / "tok")
+    result = CliRunner().invoke(app, ["data", "inspect", str(tmp_path / "c"), "--tokenizer", str(tmp_path / "tok"),
+                                      "--tokens", "20"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert 'kind: "pretrain"' in result.output and '"docs":30' in result.output and "window: shard 0" in result.output
+    shutil.rmtree(tmp_path / "c" / "train")
+    (tmp_path / "c" / "meta.json").unlink()
+    result = CliRunner().invoke(app, ["data", "inspect", str(tmp_path / "c")])
+    assert result.exit_code == 2 and "meta.json is missing" in result.output
