@@ -47,7 +47,7 @@ _IDENTITY = (
       "reproducible stages. Each stage records its inputs and outputs, so a run can be repeated to the "
       "byte, compared with another run, or resumed.",)),
     (("Can you use tools?", "Can you do arithmetic reliably?"),
-     ("Yes, a little: I can run short Python expressions, for example to do arithmetic or to count "
+     ("Yes, a little: lockstep taught me to run short Python expressions, for example to do arithmetic or to count "
       "letters in a word, and then read the result back before answering.",)),
 )
 
