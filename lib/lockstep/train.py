@@ -427,3 +427,19 @@ def stage_meta(*, model_config: GPTConfig, cfg: TrainConfig, stage: str, tokeniz
     checkpoint must be byte-identical across identical runs)."""
     return {"stage": stage, "model_config": model_config.to_dict(), "stage_config": config_to_dict(cfg),
             "tokenizer_sha256": tokenizer_sha256, "seed": seed, **(extra or {})}
+
+
+class AllTargets:
+    """Wraps a pretraining source (x, y) so it yields (x, y, y): every target counts, and it mixes
+    with SFT sources (x, y, y_masked) in one lockstep.loaders.Mixture (midtraining)."""
+
+    def __init__(self, source: BatchSource) -> None:
+        self.source = source
+
+    def get_batch(self, *, B: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        x, y = self.source.get_batch(B=B, generator=generator)[:2]
+        return x, y, y
+
+    @property
+    def last_rows(self) -> list[dict[str, Any]]:
+        return getattr(self.source, "last_rows", [])

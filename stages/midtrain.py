@@ -1,0 +1,14 @@
+"""Stage `midtrain`: continued training of the base model on chat, tool-use and pretraining text,
+every token trained. The runner is shared with stages.pretrain."""
+
+from __future__ import annotations
+
+from stages.pretrain import run
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run("midtrain", argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
