@@ -1,0 +1,325 @@
+"""KV-cache engine: batched sampling from a GPT with the calculator tool's output forced into
+the stream. Token ids in, token ids out; it knows nothing about chat templates or text beyond
+decoding a tool call and encoding its result."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from lockstep.calculator import NO_RESULT, evaluate
+from lockstep.model import GPT
+
+# Cache rows grow in steps of this many positions when a sequence outruns them.
+CACHE_GROW_TOKENS = 128
+
+
+class KVCache:
+    """Keys and values of every layer in one tensor `(n_layer, 2, B, n_kv_head, T_cap, D)`,
+    allocated on the first update with that update's dtype and device, and grown (copying) when
+    a row would pass `T_cap`, never beyond `max_len` (the model's context). Each row has its own
+    position; rows that share one take the cheap path (slices, no mask)."""
+
+    def __init__(self, *, batch_size: int, n_layer: int, n_kv_head: int, head_dim: int, max_len: int, capacity_tokens: int = 0):
+        if batch_size <= 0:
+            raise ValueError(f"batch_size={batch_size} must be positive")
+        self.batch_size = batch_size
+        self.n_layer = n_layer
+        self.n_kv_head = n_kv_head
+        self.head_dim = head_dim
+        self.max_len = max_len
+        self.capacity_tokens = min(max(capacity_tokens, 1), max_len)
+        self.kv: torch.Tensor | None = None  # (L, 2, B, Hkv, T_cap, D) once allocated
+        self._pos = [0] * batch_size  # next position per row
+
+    @classmethod
+    def for_model(cls, model: GPT, batch_size: int, capacity_tokens: int = 0) -> KVCache:
+        c = model.config
+        return cls(
+            batch_size=batch_size,
+            n_layer=c.n_layer,
+            n_kv_head=c.n_kv_head,
+            head_dim=c.head_dim,
+            max_len=c.sequence_len,
+            capacity_tokens=capacity_tokens,
+        )
+
+    # -- what the model calls ---------------------------------------------------------------
+
+    def positions(self) -> torch.Tensor | int:
+        """The shared position when all rows agree, else a (B,) int64 tensor of positions."""
+        first = self._pos[0]
+        if all(p == first for p in self._pos):
+            return first
+        return torch.tensor(self._pos, dtype=torch.long)
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Store k, v (B, Hkv, T, D) at each row's next T positions; return this layer's keys and
+        values so far (B, Hkv, Tk, D) and the attention mask (B or 1, 1, T, Tk) of bool, or None
+        when all rows share a position and plain causal alignment holds (prefill from 0, or a
+        single new token that sees every cached key)."""
+        B, H, T, D = k.shape
+        if B != self.batch_size or H != self.n_kv_head or D != self.head_dim:
+            raise ValueError(
+                f"k of shape {tuple(k.shape)} does not fit this cache (B={self.batch_size}, Hkv={self.n_kv_head}, D={self.head_dim})"
+            )
+        end = max(self._pos) + T
+        if self.kv is None or end > self.kv.size(4):
+            self._reserve(end, k)
+        kv = self.kv
+        assert kv is not None
+        pos = self.positions()
+        if isinstance(pos, int):
+            kv[layer_idx, 0, :, :, pos : pos + T] = k
+            kv[layer_idx, 1, :, :, pos : pos + T] = v
+            mask = None
+            if pos > 0 and T > 1:
+                q_pos = pos + torch.arange(T, device=k.device)  # (T,)
+                mask = (torch.arange(end, device=k.device)[None, :] <= q_pos[:, None])[None, None]  # (1, 1, T, Tk)
+        else:
+            for b, p in enumerate(self._pos):
+                kv[layer_idx, 0, b, :, p : p + T] = k[b]
+                kv[layer_idx, 1, b, :, p : p + T] = v[b]
+            q_pos = pos.to(k.device)[:, None] + torch.arange(T, device=k.device)  # (B, T)
+            mask = (torch.arange(end, device=k.device)[None, None, :] <= q_pos[:, :, None])[:, None]  # (B, 1, T, Tk)
+        return kv[layer_idx, 0, :, :, :end], kv[layer_idx, 1, :, :, :end], mask
+
+    def advance(self, num_tokens: int) -> None:
+        self._pos = [p + num_tokens for p in self._pos]
+
+    # -- what the engine calls --------------------------------------------------------------
+
+    def row_positions(self) -> list[int]:
+        return list(self._pos)
+
+    def _reserve(self, needed_tokens: int, like: torch.Tensor) -> None:
+        if needed_tokens > self.max_len:
+            raise ValueError(f"a row would reach position {needed_tokens}, past the model's context of {self.max_len} tokens")
+        cap = max(self.capacity_tokens, needed_tokens)
+        if self.kv is not None:
+            # grow geometrically-ish so a long generation reallocates a handful of times
+            cap = max(cap, self.kv.size(4) + CACHE_GROW_TOKENS)
+        cap = min(cap, self.max_len)
+        shape = (self.n_layer, 2, self.batch_size, self.n_kv_head, cap, self.head_dim)
+        new = torch.empty(shape, dtype=like.dtype, device=like.device)
+        if self.kv is not None:
+            used = max(self._pos)
+            new[:, :, :, :, :used] = self.kv[:, :, :, :, :used]
+        self.kv = new
+        self.capacity_tokens = cap
+
+    def replicate(self, num_rows: int, capacity_tokens: int = 0) -> KVCache:
+        """A new cache of `num_rows` rows, each a copy of this single-row cache (a prompt prefilled
+        once, then sampled many ways), with room for `capacity_tokens` positions."""
+        if self.batch_size != 1:
+            raise ValueError(f"replicate() needs a single-row cache, this one has {self.batch_size} rows")
+        return KVCache.stack([self] * num_rows, capacity_tokens)
+
+    @classmethod
+    def stack(cls, caches: Sequence[KVCache], capacity_tokens: int = 0) -> KVCache:
+        """One cache whose rows are the rows of `caches` in order, keeping each row's position
+        (so prompts of different lengths can decode together)."""
+        if not caches:
+            raise ValueError("stack() needs at least one cache")
+        first = caches[0]
+        rows = sum(c.batch_size for c in caches)
+        used = max(max(c._pos) for c in caches)
+        out = cls(
+            batch_size=rows,
+            n_layer=first.n_layer,
+            n_kv_head=first.n_kv_head,
+            head_dim=first.head_dim,
+            max_len=first.max_len,
+            capacity_tokens=max(capacity_tokens, used),
+        )
+        out._pos = [p for c in caches for p in c._pos]
+        if all(c.kv is None for c in caches):
+            return out
+        like = next(c.kv for c in caches if c.kv is not None)
+        assert like is not None
+        shape = (first.n_layer, 2, rows, first.n_kv_head, out.capacity_tokens, first.head_dim)
+        out.kv = torch.empty(shape, dtype=like.dtype, device=like.device)
+        b = 0
+        for c in caches:
+            n = max(c._pos)
+            if c.kv is not None and n:
+                out.kv[:, :, b : b + c.batch_size, :, :n] = c.kv[:, :, :, :, :n]
+            b += c.batch_size
+        return out
+
+
+@dataclass
+class _Row:
+    """Tool-call state of one sampled row."""
+
+    forced: deque[int] = field(default_factory=deque)
+    in_python: bool = False
+    python_ids: list[int] = field(default_factory=list)
+    done: bool = False
+
+
+def sample_next(
+    logits: torch.Tensor, *, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator
+) -> torch.Tensor:
+    """Next ids (B,) from logits (B, V): argmax at temperature 0, else a draw from
+    softmax(logits / temperature) restricted to the top_k ids and then to the smallest set whose
+    probability reaches top_p."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        vals, idx = torch.topk(logits, top_k, dim=-1)  # (B, k), sorted descending
+    else:
+        vals, idx = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+    probs = torch.softmax(vals, dim=-1)
+    if top_p is not None and top_p < 1.0:
+        before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely ids
+        probs = probs.masked_fill(before >= top_p, 0.0)  # the top id always survives
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    choice = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+    return idx.gather(-1, choice).squeeze(-1)
+
+
+class Engine:
+    """Samples completions of one prompt from a GPT: the prompt is prefilled once, its cache
+    copied to `num_samples` rows, and the rows decoded together. The tokenizer-like object
+    supplies the special ids (`encode_special`) and, for tool calls, `decode` and `encode`."""
+
+    STOP_TOKENS = ("<|assistant_end|>", "<|bos|>")
+
+    def __init__(self, model: GPT, tokenizer: Any):
+        self.model = model
+        self.tokenizer = tokenizer
+        sp = tokenizer.encode_special
+        self.stop_ids = frozenset(sp(name) for name in self.STOP_TOKENS)
+        self.assistant_end_id = sp("<|assistant_end|>")
+        self.python_start_id = sp("<|python_start|>")
+        self.python_end_id = sp("<|python_end|>")
+        self.output_start_id = sp("<|output_start|>")
+        self.output_end_id = sp("<|output_end|>")
+
+    def _device(self) -> torch.device:
+        return self.model.rotary_cos.device
+
+    def _check(self, prompt_ids: Sequence[int], num_samples: int, max_tokens: int, temperature: float, top_k, top_p) -> None:
+        limit = self.model.config.sequence_len
+        vocab = self.model.config.vocab_size
+        if len(prompt_ids) == 0:
+            raise ValueError("prompt_ids is empty: pass at least one token (e.g. <|bos|>)")
+        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in prompt_ids):
+            raise ValueError(f"prompt_ids must be ints in [0, {vocab}) for this model's vocabulary")
+        if num_samples < 1:
+            raise ValueError(f"num_samples={num_samples} must be >= 1")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens} must be >= 1")
+        if len(prompt_ids) + max_tokens > limit:
+            raise ValueError(
+                f"prompt of {len(prompt_ids)} tokens + max_tokens={max_tokens} exceeds the model's context of {limit} "
+                f"tokens: lower max_tokens to {max(limit - len(prompt_ids), 0)} or shorten the prompt"
+            )
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} must be >= 0 (0 is greedy)")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k={top_k} must be >= 1 or None")
+        if top_p is not None and not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p={top_p} must be in (0, 1] or None")
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        num_samples: int = 1,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+        use_tools: bool = True,
+    ) -> Iterator[tuple[list[int], list[int]]]:
+        """Yield one `(tokens, masks)` column per step, each a list of `num_samples` ints: the
+        next token of every row, and 1 where it was sampled, 0 where it was forced (a tool
+        result) or where the row has already finished (its column entry then repeats
+        <|assistant_end|>). A row finishes on <|assistant_end|> or <|bos|> (that token is
+        yielded); the generator ends when every row has finished or after `max_tokens` steps,
+        tool tokens included. Stopping early is just ceasing to iterate: no work is done ahead
+        of the consumer.
+
+        A tool call is the text between <|python_start|> and <|python_end|>; the engine then
+        forces `<|output_start|> value <|output_end|>`, where value is
+        `lockstep.calculator.evaluate(text)` or, when it refuses, `calculator.NO_RESULT`
+        ("no result"). Rows draw from one `torch.Generator` seeded with `seed`; temperature 0 is
+        greedy and needs no randomness."""
+        prompt_ids = list(prompt_ids)
+        self._check(prompt_ids, num_samples, max_tokens, temperature, top_k, top_p)
+        return self._steps(prompt_ids, num_samples, max_tokens, temperature, top_k, top_p, seed, use_tools)
+
+    def _steps(self, prompt_ids, num_samples, max_tokens, temperature, top_k, top_p, seed, use_tools):
+        # A separate generator function so that argument errors raise at the call, not at the
+        # first next().
+        with torch.inference_mode():
+            device = self._device()
+            generator = torch.Generator(device=device).manual_seed(seed)
+            total = len(prompt_ids) + max_tokens
+            prefill = KVCache.for_model(self.model, 1, capacity_tokens=len(prompt_ids))
+            ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)  # (1, T)
+            logits = self.model(ids, kv_cache=prefill)[:, -1, :]  # (1, V)
+            cache = prefill.replicate(num_samples, capacity_tokens=total)
+            del prefill
+            logits = logits.expand(num_samples, -1)  # (B, V)
+            rows = [_Row() for _ in range(num_samples)]
+        for step in range(max_tokens):
+            with torch.inference_mode():
+                sampled = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator).tolist()
+            tokens, masks = [], []
+            for row, tok in zip(rows, sampled):
+                if row.done:
+                    tokens.append(self.assistant_end_id)
+                    masks.append(0)
+                    continue
+                if row.forced:
+                    tok, m = row.forced.popleft(), 0
+                else:
+                    m = 1
+                tokens.append(tok)
+                masks.append(m)
+                if tok in self.stop_ids:
+                    row.done = True
+                elif use_tools:
+                    self._tool_state(row, tok)
+            yield tokens, masks
+            if step + 1 == max_tokens or all(r.done for r in rows):
+                return
+            with torch.inference_mode():
+                col = torch.tensor(tokens, dtype=torch.long, device=device)[:, None]  # (B, 1)
+                logits = self.model(col, kv_cache=cache)[:, -1, :]  # (B, V)
+
+    def _tool_state(self, row: _Row, tok: int) -> None:
+        if tok == self.python_start_id:
+            row.in_python, row.python_ids = True, []
+        elif tok == self.python_end_id and row.in_python:
+            row.in_python = False
+            value = evaluate(self.tokenizer.decode(row.python_ids))
+            text = NO_RESULT if value is None else value
+            row.forced.extend([self.output_start_id, *self.tokenizer.encode(text), self.output_end_id])
+        elif row.in_python:
+            row.python_ids.append(tok)
+
+    def generate_batch(self, prompt_ids: Sequence[int], **kwargs: Any) -> tuple[list[list[int]], list[list[int]]]:
+        """Run `generate` to the end; return per row the completion ids (prompt excluded, the
+        stop token included when one was produced) and their masks (1 sampled, 0 forced)."""
+        n = kwargs.get("num_samples", 1)
+        seqs: list[list[int]] = [[] for _ in range(n)]
+        masks: list[list[int]] = [[] for _ in range(n)]
+        done = [False] * n
+        for tokens, ms in self.generate(prompt_ids, **kwargs):
+            for i, (t, m) in enumerate(zip(tokens, ms)):
+                if done[i]:
+                    continue
+                seqs[i].append(t)
+                masks[i].append(m)
+                done[i] = t in self.stop_ids
+        return seqs, masks
