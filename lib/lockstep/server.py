@@ -1,0 +1,562 @@
+"""HTTP serving of a chat backend: an OpenAI-compatible chat API (streaming SSE and not), model
+listing, health, and the single-page UI from lockstep/static. Not the sampling (lockstep.engine)
+and not the process runner (the `lockstep serve` command starts uvicorn)."""
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from lockstep.chat import ChatBackend, ChatError, Delta, SamplingSettings, check_messages
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+# The UI loads nothing from elsewhere; the policy makes a stray external reference fail loudly.
+CSP = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Limits and defaults of the chat API. Token limits are counted with the model's tokenizer."""
+
+    max_messages: int = 64  # messages per request
+    max_message_tokens: int = 2048  # tokens in one message's text
+    max_conversation_tokens: int = 0  # rendered prompt tokens; 0 = the model's context minus one
+    max_reply_tokens: int = 1024  # the largest max_tokens a request may ask for
+    default_max_tokens: int = 256  # max_tokens when a request does not say
+    max_body_bytes: int = 1 << 20  # larger request bodies are refused with 413
+    workers: int = 1  # generations running at once
+    max_queued: int = 4  # requests waiting for a worker; more are refused with 503
+    queue_timeout_s: float = 30.0  # a queued request waits this long for a worker, then 503
+    default_temperature: float = 0.6
+    default_top_k: int = 50
+    default_seed: int = 0
+    allowed_origins: tuple[str, ...] = ()  # CORS origins allowed to call the API; empty = same-origin only
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"workers={self.workers} must be at least 1")
+        if self.max_queued < 0:
+            raise ValueError(f"max_queued={self.max_queued} must be 0 or more")
+        if not 1 <= self.default_max_tokens <= self.max_reply_tokens:
+            raise ValueError(
+                f"default_max_tokens={self.default_max_tokens} must be from 1 to max_reply_tokens={self.max_reply_tokens}"
+            )
+        if "*" in self.allowed_origins:
+            raise ValueError("allowed_origins may not contain '*': list the origins that may call the API")
+
+
+class Busy(Exception):
+    """Every worker is taken and the queue is full (or the wait ran out)."""
+
+
+class WorkerPool:
+    """At most `workers` generations at once, at most `max_queued` requests waiting for one; the
+    rest are refused at once so callers see 503 instead of an ever-growing queue."""
+
+    def __init__(self, workers: int, max_queued: int, queue_timeout_s: float):
+        self.workers = workers
+        self.max_queued = max_queued
+        self.queue_timeout_s = queue_timeout_s
+        self._slots = threading.Semaphore(workers)
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._running = 0
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lockstep-generate")
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    async def acquire(self) -> None:
+        if self._slots.acquire(blocking=False):
+            with self._lock:
+                self._running += 1
+            return
+        with self._lock:
+            if self._waiting >= self.max_queued:
+                raise Busy
+            self._waiting += 1
+        try:
+            import anyio.to_thread
+
+            # A thread waits, not the event loop; queued waiters are bounded by max_queued.
+            got = await anyio.to_thread.run_sync(lambda: self._slots.acquire(timeout=self.queue_timeout_s))
+        finally:
+            with self._lock:
+                self._waiting -= 1
+        if not got:
+            raise Busy
+        with self._lock:
+            self._running += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._running -= 1
+        self._slots.release()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class BodySizeLimit:
+    """Refuses request bodies over `max_body_bytes` with 413, by Content-Length up front and by
+    counting the bytes of chunked bodies as they arrive."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    declared_bytes = int(value)
+                except ValueError:
+                    await _send_error(send, 400, "Content-Length is not a number", "invalid_request_error")
+                    return
+                if declared_bytes > self.max_body_bytes:
+                    await _send_error(send, 413, self._too_large(), "request_too_large")
+                    return
+        received_bytes = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received_bytes
+            message = await receive()
+            if message["type"] == "http.request":
+                received_bytes += len(message.get("body", b""))
+                if received_bytes > self.max_body_bytes:
+                    # FastAPI passes HTTPException raised while reading the body straight through.
+                    raise StarletteHTTPException(413, self._too_large())
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+    def _too_large(self) -> str:
+        return f"request body is over {self.max_body_bytes} bytes: send fewer or shorter messages"
+
+
+class SecurityHeaders:
+    """Adds the content-security and no-sniff headers to every response. A plain ASGI wrapper, so
+    streamed responses pass through untouched and still see the client disconnect."""
+
+    HEADERS = [
+        (b"content-security-policy", CSP.encode()),
+        (b"x-content-type-options", b"nosniff"),
+        (b"referrer-policy", b"no-referrer"),
+    ]
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                present = {name.lower() for name, _ in message.get("headers", [])}
+                extra = [(n, v) for n, v in self.HEADERS if n not in present]
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+async def _send_error(send: Send, status: int, message: str, kind: str) -> None:
+    body = json.dumps(_error_body(message, kind)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _error_body(message: str, kind: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+
+
+def sse_event(payload: dict | str) -> str:
+    """One server-sent event. JSON escapes newlines, so no token text (a blank line, "data: ")
+    can end the event early or start a forged one."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    assert "\n" not in data and "\r" not in data
+    return f"data: {data}\n\n"
+
+
+def _message_text(content: str | list) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content)
+
+
+def _as_conversation(messages: list[Any]) -> list[dict]:
+    return [{"role": m.role, "content": [{"type": "text", "text": _message_text(m.content)}]} for m in messages]
+
+
+def build_request_model(config: ServerConfig, backend: ChatBackend) -> type[BaseModel]:
+    """The request schema for POST /v1/chat/completions with this server's limits in it. Token
+    limits are checked by validators that count with the backend's tokenizer, so a request over a
+    limit is a 422 like any other schema violation."""
+    context_tokens = backend.context_tokens
+    conversation_limit = min(config.max_conversation_tokens or context_tokens, context_tokens - 1)
+
+    class TextPart(BaseModel):
+        type: Literal["text"]
+        text: str = Field(max_length=config.max_body_bytes)
+
+    class ChatMessage(BaseModel):
+        role: Literal["system", "user", "assistant"]
+        content: str | list[TextPart] = Field(
+            description=f"the message text; at most {config.max_message_tokens} tokens",
+        )
+        name: str | None = Field(default=None, max_length=64)
+
+        @field_validator("content")
+        @classmethod
+        def _message_tokens(cls, content: Any) -> Any:
+            if isinstance(content, str) and len(content) > config.max_body_bytes:
+                raise ValueError(f"message is over {config.max_body_bytes} characters")
+            n_tokens = backend.count_tokens(_message_text(content))
+            if n_tokens > config.max_message_tokens:
+                raise ValueError(
+                    f"message is {n_tokens} tokens, the limit is {config.max_message_tokens}: shorten it"
+                )
+            return content
+
+    class StreamOptions(BaseModel):
+        include_usage: bool = False
+
+    class ChatCompletionRequest(BaseModel):
+        model_config = ConfigDict(extra="ignore")
+
+        model: str | None = Field(default=None, max_length=256, description="ignored: this server has one model")
+        messages: list[ChatMessage] = Field(
+            min_length=1,
+            max_length=config.max_messages,
+            description=f"optional system message, then user/assistant alternating, ending with user; "
+            f"at most {conversation_limit} tokens rendered",
+        )
+        stream: bool = False
+        stream_options: StreamOptions | None = None
+        max_tokens: int | None = Field(default=None, ge=1, le=config.max_reply_tokens)
+        max_completion_tokens: int | None = Field(default=None, ge=1, le=config.max_reply_tokens)
+        temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+        top_k: int | None = Field(default=None, ge=0, le=200)
+        top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+        seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+        n: int | None = Field(default=None, ge=1, le=1, description="only one choice per request")
+
+        @field_validator("messages")
+        @classmethod
+        def _conversation(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+            conversation = _as_conversation(messages)
+            try:
+                check_messages(conversation)
+            except ChatError as e:
+                raise ValueError(str(e)) from None
+            n_tokens = backend.prompt_tokens(conversation)
+            if n_tokens > conversation_limit:
+                raise ValueError(
+                    f"conversation is {n_tokens} tokens, the limit is {conversation_limit}: "
+                    "drop early messages or start a new conversation"
+                )
+            return messages
+
+        def conversation(self) -> list[dict]:
+            return _as_conversation(self.messages)
+
+        def settings(self) -> SamplingSettings:
+            max_tokens = self.max_completion_tokens or self.max_tokens or config.default_max_tokens
+            return SamplingSettings(
+                temperature=config.default_temperature if self.temperature is None else self.temperature,
+                top_k=config.default_top_k if self.top_k is None else self.top_k,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                max_tokens=max_tokens,
+                seed=config.default_seed if self.seed is None else self.seed,
+            )
+
+    return ChatCompletionRequest
+
+
+class _Generation:
+    """One reply generated on a pool thread and handed to the event loop delta by delta. Setting
+    `cancel` stops it after the engine step in progress."""
+
+    def __init__(self, pool: WorkerPool, deltas: Iterator[Delta]):
+        self.pool = pool
+        self.cancel = threading.Event()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self._deltas = deltas
+        pool.executor.submit(self._run)
+
+    def _put(self, item: tuple[str, Any]) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop is gone: nobody is listening any more
+            self.cancel.set()
+
+    def _run(self) -> None:
+        try:
+            for delta in self._deltas:
+                if self.cancel.is_set():
+                    break
+                self._put(("delta", delta))
+        except ChatError as e:
+            self._put(("error", e))
+        except Exception as e:
+            log.exception("generation failed")
+            self._put(("error", e))
+        finally:
+            try:
+                close = getattr(self._deltas, "close", None)
+                if close is not None:
+                    close()
+            finally:
+                self.pool.release()
+                self._put(("end", None))
+
+    async def next(self) -> tuple[str, Any]:
+        return await self.queue.get()
+
+    async def watch_disconnect(self, request: Request) -> None:
+        """Cancel the generation when the client goes away. For non-streaming replies; a streamed
+        reply is cancelled by Starlette, which listens for the disconnect itself."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                self.cancel.set()
+                self._put(("disconnect", None))
+                return
+
+
+def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> FastAPI:
+    """The FastAPI app serving `backend` under `config`'s limits."""
+    config = config or ServerConfig()
+    pool = WorkerPool(config.workers, config.max_queued, config.queue_timeout_s)
+    RequestModel = build_request_model(config, backend)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        pool.shutdown()
+
+    app = FastAPI(title="lockstep", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.pool = pool
+    app.state.backend = backend
+    app.state.config = config
+    app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes)
+    if config.allowed_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        # Credentials stay off: the API has no cookies, and with them any listed site could act as the user.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.allowed_origins),
+            allow_credentials=False,
+            allow_methods=["GET", "POST"],
+            allow_headers=["content-type", "authorization"],
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Say what is wrong and where, never echo the input back (it may be a long message body).
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        text = f"{param}: {message}" if param else message
+        return JSONResponse(_error_body(text, "invalid_request_error", param), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "request_too_large" if exc.status_code == 413 else "invalid_request_error"
+        return JSONResponse(_error_body(str(exc.detail), kind), status_code=exc.status_code, headers=exc.headers)
+
+    app.add_middleware(SecurityHeaders)
+
+    @app.get("/health")
+    def health() -> dict:
+        return {
+            "status": "ok",
+            "model": backend.model_id,
+            "workers": pool.workers,
+            "running": pool.running,
+            "waiting": pool.waiting,
+        }
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        return {
+            "object": "list",
+            "data": [{"id": backend.model_id, "object": "model", "created": 0, "owned_by": "lockstep"}],
+        }
+
+    @app.post(
+        "/v1/chat/completions",
+        responses={413: {"description": "request body too large"}, 503: {"description": "all workers busy"}},
+    )
+    async def chat_completions(body: RequestModel, request: Request) -> Any:  # type: ignore[valid-type]
+        messages = body.conversation()
+        settings = body.settings()
+        prompt_tokens = backend.prompt_tokens(messages)
+        request_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        try:
+            await pool.acquire()
+        except Busy:
+            log.info("%s refused: all %d workers busy, %d waiting", request_id, pool.workers, pool.waiting)
+            return JSONResponse(
+                _error_body("all workers are busy; retry shortly", "server_busy"),
+                status_code=503,
+                headers={"Retry-After": "1"},
+            )
+        try:
+            gen = _Generation(pool, backend.stream(messages, settings))
+        except BaseException:
+            pool.release()
+            raise
+        created = int(time.time())
+        start_s = time.perf_counter()
+        # Sizes and timings only: message text never goes to the log.
+        log.info("%s start: %d messages, %d prompt tokens, max_tokens %d", request_id, len(messages), prompt_tokens, settings.max_tokens)
+
+        def done(completion_tokens: int, finish: str) -> None:
+            log.info(
+                "%s %s: %d completion tokens in %.2fs", request_id, finish, completion_tokens, time.perf_counter() - start_s
+            )
+
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(
+                _stream_events(gen, request, request_id, created, backend.model_id, prompt_tokens, include_usage, done),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+
+        parts: list[str] = []
+        completion_tokens = 0
+        finish = "length"
+        watcher = asyncio.ensure_future(gen.watch_disconnect(request))
+        try:
+            while True:
+                kind, item = await gen.next()
+                if kind == "delta":
+                    parts.append(item.text)
+                    completion_tokens += item.tokens
+                    if item.finish_reason:
+                        finish = item.finish_reason
+                elif kind == "error":
+                    gen.cancel.set()
+                    done(completion_tokens, "error")
+                    if isinstance(item, ChatError):
+                        return JSONResponse(_error_body(str(item), "invalid_request_error"), status_code=422)
+                    return JSONResponse(_error_body("generation failed", "server_error"), status_code=500)
+                elif kind == "disconnect":
+                    done(completion_tokens, "disconnect")
+                    return JSONResponse(_error_body("client went away", "cancelled"), status_code=499)
+                else:
+                    break
+        finally:
+            gen.cancel.set()
+            watcher.cancel()
+        done(completion_tokens, finish)
+        return {
+            "id": request_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": backend.model_id,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "".join(parts)}, "finish_reason": finish}
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app
+
+
+async def _stream_events(
+    gen: _Generation,
+    request: Request,
+    request_id: str,
+    created: int,
+    model_id: str,
+    prompt_tokens: int,
+    include_usage: bool,
+    done: Any,
+) -> AsyncIterator[str]:
+    def chunk(delta: dict, finish: str | None) -> dict:
+        return {
+            "id": request_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model_id,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+
+    completion_tokens = 0
+    finish = "length"
+    outcome = "disconnect"
+    try:
+        yield sse_event(chunk({"role": "assistant", "content": ""}, None))
+        while True:
+            kind, item = await gen.next()
+            if kind == "delta":
+                completion_tokens += item.tokens
+                if item.finish_reason:
+                    finish = item.finish_reason
+                if item.text:
+                    yield sse_event(chunk({"content": item.text}, None))
+            elif kind == "error":
+                outcome = "error"
+                message = str(item) if isinstance(item, ChatError) else "generation failed"
+                yield sse_event(_error_body(message, "invalid_request_error" if isinstance(item, ChatError) else "server_error"))
+                return
+            else:
+                break
+        yield sse_event(chunk({}, finish))
+        if include_usage:
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            }
+            yield sse_event({"id": request_id, "object": "chat.completion.chunk", "created": created,
+                             "model": model_id, "choices": [], "usage": usage})
+        yield sse_event("[DONE]")
+        outcome = finish
+    finally:
+        # Runs on normal end and when the server cancels the stream because the client left.
+        gen.cancel.set()
+        done(completion_tokens, outcome)
