@@ -9,9 +9,6 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-IGNORE_INDEX = -1
-
-
 @torch.no_grad()
 def sum_nats_and_bytes(
     model: torch.nn.Module,
@@ -19,7 +16,7 @@ def sum_nats_and_bytes(
     token_bytes: torch.Tensor,
 ) -> tuple[float, int, int]:
     """(sum of nats, sum of bytes, number of counted targets) over `batches` of (x, y), both
-    (B, T) int64. A target counts when it is >= 0 (ignored targets are -1) and is not a special
+    (B, T) int64. A target counts when it is >= 0 (ignored targets are negative, e.g. IGNORE_INDEX) and is not a special
     token (token_bytes 0); its loss is weighed by nothing but enters the sum once, so the ratio
     of the sums is the loss per byte of text whatever the vocabulary. Summed across ranks when a
     process group is up."""

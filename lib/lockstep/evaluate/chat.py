@@ -118,14 +118,17 @@ def problem_items(problems: Iterable[dict[str, Any]]) -> list[GenerativeItem]:
     return items
 
 
-def conversation_items(conversations: Iterable[dict[str, Any]]) -> list[GenerativeItem]:
+def conversation_items(conversations: Iterable[dict[str, Any]], *, require_tool: bool = False) -> list[GenerativeItem]:
     """Conversations (e.g. letter counting and spelling) judged on their last assistant turn's final
-    answer; conversations whose last turn has no final answer are left out."""
+    answer; conversations whose last turn has no final answer are left out, and with
+    `require_tool` so are those whose last turn makes no python call (chit-chat, identity)."""
     items = []
     for conv in conversations:
         messages = conv.get("messages") or []
         if not messages or messages[-1].get("role") != "assistant":
             raise ValueError("a conversation must end with an assistant message (see docs/internals.md records)")
+        if require_tool and not any(p["type"] == "python" for p in messages[-1]["content"]):
+            continue
         reference = _final_text_of(messages[-1])
         if final_answer_of_text(reference) is not None:
             items.append(GenerativeItem(conv, reference))

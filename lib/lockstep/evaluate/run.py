@@ -1,0 +1,274 @@
+"""The `eval@<stage>` pipeline: load a checkpoint, run bits per byte on every val cache, CORE-style
+tasks (base stages) and chat tasks (chat stages), write flat metrics and per-item predictions.
+Paths and config come from the caller; the scoring itself lives in bpb, core and chat."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lockstep.evaluate import chat, core
+from lockstep.evaluate.bpb import evaluate_bpb
+from lockstep.evaluate.sandbox import SandboxLimits
+from lockstep.io import atomic_dir, canonical_json, write_json_atomic
+
+log = logging.getLogger("lockstep.eval")
+STAGES = ("pretrain", "midtrain", "sft", "rl")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """The `eval` params section."""
+
+    bpb_max_tokens: int = 65536  # per val cache (all ranks together); the first tokens of the split
+    bpb_batch_rows: int = 8  # rows per forward pass
+    core_stages: tuple[str, ...] = ("pretrain", "midtrain")  # checkpoints that get CORE tasks
+    core_max_items: int = 0  # per task; 0 = all
+    chat_stages: tuple[str, ...] = ("midtrain", "sft", "rl")  # checkpoints that get chat tasks
+    chat_max_items: int = 0  # per chat task; 0 = all
+    math_sources: tuple[str, ...] = ("synth_math",)  # problem snapshots under --raw (val split)
+    conversation_sources: tuple[str, ...] = ("synth_chat",)  # tool-use conversations under --raw (val split)
+    categorical_files: tuple[str, ...] = ("chat/arc_own.jsonl",)  # under --evalsets
+    code_files: tuple[str, ...] = ("chat/code_own.jsonl",)  # under --evalsets
+    max_new_tokens: int = 96  # per generated reply
+    sandbox_timeout_s: float = 5.0
+    sandbox_memory_mb: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("bpb_max_tokens", "bpb_batch_rows", "max_new_tokens", "sandbox_memory_mb"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"eval.{name}={getattr(self, name)} must be positive")
+        for name in ("core_max_items", "chat_max_items"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"eval.{name}={getattr(self, name)} must be >= 0 (0 = all items)")
+        for name in ("core_stages", "chat_stages"):
+            bad = [s for s in getattr(self, name) if s not in STAGES]
+            if bad:
+                raise ValueError(f"eval.{name} names unknown stages {bad}; use some of {list(STAGES)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalPaths:
+    ckpt: Path
+    cache: Path  # data/cache: pretrain/<source>/val and sft/<source>/val_* are evaluated
+    tokenizer: Path
+    raw: Path
+    evalsets: Path
+    out: Path  # metrics JSON
+    predictions: Path  # folder of <task>.jsonl
+
+
+class _Autocast:
+    """Calls the model under the runtime's autocast (bf16 where chosen)."""
+
+    def __init__(self, model: torch.nn.Module, autocast: Callable[[], Any]) -> None:
+        self.model, self.autocast = model, autocast
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        with self.autocast():
+            return self.model(*args, **kwargs)
+
+
+def _gather(records: list[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
+    if world_size > 1 and dist.is_initialized():
+        parts: list[Any] = [None] * world_size
+        dist.all_gather_object(parts, records)
+        records = [r for p in parts for r in p]
+    return sorted(records, key=lambda r: r.get("index", 0))
+
+
+def _cap(items: list[Any], n: int) -> list[Any]:
+    return items[:n] if n else items
+
+
+def _pretrain_batches(val_dir: Path, *, rows: int, T: int, max_tokens: int, rt: Any, tokenizer_sha256: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    from lockstep.cache import CacheError
+    from lockstep.loaders import ShardedTokenLoader
+
+    loader = None
+    for B in (rows, 1):
+        try:
+            loader = ShardedTokenLoader(val_dir, B=B, T=T, rank=rt.rank, world_size=rt.world_size,
+                                        device=rt.device, tokenizer_sha256=tokenizer_sha256)
+            break
+        except CacheError:
+            continue
+    if loader is None:
+        log.warning("%s is smaller than one %d-token window per rank; left out of bpb", val_dir, T)
+        return
+    steps = max(1, min(loader.steps_per_epoch, max_tokens // loader.span_tokens))
+    for _ in range(steps):
+        yield loader.next_batch()
+
+
+def _sft_batches(cache_dir: Path, *, rows: int, T: int, max_tokens: int, rt: Any, pad_id: int,
+                 tokenizer_sha256: str, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    from lockstep.loaders import open_sft_dataset
+
+    ds = open_sft_dataset(cache_dir, "val", T=T, device=rt.device, pad_id=pad_id, tokenizer_sha256=tokenizer_sha256)
+    g = torch.Generator().manual_seed(seed * 7919 + rt.rank)  # ranks draw different examples
+    steps = max(1, max_tokens // (rows * T * rt.world_size))
+    for _ in range(steps):
+        x, _y, y_masked = ds.get_batch(B=rows, generator=g)
+        yield x, y_masked  # assistant tokens only: the part a chat model is trained to produce
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise FileNotFoundError(f"eval set {path} is missing; fix the eval params or the --evalsets folder")
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def make_generate(engine: Any, *, stop_ids: set[int], max_new_tokens: int, context_tokens: int) -> chat.Generate:
+    """Greedy replies from lockstep.engine (calculator tool on), one prompt at a time, cut at the
+    first stop token."""
+
+    def generate(prompts: list[list[int]]) -> list[list[int]]:
+        out = []
+        for prompt in prompts:
+            room = context_tokens - len(prompt)
+            if room <= 0:
+                out.append([])
+                continue
+            ids: list[int] = []
+            steps = engine.generate(prompt, num_samples=1, max_tokens=min(max_new_tokens, room), temperature=0.0,
+                                    top_k=None, seed=0, use_tools=True)
+            for token_column, _mask in steps:
+                token = int(token_column[0])
+                if token in stop_ids:
+                    break
+                ids.append(token)
+                if len(ids) >= max_new_tokens:
+                    break
+            close = getattr(steps, "close", None)
+            if close is not None:
+                close()
+            out.append(ids)
+        return out
+
+    return generate
+
+
+def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, seed: int) -> dict[str, Any]:
+    """Evaluate the `stage` checkpoint; rank 0 writes the metrics JSON and the predictions folder.
+    `rt` is a lockstep.runtime.Runtime. Returns the metrics."""
+    from lockstep.checkpoint import load_checkpoint
+    from lockstep.model import GPT, GPTConfig
+    from lockstep.tokenizer import load_tokenizer
+
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; evaluate one of {list(STAGES)}")
+    t0 = time.monotonic()
+    tokenizer = load_tokenizer(paths.tokenizer)
+    ckpt = load_checkpoint(paths.ckpt)
+    want = ckpt.meta.get("tokenizer_sha256")
+    if want is not None and want != tokenizer.sha256:
+        raise ValueError(f"checkpoint {paths.ckpt} was trained with tokenizer {want[:12]}..., {paths.tokenizer} is "
+                         f"{tokenizer.sha256[:12]}...; pass the tokenizer it was trained with")
+    config = GPTConfig.from_dict(ckpt.meta["model_config"])
+    model = GPT.build(config, rt.device)
+    model.load_state_dict(ckpt.model_state)
+    model.eval()
+    fwd = _Autocast(model, rt.autocast)
+    T = config.sequence_len
+    bos = tokenizer.get_bos_token_id()
+    metrics: dict[str, Any] = {"step": ckpt.step, "device": str(rt.device),
+                               "dtype": str(rt.dtype).removeprefix("torch."), "world_size": rt.world_size}
+    predictions: dict[str, list[dict[str, Any]]] = {}
+
+    # Bits per byte on every val cache present.
+    token_bytes = torch.from_numpy(tokenizer.token_bytes().astype("int64"))  # a copy: the array is read-only
+    for val_dir in sorted((paths.cache / "pretrain").glob("*/val")):
+        src = val_dir.parent.name
+        batches = _pretrain_batches(val_dir, rows=cfg.bpb_batch_rows, T=T, max_tokens=cfg.bpb_max_tokens, rt=rt,
+                                    tokenizer_sha256=tokenizer.sha256)
+        res = evaluate_bpb(fwd, batches, token_bytes)
+        if res["bytes"]:
+            metrics[f"bpb.{src}"] = res["bpb"]
+    for sft_dir in sorted(p.parent for p in (paths.cache / "sft").glob("*/val_tokens.bin")):
+        batches = _sft_batches(sft_dir, rows=cfg.bpb_batch_rows, T=T, max_tokens=cfg.bpb_max_tokens, rt=rt,
+                               pad_id=bos, tokenizer_sha256=tokenizer.sha256, seed=seed)
+        res = evaluate_bpb(fwd, batches, token_bytes)
+        if res["bytes"]:
+            metrics[f"bpb.sft_{sft_dir.name}"] = res["bpb"]
+    log.info("bpb done: %s", {k: round(v, 4) for k, v in metrics.items() if k.startswith("bpb.")})
+
+    if stage in cfg.core_stages:
+        centered_by_task = {}
+        for task in core.load_core_tasks(paths.evalsets / "core", max_items_per_task=cfg.core_max_items or None):
+            recs: list[dict[str, Any]] = []
+
+            def on_item(index: int, scored: core.Scored, ok: bool, _task: core.CoreTask = task, _recs: list = recs) -> None:
+                _recs.append({"index": index, "input": _task.items[index], "correct": ok,
+                              "scored_text": [tokenizer.decode(r[s:e]) for r, (s, e) in zip(scored.rows, scored.spans)]})
+
+            res = core.evaluate_task(fwd, task, encode=tokenizer.encode, bos_id=bos, max_seq_len=T, device=rt.device,
+                                     seed=seed, rank=rt.rank, world_size=rt.world_size, on_item=on_item)
+            metrics[f"core.{task.label}.accuracy"] = res["accuracy"]
+            metrics[f"core.{task.label}.centered"] = res["centered"]
+            centered_by_task[task.label] = res["centered"]
+            predictions[f"core_{task.label}"] = recs
+            log.info("core %s: accuracy %.4f centred %.4f (%d items)", task.label, res["accuracy"], res["centered"], res["items"])
+        metrics["core"] = core.core_score(centered_by_task)
+
+    if stage in cfg.chat_stages:
+        from lockstep.engine import Engine
+        from lockstep.sources import iter_records
+
+        stop_ids = {tokenizer.encode_special("<|assistant_end|>"), bos}
+        generate = make_generate(Engine(model, tokenizer), stop_ids=stop_ids, max_new_tokens=cfg.max_new_tokens,
+                                 context_tokens=T)
+        per_task: dict[str, tuple[float, float]] = {}
+        results: dict[str, tuple[chat.TaskResult, float]] = {}
+        for src in cfg.math_sources:
+            items = _cap(chat.problem_items(iter_records(paths.raw / src, "val")), cfg.chat_max_items)
+            with rt.autocast():
+                results[src] = (chat.evaluate_generative(items, tokenizer=tokenizer, generate=generate,
+                                                         rank=rt.rank, world_size=rt.world_size), 0.0)
+        for src in cfg.conversation_sources:
+            items = _cap(chat.conversation_items(iter_records(paths.raw / src, "val"), require_tool=True), cfg.chat_max_items)
+            with rt.autocast():
+                results[src] = (chat.evaluate_generative(items, tokenizer=tokenizer, generate=generate,
+                                                         rank=rt.rank, world_size=rt.world_size), 0.0)
+        for rel in cfg.categorical_files:
+            items = _cap(chat.categorical_items(_read_jsonl(paths.evalsets / rel)), cfg.chat_max_items)
+            res = chat.evaluate_categorical(fwd, items, tokenizer=tokenizer, device=rt.device, max_seq_len=T,
+                                            rank=rt.rank, world_size=rt.world_size)
+            results[Path(rel).stem] = (res, chat.random_baseline_categorical(items))
+        limits = SandboxLimits(timeout_s=cfg.sandbox_timeout_s, memory_bytes=cfg.sandbox_memory_mb << 20)
+        for rel in cfg.code_files:
+            items = _cap(chat.code_items(_read_jsonl(paths.evalsets / rel)), cfg.chat_max_items)
+            with rt.autocast():
+                res = chat.evaluate_code(items, tokenizer=tokenizer, generate=generate, limits=limits,
+                                         rank=rt.rank, world_size=rt.world_size)
+            results[Path(rel).stem] = (res, 0.0)
+        for name, (res, baseline) in results.items():
+            res.reduce(rt.device)
+            if res.total == 0:
+                log.warning("chat task %s has no items; left out", name)
+                continue
+            metrics[f"chat.{name}.accuracy"] = res.accuracy
+            per_task[name] = (res.accuracy, baseline)
+            predictions[f"chat_{name}"] = res.records
+            log.info("chat %s: accuracy %.4f (%d items)", name, res.accuracy, res.total)
+        metrics["chatcore"] = chat.chatcore(per_task)
+
+    metrics["eval_time_s"] = time.monotonic() - t0
+    gathered = {name: _gather(recs, rt.world_size) for name, recs in sorted(predictions.items())}
+    if rt.is_main:
+        metrics = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
+        with atomic_dir(paths.predictions) as tmp:
+            for name, recs in gathered.items():
+                (tmp / f"{name}.jsonl").write_text("".join(canonical_json(r) for r in recs), encoding="utf-8")
+        write_json_atomic(paths.out, metrics)
+    return metrics

@@ -1,0 +1,58 @@
+"""Stage `eval@<stage>`: parse paths, read the `eval` and `runtime` params sections, re-run under
+torchrun when asked, call lockstep.evaluate.run. No scoring logic lives here."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+from lockstep.config import ConfigError
+from lockstep.evaluate.run import STAGES, EvalConfig, EvalPaths, run_eval_stage
+from lockstep.runtime import RuntimeConfig, configure_threads, init_runtime, shutdown, torchrun_argv, under_torchrun
+from stages._common import load_params, section, setup
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stages.eval", description=__doc__)
+    parser.add_argument("stage", choices=STAGES, help="which checkpoint is evaluated")
+    parser.add_argument("--ckpt", type=Path, required=True, help="checkpoint folder (data/ckpt/STAGE)")
+    parser.add_argument("--cache", type=Path, required=True, help="token caches (data/cache); every val split is scored")
+    parser.add_argument("--tokenizer", type=Path, required=True, help="tokenizer folder (data/tokenizer)")
+    parser.add_argument("--raw", type=Path, required=True, help="raw snapshots (data/raw); chat items come from val splits")
+    parser.add_argument("--evalsets", type=Path, required=True, help="eval sets folder (evalsets)")
+    parser.add_argument("--out", type=Path, required=True, help="metrics JSON (data/metrics/eval_STAGE.json)")
+    parser.add_argument("--predictions", type=Path, required=True, help="per-item predictions folder (data/eval/STAGE)")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    args = parser.parse_args(argv)
+    log = setup(f"eval.{args.stage}")
+    params = load_params(args.params)
+    seed = params.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError("params.yaml needs an integer `seed`")
+    cfg = section(params, "eval", EvalConfig)
+    rt_cfg = section(params, "runtime", RuntimeConfig) if "runtime" in params else RuntimeConfig()
+    if rt_cfg.nproc > 1 and not under_torchrun():
+        cmd = torchrun_argv(rt_cfg.nproc, "stages.eval", sys.argv[1:] if argv is None else argv)
+        log.info("re-running under torchrun: %s", " ".join(cmd))
+        return subprocess.run(cmd, check=False).returncode
+    threads = configure_threads(rt_cfg.threads, rt_cfg.nproc)
+    rt = init_runtime(rt_cfg)
+    if not rt.is_main:
+        logging.getLogger("lockstep").setLevel(logging.WARNING)
+    log.info("runtime: %s; %d thread(s); rank %d of %d", rt.reason, threads, rt.rank, rt.world_size)
+    paths = EvalPaths(ckpt=args.ckpt, cache=args.cache, tokenizer=args.tokenizer, raw=args.raw,
+                      evalsets=args.evalsets, out=args.out, predictions=args.predictions)
+    try:
+        metrics = run_eval_stage(args.stage, cfg, paths, rt=rt, seed=seed)
+    finally:
+        shutdown(rt)
+    log.info("eval %s done in %.1fs: core=%s chatcore=%s", args.stage, metrics["eval_time_s"],
+             metrics.get("core"), metrics.get("chatcore"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

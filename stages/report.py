@@ -1,0 +1,25 @@
+"""Stage `report`: parse paths, call lockstep.report to rebuild the report card from metrics and
+per-step series. Reads no params and runs no model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lockstep.report import build_report, environment_info
+from stages._common import setup
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m stages.report", description=__doc__)
+    parser.add_argument("--metrics", type=Path, required=True, help="metrics folder (data/metrics)")
+    parser.add_argument("--plots", type=Path, required=True, help="per-step TSV series (data/plots)")
+    parser.add_argument("--out", type=Path, required=True, help="report folder (data/report)")
+    args = parser.parse_args(argv)
+    log = setup("report")
+    path = build_report(args.metrics, args.plots, args.out, environment=environment_info(Path.cwd()))
+    log.info("wrote %s", path)
+
+
+if __name__ == "__main__":
+    main()
