@@ -221,9 +221,9 @@ def load_backend(ckpt_dir: Path, tokenizer_dir: Path, *, device: str = "cpu") ->
             f"tokenizer at {tokenizer_dir} has sha256 {tokenizer.sha256[:12]}..., the checkpoint at {ckpt_dir} "
             f"was trained with {want_sha[:12]}...: pass the --tokenizer it was trained with"
         )
-    cfg_dict = meta["model_config"]
-    fields = {f.name for f in dataclasses.fields(GPTConfig)}
-    config = GPTConfig(**{k: v for k, v in cfg_dict.items() if k in fields})
+    if "model_config" not in meta:
+        raise ChatError(f"{ckpt_dir}/meta.json has no model_config: pass a checkpoint written by a training stage")
+    config = GPTConfig.from_dict(meta["model_config"])
     model = GPT.build(config, torch.device(device))
     model.load_state_dict(ckpt.model_state)
     model.eval()

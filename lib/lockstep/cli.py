@@ -82,5 +82,67 @@ def data_inspect(
         raise typer.Exit(2) from None
 
 
+@app.command()
+def chat(
+    ckpt: Path = typer.Option(..., "--ckpt", help="checkpoint directory, e.g. data/ckpt/sft"),
+    tokenizer: Path = typer.Option(Path("data/tokenizer"), "--tokenizer", help="the tokenizer the checkpoint was trained with"),
+    prompt: str | None = typer.Option(None, "-p", "--prompt", help="answer this one prompt and exit"),
+    temperature: float = typer.Option(0.6, min=0.0, max=2.0, help="sampling temperature; 0 is greedy"),
+    top_k: int = typer.Option(50, "--top-k", min=0, max=200, help="sample from the K most likely tokens; 0 = all"),
+    max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="new tokens per reply at most"),
+    seed: int = typer.Option(0, min=0, help="seed of the first reply; each later reply adds its turn number"),
+    device: str = typer.Option("cpu", help="torch device to run on: cpu, cuda, cuda:1, mps"),
+) -> None:
+    """Chat with a checkpoint in the terminal, replies streamed as they are sampled."""
+    import sys
+
+    from lockstep.chat import SamplingSettings, load_backend, run_chat
+
+    try:
+        backend = load_backend(ckpt, tokenizer, device=device)
+    except (FileNotFoundError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+
+    def typed_lines():
+        while True:
+            try:
+                yield input("you> ")
+            except EOFError:
+                return
+
+    settings = SamplingSettings(temperature=temperature, top_k=top_k, max_tokens=max_tokens, seed=seed)
+    run_chat(backend, settings, lines=typed_lines(), out=sys.stdout, prompt=prompt)
+
+
+@app.command()
+def serve(
+    ckpt: Path = typer.Option(..., "--ckpt", help="checkpoint directory, e.g. data/ckpt/sft"),
+    tokenizer: Path = typer.Option(Path("data/tokenizer"), "--tokenizer", help="the tokenizer the checkpoint was trained with"),
+    host: str = typer.Option("127.0.0.1", help="address to bind; the default is reachable from this machine only"),
+    port: int = typer.Option(8000, min=0, max=65535),
+    workers: int = typer.Option(1, min=1, help="replies generated at once"),
+    max_queued: int = typer.Option(4, "--max-queued", min=0, help="requests waiting for a worker before 503"),
+    allow_origin: list[str] = typer.Option([], "--allow-origin", help="a web origin allowed to call the API (repeatable)"),
+    device: str = typer.Option("cpu", help="torch device to run on: cpu, cuda, cuda:1, mps"),
+) -> None:
+    """Serve the chat UI and an OpenAI-compatible API (/v1/chat/completions) for a checkpoint."""
+    import uvicorn
+
+    from lockstep.chat import load_backend
+    from lockstep.server import ServerConfig, create_app
+
+    try:
+        backend = load_backend(ckpt, tokenizer, device=device)
+        config = ServerConfig(workers=workers, max_queued=max_queued, allowed_origins=tuple(allow_origin))
+    except (FileNotFoundError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        typer.echo(f"warning: binding {host}: the API has no authentication; anyone who can reach it can use it", err=True)
+    typer.echo(f"serving {backend.model_id} on http://{host}:{port}/")
+    uvicorn.run(create_app(backend, config), host=host, port=port, log_level="info")
+
+
 if __name__ == "__main__":
     app()
