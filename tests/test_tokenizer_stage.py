@@ -94,3 +94,65 @@ def test_char_alphabet_parity_case(shared_fixtures: Path) -> None:
     capped = train_tokenizer("char", [text], max_alphabet=3)
     # The three most frequent bytes of the play, in sorted byte order.
     assert bytes(capped.alphabet) == b" et"
+
+
+def _snapshots(tmp_path: Path) -> Path:
+    """Tiny raw snapshots of three record kinds, written by the real fetch code."""
+    from lockstep.sources import fetch_source
+    from lockstep.sources.roam import RoamConfig
+    from lockstep.sources.synth_chat import SynthChatConfig
+    from lockstep.sources.synth_math import SynthMathConfig
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    for i in range(6):
+        (notes / f"note{i}.md").write_text(f"# Note {i}\n\nThe tokenizer learns merges from text like this, {i * 37}.\n" * 5)
+    raw = tmp_path / "raw"
+    fetch_source("notes", RoamConfig(path=str(notes), val_frac=0.34), raw / "notes", seed=3)
+    fetch_source("math", SynthMathConfig(n_train=40, n_val=8), raw / "math", seed=3)
+    fetch_source("chat", SynthChatConfig(n_train=30, n_val=6), raw / "chat", seed=3)
+    return raw
+
+
+@pytest.mark.parametrize("kind", ["bpe", "char"])
+def test_stage_end_to_end_is_reproducible(tmp_path: Path, kind: str) -> None:
+    from lockstep.tokenizer import load_tokenizer
+    from lockstep.tokenizer.pipeline import run_tokenizer_stage, snapshot_texts
+
+    raw = _snapshots(tmp_path)
+    cfg = TokenizerConfig(kind=kind, vocab_size=300, train_sources=("notes", "chat", "math"), max_chars=5000,
+                          metric_sources=("notes", "math", "chat"))  # fmt: skip
+    m1 = run_tokenizer_stage(cfg, raw, tmp_path / "tok1", tmp_path / "m1.json", seed=3)
+    m2 = run_tokenizer_stage(cfg, raw, tmp_path / "tok2", tmp_path / "m2.json", seed=3)
+    assert (tmp_path / "m1.json").read_bytes() == (tmp_path / "m2.json").read_bytes()
+    for p in sorted((tmp_path / "tok1").iterdir()):
+        assert p.read_bytes() == (tmp_path / "tok2" / p.name).read_bytes(), p.name
+    tok = load_tokenizer(tmp_path / "tok1")
+    assert m1 == m2 and m1["tokenizer_sha256"] == tok.sha256 and m1["train_chars"] == 5000
+    assert json.loads((tmp_path / "m1.json").read_text()) == m1
+    # The reported figure is exactly bytes / tokens of each val split's texts.
+    for name in cfg.metric_sources:
+        texts = list(snapshot_texts(raw / name, "val"))
+        n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+        n_tokens = sum(len(tok.encode(t)) for t in texts)
+        assert m1["val_bytes"][name] == n_bytes and m1["val_tokens"][name] == n_tokens
+        assert m1["bytes_per_token"][name] == pytest.approx(n_bytes / n_tokens)
+
+
+def test_stage_cli_and_missing_snapshot(tmp_path: Path) -> None:
+    raw = _snapshots(tmp_path)
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        "seed: 3\ntokenizer:\n  kind: bpe\n  vocab_size: 280\n  train_sources: [notes]\n  max_chars: 100000\n"
+        "  metric_sources: [notes, chat]\n"
+    )
+    cmd = [sys.executable, "-m", "stages.tokenizer", "--raw", str(raw), "--out", str(tmp_path / "tok"),
+           "--metrics", str(tmp_path / "metrics.json"), "--params", str(params)]  # fmt: skip
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert set(metrics["bytes_per_token"]) == {"notes", "chat"} and metrics["vocab_size"] <= 280
+    from lockstep.tokenizer.pipeline import run_tokenizer_stage
+
+    cfg = TokenizerConfig(train_sources=("notes",), metric_sources=("notes", "wikitext"))
+    with pytest.raises(FileNotFoundError, match="dvc repro fetch@wikitext"):
+        run_tokenizer_stage(cfg, raw, tmp_path / "tok", tmp_path / "metrics.json", seed=3)

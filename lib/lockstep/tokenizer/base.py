@@ -71,6 +71,7 @@ class Tokenizer(ABC):
         self._id_to_special: dict[int, str] = {i: name for name, i in self._special_ids.items()}
         self._sha256: str | None = None
         self._token_bytes: np.ndarray | None = None
+        self._files_cache: dict[str, bytes] | None = None
 
     # ---- kind-specific pieces -------------------------------------------------------------
 
@@ -124,9 +125,12 @@ class Tokenizer(ABC):
         return self._token_bytes
 
     def _all_files(self) -> dict[str, bytes]:
-        files = dict(self._files())
-        files[TOKEN_BYTES_FILE] = token_bytes_npy(self.token_bytes())
-        return files
+        # A tokenizer never changes after construction, so its serialization is computed once.
+        if self._files_cache is None:
+            files = dict(self._files())
+            files[TOKEN_BYTES_FILE] = token_bytes_npy(self.token_bytes())
+            self._files_cache = files
+        return dict(self._files_cache)
 
     @property
     def sha256(self) -> str:

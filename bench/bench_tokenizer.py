@@ -1,0 +1,103 @@
+"""Benchmark: the whole tokenizer stage (read snapshots -> train -> save -> metrics) against a bare
+rustbpe training call on the same text, in one process. Prints medians and their ratio (target
+<= 1.2x). Not a test.
+
+    .venv/bin/python bench/bench_tokenizer.py --raw data/raw --repeats 3
+
+Snapshots missing under --raw are fetched first (untimed) into a temporary folder, from the
+`fetch:` entries of --params.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # for `stages._common` when run as a script
+
+from lockstep.config import ConfigError  # noqa: E402
+from lockstep.sources import SOURCE_CONFIGS, fetch_source  # noqa: E402
+from lockstep.tokenizer.base import SPECIAL_TOKENS  # noqa: E402
+from lockstep.tokenizer.bpe import SPLIT_PATTERN, TRAIN_BUFFER_TEXTS  # noqa: E402
+from lockstep.tokenizer.pipeline import CappedTexts, TokenizerConfig, run_tokenizer_stage, snapshot_texts  # noqa: E402
+from stages._common import load_params, section  # noqa: E402
+
+
+def ensure_snapshots(params: dict, names: list[str], raw_dir: Path, tmp: Path) -> Path:
+    if all((raw_dir / n / "meta.json").is_file() for n in names):
+        return raw_dir
+    fetched = tmp / "raw"
+    for name in names:
+        entry = (params.get("fetch") or {}).get(name)
+        if not isinstance(entry, dict) or entry.get("source") not in SOURCE_CONFIGS:
+            raise ConfigError(f"{name} is not under {raw_dir} and params has no usable fetch.{name} entry to build it")
+        cfg = section(params, f"fetch.{name}", SOURCE_CONFIGS[entry["source"]])
+        fetch_source(name, cfg, fetched / name, seed=params["seed"])
+    return fetched
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--raw", type=Path, default=ROOT / "data" / "raw")
+    ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--verbose", action="store_true", help="log the stage phases")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("lockstep.tokenizer").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    logging.getLogger("rustbpe").setLevel(logging.WARNING)
+    import rustbpe
+
+    params = load_params(args.params)
+    cfg = section(params, "tokenizer", TokenizerConfig)
+    if cfg.kind != "bpe":
+        raise ConfigError(f"the baseline is rustbpe training, so tokenizer.kind must be bpe (got {cfg.kind!r}); use -S-free params")
+    names = list(dict.fromkeys(cfg.train_sources + cfg.metric_sources))
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        raw = ensure_snapshots(params, names, args.raw, tmp)
+        # The baseline gets the stage's exact training text, already in memory.
+        capped = CappedTexts((snapshot_texts(raw / n, "train") for n in cfg.train_sources), cfg.max_chars)
+        texts = list(capped)
+        stage_s, bare_s = [], []
+
+        def run_stage(r: int) -> dict:
+            t0 = time.perf_counter()
+            metrics = run_tokenizer_stage(cfg, raw, tmp / f"tok{r}", tmp / f"metrics{r}.json", seed=params["seed"])
+            stage_s.append(time.perf_counter() - t0)
+            return metrics
+
+        def run_bare() -> rustbpe.Tokenizer:
+            t0 = time.perf_counter()
+            bare = rustbpe.Tokenizer()
+            bare.train_from_iterator(
+                iter(texts), vocab_size=cfg.vocab_size - len(SPECIAL_TOKENS), buffer_size=TRAIN_BUFFER_TEXTS, pattern=SPLIT_PATTERN
+            )
+            bare_s.append(time.perf_counter() - t0)
+            return bare
+
+        # Alternate which runs first so a drift in machine load hits both sides alike.
+        for r in range(args.repeats):
+            if r % 2 == 0:
+                metrics = run_stage(r)
+                bare = run_bare()
+            else:
+                bare = run_bare()
+                metrics = run_stage(r)
+        assert bare.vocab_size + len(SPECIAL_TOKENS) == metrics["vocab_size"]
+    stage_med, bare_med = statistics.median(stage_s), statistics.median(bare_s)
+    print(f"corpus: {capped.chars:,} chars in {capped.texts:,} texts from {', '.join(cfg.train_sources)}; vocab {cfg.vocab_size}")
+    print(f"tokenizer stage (read + train + save + metrics): median {stage_med:.3f}s  runs {[round(s, 3) for s in stage_s]}")
+    print(f"bare rustbpe train_from_iterator:               median {bare_med:.3f}s  runs {[round(s, 3) for s in bare_s]}")
+    pair_ratio = statistics.median(s / b for s, b in zip(stage_s, bare_s, strict=True))
+    print(f"ratio stage/bare: {stage_med / bare_med:.2f}x of medians, {pair_ratio:.2f}x median of paired runs (target <= 1.20x)")
+
+
+if __name__ == "__main__":
+    main()
