@@ -4,6 +4,7 @@ lockstep.tokenizer.pipeline. No tokenizer logic lives here."""
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from lockstep.tokenizer.pipeline import TokenizerConfig, run_tokenizer_stage
@@ -18,6 +19,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = parser.parse_args(argv)
     log = setup("tokenizer")
+    # rustbpe logs one INFO line per percent of merges; the stage logs its own summary instead.
+    logging.getLogger("rustbpe").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
     params = load_params(args.params)
     cfg = section(params, "tokenizer", TokenizerConfig)
     if cfg.kind in ("char", "byte"):
