@@ -66,7 +66,7 @@ def produce(cfg: FinewebEduConfig, sink: SnapshotWriter, *, seed: int) -> dict[s
                     f"({', '.join(SCHEMA)}); use a different source for other parquet text"
                 )
         consumed += 1
-        where = f"{row.get('file_path') or 'stream'} id={row.get('id')}" if files is None else f"stream row {i} id={row.get('id')}"
+        where = f"{'hub' if files is None else 'local'} stream row {i} id={row.get('id')}"
         if cfg.min_int_score is not None and (row.get("int_score") is None or row["int_score"] < cfg.min_int_score):
             continue
         split = "val" if chars["val"] < budget["val"] else "train"
