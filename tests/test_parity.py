@@ -136,3 +136,16 @@ def test_data_inspect_cli(tok, tmp_path):
     (tmp_path / "c" / "meta.json").unlink()
     result = CliRunner().invoke(app, ["data", "inspect", str(tmp_path / "c")])
     assert result.exit_code == 2 and "meta.json is missing" in result.output
+
+
+def test_snapshot_hash_is_over_canonical_json_lines():
+    import hashlib
+
+    from lockstep.parity import SnapshotCollector
+
+    recs = [{"text": 'a "quoted"\n\u00e9 \\ line'}, {"text": "x", "id": "1"}, {"text": "\u2028 \ud7ff"}]
+    col = SnapshotCollector(1)
+    for r in recs:
+        col.add("train", r)
+    want = hashlib.sha256("".join(canonical_json(r) for r in recs).encode("utf-8")).hexdigest()
+    assert col.to_json()["splits"]["train"]["sha256"] == want

@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,6 +202,31 @@ def _bos_join(ids_lists: list[list[int]], bos_id: int) -> tuple[np.ndarray, np.n
     return np.insert(flat, starts, bos_id), lengths + 1
 
 
+def _checked_batches(docs: Iterable[Any], n: int, split: str) -> Iterator[list[str]]:
+    n_seen = 0
+    for batch in _batched(docs, n):
+        for t in batch:
+            if not isinstance(t, str):
+                raise TypeError(f"{split} document {n_seen} is {type(t).__name__}, expected str")
+            n_seen += 1
+        yield batch
+
+
+def _encode_ahead(batches: Iterable[list[str]], tokenizer: Any, num_threads: int) -> Iterator[tuple[list[str], list[list[int]]]]:
+    """(texts, ids) per batch, in order, with the next batch already encoding in a worker thread:
+    tokenizers release the GIL while encoding, so reading the snapshot and writing shards overlap
+    with it instead of adding to it (measured in bench/bench_cache.py)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = None
+        for batch in batches:
+            future = pool.submit(tokenizer.encode, batch, num_threads=num_threads)
+            if pending is not None:
+                yield pending[0], pending[1].result()
+            pending = (batch, future)
+        if pending is not None:
+            yield pending[0], pending[1].result()
+
+
 def build_pretrain_cache(
     texts: Mapping[str, Iterable[str]],
     out_dir: str | os.PathLike[str],
@@ -262,13 +288,10 @@ def build_pretrain_cache(
             cap = caps[split]
             n_tokens = n_docs = n_cut = 0
             docs = buffer_shuffle(texts.get(split, ()), shuffle_buffer, gen)
-            for batch in _batched(docs, encode_batch_docs if cap != 0 else 1):
+            batches = _checked_batches(docs, encode_batch_docs if cap != 0 else 1, split)
+            for batch, ids_lists in _encode_ahead(batches, tokenizer, num_threads):
                 if cap is not None and n_tokens >= cap:
                     break
-                for t in batch:
-                    if not isinstance(t, str):
-                        raise TypeError(f"{split} document {n_docs} is {type(t).__name__}, expected str")
-                ids_lists = tokenizer.encode(batch, num_threads=num_threads)
                 flat, lengths = _bos_join(ids_lists, bos_id)
                 if cap is not None and n_tokens + flat.size > cap:
                     ends = np.cumsum(lengths)
@@ -278,7 +301,8 @@ def build_pretrain_cache(
                     flat = flat[: cap - n_tokens]
                 for text, ids in zip(batch, ids_lists):
                     snapshot.add(split, {"text": text})
-                    rendered.add(split, [bos_id, *ids])
+                    if rendered.wants(split):
+                        rendered.add(split, [bos_id, *ids])
                 writer.write(to_token_array(flat, ident["vocab_size"], dtype, f"{split} documents"))
                 n_tokens += flat.size
                 n_docs += len(batch)
