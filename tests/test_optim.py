@@ -26,10 +26,12 @@ def test_adamw_matches_torch() -> None:
     assert not torch.equal(ours.data, w0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(32, 32), (64, 16), (16, 64)])
-def test_orthogonalize_is_near_orthogonal(shape: tuple[int, int]) -> None:
+def test_orthogonalize_is_near_orthogonal(shape: tuple[int, int], dtype: torch.dtype) -> None:
     g = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
-    o = orthogonalize(g, steps=5)
+    o = orthogonalize(g, steps=5, dtype=dtype)
+    assert o.dtype == torch.float32
     s = torch.linalg.svdvals(o)
     # The quintic iteration trades exactness for speed: singular values land near 1, not on it.
     assert s.min() > 0.5 and s.max() < 1.3, s

@@ -19,13 +19,14 @@ _NS_COEFFS = (3.4445, -4.7750, 2.0315)
 _REFERENCE_WIDTH = 768
 
 
-def orthogonalize(g: torch.Tensor, steps: int = 5, *, eps: float = 1e-7) -> torch.Tensor:
+def orthogonalize(g: torch.Tensor, steps: int = 5, *, dtype: torch.dtype = torch.float32, eps: float = 1e-7) -> torch.Tensor:
     """Approximate U V^T of g = U S V^T by a quintic Newton-Schulz iteration. g: (rows, cols).
-    Runs in bf16 on CUDA (tensor cores) and in fp32 on CPU, where it must stay bit-reproducible."""
+    `dtype` is the iteration's matmul dtype: bf16 where matmuls are fast in bf16 (CUDA sm80+, CPUs
+    with AMX/AVX-512 BF16), fp32 otherwise. The iteration is self-correcting, so bf16 suffices."""
     if g.ndim != 2:
         raise ValueError(f"orthogonalize needs a 2-D matrix, got shape {tuple(g.shape)}")
     a, b, c = _NS_COEFFS
-    x = g.to(torch.bfloat16 if g.is_cuda else torch.float32)
+    x = g.to(dtype)
     transposed = x.size(0) > x.size(1)
     if transposed:
         x = x.T  # (cols, rows): iterate on the short side so X X^T is the small Gram matrix
@@ -84,7 +85,8 @@ class Muon(torch.optim.Optimizer):
     and Newton-Schulz work are sharded, gradients must already be averaged across ranks."""
 
     def __init__(self, params: Iterable, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
-                 ns_steps: int = 5, weight_decay: float = 0.0, *, rank: int = 0, world_size: int = 1):
+                 ns_steps: int = 5, weight_decay: float = 0.0, *, rank: int = 0, world_size: int = 1,
+                 ns_dtype: torch.dtype = torch.float32):
         params = list(params)
         tensors = [t for item in params for t in (item["params"] if isinstance(item, dict) else [item])]
         for p in tensors:
@@ -94,7 +96,7 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"Muon momentum={momentum} must be in [0, 1)")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.ns_dtype = rank, world_size, ns_dtype
         super().__init__(params, {"lr": lr, "momentum": momentum, "nesterov": nesterov,
                                   "ns_steps": ns_steps, "weight_decay": weight_decay})
 
@@ -115,7 +117,7 @@ class Muon(torch.optim.Optimizer):
                 mu = group["momentum"]
                 buf.mul_(mu).add_(grad)
                 update = grad.add(buf, alpha=mu) if group["nesterov"] else buf
-                ortho = orthogonalize(update, group["ns_steps"])
+                ortho = orthogonalize(update, group["ns_steps"], dtype=self.ns_dtype)
                 scale = math.sqrt(max(1.0, p.size(0) / p.size(1)))
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 p.add_(ortho, alpha=-group["lr"] * scale)
@@ -168,9 +170,9 @@ def split_params(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
 
 
 def build_optimizers(model: nn.Module, cfg: OptimConfig, *, model_dim: int, rank: int = 0,
-                     world_size: int = 1) -> list[torch.optim.Optimizer]:
+                     world_size: int = 1, ns_dtype: torch.dtype = torch.float32) -> list[torch.optim.Optimizer]:
     """[AdamW, Muon] over the model's parameters. Every group records `initial_lr` so a schedule
-    can scale it."""
+    can scale it. `ns_dtype`: Muon's Newton-Schulz matmul dtype (the run's compute dtype)."""
     groups = split_params(model)
     width_scale = (model_dim / _REFERENCE_WIDTH) ** -0.5
     adam_groups = []
@@ -183,7 +185,7 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, *, model_dim: int, rank
     optimizers: list[torch.optim.Optimizer] = [
         AdamW(adam_groups, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, weight_decay=cfg.weight_decay),
         Muon([{"params": [p for _, p in groups["matrix"]], "role": "matrix"}], lr=cfg.matrix_lr,
-             momentum=cfg.muon_momentum_start, rank=rank, world_size=world_size),
+             momentum=cfg.muon_momentum_start, rank=rank, world_size=world_size, ns_dtype=ns_dtype),
     ]
     for opt in optimizers:
         for g in opt.param_groups:

@@ -271,7 +271,8 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
     flops_per_token = model.flops_per_token()
     num_params = model.num_params(exclude_embedding=True)
     total_steps, why = horizon_steps(cfg, flops_per_token=flops_per_token, num_params=num_params)
-    optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd, rank=rt.rank, world_size=rt.world_size)
+    optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd, rank=rt.rank, world_size=rt.world_size,
+                                  ns_dtype=rt.dtype)
     params = [p for p in model.parameters() if p.requires_grad]
     meta = {**meta, "code_revision": meta.get("code_revision") or code_revision(), "total_steps": total_steps,
             "data_order": "stateless: micro-batch generator from sha256(seed, step, global micro-batch index)"}
