@@ -113,7 +113,8 @@ def test_rendered_samples_mask_difference_and_serialization(tok, tmp_path):
     write_rendered_samples([(ids, [0, 1, 1, 1])], tmp_path / "a" / "rendered_samples.json", tokenizer=tok)
     write_rendered_samples([(ids, [0, 1, 0, 1])], tmp_path / "b" / "rendered_samples.json", tokenizer=tok)
     assert compare_artifacts(tmp_path / "a", tmp_path / "b") == [
-        "rendered_samples.json: train sample 0: loss mask differs first at position 2 ('b'): A [1], B [0]"
+        "rendered_samples.json: train sample 0: loss mask differs first at position 2 ('b'): A [1], B [0] "
+            "— same ids, so the chat template's loss masking changed"
     ]
     text = (tmp_path / "a" / "rendered_samples.json").read_text(encoding="utf-8")
     assert text == canonical_json(json.loads(text))

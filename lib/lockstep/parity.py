@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -18,8 +19,12 @@ RENDERED_FILE = "rendered_samples.json"
 FIRST_BATCH_FILE = "first_batch.json"
 # Pipeline order: the first difference upstream explains the ones downstream.
 ARTIFACT_ORDER = (SNAPSHOT_FILE, RENDERED_FILE, "meta.json", FIRST_BATCH_FILE)
+# Folders of the data stages in pipeline order (data/raw/<source>, data/tokenizer, data/cache/...);
+# artifacts anywhere else (training runs) come after them.
+STAGE_DIRS = ("raw", "tokenizer", "cache")
 MAX_SAMPLE_TOKENS = 1024  # rendered samples keep at most this many ids each
 
+_SPECIAL_PIECE = re.compile(r"<\|[a-z_]+\|>")
 _QUOTES = str.maketrans(
     {
         "\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'", "\u00b4": "'", "`": "'",
@@ -40,8 +45,13 @@ class SnapshotCollector:
         self.n = n
         self._splits: dict[str, dict[str, Any]] = {}
 
+    def begin(self, split: str) -> None:
+        """Open `split` so that it is listed (count 0) even when no record arrives."""
+        self._splits.setdefault(split, {"count": 0, "hash": hashlib.sha256(), "records": []})
+
     def add(self, split: str, record: Any) -> None:
-        s = self._splits.setdefault(split, {"count": 0, "hash": hashlib.sha256(), "records": []})
+        self.begin(split)
+        s = self._splits[split]
         if type(record) is dict and len(record) == 1 and type(record.get("text")) is str:
             # Same bytes as canonical_json for a lone text field, without the generic encoder's
             # per-call cost (it dominated hashing of a 1 GB corpus).
@@ -77,21 +87,26 @@ class RenderedSamples:
     def wants(self, split: str) -> bool:
         return self._count.get(split, 0) < self.n
 
-    def add(self, split: str, ids: Sequence[int], mask: Sequence[int] | None = None) -> None:
+    def add(
+        self, split: str, ids: Sequence[int], mask: Sequence[int] | None = None, *, max_tokens: int = MAX_SAMPLE_TOKENS
+    ) -> None:
+        """Keep (ids, mask) as the next sample of `split`, cut to `max_tokens` ids (at most
+        MAX_SAMPLE_TOKENS); ignored once `split` holds `n` samples."""
         i = self._count.get(split, 0)
         self._count[split] = i + 1
         if i >= self.n:
             return
         n_ids = len(ids)
-        ids = [int(t) for t in ids[:MAX_SAMPLE_TOKENS]]
+        max_tokens = min(max_tokens, MAX_SAMPLE_TOKENS)
+        ids = [int(t) for t in ids[:max_tokens]]
         self._samples.append(
             {
                 "split": split,
                 "index": i,
                 "ids": ids,
                 "pieces": [self.tokenizer.decode([t]) for t in ids],
-                "mask": None if mask is None else [int(m) for m in mask[:MAX_SAMPLE_TOKENS]],
-                "truncated": n_ids > MAX_SAMPLE_TOKENS,
+                "mask": None if mask is None else [int(m) for m in mask[:max_tokens]],
+                "truncated": n_ids > max_tokens,
             }
         )
 
@@ -227,6 +242,12 @@ def _bos_positions(ids: Sequence[int], bos_id: int | None) -> list[int]:
     return [] if bos_id is None else [p for p, t in enumerate(ids) if t == bos_id]
 
 
+def _template_hint(*pieces: str) -> str:
+    if any(_SPECIAL_PIECE.fullmatch(p) for p in pieces):
+        return " — a special token differs, so the chat template (or the special-token ids) changed"
+    return ""
+
+
 def compare_rendered(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
     if a.get("bos_id") != b.get("bos_id"):
         return f"BOS id differs: A {a.get('bos_id')}, B {b.get('bos_id')} (different tokenizers)"
@@ -243,15 +264,21 @@ def compare_rendered(a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
         if ia != ib:
             p = next((k for k, (ta, tb) in enumerate(zip(ia, ib)) if ta != tb), min(len(ia), len(ib)))
             if p == min(len(ia), len(ib)):
-                return f"{name}: A has {len(ia)} tokens, B has {len(ib)} (one is a prefix of the other)"
-            return (
-                f"{name} position {p}: A has id {ia[p]} ({sa['pieces'][p]!r}), "
-                f"B has id {ib[p]} ({sb['pieces'][p]!r})"
-            )
+                longer, extra = ("A", sa["pieces"][p]) if len(ia) > len(ib) else ("B", sb["pieces"][p])
+                return (
+                    f"{name}: A has {len(ia)} tokens, B has {len(ib)} (one is a prefix of the other; "
+                    f"{longer} goes on at position {p} with {extra!r}){_template_hint(extra)}"
+                )
+            pa_, pb_ = sa["pieces"][p], sb["pieces"][p]
+            hint = _template_hint(pa_, pb_)
+            return f"{name} position {p}: A has id {ia[p]} ({pa_!r}), B has id {ib[p]} ({pb_!r}){hint}"
         if sa.get("mask") != sb.get("mask"):
             ma, mb = sa.get("mask") or [], sb.get("mask") or []
             p = next((k for k, (x, y) in enumerate(zip(ma, mb)) if x != y), min(len(ma), len(mb)))
-            return f"{name}: loss mask differs first at position {p} ({sa['pieces'][p]!r}): A {ma[p:p+1]}, B {mb[p:p+1]}"
+            return (
+                f"{name}: loss mask differs first at position {p} ({sa['pieces'][p]!r}): A {ma[p:p+1]}, B {mb[p:p+1]} "
+                "— same ids, so the chat template's loss masking changed"
+            )
     if len(a["samples"]) != len(b["samples"]):
         return f"A has {len(a['samples'])} rendered samples, B has {len(b['samples'])}"
     return None
@@ -324,8 +351,10 @@ def _collect(root: Path) -> dict[str, Path]:
     return found
 
 
-def _order_key(rel: str) -> tuple[int, str]:
-    return (ARTIFACT_ORDER.index(rel.rsplit("/", 1)[-1]), rel)
+def _order_key(rel: str) -> tuple[int, int, str]:
+    parts = rel.split("/")[:-1]
+    stage = min((STAGE_DIRS.index(p) for p in parts if p in STAGE_DIRS), default=len(STAGE_DIRS))
+    return (stage, ARTIFACT_ORDER.index(rel.rsplit("/", 1)[-1]), rel)
 
 
 def compare_artifacts(run_a: str | os.PathLike[str], run_b: str | os.PathLike[str]) -> list[str]:

@@ -68,14 +68,18 @@ def source_kind(source: str) -> str:
 
 def fetch_source(name: str, cfg: Any, out_dir: str | Path, *, seed: int, part_bytes: int = DEFAULT_PART_BYTES) -> dict[str, Any]:
     """Read the source described by `cfg` (one of SOURCE_CONFIGS' classes) and publish its
-    snapshot at `out_dir` atomically: on any error the previous snapshot, if any, is untouched
-    and nothing half-written appears. Returns the meta dict also written to meta.json."""
+    snapshot, parity artifact dataset_snapshot.json included, at `out_dir` atomically: on any
+    error the previous snapshot, if any, is untouched and nothing half-written appears. Returns
+    the meta dict also written to meta.json."""
     if not dataclasses.is_dataclass(cfg) or type(cfg) not in SOURCE_CONFIGS.values():
         raise TypeError(f"cfg must be one of the source configs ({', '.join(c.__name__ for c in SOURCE_CONFIGS.values())}), got {type(cfg).__name__}")
     source = cfg.source
     mod = _module(source)
     with atomic_dir(out_dir) as tmp:
-        sink = SnapshotWriter(tmp, kind=mod.KIND, extra_fields=mod.EXTRA_FIELDS, strict=cfg.strict, part_bytes=part_bytes)
+        sink = SnapshotWriter(
+            tmp, kind=mod.KIND, extra_fields=mod.EXTRA_FIELDS, strict=cfg.strict, part_bytes=part_bytes,
+            artifact_records=cfg.artifact_records,
+        )  # fmt: skip
         extra = mod.produce(cfg, sink, seed=seed)
         fields = {"shuffle_seed": None, "shuffle_buffer": None, **extra}
         meta = sink.close(name=name, source=source, config=config_to_dict(cfg), seed=seed, **fields)

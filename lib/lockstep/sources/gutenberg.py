@@ -28,6 +28,7 @@ class GutenbergConfig:
     path: str = "books"  # folder of .txt books (searched recursively)
     val_frac: float = 0.1  # share of books held out for val, chosen with the seed
     strict: bool = False  # true: a book without START/END markers fails the stage
+    artifact_records: int = 8  # records per split kept in dataset_snapshot.json, the parity artifact
 
 
 def strip_gutenberg(text: str) -> tuple[str, str]:

@@ -18,6 +18,7 @@ class HubFields:
     revision: str = "main"  # hub branch, tag or commit; recorded as the resolved commit sha
     val_frac: float = 0.1  # val share, by example and seeded, when the data has no val split
     strict: bool = False  # true: the first bad record fails the stage with its file and line
+    artifact_records: int = 8  # records per split kept in dataset_snapshot.json, the parity artifact
     max_retries: int = 5  # network retries before giving up
     backoff_s: float = 2.0  # first retry wait; doubles each retry
 

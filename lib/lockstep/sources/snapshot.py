@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lockstep.io import read_json, sha256_file, write_json_atomic
+from lockstep.parity import SNAPSHOT_FILE, SnapshotCollector
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
@@ -168,8 +169,9 @@ def _record_bytes(record: dict[str, Any]) -> int:
 
 class SnapshotWriter:
     """Writes records into `root/{train,val}/part_NNNNN.parquet` as they arrive, counts bad ones,
-    and writes meta.json last. `root` should be an `atomic_dir` temp folder so that a failure
-    never publishes a half snapshot."""
+    writes the parity artifact `dataset_snapshot.json` (the first `artifact_records` records of
+    each split and a sha256 over all of them), and meta.json last. `root` should be an
+    `atomic_dir` temp folder so that a failure never publishes a half snapshot."""
 
     def __init__(
         self,
@@ -179,7 +181,10 @@ class SnapshotWriter:
         extra_fields: Sequence[str] = (),
         strict: bool = False,
         part_bytes: int = DEFAULT_PART_BYTES,
+        artifact_records: int = 8,
     ):
+        if isinstance(artifact_records, bool) or not isinstance(artifact_records, int) or artifact_records < 0:
+            raise ValueError(f"artifact_records={artifact_records!r} must be an integer >= 0 (records per split kept in {SNAPSHOT_FILE})")
         self.root = Path(root)
         self.kind = kind
         self.extra_fields = tuple(extra_fields)
@@ -188,6 +193,9 @@ class SnapshotWriter:
         self.splits = {s: _SplitWriter(self.root, s, self.schema, part_bytes) for s in SPLITS}
         self.skipped = 0
         self.bad_examples: list[str] = []
+        self.snapshot = SnapshotCollector(artifact_records)
+        for split in SPLITS:
+            self.snapshot.begin(split)  # an empty split still appears in the artifact
 
     def bad(self, where: str, reason: str) -> None:
         """Count one unusable record at `where` (e.g. `file.jsonl:17`); raise in strict mode."""
@@ -213,6 +221,7 @@ class SnapshotWriter:
         if clean is None:
             return False
         self.splits[split].add(clean, _record_bytes(clean))
+        self.snapshot.add(split, clean)
         return True
 
     def count(self, split: str) -> int:
@@ -222,12 +231,15 @@ class SnapshotWriter:
         return self.splits[split].text_bytes
 
     def close(self, **meta_fields: Any) -> dict[str, Any]:
-        """Finish the parquet parts and write meta.json (last). Returns the meta dict."""
+        """Finish the parquet parts, write dataset_snapshot.json, then meta.json (last). Returns
+        the meta dict. `files` lists the parquet parts that readers verify; `artifacts` lists
+        the parity artifact apart, so it never counts as data."""
         for w in self.splits.values():
             w.close()
         files = {
             p.relative_to(self.root).as_posix(): sha256_file(p) for p in sorted(self.root.rglob("*.parquet"))
         }
+        write_json_atomic(self.root / SNAPSHOT_FILE, self.snapshot.to_json())
         meta = {
             "format_version": FORMAT_VERSION,
             "kind": self.kind,
@@ -236,6 +248,7 @@ class SnapshotWriter:
             "text_bytes": {s: self.text_bytes(s) for s in SPLITS},
             "bad_examples": self.bad_examples,
             "files": files,
+            "artifacts": {SNAPSHOT_FILE: sha256_file(self.root / SNAPSHOT_FILE)},
             **meta_fields,
         }
         write_json_atomic(self.root / "meta.json", meta)

@@ -59,6 +59,7 @@ class SynthChatConfig:
     n_val: int = 150  # conversations in val (drawn after train from the same seed)
     identity_frac: float = 0.15  # share of identity conversations; the rest are letter tasks
     strict: bool = False  # unused (generated records are valid); kept for a uniform schema
+    artifact_records: int = 8  # records per split kept in dataset_snapshot.json, the parity artifact
 
 
 def _text(t: str) -> dict[str, str]:

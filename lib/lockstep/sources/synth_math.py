@@ -35,6 +35,7 @@ class SynthMathConfig:
     n_train: int = 4000  # problems in train
     n_val: int = 200  # problems in val (none repeats a train question)
     strict: bool = False  # unused (generated records are valid); kept for a uniform schema
+    artifact_records: int = 8  # records per split kept in dataset_snapshot.json, the parity artifact
 
 
 def _step(a: int, op: str, b: int) -> tuple[str, int]:

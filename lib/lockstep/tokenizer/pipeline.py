@@ -1,6 +1,6 @@
-"""The tokenizer stage's work: read raw snapshots, train a tokenizer on capped train text, save it,
-and measure bytes/token on each metric source's val text. Takes explicit paths and a config; does
-not read params.yaml or parse argv (stages/tokenizer.py does)."""
+"""The tokenizer stage's work: read raw snapshots, train a tokenizer on capped train text, save it
+with its parity artifact (rendered samples), and measure bytes/token on each metric source's val
+text. Takes explicit paths and a config; does not read params.yaml or parse argv (stages/tokenizer.py does)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lockstep.io import write_json_atomic
+from lockstep.io import atomic_dir, write_json_atomic
+from lockstep.parity import RENDERED_FILE, RenderedSamples
 from lockstep.tokenizer.base import Tokenizer, conversation_texts, train_tokenizer
 
 log = logging.getLogger("lockstep.tokenizer")
@@ -20,6 +21,9 @@ log = logging.getLogger("lockstep.tokenizer")
 # Texts encoded per tiktoken batch call while measuring: large enough to use the threads,
 # small enough that a big val split is never held whole as token lists.
 METRIC_BATCH_TEXTS = 8192
+# A document sample keeps this many ids (BOS included): enough to see how prose splits, small
+# enough that the artifact stays readable.
+DOC_SAMPLE_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class TokenizerConfig:
     spm_model_type: Literal["bpe", "unigram"] = "bpe"  # sentencepiece only
     char_max_alphabet: int = 65  # char only: most distinct bytes kept
     encode_threads: int = 1  # threads for batch encoding while measuring
+    artifact_records: int = 8  # records per source rendered into rendered_samples.json (parity artifact)
 
     def __post_init__(self) -> None:
         if not self.train_sources and self.kind in ("bpe", "sentencepiece", "char"):
@@ -42,6 +47,8 @@ class TokenizerConfig:
             raise ValueError(f"tokenizer.max_chars={self.max_chars} must be positive")
         if self.encode_threads < 1:
             raise ValueError(f"tokenizer.encode_threads={self.encode_threads} must be at least 1")
+        if self.artifact_records < 0:
+            raise ValueError(f"tokenizer.artifact_records={self.artifact_records} must be >= 0 (0 keeps no rendered samples)")
 
     def train_options(self, seed: int) -> dict[str, Any]:
         """Arguments for train_tokenizer beyond kind and texts."""
@@ -67,6 +74,43 @@ def record_texts(kind: str, record: Mapping[str, Any]) -> list[str]:
 
         return conversation_texts(problem_to_conversation(dict(record)))
     raise ValueError(f"record kind {kind!r} must be document, conversation or problem")
+
+
+def render_record(tokenizer: Tokenizer, kind: str, record: Mapping[str, Any]) -> tuple[list[int], list[int] | None, int]:
+    """(ids, loss mask or None, ids kept in the artifact) of one raw record as training sees it:
+    a document is BOS + its text; a conversation or problem goes through the chat template."""
+    if kind == "document":
+        return tokenizer.encode(record["text"], prepend=tokenizer.get_bos_token_id()), None, DOC_SAMPLE_TOKENS
+    if kind == "conversation":
+        conversation = dict(record)
+    elif kind == "problem":
+        from lockstep.sources.gsm8k import problem_to_conversation
+
+        conversation = problem_to_conversation(dict(record))
+    else:
+        raise ValueError(f"record kind {kind!r} must be document, conversation or problem")
+    ids, mask = tokenizer.render_conversation(conversation)
+    return ids, mask, len(ids)
+
+
+def rendered_samples(tokenizer: Tokenizer, snapshots: Mapping[str, Path], n: int, *, split: str = "train") -> dict[str, Any]:
+    """The `rendered_samples.json` object: the first `n` records of `split` of each snapshot
+    rendered with `tokenizer`, labelled `<source>/<split>`, so a tokenizer or chat-template
+    change shows up as the first differing id."""
+    from lockstep.sources import iter_records, read_meta
+
+    samples = RenderedSamples(tokenizer, n, bos_id=tokenizer.get_bos_token_id())
+    for name, path in snapshots.items():
+        if n == 0:
+            break
+        kind = read_meta(path)["kind"]
+        label = f"{name}/{split}"
+        for record in iter_records(path, split):
+            ids, mask, keep = render_record(tokenizer, kind, record)
+            samples.add(label, ids, mask, max_tokens=keep)
+            if not samples.wants(label):
+                break
+    return samples.to_json()
 
 
 def snapshot_texts(snapshot_dir: Path, split: str) -> Iterator[str]:
@@ -147,7 +191,15 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
         "trained %s tokenizer | vocab %d | %d texts | %d chars | %.2fs", cfg.kind, tok.get_vocab_size(), texts.texts, texts.chars, train_s
     )
     t1 = time.perf_counter()
-    meta = tok.save(out_dir)
+    # Train sources first, then metric sources: the order a reader meets them in params.
+    sample_dirs = {**dict(zip(cfg.train_sources, train_dirs)), **metric_dirs}
+    rendered = rendered_samples(tok, sample_dirs, cfg.artifact_records)
+    # The artifact sits beside the tokenizer files but is not one of them: save() lists only the
+    # tokenizer's own files in meta.json, so the tokenizer's sha256 does not depend on it. Both
+    # are published together by the outer atomic_dir.
+    with atomic_dir(out_dir) as tmp:
+        meta = tok.save(tmp)
+        write_json_atomic(tmp / RENDERED_FILE, rendered)
     t2 = time.perf_counter()
 
     per_source = {}
@@ -165,5 +217,5 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
         "val_tokens": {name: m["tokens"] for name, m in per_source.items()},
     }
     write_json_atomic(os.fspath(metrics_path), metrics)
-    log.info("tokenizer stage | read+train %.3fs | save %.3fs | metrics %.3fs", t1 - t0, t2 - t1, time.perf_counter() - t2)
+    log.info("tokenizer stage | read+train %.3fs | render+save %.3fs | metrics %.3fs", t1 - t0, t2 - t1, time.perf_counter() - t2)
     return metrics
