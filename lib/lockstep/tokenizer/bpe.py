@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -106,18 +105,14 @@ class BPETokenizer(Tokenizer):
         return self._enc.encode_ordinary(text)
 
     def _encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
-        # tiktoken's own batch call submits one thread-pool task per text, which costs more than
-        # encoding a short chat part; one contiguous slice per thread keeps the overhead fixed.
-        # tiktoken releases the GIL while encoding, so the threads do run in parallel.
+        # tiktoken's batch call hands each text to its thread pool as its own task, so a thread
+        # slowed by other work on a busy machine never holds back a fixed share of the batch.
+        # encode_ordinary (batch or not) reads special-token strings as plain text.
         texts = list(texts)
-        encode = self._enc.encode_ordinary
-        if num_threads <= 1 or len(texts) < 2 * num_threads:
+        if num_threads <= 1 or len(texts) < 2:
+            encode = self._enc.encode_ordinary
             return [encode(t) for t in texts]
-        step = -(-len(texts) // num_threads)
-        slices = [texts[i : i + step] for i in range(0, len(texts), step)]
-        with ThreadPoolExecutor(max_workers=len(slices)) as pool:
-            encoded = pool.map(lambda chunk: [encode(t) for t in chunk], slices)
-            return [ids for chunk in encoded for ids in chunk]
+        return self._enc.encode_ordinary_batch(texts, num_threads=num_threads)
 
     def decode(self, ids: Iterable[int]) -> str:
         ids = [int(i) for i in ids]
