@@ -1,0 +1,262 @@
+"""GRPO-style policy gradient on GSM8K-format problems: sample a group of tool-using completions
+per problem with the engine, reward the correct `####` answer, push up the log-probability of
+sampled tokens in proportion to (reward - group mean). Not a general RL library: no value
+function, no KL penalty, single process.
+
+Choices, and why:
+- Advantage = reward - mean(group reward), without dividing by the group's std (which inflates
+  the weight of near-unanimous groups; Dr. GRPO, Liu et al. 2025).
+- The loss is normalised by the number of sampled tokens in the whole step (token-level, as in
+  DAPO, Yu et al. 2025), so long completions are not down-weighted per token.
+- Only sampled tokens carry gradient: forced tool outputs (`<|output_start|> ... <|output_end|>`)
+  are the calculator's words, not the policy's.
+- No KL term to the SFT model by default: on-policy sampling with one update per batch keeps the
+  policy close, and the reference model would double the memory. Held-out pass@k is logged so a
+  collapse is visible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from lockstep.config import ConfigError
+from lockstep.engine import Engine
+from lockstep.evaluate.chat import extract_answer
+from lockstep.optim import OptimConfig, build_optimizers, set_lr
+from lockstep.train import lr_multiplier
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """The `rl` params section."""
+
+    problems: str = "synth_math"  # raw snapshot of problem records: train split trains, val split evaluates
+    num_steps: int = 30  # policy updates
+    problems_per_step: int = 8  # distinct problems per update
+    group_size: int = 8  # completions sampled per problem
+    max_new_tokens: int = 64  # per completion, tool tokens included
+    temperature: float = 1.0  # sampling temperature of the rollouts
+    top_k: int | None = None  # rollouts' top-k (None = full distribution)
+    device_batch_rows: int = 16  # completions per forward/backward pass
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(matrix_lr=0.002, embed_lr=0.02, unembed_lr=0.0004,
+                                                                    muon_momentum_warmup_steps=0))
+    warmup_steps: int = 0
+    warmdown_frac: float = 0.5  # last fraction of steps decays linearly to final_lr_frac
+    final_lr_frac: float = 0.0
+    eval_every_steps: int = 10  # held-out pass@k; 0 = only before and after
+    eval_problems: int = 100  # held-out problems scored (the first ones of the val split)
+    pass_k: int = 4  # k of pass@k (sampled at `temperature`); pass@1 is greedy
+
+    def __post_init__(self) -> None:
+        for name in ("num_steps", "problems_per_step", "group_size", "max_new_tokens", "device_batch_rows",
+                     "eval_problems", "pass_k"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"rl.{name}={getattr(self, name)} must be >= 1")
+        if self.group_size < 2:
+            raise ConfigError(f"rl.group_size={self.group_size} must be >= 2: the advantage compares completions of one problem")
+        if self.temperature <= 0:
+            raise ConfigError(f"rl.temperature={self.temperature} must be > 0: rollouts must explore")
+
+
+def reward(completion: str, reference_answer: str) -> float:
+    """1.0 when the completion states the reference's final number in GSM8K form (`#### N`,
+    commas and `$` ignored), else 0.0."""
+    ref = extract_answer(reference_answer)
+    if ref is None:
+        raise ValueError(f"reference {reference_answer[-60:]!r} has no final number; drop the problem")
+    if "####" not in completion:
+        return 0.0
+    return 1.0 if extract_answer(completion) == ref else 0.0
+
+
+def _derived_seed(*parts: Any) -> int:
+    digest = hashlib.sha256(":".join(str(p) for p in ("lockstep-rl", *parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def prompt_ids(tokenizer: Any, question: str) -> list[int]:
+    return tokenizer.render_for_completion({"messages": [{"role": "user", "content": [{"type": "text", "text": question}]}]})
+
+
+@dataclass
+class Rollouts:
+    """One step's sampled completions, flattened over problems and group members."""
+
+    prompts: list[list[int]]  # per completion, its prompt ids
+    completions: list[list[int]]  # completion ids (stop token included when produced)
+    sampled: list[list[int]]  # 1 sampled by the policy, 0 forced by the tool
+    rewards: list[float]
+    advantages: list[float]
+
+    @property
+    def mean_reward(self) -> float:
+        return sum(self.rewards) / len(self.rewards)
+
+    @property
+    def mean_length(self) -> float:
+        return sum(len(c) for c in self.completions) / len(self.completions)
+
+
+def rollout(engine: Engine, tokenizer: Any, problems: Sequence[dict[str, Any]], cfg: RLConfig, *, seed: int) -> Rollouts:
+    """Sample `group_size` completions for each problem (tools on) and score them."""
+    out = Rollouts([], [], [], [], [])
+    for i, problem in enumerate(problems):
+        prompt = prompt_ids(tokenizer, problem["question"])
+        max_tokens = min(cfg.max_new_tokens, engine.model.config.sequence_len - len(prompt))
+        if max_tokens < 1:
+            raise ValueError(f"problem prompt of {len(prompt)} tokens leaves no room in the model's context")
+        seqs, masks = engine.generate_batch(prompt, num_samples=cfg.group_size, max_tokens=max_tokens,
+                                            temperature=cfg.temperature, top_k=cfg.top_k, seed=_derived_seed(seed, i),
+                                            use_tools=True)
+        rewards = [reward(tokenizer.decode(s), problem["answer"]) for s in seqs]
+        mean = sum(rewards) / len(rewards)
+        out.prompts.extend([prompt] * len(seqs))
+        out.completions.extend(seqs)
+        out.sampled.extend(masks)
+        out.rewards.extend(rewards)
+        out.advantages.extend(r - mean for r in rewards)
+    return out
+
+
+def policy_loss_backward(model: nn.Module, ro: Rollouts, *, device: torch.device, rows_per_pass: int,
+                         autocast: Any = None) -> tuple[float, int]:
+    """Accumulate gradients of -sum(A_i * log p(token)) / N over sampled tokens, N the number of
+    sampled tokens with non-zero advantage in the step. Returns (loss value, N). Completions
+    with zero advantage contribute nothing and are skipped."""
+    rows = [i for i, a in enumerate(ro.advantages) if a != 0.0]
+    n_tokens = sum(sum(ro.sampled[i]) for i in rows)
+    if not rows or n_tokens == 0:
+        return 0.0, 0
+    total = 0.0
+    for start in range(0, len(rows), rows_per_pass):
+        chunk = rows[start:start + rows_per_pass]
+        seqs = [ro.prompts[i] + ro.completions[i] for i in chunk]
+        T = max(len(s) for s in seqs) - 1
+        x = torch.zeros(len(chunk), T, dtype=torch.long)  # (B, T)
+        y = torch.full((len(chunk), T), IGNORE_INDEX, dtype=torch.long)  # (B, T)
+        adv = torch.tensor([ro.advantages[i] for i in chunk], dtype=torch.float32)  # (B,)
+        for r, (i, s) in enumerate(zip(chunk, seqs)):
+            x[r, : len(s) - 1] = torch.tensor(s[:-1])
+            p = len(ro.prompts[i])
+            targets = torch.tensor(ro.completions[i])
+            keep = torch.tensor(ro.sampled[i], dtype=torch.bool)
+            y[r, p - 1 : p - 1 + len(targets)] = torch.where(keep, targets, torch.full_like(targets, IGNORE_INDEX))
+        x, y, adv = x.to(device), y.to(device), adv.to(device)
+        ctx = autocast if autocast is not None else torch.autocast(device.type, enabled=False)
+        with ctx:
+            nll = model(x, targets=y, loss_reduction="none")  # (B, T), 0 at ignored targets
+        loss = (nll.float() * adv[:, None]).sum() / n_tokens
+        loss.backward()
+        total += float(loss.detach())
+    return total, n_tokens
+
+
+@torch.no_grad()
+def pass_at_k(engine: Engine, tokenizer: Any, problems: Sequence[dict[str, Any]], *, k: int, temperature: float,
+              max_new_tokens: int, seed: int) -> dict[str, float]:
+    """Held-out scores on `problems`: pass@1 from one greedy completion each, pass@k from k
+    sampled completions each (any correct counts), and the mean greedy completion length."""
+    greedy_hits = sampled_hits = 0
+    lengths = []
+    for i, problem in enumerate(problems):
+        prompt = prompt_ids(tokenizer, problem["question"])
+        max_tokens = min(max_new_tokens, engine.model.config.sequence_len - len(prompt))
+        seqs, _ = engine.generate_batch(prompt, num_samples=1, max_tokens=max_tokens, temperature=0.0, use_tools=True)
+        greedy_hits += reward(tokenizer.decode(seqs[0]), problem["answer"]) > 0
+        lengths.append(len(seqs[0]))
+        seqs, _ = engine.generate_batch(prompt, num_samples=k, max_tokens=max_tokens, temperature=temperature,
+                                        seed=_derived_seed(seed, "eval", i), use_tools=True)
+        sampled_hits += any(reward(tokenizer.decode(s), problem["answer"]) > 0 for s in seqs)
+    n = len(problems)
+    return {"pass@1": greedy_hits / n, f"pass@{k}": sampled_hits / n, "completion_len": sum(lengths) / n}
+
+
+@dataclass
+class RLResult:
+    steps: int
+    before: dict[str, float]  # held-out scores of the starting checkpoint
+    after: dict[str, float]  # held-out scores after the last update
+    mean_reward_first: float  # mean training reward of the first step ...
+    mean_reward_last: float  # ... and of the last
+    rollout_tokens: int
+    train_time_s: float
+    optimizer_state: dict[str, Any]  # {"optimizers": [state_dict, ...]}, for the checkpoint
+
+
+def train_rl(model: nn.Module, tokenizer: Any, *, train_problems: Sequence[dict[str, Any]],
+             val_problems: Sequence[dict[str, Any]], cfg: RLConfig, device: torch.device, seed: int,
+             autocast: Any = None, log: Callable[[str], None] = print,
+             on_step: Callable[[dict[str, float]], None] | None = None) -> RLResult:
+    """Run `cfg.num_steps` policy updates. Problems per step are drawn with a generator seeded
+    from (seed, step), so a run is a pure function of its inputs and seed."""
+    if not train_problems:
+        raise ValueError("no training problems: the problems snapshot's train split is empty")
+    if not val_problems:
+        raise ValueError("no held-out problems: the problems snapshot's val split is empty")
+    engine = Engine(model, tokenizer)
+    optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd)
+    params = [p for p in model.parameters() if p.requires_grad]
+    held_out = list(val_problems[: cfg.eval_problems])
+
+    def evaluate(step: int) -> dict[str, float]:
+        model.eval()
+        scores = pass_at_k(engine, tokenizer, held_out, k=cfg.pass_k, temperature=cfg.temperature,
+                           max_new_tokens=cfg.max_new_tokens, seed=seed)
+        log(f"eval step {step} | pass@1 {scores['pass@1']:.3f} | pass@{cfg.pass_k} {scores[f'pass@{cfg.pass_k}']:.3f} "
+            f"| len {scores['completion_len']:.1f} | {len(held_out)} problems")
+        if on_step is not None:
+            on_step({"step": step, **{f"val_{k}": v for k, v in scores.items()}})
+        return scores
+
+    before = evaluate(0)
+    rewards_first = rewards_last = math.nan
+    rollout_tokens = 0
+    t_start = time.perf_counter()
+    for step in range(cfg.num_steps):
+        t0 = time.perf_counter()
+        g = torch.Generator().manual_seed(_derived_seed(seed, "draw", step))
+        idx = torch.randint(len(train_problems), (cfg.problems_per_step,), generator=g).tolist()
+        model.eval()
+        ro = rollout(engine, tokenizer, [train_problems[i] for i in idx], cfg, seed=_derived_seed(seed, "roll", step))
+        rollout_tokens += sum(len(c) for c in ro.completions)
+        model.train()
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        loss, n_tokens = policy_loss_backward(model, ro, device=device, rows_per_pass=cfg.device_batch_rows,
+                                              autocast=autocast)
+        lrm = lr_multiplier(step, cfg.num_steps, warmup_steps=cfg.warmup_steps, warmdown_frac=cfg.warmdown_frac,
+                            final_lr_frac=cfg.final_lr_frac)
+        if n_tokens:
+            if cfg.optim.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+            set_lr(optimizers, lrm, momentum=cfg.optim.muon_momentum_end)
+            for opt in optimizers:
+                opt.step()
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
+        if step == 0:
+            rewards_first = ro.mean_reward
+        rewards_last = ro.mean_reward
+        log(f"step {step + 1}/{cfg.num_steps} | reward {ro.mean_reward:.3f} | loss {loss:+.4f} | lr {lrm:.2f} "
+            f"| tokens {n_tokens} | len {ro.mean_length:.1f} | dt {dt:.1f}s")
+        if on_step is not None:
+            on_step({"step": step + 1, "reward": ro.mean_reward, "completion_len": ro.mean_length, "loss": loss})
+        if cfg.eval_every_steps and (step + 1) % cfg.eval_every_steps == 0 and step + 1 < cfg.num_steps:
+            evaluate(step + 1)
+    train_time_s = time.perf_counter() - t_start
+    after = evaluate(cfg.num_steps)
+    model.eval()
+    return RLResult(steps=cfg.num_steps, before=before, after=after, mean_reward_first=rewards_first,
+                    mean_reward_last=rewards_last, rollout_tokens=rollout_tokens, train_time_s=train_time_s,
+                    optimizer_state={"optimizers": [o.state_dict() for o in optimizers]})

@@ -1,0 +1,108 @@
+"""RL: the reward reads the `####` answer; only sampled tokens carry gradient; one policy update
+raises the log-probability of rewarded completions and lowers that of unrewarded ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lockstep.config import ConfigError, build_config
+from lockstep.model import GPT, GPTConfig
+from lockstep.rl import RLConfig, Rollouts, policy_loss_backward, reward, rollout
+from lockstep.engine import Engine
+from lockstep.tokenizer import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer("byte", [])
+
+
+def tiny_model(seed: int = 0) -> GPT:
+    cfg = GPTConfig(sequence_len=64, vocab_size=265, n_layer=2, n_head=2, n_kv_head=2, n_embd=32)
+    model = GPT.build(cfg, "cpu", seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return model
+
+
+@pytest.mark.parametrize("completion,ok", [
+    ("so 3+4 = 7\n#### 7", True),
+    ("#### 1,234", False),
+    ("the answer is 7", False),  # no `####`: a number elsewhere in the text does not count
+    ("#### 7.0", True),
+    ("#### -7", False),
+])
+def test_reward_reads_the_final_answer(completion, ok):
+    assert reward(completion, "3+4=<<3+4=7>>7\n#### 7") == (1.0 if ok else 0.0)
+
+
+def test_reward_refuses_reference_without_answer():
+    with pytest.raises(ValueError, match="no final number"):
+        reward("#### 3", "no number here")
+
+
+def test_config_refuses_group_of_one():
+    with pytest.raises(ConfigError, match="group_size"):
+        build_config(RLConfig, {"group_size": 1}, where="rl")
+
+
+def _logp(model: GPT, prompt: list[int], completion: list[int]) -> float:
+    seq = torch.tensor([prompt + completion])
+    y = torch.full_like(seq, -100)[:, :-1].clone()
+    y[0, len(prompt) - 1:] = torch.tensor(completion)
+    with torch.no_grad():
+        return -float(model(seq[:, :-1], targets=y, loss_reduction="sum"))
+
+
+def test_forced_tokens_carry_no_gradient(tok):
+    model = tiny_model()
+    prompt = tok.encode("q: 1+1?")
+    comp_a = tok.encode("#### 2") + [tok.encode_special("<|output_end|>")]
+    comp_b = comp_a[:-1] + [tok.encode_special("<|assistant_end|>")]  # differs only in the last, forced token
+    sampled = [1] * (len(comp_a) - 1) + [0]
+    losses = []
+    for comp in (comp_a, comp_b):
+        ro = Rollouts([prompt, prompt], [comp, comp], [sampled, sampled], [1.0, 0.0], [0.5, -0.5])
+        ro.advantages = [0.5, 0.25]
+        loss, n = policy_loss_backward(model, ro, device=torch.device("cpu"), rows_per_pass=2)
+        assert n == 2 * (len(comp) - 1)
+        losses.append(loss)
+        model.zero_grad()
+    assert losses[0] == pytest.approx(losses[1], abs=0, rel=1e-6)
+
+
+def test_zero_advantage_step_is_a_no_op(tok):
+    model = tiny_model()
+    prompt = tok.encode("q")
+    ro = Rollouts([prompt] * 2, [[65, 66]] * 2, [[1, 1]] * 2, [1.0, 1.0], [0.0, 0.0])
+    assert policy_loss_backward(model, ro, device=torch.device("cpu"), rows_per_pass=4) == (0.0, 0)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_policy_update_moves_logprobs_by_advantage(tok):
+    model = tiny_model(3)
+    prompt = tok.encode("Q: 2+2? A:")
+    good, bad = tok.encode("#### 4"), tok.encode("#### 5")
+    before = (_logp(model, prompt, good), _logp(model, prompt, bad))
+    ro = Rollouts([prompt, prompt], [good, bad], [[1] * len(good), [1] * len(bad)], [1.0, 0.0], [0.5, -0.5])
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    policy_loss_backward(model, ro, device=torch.device("cpu"), rows_per_pass=1)
+    opt.step()
+    after = (_logp(model, prompt, good), _logp(model, prompt, bad))
+    assert after[0] > before[0] and after[1] < before[1]
+
+
+def test_rollout_groups_share_a_prompt_and_center_rewards(tok):
+    model = tiny_model(5).eval()
+    cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": 8}, where="rl")
+    problems = [{"question": "1+1?", "answer": "#### 2"}, {"question": "2+2?", "answer": "#### 4"}]
+    ro = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
+    assert len(ro.completions) == 8 and len(ro.prompts) == 8
+    for g in range(2):
+        adv = ro.advantages[4 * g: 4 * g + 4]
+        assert sum(adv) == pytest.approx(0.0)
+    again = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
+    assert again.completions == ro.completions  # seeded: a pure function of its inputs
