@@ -132,3 +132,27 @@ def test_real_engine_stops_within_a_couple_of_steps_of_a_disconnect(tmp_path):
         assert wait_for(lambda: counter.finished == 1, timeout_s=10)
         assert counter.steps - steps_at_disconnect <= 2
         assert counter.steps < 4000
+
+
+def test_serve_command_binds_loopback_by_default(tiny, monkeypatch):
+    import uvicorn
+
+    ckpt, tok_dir = tiny
+    seen = {}
+
+    def fake_run(app, **kwargs):  # serve the app through the test client instead of a socket
+        seen.update(kwargs)
+        with TestClient(app) as c:
+            seen["health"] = c.get("/health").json()
+            seen["cors"] = c.options("/v1/models", headers={"Origin": "http://localhost:5173",
+                                                            "Access-Control-Request-Method": "GET"}).headers
+
+    monkeypatch.setattr(uvicorn, "run", fake_run)
+    r = CliRunner().invoke(cli_app, ["serve", "--ckpt", str(ckpt), "--tokenizer", str(tok_dir), "--port", "9",
+                                     "--allow-origin", "http://localhost:5173"])
+    assert r.exit_code == 0, r.output
+    assert seen["host"] == "127.0.0.1" and seen["port"] == 9
+    assert seen["health"]["model"] == "lockstep-sft"
+    assert seen["cors"]["access-control-allow-origin"] == "http://localhost:5173"
+    r = CliRunner().invoke(cli_app, ["serve", "--ckpt", str(ckpt), "--tokenizer", str(tok_dir), "--allow-origin", "*"])
+    assert r.exit_code == 2 and "may not contain '*'" in r.output

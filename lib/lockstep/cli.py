@@ -140,6 +140,10 @@ def serve(
         raise typer.Exit(2) from None
     if host not in ("127.0.0.1", "localhost", "::1"):
         typer.echo(f"warning: binding {host}: the API has no authentication; anyone who can reach it can use it", err=True)
+    import logging
+
+    # Request lines from lockstep.server (sizes and timings, never message text) next to uvicorn's.
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s %(message)s")
     typer.echo(f"serving {backend.model_id} on http://{host}:{port}/")
     uvicorn.run(create_app(backend, config), host=host, port=port, log_level="info")
 
