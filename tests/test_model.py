@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+import lockstep.model as model_module
 from lockstep.config import ConfigError
 from lockstep.model import GPT, IGNORE_INDEX, GPTConfig, attend, cross_entropy
 
@@ -95,10 +96,11 @@ def test_forward_shapes_and_padded_vocab_sliced():
 
 
 @pytest.mark.parametrize("softcap", [15.0, 0.0])
-def test_fused_head_loss_equals_plain_cross_entropy(softcap):
+def test_fused_head_loss_equals_plain_cross_entropy(softcap, monkeypatch):
+    monkeypatch.setattr(model_module, "HEAD_CHUNK_ROWS", 16)
     c = tiny(vocab_size=70, softcap=softcap)
     m = randomize(GPT.build(c, "cpu"))
-    idx = tokens(3, 20, 70)  # 60 rows: more than one chunk of the fused head
+    idx = tokens(3, 20, 70)  # 60 rows: four chunks of the fused head, the last one short
     y = tokens(3, 20, 70, seed=1)
     y[0, :5] = IGNORE_INDEX
     for reduction in ("mean", "sum", "none"):

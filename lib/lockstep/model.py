@@ -161,7 +161,6 @@ class CausalSelfAttention(nn.Module):
         q = self.c_q(x).view(B, T, self.n_head, D).transpose(1, 2)  # (B, H, T, D)
         k = self.c_k(x).view(B, T, self.n_kv_head, D).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.c_v(x).view(B, T, self.n_kv_head, D).transpose(1, 2)  # (B, Hkv, T, D)
-        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         # QK-norm after rotary keeps attention logits bounded whatever the residual scale
         q = rms_norm(apply_rotary(q, cos, sin))
         k = rms_norm(apply_rotary(k, cos, sin))
@@ -307,6 +306,12 @@ class GPT(nn.Module):
             sin = self.rotary_sin[None, None, :T]
         else:
             cos, sin = self._rotary_at(kv_cache.positions(), B, T)
+        # rotary in the dtype the projections produce, cast once here rather than in every layer
+        if torch.is_autocast_enabled(idx.device.type):
+            act_dtype = torch.get_autocast_dtype(idx.device.type)
+        else:
+            act_dtype = self.lm_head.weight.dtype
+        cos, sin = cos.to(act_dtype), sin.to(act_dtype)
         x = rms_norm(self.wte(idx))  # (B, T, C)
         for block in self.blocks:
             x = block(x, cos, sin, kv_cache)
@@ -317,7 +322,11 @@ class GPT(nn.Module):
             if targets.shape != idx.shape:
                 raise ValueError(f"targets shape {tuple(targets.shape)} must equal idx shape {tuple(idx.shape)}")
             return head_loss(x, self.lm_head.weight, targets, softcap=c.softcap, vocab_size=c.vocab_size, reduction=loss_reduction)
-        logits = self.lm_head(x)  # (B, T, V_padded)
+        if B * T <= _SMALL_BATCH_ROWS:
+            # decode: weight-on-the-left matmul, (V, C) @ (C, B*T)
+            logits = torch.mm(self.lm_head.weight, x.reshape(B * T, -1).t()).t().view(B, T, -1)  # (B, T, V_padded)
+        else:
+            logits = self.lm_head(x)  # (B, T, V_padded)
         if c.padded_vocab_size != c.vocab_size:
             logits = logits[..., : c.vocab_size]
         logits = logits.float()
@@ -339,10 +348,16 @@ class GPT(nn.Module):
         return self.rotary_cos[at][:, None], self.rotary_sin[at][:, None]  # (B, 1, T, D/2)
 
 
-# Rows of logits processed at once by the fused head: 32 rows of a 32k vocab are 4 MB in fp32,
-# about one core's L2, so the ten elementwise passes over them stay in cache. Measured on the
-# d4/32768 benchmark (bench/bench_model.py): 16..64 within a few percent, 2048 (unchunked) 2x slower.
-HEAD_CHUNK_ROWS = 32
+# Up to this many rows, logits are computed as W @ x.T: for a 32k-vocab head in bf16 that runs
+# ~2x faster on CPU than F.linear's x @ W.T at 1..8 rows (oneDNN picks a better kernel when the
+# big operand is on the left; measured by timing both forms at 1 and 8 rows on one thread).
+_SMALL_BATCH_ROWS = 16
+# Rows of logits processed at once by the fused head: 128 rows of a 32k vocab are 16 MB per fp32
+# buffer, cache-resident, while each elementwise op still has enough work to amortise its
+# thread hand-off. Measured on the d4/32768 head (fwd+bwd, 2048 rows): one thread, 64..256 rows
+# within 7% of each other and 32 rows 12% slower; two threads on a shared, busy 2-core machine,
+# 32 rows 2.1x slower than 128. Unchunked (2048 rows, plain autograd) was 2-4x slower.
+HEAD_CHUNK_ROWS = 128
 # exp(softcap * tanh(.)) stays finite in fp32 up to ~88, so below this cap the softmax can skip
 # its max-subtraction pass.
 _SAFE_EXP_CAP = 80.0
@@ -350,63 +365,79 @@ _SAFE_EXP_CAP = 80.0
 
 class _HeadLoss(torch.autograd.Function):
     """Per-row cross-entropy of soft-capped `x @ weight[:vocab].T` without materialising the
-    fp32 logits for the whole batch: logits are made, capped, soft-maxed and turned into their
-    gradient one chunk of rows at a time (in cache), and only that gradient G (N, V) is kept, in
-    the matmul dtype. The backward is then two matmuls, scaled per row by the incoming gradient,
-    so every reduction (mean, sum, none) reuses it."""
+    fp32 logits for the whole batch: logits are made, capped, exponentiated and turned into their
+    gradient one chunk of rows at a time (in cache, in reused buffers), and only that gradient is
+    kept, in the matmul dtype. The backward is then two matmuls scaled per row by the incoming
+    gradient, so every reduction (mean, sum, none) reuses it.
+
+    With logits l = s*tanh(z/s), softmax p = e / S where e = exp(l), S = sum(e): the gradient of
+    row loss (log S - l_target) with respect to z is (p - onehot) * (1 - tanh^2). We keep
+    G = (e - S * onehot) * (1 - tanh^2) and the row scale 1/S, folding the division into the
+    backward's per-row scale: one full pass over the chunk fewer."""
 
     @staticmethod
     def forward(ctx, x, weight, targets, softcap, vocab_size, compute_dtype, keep_grad):  # type: ignore[override]
         N = x.size(0)
+        dev = x.device
         xc = x.to(compute_dtype)  # (N, C)
         w = weight[:vocab_size].to(compute_dtype)  # (V, C)
-        if softcap:
-            w_in = w / softcap  # fold the 1/softcap into the weights: one (V, C) pass, not N*V
-        else:
-            w_in = w
+        w_in = w / softcap if softcap else w  # fold 1/softcap into the weights: a (V, C) pass, not N*V
         valid = targets != IGNORE_INDEX  # (N,)
         safe_t = torch.where(valid, targets, 0)[:, None]  # (N, 1)
-        losses = torch.empty(N, dtype=torch.float32, device=x.device)
-        G = torch.empty(N, vocab_size, dtype=compute_dtype, device=x.device) if keep_grad else None
+        losses = torch.empty(N, dtype=torch.float32, device=dev)
+        row_scale = torch.empty(N, dtype=torch.float32, device=dev)
+        G = torch.empty(N, vocab_size, dtype=compute_dtype, device=dev) if keep_grad else None
         fast_exp = 0 < softcap <= _SAFE_EXP_CAP
-        for i in range(0, N, HEAD_CHUNK_ROWS):
-            j = min(i + HEAD_CHUNK_ROWS, N)
-            z = torch.mm(xc[i:j], w_in.t()).float()  # (R, V)
+        small_range = torch.finfo(compute_dtype).max < 1e30
+        R = min(HEAD_CHUNK_ROWS, N)
+        z_buf = torch.empty(R, vocab_size, dtype=compute_dtype, device=dev)
+        t_buf = z_buf if compute_dtype == torch.float32 else torch.empty(R, vocab_size, dtype=torch.float32, device=dev)
+        e_buf = torch.empty(R, vocab_size, dtype=torch.float32, device=dev)
+        for i in range(0, N, R):
+            j = min(i + R, N)
+            n = j - i
+            z, t, e = z_buf[:n], t_buf[:n], e_buf[:n]
+            torch.mm(xc[i:j], w_in.t(), out=z)  # (n, V) logits / softcap
+            if t is not z:
+                t.copy_(z)
             if softcap:
-                t = z.tanh_()  # (R, V), tanh(logits / softcap)
-                logit = t * softcap
+                t.tanh_()
+                torch.mul(t, softcap, out=e)  # capped logits
             else:
-                t, logit = None, z
-            picked = logit.gather(1, safe_t[i:j]).squeeze(1)  # (R,)
+                e.copy_(t)
+            tgt = safe_t[i:j]  # (n, 1)
+            picked = e.gather(1, tgt).squeeze(1)  # (n,)
             if fast_exp:
-                e = logit.exp_()  # logits are within +-softcap: no overflow without a max shift
-                total = e.sum(dim=1)  # (R,)
+                e.exp_()  # capped logits lie within +-softcap: no overflow without a max shift
+                total = e.sum(dim=1)  # (n,)
                 lse = total.log()
-                p = e.div_(total[:, None]) if keep_grad else None  # softmax
             else:
-                lse = torch.logsumexp(logit, dim=1)
-                p = logit.sub_(lse[:, None]).exp_() if keep_grad else None
+                lse = torch.logsumexp(e, dim=1)
+                e.sub_(lse[:, None]).exp_()
+                total = torch.ones_like(lse)
             losses[i:j] = torch.where(valid[i:j], lse - picked, 0.0)
-            if p is None:
+            if not keep_grad:
                 continue
-            # d loss / d logit = softmax - onehot(target); ignored rows get no gradient
-            p.scatter_add_(1, safe_t[i:j], torch.full((j - i, 1), -1.0, device=p.device))
+            if small_range:
+                e.mul_(total.reciprocal()[:, None])  # fp16 cannot hold S (up to V * e^softcap)
+                total = torch.ones_like(total)
+            row_scale[i:j] = total.reciprocal()
+            e.scatter_add_(1, tgt, -total[:, None])  # e - S * onehot
             if not bool(valid[i:j].all()):
-                p[~valid[i:j]] = 0.0
-            if t is not None:
-                # through the cap: d(s * tanh(z / s)) / dz = 1 - tanh^2
-                p.addcmul_(p, t.square_(), value=-1.0)
-            G[i:j] = p  # type: ignore[index]
+                e[~valid[i:j]] = 0.0  # ignored rows get no gradient
+            if softcap:
+                e.addcmul_(e, t.square_(), value=-1.0)  # * (1 - tanh^2), through the cap
+            G[i:j] = e  # type: ignore[index]
         if keep_grad:
-            ctx.save_for_backward(xc, w, G)
-            ctx.shapes = (x.dtype, weight.dtype, weight.size(0))
+            ctx.save_for_backward(xc, w, G, row_scale)
+            ctx.meta = (x.dtype, weight.dtype, weight.size(0))
         return losses
 
     @staticmethod
     def backward(ctx, grad_losses):  # type: ignore[override]
-        xc, w, G = ctx.saved_tensors
-        x_dtype, w_dtype, v_padded = ctx.shapes
-        go = grad_losses.to(G.dtype)[:, None]  # (N, 1)
+        xc, w, G, row_scale = ctx.saved_tensors
+        x_dtype, w_dtype, v_padded = ctx.meta
+        go = (grad_losses.float() * row_scale).to(G.dtype)[:, None]  # (N, 1)
         dx = torch.mm(G, w).mul_(go).to(x_dtype)  # (N, C)
         dw = torch.mm(G.t(), xc * go)  # (V, C)
         if v_padded != dw.size(0):
