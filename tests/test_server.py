@@ -318,3 +318,13 @@ def test_generation_stops_within_a_couple_of_tokens_of_a_disconnect(stream):
         assert steps_after <= 2, f"{steps_after} engine steps ran after the client disconnected"
         with httpx.Client(base_url=url, timeout=5) as http:
             assert wait_for(lambda: http.get("/health").json()["running"] == 0)
+
+
+def test_app_keeps_serving_across_lifespan_cycles():
+    backend, _, _ = make_backend("again")
+    app = create_app(backend)
+    for _ in range(2):
+        with TestClient(app) as c:
+            r = c.post("/v1/chat/completions", json={"messages": [user("hi")]})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "again"
+    assert TestClient(app).post("/v1/chat/completions", json={"messages": [user("hi")]}).status_code == 200

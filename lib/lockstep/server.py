@@ -79,7 +79,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._waiting = 0
         self._running = 0
-        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lockstep-generate")
+        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def running(self) -> int:
@@ -116,8 +116,19 @@ class WorkerPool:
             self._running -= 1
         self._slots.release()
 
+    def submit(self, fn: Any) -> None:
+        # Created on demand: an app outlives a lifespan cycle (test clients start and stop one
+        # per use), and must keep serving after the previous executor was shut down.
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="lockstep-generate")
+            self._executor.submit(fn)
+
     def shutdown(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
 
 
 class BodySizeLimit:
@@ -312,7 +323,7 @@ class _Generation:
         self.queue: asyncio.Queue = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
         self._deltas = deltas
-        pool.executor.submit(self._run)
+        pool.submit(self._run)
 
     def _put(self, item: tuple[str, Any]) -> None:
         try:
