@@ -29,7 +29,7 @@ from lockstep.runtime import (
     under_torchrun,
 )
 from lockstep.tokenizer import load_tokenizer
-from lockstep.train import AllTargets, ModelParams, TrainConfig, run_key, stage_meta, train
+from lockstep.train import AllTargets, ModelParams, TrainConfig, git_commit, run_key, stage_meta, train
 from stages._common import load_params, section, setup
 
 # Short prompts whose greedy continuations show, in the log and the metrics, what the model learnt.
@@ -190,7 +190,7 @@ def run(stage: str, argv: list[str] | None = None) -> int:
             "steps": result.step, "tokens": result.tokens, "flops": result.flops, "tok_per_s": result.tok_per_s,
             "mfu": result.mfu, "train_time_s": result.train_time_s, "params": model.num_params(),
             "device": rt.describe(), "peak_flops": result.peak, "samples": result.samples,
-            "resumed_from_step": result.resumed_from,
+            "resumed_from_step": result.resumed_from, "git_commit": git_commit(),
         }
         write_json_atomic(args.metrics, {k: (None if isinstance(v, float) and v != v else v) for k, v in metrics.items()})
         log.info("done: val bpb %.4f (unigram %.4f), %d steps, %s", metrics["val_bpb"] or float("nan"),

@@ -90,8 +90,11 @@ def test_resume_is_bit_exact(tmp_path) -> None:
     assert first.step == 3
     _, second = _run(tmp_path / "b", _cfg(), stop_at_step=5)
     assert second.resumed_from == 2
-    resumed_model, third = _run(tmp_path / "b", _cfg())
+    rows: list[dict] = []
+    resumed_model, third = _run(tmp_path / "b", _cfg(), on_step=rows.append)
     assert third.resumed_from == 4
+    # The per-step series replays the checkpointed steps, so plots cover the whole run.
+    assert [(r["step"], r["train_loss"]) for r in rows if "train_loss" in r] == full.losses
     losses = dict(first.losses[:2] + second.losses[:2] + third.losses)
     assert losses == dict(full.losses)
     for (k, a), b in zip(full_model.state_dict().items(), resumed_model.state_dict().values()):

@@ -64,6 +64,8 @@ def test_stage_chain(workspace: Path, repo_root: Path, monkeypatch: pytest.Monke
     monkeypatch.syspath_prepend(str(repo_root))  # stages/ is run as `python -m stages.X` from the root
     from stages import midtrain, pretrain, sft
 
+    # Others may edit the package between two runs in a shared checkout; pin its identity.
+    monkeypatch.setattr("lockstep.train.code_revision", lambda: "sha256:pinned")
     root = workspace
     assert pretrain.main(_args(root, "pretrain", "pretrain")) == 0
     assert midtrain.main(_args(root, "midtrain", "midtrain")) == 0
@@ -82,3 +84,43 @@ def test_stage_chain(workspace: Path, repo_root: Path, monkeypatch: pytest.Monke
     assert pretrain.main(_args(root, "pretrain", "pretrain_third", runs="runs2")) == 0
     assert json.loads((root / "metrics/pretrain_third.json").read_text())["resumed_from_step"] == 4
     assert (root / "pretrain/model.safetensors").read_bytes() == (root / "pretrain_third/model.safetensors").read_bytes()
+
+
+def test_sigkilled_stage_resumes_to_the_same_bytes(workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pretrain process SIGKILLed after its first checkpoint, then re-run, publishes the same
+    checkpoint as an uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.syspath_prepend(str(repo_root))
+    from stages import pretrain
+
+    monkeypatch.setattr("lockstep.train.code_revision", lambda: "sha256:pinned")
+    root = workspace
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["pretrain"].update(num_steps=12, checkpoint_every_steps=2, eval_every_steps=0)
+    (root / "params_kill.yaml").write_text(yaml.safe_dump(params))
+
+    def args(out: str, runs: str) -> list[str]:
+        a = _args(root, "pretrain", out, runs=runs)
+        a[a.index("--params") + 1] = str(root / "params_kill.yaml")
+        return a
+
+    proc = subprocess.Popen([sys.executable, "-m", "stages.pretrain", *args("killed", "runs_kill")], cwd=repo_root,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while not list((root / "runs_kill").glob("pretrain-*/step_*/manifest.json")):
+        assert proc.poll() is None and time.monotonic() < deadline, "stage ended before its first checkpoint"
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (root / "killed").exists()
+    assert pretrain.main(args("killed", "runs_kill")) == 0
+    resumed = json.loads((root / "metrics/killed.json").read_text())["resumed_from_step"]
+    assert 2 <= resumed < 12
+    assert pretrain.main(args("straight", "runs_straight")) == 0
+    for name in ("model.safetensors", "optim_rank0.pt", "meta.json", "manifest.json"):
+        assert (root / "killed" / name).read_bytes() == (root / "straight" / name).read_bytes(), name

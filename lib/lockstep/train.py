@@ -20,13 +20,13 @@ from torch import nn
 
 from lockstep import checkpoint as ckpt
 from lockstep.config import ConfigError, config_to_dict
-from lockstep.io import read_json, write_json_atomic
+from lockstep.io import read_json, sha256_file, sha256_of_manifest, write_json_atomic
 from lockstep.model import GPT, IGNORE_INDEX, GPTConfig
 from lockstep.optim import OptimConfig, all_reduce_grads, build_optimizers, muon_momentum, set_lr
 from lockstep.runtime import Runtime, barrier, peak_flops
 
 log = logging.getLogger("lockstep.train")
-TIMING_FILE = "timing.json"
+PROGRESS_FILE = "progress.json"  # per-step series and wall time so far, beside the checkpoints
 
 
 @dataclass(frozen=True)
@@ -127,8 +127,17 @@ def batch_generator(seed: int, step: int, micro: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
 
-def code_revision(root: Path | None = None) -> str:
-    """The git commit the code runs from, or "unknown" outside a checkout."""
+def code_revision() -> str:
+    """Identity of the code that trains: sha256 over the lockstep package's Python sources. Unlike
+    a git commit it does not change when unrelated files (tests, docs) are committed, so identical
+    runs keep byte-identical checkpoints and DVC output hashes."""
+    package = Path(__file__).resolve().parent
+    files = {str(p.relative_to(package)): sha256_file(p) for p in sorted(package.rglob("*.py"))}
+    return "sha256:" + sha256_of_manifest(files)
+
+
+def git_commit(root: Path | None = None) -> str:
+    """The git commit checked out (for metrics, which people read), or "unknown"."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
@@ -234,7 +243,9 @@ def _save(model: nn.Module, optimizers: list[torch.optim.Optimizer], rt: Runtime
         # The global RNG is unused by the loop (batches come from per-step generators) but is
         # stored so code that draws from it (dropout, say) resumes exactly too.
         ckpt.finish_checkpoint(ckpt.partial_dir(final), final, model_state=model.state_dict(),
-                               meta={**meta, "step": step, "world_size": rt.world_size},
+                               meta={**meta, "step": step, "world_size": rt.world_size,
+                                     # Data order is stateless (batch_generator): the next step is all a loader needs.
+                                     "loader": {"kind": "per-step generators", "next_step": step}},
                                rng_states={"torch_cpu": torch.get_rng_state()})
         ckpt.prune_checkpoints(run_dir, keep_last)
     barrier(rt)
@@ -274,8 +285,7 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
     optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd, rank=rt.rank, world_size=rt.world_size,
                                   ns_dtype=rt.dtype)
     params = [p for p in model.parameters() if p.requires_grad]
-    meta = {**meta, "code_revision": meta.get("code_revision") or code_revision(), "total_steps": total_steps,
-            "data_order": "stateless: micro-batch generator from sha256(seed, step, global micro-batch index)"}
+    meta = {**meta, "code_revision": meta.get("code_revision") or code_revision(), "total_steps": total_steps}
 
     if rt.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -284,6 +294,7 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
             log.info("removed %d incomplete checkpoint(s) in %s", len(removed), run_dir)
     barrier(rt)
     start_step, train_time_s = 0, 0.0
+    series: list[dict[str, float]] = []
     latest = ckpt.latest_checkpoint(run_dir)
     if latest is not None:
         state = ckpt.load_checkpoint(latest)
@@ -296,9 +307,12 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
         start_step = state.step
         if "torch_cpu" in state.rng_states:
             torch.set_rng_state(state.rng_states["torch_cpu"])
-        timing = run_dir / TIMING_FILE
-        if timing.is_file():
-            train_time_s = float(read_json(timing).get("train_time_s", 0.0))
+        progress = run_dir / PROGRESS_FILE
+        if progress.is_file():
+            saved = read_json(progress, what="run progress")
+            train_time_s = float(saved.get("train_time_s", 0.0))
+            # Replay the series up to the checkpoint so per-step plots cover the whole run.
+            series = [row for row in saved.get("series", []) if row["step"] <= start_step]
         if rt.is_main:
             log.info("resuming from %s (step %d/%d)", latest, start_step, total_steps)
     if rt.is_main:
@@ -307,6 +321,15 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
     peak, peak_why = peak_flops(rt, declared=cfg.peak_flops)
     if rt.is_main:
         log.info("MFU peak %.3g FLOP/s per device (%s); %d params, %d FLOPs/token", peak, peak_why, num_params, flops_per_token)
+
+    if rt.is_main and on_step:
+        for row in series:
+            on_step(row)
+
+    def record(row: dict[str, float]) -> None:
+        series.append(row)
+        if on_step:
+            on_step(row)
 
     fwd = torch.compile(model) if rt.compile else model
     model.train()
@@ -322,8 +345,7 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
                          seed=seed, loss=cfg.loss)
         if rt.is_main:
             log.info("step %d/%d | val bpb %.4f | unigram bpb %.4f", step, total_steps, r["val_bpb"], r["unigram_bpb"])
-            if on_step:
-                on_step({"step": step, "val_bpb": r["val_bpb"]})
+            record({"step": step, "val_bpb": r["val_bpb"]})
         return r
 
     def do_samples() -> list[str]:
@@ -386,8 +408,7 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
             lr_now = optimizers[-1].param_groups[0]["lr"]
             log.info("step %d/%d | loss %.4f | lr %.3g | dt %.0fms | tok/s %s | mfu %.1f%% | eta %s", step, total_steps,
                      train_loss, lr_now, dt * 1e3, _fmt_count(tok_s), 100 * mfu, _fmt_eta(med * (total_steps - step)))
-            if on_step:
-                on_step({"step": step, "train_loss": train_loss, "lr_mult": mult, "tok_per_s": tok_s, "mfu": mfu})
+            record({"step": step, "train_loss": train_loss, "lr_mult": mult, "tok_per_s": tok_s, "mfu": mfu})
         last = step == total_steps
         if cfg.eval_every_steps and step % cfg.eval_every_steps == 0 and not last:
             eval_result = do_eval(step)
@@ -396,7 +417,7 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
         if last or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0):
             checkpoint_path = _save(model, optimizers, rt, run_dir, step, meta, cfg.keep_last)
             if rt.is_main:
-                write_json_atomic(run_dir / TIMING_FILE, {"step": step, "train_time_s": train_time_s})
+                write_json_atomic(run_dir / PROGRESS_FILE, {"step": step, "train_time_s": train_time_s, "series": series})
         if stop_at_step is not None and step >= stop_at_step:
             break
 
