@@ -198,3 +198,17 @@ def test_stopping_iteration_stops_the_work(tok):
             break
     gen.close()
     assert model.calls == 3  # prefill + two decode steps for the three columns taken
+
+
+def test_cache_allocates_lazily_in_the_model_dtype():
+    model = random_model(4)
+    for p in model.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    cache = KVCache.for_model(model, 1, capacity_tokens=4)
+    assert cache.kv is None
+    with torch.no_grad():
+        logits = model(torch.tensor([[1, 2, 3]]), kv_cache=cache)
+        model(torch.tensor([[4, 5]]), kv_cache=cache)  # outruns capacity 4: grows
+    assert cache.kv.dtype == torch.bfloat16 and cache.kv.size(4) >= 5
+    assert cache.row_positions() == [5]
+    assert torch.isfinite(logits).all()

@@ -358,6 +358,7 @@ _SMALL_BATCH_ROWS = 16
 # within 7% of each other and 32 rows 12% slower; two threads on a shared, busy 2-core machine,
 # 32 rows 2.1x slower than 128. Unchunked (2048 rows, plain autograd) was 2-4x slower.
 HEAD_CHUNK_ROWS = 128
+_ACCEL_CHUNK_ELEMENTS = 1 << 25  # 128 MB per fp32 chunk buffer on a GPU
 # exp(softcap * tanh(.)) stays finite in fp32 up to ~88, so below this cap the softmax can skip
 # its max-subtraction pass.
 _SAFE_EXP_CAP = 80.0
@@ -389,7 +390,12 @@ class _HeadLoss(torch.autograd.Function):
         G = torch.empty(N, vocab_size, dtype=compute_dtype, device=dev) if keep_grad else None
         fast_exp = 0 < softcap <= _SAFE_EXP_CAP
         small_range = torch.finfo(compute_dtype).max < 1e30
-        R = min(HEAD_CHUNK_ROWS, N)
+        # one host sync per call, not one per chunk (each is a device round trip on GPUs)
+        any_ignored = keep_grad and not bool(valid.all())
+        valid_f = valid.float()[:, None] if any_ignored else None  # (N, 1)
+        # On accelerators a chunk only needs to bound memory: fewer, larger kernels are faster.
+        per_chunk = HEAD_CHUNK_ROWS if dev.type == "cpu" else max(HEAD_CHUNK_ROWS, _ACCEL_CHUNK_ELEMENTS // vocab_size)
+        R = min(per_chunk, N)
         z_buf = torch.empty(R, vocab_size, dtype=compute_dtype, device=dev)
         t_buf = z_buf if compute_dtype == torch.float32 else torch.empty(R, vocab_size, dtype=torch.float32, device=dev)
         e_buf = torch.empty(R, vocab_size, dtype=torch.float32, device=dev)
@@ -423,8 +429,8 @@ class _HeadLoss(torch.autograd.Function):
                 total = torch.ones_like(total)
             row_scale[i:j] = total.reciprocal()
             e.scatter_add_(1, tgt, -total[:, None])  # e - S * onehot
-            if not bool(valid[i:j].all()):
-                e[~valid[i:j]] = 0.0  # ignored rows get no gradient
+            if any_ignored:
+                e.mul_(valid_f[i:j])  # ignored rows get no gradient
             if softcap:
                 e.addcmul_(e, t.square_(), value=-1.0)  # * (1 - tanh^2), through the cap
             G[i:j] = e  # type: ignore[index]
