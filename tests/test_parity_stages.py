@@ -4,6 +4,7 @@ naming a planted quote change and a planted chat-template change in words."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from lockstep.io import read_json, sha256_file
 from lockstep.parity import compare_runs
 from lockstep.sources import fetch_source, iter_records
 from lockstep.sources.roam import RoamConfig
-from lockstep.sources.snapshot import SnapshotWriter
+from lockstep.sources.snapshot import SnapshotWriter, first_records
 from lockstep.sources.synth_chat import SynthChatConfig
 from lockstep.sources.synth_math import SynthMathConfig
 from lockstep.tokenizer import Tokenizer, load_tokenizer
@@ -69,6 +70,22 @@ def test_fetch_publishes_dataset_snapshot_listed_in_meta(tmp_path: Path) -> None
     assert len(splits["train"]["records"]) == 8 and splits["val"] == {
         "count": 0, "records": [], "sha256": splits["val"]["sha256"]
     }  # fmt: skip
+
+
+def test_first_records_from_the_artifact_or_the_parts(tmp_path: Path) -> None:
+    out = tmp_path / "chat"
+    fetch_source("chat", SynthChatConfig(n_train=9, n_val=2, artifact_records=4), out, seed=1)
+    train = list(iter_records(out, "train"))
+    for n in (0, 3, 4, 5, 20):  # up to 4 from the artifact, more from the parquet parts
+        assert first_records(out, "train", n) == train[:n]
+    assert first_records(out, "val", 8) == list(iter_records(out, "val"))
+    # A tampered artifact is not trusted: the records come from the verified parts instead.
+    art = read_json(out / "dataset_snapshot.json")
+    art["splits"]["train"]["records"][0] = {"messages": []}
+    (out / "dataset_snapshot.json").write_text(json.dumps(art), encoding="utf-8")
+    assert first_records(out, "train", 3) == train[:3]
+    with pytest.raises(ValueError, match="split"):
+        first_records(out, "test", 3)
 
 
 def test_snapshot_writer_refuses_negative_artifact_records(tmp_path: Path) -> None:

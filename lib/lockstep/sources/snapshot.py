@@ -267,9 +267,15 @@ def read_meta(snapshot_dir: str | Path) -> dict[str, Any]:
     return meta
 
 
-def iter_records(snapshot_dir: str | Path, split: str, *, verify: bool = True) -> Iterator[dict[str, Any]]:
+def iter_records(
+    snapshot_dir: str | Path, split: str, *, verify: bool = True, batch_records: int = ROW_GROUP_RECORDS
+) -> Iterator[dict[str, Any]]:
     """Records of `split` in stored order. Each part file is checked against its sha256 in
-    meta.json first (unless verify=False), so a damaged snapshot fails instead of feeding bad data."""
+    meta.json first (unless verify=False), so a damaged snapshot fails instead of feeding bad data.
+    `batch_records` rows are converted to dicts at a time; a reader that wants only the first few
+    records passes a small value."""
+    if batch_records < 1:
+        raise ValueError(f"batch_records={batch_records} must be at least 1")
     if split not in SPLITS:
         raise ValueError(f"split {split!r} must be one of {SPLITS}")
     snapshot_dir = Path(snapshot_dir)
@@ -282,8 +288,33 @@ def iter_records(snapshot_dir: str | Path, split: str, *, verify: bool = True) -
         if verify and sha256_file(path) != meta["files"][name]:
             raise SnapshotError(f"{path} does not match its sha256 in meta.json; re-run the fetch stage")
         pf = pq.ParquetFile(path)
-        for batch in pf.iter_batches(batch_size=ROW_GROUP_RECORDS):
+        for batch in pf.iter_batches(batch_size=batch_records):
             yield from batch.to_pylist()
+
+
+def first_records(snapshot_dir: str | Path, split: str, n: int) -> list[dict[str, Any]]:
+    """The first `n` records of `split` in stored order. Taken from the snapshot's
+    dataset_snapshot.json when it holds them and matches its sha256 in meta.json (no parquet
+    decoding), else read from the parts like `iter_records`."""
+    if n < 0:
+        raise ValueError(f"n={n} must be >= 0")
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r} must be one of {SPLITS}")
+    snapshot_dir = Path(snapshot_dir)
+    meta = read_meta(snapshot_dir)
+    digest = (meta.get("artifacts") or {}).get(SNAPSHOT_FILE)
+    path = snapshot_dir / SNAPSHOT_FILE
+    if digest is not None and path.is_file() and sha256_file(path) == digest:
+        kept = read_json(path, what="dataset snapshot").get("splits", {}).get(split)
+        if kept is not None and len(kept["records"]) >= min(n, kept["count"]):
+            return kept["records"][:n]
+    out: list[dict[str, Any]] = []
+    if n > 0:
+        for record in iter_records(snapshot_dir, split, batch_records=n):
+            out.append(record)
+            if len(out) == n:
+                break
+    return out
 
 
 def split_sizes(n: int, val_frac: float) -> int:

@@ -97,19 +97,15 @@ def rendered_samples(tokenizer: Tokenizer, snapshots: Mapping[str, Path], n: int
     """The `rendered_samples.json` object: the first `n` records of `split` of each snapshot
     rendered with `tokenizer`, labelled `<source>/<split>`, so a tokenizer or chat-template
     change shows up as the first differing id."""
-    from lockstep.sources import iter_records, read_meta
+    from lockstep.sources import read_meta
+    from lockstep.sources.snapshot import first_records
 
     samples = RenderedSamples(tokenizer, n, bos_id=tokenizer.get_bos_token_id())
     for name, path in snapshots.items():
-        if n == 0:
-            break
         kind = read_meta(path)["kind"]
-        label = f"{name}/{split}"
-        for record in iter_records(path, split):
+        for record in first_records(path, split, n):
             ids, mask, keep = render_record(tokenizer, kind, record)
-            samples.add(label, ids, mask, max_tokens=keep)
-            if not samples.wants(label):
-                break
+            samples.add(f"{name}/{split}", ids, mask, max_tokens=keep)
     return samples.to_json()
 
 
