@@ -54,24 +54,32 @@ class AdamW(torch.optim.Optimizer):
     def step(self, closure=None):  # type: ignore[override]
         for group in self.param_groups:
             lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            for p in params:
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.zeros((), dtype=torch.float32)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
-                step = state["step"].item()
-                grad = p.grad
-                p.mul_(1 - lr * wd)
-                state["exp_avg"].lerp_(grad, 1 - beta1)
-                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                bias1 = 1 - beta1**step
-                bias2_sqrt = math.sqrt(1 - beta2**step)
-                denom = (state["exp_avg_sq"].sqrt() / bias2_sqrt).add_(eps)
-                p.addcdiv_(state["exp_avg"], denom, value=-lr / bias1)
+            grads = [p.grad for p in params]
+            m = [self.state[p]["exp_avg"] for p in params]
+            v = [self.state[p]["exp_avg_sq"] for p in params]
+            step = self.state[params[0]]["step"].item()  # all params of a group step together
+            if wd:
+                torch._foreach_mul_(params, 1 - lr * wd)
+            torch._foreach_lerp_(m, grads, 1 - beta1)
+            torch._foreach_mul_(v, beta2)
+            torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
+            bias1 = 1 - beta1**step
+            bias2_sqrt = math.sqrt(1 - beta2**step)
+            # m / (sqrt(v) / b2 + eps) == b2 * m / (sqrt(v) + eps * b2): one pass fewer over v on
+            # the large embedding matrices; equal to torch's formula up to rounding.
+            denom = torch._foreach_sqrt(v)
+            torch._foreach_add_(denom, eps * bias2_sqrt)
+            torch._foreach_addcdiv_(params, m, denom, value=-lr * bias2_sqrt / bias1)
         return None
 
 
