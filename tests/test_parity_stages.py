@@ -179,3 +179,22 @@ def test_compare_runs_names_a_chat_template_change(tmp_path: Path, monkeypatch: 
     assert "loss mask differs" in diffs[0] and "('<|output_start|>'): A [0], B [1]" in diffs[0]
     assert "chat template's loss masking changed" in diffs[0]
     assert (a / "tokenizer" / "meta.json").read_bytes() == (b / "tokenizer" / "meta.json").read_bytes()
+
+
+def test_snapshot_hash_is_the_same_whatever_the_chunking(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+
+    from lockstep import parity
+    from lockstep.io import canonical_json
+
+    records = [{"text": f"line {i} \u2019quoted\u2019"} for i in range(50)]
+    records += [{"text": "x", "id": None}, {"question": "q", "answer": "a"}]
+    want = hashlib.sha256("".join(canonical_json(r) for r in records).encode("utf-8")).hexdigest()
+    for chunk_chars in (1, 100, 1 << 20):
+        monkeypatch.setattr(parity, "HASH_CHUNK_CHARS", chunk_chars)
+        col = parity.SnapshotCollector(2)
+        for r in records:
+            col.add("train", r)
+        got = col.to_json()["splits"]["train"]
+        assert (got["sha256"], got["count"], got["records"]) == (want, len(records), records[:2])
+        assert col.to_json()["splits"]["train"]["sha256"] == want  # to_json twice gives the same

@@ -23,6 +23,9 @@ ARTIFACT_ORDER = (SNAPSHOT_FILE, RENDERED_FILE, "meta.json", FIRST_BATCH_FILE)
 # artifacts anywhere else (training runs) come after them.
 STAGE_DIRS = ("raw", "tokenizer", "cache")
 MAX_SAMPLE_TOKENS = 1024  # rendered samples keep at most this many ids each
+# Canonical JSON lines are hashed in chunks of about this many characters: one sha256 update per
+# record released and re-took the GIL per record, which stalled beside encoding threads.
+HASH_CHUNK_CHARS = 1 << 20
 
 _SPECIAL_PIECE = re.compile(r"<\|[a-z_]+\|>")
 _QUOTES = str.maketrans(
@@ -47,7 +50,7 @@ class SnapshotCollector:
 
     def begin(self, split: str) -> None:
         """Open `split` so that it is listed (count 0) even when no record arrives."""
-        self._splits.setdefault(split, {"count": 0, "hash": hashlib.sha256(), "records": []})
+        self._splits.setdefault(split, {"count": 0, "hash": hashlib.sha256(), "records": [], "pending": [], "chars": 0})
 
     def add(self, split: str, record: Any) -> None:
         self.begin(split)
@@ -58,12 +61,24 @@ class SnapshotCollector:
             line = '{"text":' + json.dumps(record["text"], ensure_ascii=False) + "}\n"
         else:
             line = canonical_json(record)
-        s["hash"].update(line.encode("utf-8"))
+        s["pending"].append(line)
+        s["chars"] += len(line)
+        if s["chars"] >= HASH_CHUNK_CHARS:
+            self._flush(s)
         if s["count"] < self.n:
             s["records"].append(record)
         s["count"] += 1
 
+    @staticmethod
+    def _flush(s: dict[str, Any]) -> None:
+        # sha256 of the concatenation equals sha256 fed line by line.
+        s["hash"].update("".join(s["pending"]).encode("utf-8"))
+        s["pending"].clear()
+        s["chars"] = 0
+
     def to_json(self) -> dict[str, Any]:
+        for v in self._splits.values():
+            self._flush(v)
         return {
             "artifact": "dataset_snapshot",
             "n": self.n,
@@ -75,7 +90,9 @@ class SnapshotCollector:
 
 
 class RenderedSamples:
-    """The first `n` rendered samples per split: ids, each id decoded alone, and the loss mask."""
+    """The first `n` rendered samples per split: ids, each id decoded alone, and the loss mask.
+    Pieces are decoded in `to_json`, once per distinct id, so that `add` stays cheap while a
+    cache build's encoding threads run."""
 
     def __init__(self, tokenizer: Any, n: int, *, bos_id: int | None = None) -> None:
         self.tokenizer = tokenizer
@@ -104,14 +121,20 @@ class RenderedSamples:
                 "split": split,
                 "index": i,
                 "ids": ids,
-                "pieces": [self.tokenizer.decode([t]) for t in ids],
                 "mask": None if mask is None else [int(m) for m in mask[:max_tokens]],
                 "truncated": n_ids > max_tokens,
             }
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {"artifact": "rendered_samples", "bos_id": self.bos_id, "samples": self._samples}
+        piece: dict[int, str] = {}
+        samples = []
+        for sample in self._samples:
+            for t in sample["ids"]:
+                if t not in piece:
+                    piece[t] = self.tokenizer.decode([t])
+            samples.append({**sample, "pieces": [piece[t] for t in sample["ids"]]})
+        return {"artifact": "rendered_samples", "bos_id": self.bos_id, "samples": samples}
 
 
 def write_dataset_snapshot(
