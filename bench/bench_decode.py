@@ -8,6 +8,7 @@ model and for a d4 model with a 32k vocab. Random weights; not a test, not a qua
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -67,6 +68,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     print(f"{torch.get_num_threads()} threads, {args.dtype} weights, prompt {args.prompt} + {args.new} new tokens, median of {args.reps}")
+    # Other processes on a small machine skew every figure here; print the load so a reader can tell.
+    print(f"load average (1 min) at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     for shape in args.shapes.split(","):
         depth, vocab, seq = SHAPES[shape]
         config = GPTConfig.from_depth(depth, vocab_size=vocab, sequence_len=seq)
@@ -93,3 +96,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    print(f"load average (1 min) at end: {os.getloadavg()[0]:.2f}")

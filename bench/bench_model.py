@@ -8,6 +8,7 @@ measured in the same run. Not a test and not the training loop's throughput.
 from __future__ import annotations
 
 import argparse
+import os
 import contextlib
 import statistics
 import time
@@ -79,6 +80,8 @@ def main() -> None:
     )
     del probe
 
+    # Other processes on a small machine skew every figure here; print the load so a reader can tell.
+    print(f"load average (1 min) at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     peaks = {"fp32": matmul_peak_flop_s(torch.float32), "bf16": matmul_peak_flop_s(torch.bfloat16)}
     for name, peak in peaks.items():
         print(f"matmul peak {name}: {peak / 1e9:.0f} GFLOP/s")
@@ -100,3 +103,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    print(f"load average (1 min) at end: {os.getloadavg()[0]:.2f}")

@@ -97,10 +97,11 @@ def test_forward_shapes_and_padded_vocab_sliced():
 
 @pytest.mark.parametrize("softcap", [15.0, 0.0])
 def test_fused_head_loss_equals_plain_cross_entropy(softcap, monkeypatch):
-    monkeypatch.setattr(model_module, "HEAD_CHUNK_ROWS", 16)
+    monkeypatch.setattr(model_module, "HEAD_TILE_ROWS", 16)
+    monkeypatch.setattr(model_module, "HEAD_TILE_COLS", 32)
     c = tiny(vocab_size=70, softcap=softcap)
     m = randomize(GPT.build(c, "cpu"))
-    idx = tokens(3, 20, 70)  # 60 rows: four chunks of the fused head, the last one short
+    idx = tokens(3, 20, 70)  # 60 rows x 70 ids: 4 x 3 tiles of the fused head, the last ones short
     y = tokens(3, 20, 70, seed=1)
     y[0, :5] = IGNORE_INDEX
     for reduction in ("mean", "sum", "none"):
@@ -215,3 +216,39 @@ def test_bf16_autocast_loss_close_to_fp32():
     assert abs(got.item() - ref.item()) < 0.05 * ref.item()
     got.backward()
     assert all(torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_rms_norm_matches_reference_and_gradcheck(dtype, tol):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 5, 16, generator=g) * 3).to(dtype).requires_grad_()
+    grad = torch.randn(3, 5, 16, generator=g).to(dtype)
+    y = model_module.rms_norm(x)
+    y.backward(grad)
+    xr = x.detach().double().requires_grad_()
+    yr = xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + model_module.RMS_EPS)
+    yr.backward(grad.double())
+    assert y.dtype == dtype
+    torch.testing.assert_close(y.double(), yr, rtol=tol, atol=tol)
+    torch.testing.assert_close(x.grad.double(), xr.grad, rtol=tol, atol=tol)
+    with torch.no_grad():
+        torch.testing.assert_close(model_module.rms_norm(x), y)
+    xd = torch.randn(2, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(model_module.rms_norm, (xd,))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_head_under_low_precision_autocast_close_to_fp32(dtype):
+    m = randomize(GPT.build(tiny(), "cpu"), seed=5)
+    idx, y = tokens(2, 16, 100), tokens(2, 16, 100, seed=1)
+    ref = cross_entropy(m(idx), y, "mean")
+    ref.backward()
+    ref_grad = m.lm_head.weight.grad.clone()
+    m.zero_grad()
+    with torch.autocast("cpu", dtype=dtype):
+        got = m(idx, y)
+    got.backward()
+    assert abs(got.item() - ref.item()) < 0.02 * ref.item()
+    assert torch.isfinite(m.lm_head.weight.grad).all()
+    cos = torch.nn.functional.cosine_similarity(m.lm_head.weight.grad.flatten(), ref_grad.flatten(), dim=0)
+    assert cos > 0.99
