@@ -29,7 +29,17 @@ from lockstep.runtime import (
     under_torchrun,
 )
 from lockstep.tokenizer import load_tokenizer
-from lockstep.train import AllTargets, ModelParams, TrainConfig, git_commit, run_key, stage_meta, train
+from lockstep.parity import FIRST_BATCH_FILE, dump_first_batch
+from lockstep.train import (
+    AllTargets,
+    ModelParams,
+    TrainConfig,
+    batch_generator,
+    git_commit,
+    run_key,
+    stage_meta,
+    train,
+)
 from stages._common import load_params, section, setup
 
 # Short prompts whose greedy continuations show, in the log and the metrics, what the model learnt.
@@ -171,6 +181,11 @@ def run(stage: str, argv: list[str] | None = None) -> int:
                       extra={"caches": train_ids, "init_manifest_sha256": init_identity, "runtime": rt.describe()})
     log.info("run folder %s", run_dir)
     plots = _Plots(args.plots) if rt.is_main else None
+    if rt.is_main:
+        # Parity artifact: the first micro-batch exactly as step 0 draws it (data order is stateless).
+        first = train_data.get_batch(B=cfg.device_batch_rows, generator=batch_generator(seed, 0, 0))
+        dump_first_batch(args.plots / FIRST_BATCH_FILE, first[0], first[1], first[2] if len(first) > 2 else None,
+                         rows=train_data.last_rows, meta={"stage": stage, "step": 0, "micro_batch": 0})
     try:
         result = train(model, cfg=cfg, rt=rt, train_data=train_data, val_data=val_data, token_bytes=token_bytes,
                        run_dir=run_dir, seed=seed, meta=meta, sample_prompts=_prompts(stage, tok), decode=tok.decode,

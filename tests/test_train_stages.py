@@ -75,6 +75,8 @@ def test_stage_chain(workspace: Path, repo_root: Path, monkeypatch: pytest.Monke
         assert ck.meta["stage"] == stage
         m = json.loads((root / f"metrics/{stage}.json").read_text())
         assert m["val_bpb"] > 0 and m["steps"] == ck.step and len(m["samples"]) == 3
+        first = json.loads((root / f"plots/{stage}/first_batch.json").read_text())
+        assert first["shape"] == [2, 64] and len(first["rows"]) == 2
     assert load_checkpoint(root / "pretrain").meta["tokenizer_sha256"] == load_checkpoint(root / "sft").meta["tokenizer_sha256"]
     # A second, independent run with the same params writes the same bytes.
     assert pretrain.main(_args(root, "pretrain", "pretrain_again", runs="runs2")) == 0
