@@ -57,3 +57,25 @@ def test_two_gloo_ranks_match_one_rank(tmp_path) -> None:
     # 2-rank checkpoints hold one optimizer-state file per rank (Muon state is sharded).
     last = sorted((tmp_path / "run").glob("step_*"))[-1]
     assert (last / "optim_rank0.pt").is_file() and (last / "optim_rank1.pt").is_file()
+
+
+def test_device_dtype_choice_says_why(monkeypatch) -> None:
+    from lockstep.runtime import RuntimeConfig, choose_device_dtype, init_runtime, torchrun_argv
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    dev, dt, why = choose_device_dtype("auto", "auto")
+    assert dev.type == "cpu" and dt == torch.float32 and "fp32 on CPU" in why
+    dev, dt, why = choose_device_dtype("cpu", "bf16")
+    assert dt == torch.bfloat16 and "bf16 autocast on CPU" in why
+    import pytest
+
+    with pytest.raises(RuntimeError, match="runtime.device"):
+        choose_device_dtype("cuda", "auto")
+    with pytest.raises(ValueError, match="runtime.dtype"):
+        choose_device_dtype("cpu", "fp16")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    rt = init_runtime(RuntimeConfig(device="cpu"))
+    assert rt.world_size == 1 and rt.is_main and not rt.compile
+    cmd = torchrun_argv(2, "stages.pretrain", ["--out", "x"])
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] and cmd[-2:] == ["--out", "x"]
