@@ -20,7 +20,7 @@ from torch import nn
 
 from lockstep import checkpoint as ckpt
 from lockstep.config import ConfigError, config_to_dict
-from lockstep.io import read_json, sha256_file, sha256_of_manifest, write_json_atomic
+from lockstep.io import canonical_json, read_json, sha256_file, sha256_of_manifest, write_json_atomic
 from lockstep.model import GPT, IGNORE_INDEX, GPTConfig
 from lockstep.optim import OptimConfig, all_reduce_grads, build_optimizers, muon_momentum, set_lr
 from lockstep.runtime import Runtime, barrier, peak_flops
@@ -360,8 +360,7 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
 
     step = start_step
     while step < total_steps:
-        if rt.device.type == "cuda":
-            torch.cuda.synchronize(rt.device)
+        rt.synchronize()
         t0 = time.perf_counter()
         mult = lr_multiplier(step, total_steps, warmup_steps=cfg.warmup_steps, warmdown_frac=cfg.warmdown_frac,
                              final_lr_frac=cfg.final_lr_frac)
@@ -392,8 +391,7 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         train_loss = loss_sum.item() / denom
-        if rt.device.type == "cuda":
-            torch.cuda.synchronize(rt.device)
+        rt.synchronize()  # time honestly: queued GPU work belongs to this step
         dt = time.perf_counter() - t0
         step += 1
         losses.append((step, train_loss))
@@ -438,8 +436,6 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
 def run_key(stage: str, payload: dict[str, Any]) -> str:
     """A short hash naming a run folder: the stage name, its params and its inputs' identities.
     A params or input change gets a new folder, so a run never resumes someone else's state."""
-    from lockstep.io import canonical_json
-
     return hashlib.sha256(canonical_json({"stage": stage, **payload}).encode("utf-8")).hexdigest()[:16]
 
 
