@@ -424,12 +424,15 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
     samples = do_samples() if step == total_steps else []
     assert checkpoint_path is not None
     tokens = step * cfg.batch_tokens
-    med_dt = sorted(dts)[len(dts) // 2] if dts else float("nan")
-    tok_per_s = cfg.batch_tokens / med_dt if dts else float("nan")
+    if dts:
+        tok_per_s = cfg.batch_tokens / sorted(dts)[len(dts) // 2]
+    else:  # nothing timed in this process (a finished run re-run): the recorded series' median
+        rates = sorted(row["tok_per_s"] for row in series if "tok_per_s" in row)
+        tok_per_s = rates[len(rates) // 2] if rates else float("nan")
     return TrainResult(step=step, total_steps=total_steps, losses=losses, final_eval=eval_result, samples=samples,
                        checkpoint=checkpoint_path, resumed_from=start_step, tokens=tokens,
                        flops=float(flops_per_token) * tokens, tok_per_s=tok_per_s,
-                       mfu=flops_per_token * tok_per_s / (peak * rt.world_size) if dts else float("nan"),
+                       mfu=flops_per_token * tok_per_s / (peak * rt.world_size),
                        train_time_s=train_time_s, peak={"flops_per_s": peak, "source": peak_why})
 
 
