@@ -8,6 +8,7 @@ import logging
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,7 @@ class _Plots:
 
 
 def run(stage: str, argv: list[str] | None = None) -> int:
+    start_s = time.perf_counter()
     args = parse_args(stage, argv)
     log = setup(stage)
     params = load_params(args.params)
@@ -206,6 +208,7 @@ def run(stage: str, argv: list[str] | None = None) -> int:
             "mfu": result.mfu, "train_time_s": result.train_time_s, "params": model.num_params(),
             "device": rt.describe(), "peak_flops": result.peak, "samples": result.samples,
             "resumed_from_step": result.resumed_from, "git_commit": git_commit(),
+            "stage_wall_time_s": time.perf_counter() - start_s,
         }
         write_json_atomic(args.metrics, {k: (None if isinstance(v, float) and v != v else v) for k, v in metrics.items()})
         log.info("done: val bpb %.4f (unigram %.4f), %d steps, %s", metrics["val_bpb"] or float("nan"),
