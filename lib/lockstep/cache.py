@@ -174,7 +174,7 @@ class _ShardWriter:
             if self._f is None:
                 self._open()
             take = min(self.tokens_per_shard - self._count, tokens.size - pos)
-            data = tokens[pos : pos + take].tobytes()
+            data = memoryview(tokens[pos : pos + take]).cast("B")
             self._f.write(data)
             self._hash.update(data)
             self._count += take
@@ -194,12 +194,22 @@ def _batched(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
         yield batch
 
 
-def _bos_join(ids_lists: list[list[int]], bos_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate documents, each prefixed with BOS. Returns (tokens int64 (N,), doc lengths)."""
-    lengths = np.fromiter((len(ids) for ids in ids_lists), dtype=np.int64, count=len(ids_lists))
-    flat = np.fromiter(itertools.chain.from_iterable(ids_lists), dtype=np.int64, count=int(lengths.sum()))
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1])) if len(lengths) else lengths
-    return np.insert(flat, starts, bos_id), lengths + 1
+def _bos_join(ids_lists: list[list[int]], bos_id: int, vocab_size: int, dtype: np.dtype, where: str) -> np.ndarray:
+    """Concatenate documents, each prefixed with BOS, straight into the token dtype: one pass over
+    the ids, no int64 copy and no insertion. Returns tokens (N,) of `dtype`."""
+    bos = (bos_id,)
+    n_tokens = len(ids_lists) + sum(map(len, ids_lists))
+    parts = itertools.chain.from_iterable(zip(itertools.repeat(bos), ids_lists))
+    try:
+        # numpy refuses a Python int that does not fit the dtype, so negatives and ids past the
+        # dtype fail here; ids that fit the dtype but not the vocabulary fail the max check.
+        flat = np.fromiter(itertools.chain.from_iterable(parts), dtype=dtype, count=n_tokens)
+    except OverflowError:
+        wide = np.fromiter(itertools.chain.from_iterable(ids_lists), dtype=object)
+        return to_token_array(wide, vocab_size, dtype, where)  # raises, naming the id
+    if flat.size and int(flat.max()) >= vocab_size:
+        return to_token_array(flat, vocab_size, dtype, where)  # raises, naming the id
+    return flat
 
 
 def _checked_batches(docs: Iterable[Any], n: int, split: str) -> Iterator[list[str]]:
@@ -292,18 +302,19 @@ def build_pretrain_cache(
             for batch, ids_lists in _encode_ahead(batches, tokenizer, num_threads):
                 if cap is not None and n_tokens >= cap:
                     break
-                flat, lengths = _bos_join(ids_lists, bos_id)
-                if cap is not None and n_tokens + flat.size > cap:
-                    ends = np.cumsum(lengths)
-                    keep_docs = int(np.searchsorted(ends, cap - n_tokens, side="left")) + 1
-                    n_cut = int(ends[keep_docs - 1] > cap - n_tokens)
-                    batch, ids_lists = batch[:keep_docs], ids_lists[:keep_docs]
+                if cap is not None:
+                    ends = np.cumsum(np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists)) + 1)
+                    if ends.size and n_tokens + int(ends[-1]) > cap:
+                        keep_docs = int(np.searchsorted(ends, cap - n_tokens, side="left")) + 1
+                        n_cut = int(ends[keep_docs - 1] > cap - n_tokens)
+                        batch, ids_lists = batch[:keep_docs], ids_lists[:keep_docs]
+                flat = _bos_join(ids_lists, bos_id, ident["vocab_size"], dtype, f"{split} documents")
+                if cap is not None:
                     flat = flat[: cap - n_tokens]
-                for text, ids in zip(batch, ids_lists):
-                    snapshot.add(split, {"text": text})
-                    if rendered.wants(split):
-                        rendered.add(split, [bos_id, *ids])
-                writer.write(to_token_array(flat, ident["vocab_size"], dtype, f"{split} documents"))
+                snapshot.add_texts(split, batch)
+                for ids in ids_lists[: artifact_records if rendered.wants(split) else 0]:
+                    rendered.add(split, [bos_id, *ids])
+                writer.write(flat)
                 n_tokens += flat.size
                 n_docs += len(batch)
                 if cap is not None and n_tokens >= cap:

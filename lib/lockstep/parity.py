@@ -27,6 +27,14 @@ MAX_SAMPLE_TOKENS = 1024  # rendered samples keep at most this many ids each
 # record released and re-took the GIL per record, which stalled beside encoding threads.
 HASH_CHUNK_CHARS = 1 << 20
 
+# The item separator closes one record's line and opens the next, so a list of texts encodes to
+# their canonical lines between "[" and "]".
+_TEXT_LINES = json.JSONEncoder(ensure_ascii=False, separators=('}\n{"text":', ":"))
+# What json.dumps(ensure_ascii=False) escapes in a str: backslash first, since the rest add one.
+_JSON_ESCAPES = ((b"\\", b"\\\\"), (b'"', b'\\"'), (b"\n", b"\\n"), (b"\r", b"\\r"), (b"\t", b"\\t"), (b"\b", b"\\b"), (b"\f", b"\\f"))
+_OTHER_CONTROL_BYTES = bytes(c for c in range(32) if c not in b"\n\r\t\b\f")
+_TEXT_SEP = "\x00"
+
 _SPECIAL_PIECE = re.compile(r"<\|[a-z_]+\|>")
 _QUOTES = str.maketrans(
     {
@@ -38,6 +46,25 @@ _QUOTES = str.maketrans(
 
 # ---------------------------------------------------------------------------------------------
 # writers
+
+
+def _text_lines(texts: Sequence[str]) -> bytes:
+    """UTF-8 of the canonical lines `{"text":...}\\n` of `texts`, the same bytes that json.dumps
+    gives, escaped with a few whole-batch byte replacements: json's per-character encoder was the
+    largest cost of hashing a corpus. Texts holding NUL or rarer control characters take json's
+    path."""
+    if not texts:
+        return b""
+    joined = _TEXT_SEP.join(texts).encode("utf-8")
+    n_sep = len(texts) - 1
+    # NUL joins the texts, so it must occur only as the separator; other control characters would
+    # need \\u00XX escapes, which the byte replacements do not make.
+    if joined.count(b"\x00") != n_sep or len(joined.translate(None, _OTHER_CONTROL_BYTES)) != len(joined) - n_sep:
+        body = _TEXT_LINES.encode(list(texts))
+        return ('{"text":' + body[1:-1] + "}\n").encode("utf-8")
+    for raw, escaped in _JSON_ESCAPES:
+        joined = joined.replace(raw, escaped)
+    return b'{"text":"' + joined.replace(b"\x00", b'"}\n{"text":"') + b'"}\n'
 
 
 class SnapshotCollector:
@@ -68,6 +95,22 @@ class SnapshotCollector:
         if s["count"] < self.n:
             s["records"].append(record)
         s["count"] += 1
+
+    def add_texts(self, split: str, texts: Sequence[str]) -> None:
+        """`add(split, {"text": t})` for each of `texts`, in order, with one JSON encoder call for
+        the whole list instead of one per record."""
+        self.begin(split)
+        s = self._splits[split]
+        if not texts:
+            return
+        if not all(type(t) is str for t in texts):
+            raise TypeError(f"{split}: add_texts takes a sequence of str; pass other records to add()")
+        self._flush(s)
+        s["hash"].update(_text_lines(texts))
+        keep = self.n - len(s["records"])
+        if keep > 0:
+            s["records"].extend({"text": t} for t in texts[:keep])
+        s["count"] += len(texts)
 
     @staticmethod
     def _flush(s: dict[str, Any]) -> None:
