@@ -3,6 +3,8 @@ turning caches into (x, y) batches is lockstep.loaders' job."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import hashlib
 import itertools
 import logging
@@ -222,19 +224,48 @@ def _checked_batches(docs: Iterable[Any], n: int, split: str) -> Iterator[list[s
         yield batch
 
 
-def _encode_ahead(batches: Iterable[list[str]], tokenizer: Any, num_threads: int) -> Iterator[tuple[list[str], list[list[int]]]]:
-    """(texts, ids) per batch, in order, with the next batch already encoding in a worker thread:
-    tokenizers release the GIL while encoding, so reading the snapshot and writing shards overlap
-    with it instead of adding to it (measured in bench/bench_cache.py)."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = None
+# Documents per encoding task: small enough that the tasks of one batch spread evenly over the
+# threads, large enough that submitting them costs nothing next to encoding them.
+_TASK_DOCS = 16
+
+
+def _encode_join(
+    texts: list[str], tokenizer: Any, bos_id: int, vocab_size: int, dtype: np.dtype, where: str
+) -> tuple[np.ndarray, np.ndarray]:
+    ids_lists = tokenizer.encode(texts, num_threads=1)
+    lengths = np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists)) + 1
+    return _bos_join(ids_lists, bos_id, vocab_size, dtype, where), lengths
+
+
+def _joined(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def _encode_ahead(
+    batches: Iterable[list[str]], tokenizer: Any, num_threads: int, bos_id: int, vocab_size: int, dtype: np.dtype, where: str
+) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
+    """(texts, BOS-joined tokens (N,) of `dtype`, document lengths counting BOS (D,)) per batch, in
+    order. `num_threads` threads each encode small runs of documents and turn the id lists into
+    tokens themselves: tokenizers release the GIL while encoding, so one thread's conversion
+    overlaps another's encoding, and the next batch is queued while this one is hashed and
+    written (measured in bench/bench_cache.py)."""
+    pool = ThreadPoolExecutor(max_workers=max(1, num_threads))
+    pending: collections.deque[tuple[list[str], list[Any]]] = collections.deque()
+    try:
         for batch in batches:
-            future = pool.submit(tokenizer.encode, batch, num_threads=num_threads)
-            if pending is not None:
-                yield pending[0], pending[1].result()
-            pending = (batch, future)
-        if pending is not None:
-            yield pending[0], pending[1].result()
+            tasks = [
+                pool.submit(_encode_join, batch[i : i + _TASK_DOCS], tokenizer, bos_id, vocab_size, dtype, where)
+                for i in range(0, len(batch), _TASK_DOCS)
+            ]
+            pending.append((batch, tasks))
+            if len(pending) > 1:
+                texts, done = pending.popleft()
+                yield texts, *_joined([t.result() for t in done])
+        while pending:
+            texts, done = pending.popleft()
+            yield texts, *_joined([t.result() for t in done])
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def build_pretrain_cache(
@@ -259,7 +290,7 @@ def build_pretrain_cache(
     then written until its token cap; the document at the cap is cut. Writes
     `{train,val}/shard_NNNNN.bin`, the parity artifacts and `meta.json` (last), all into a temp
     folder that replaces `out_dir` only when everything is written."""
-    from lockstep.parity import RenderedSamples, SnapshotCollector
+    from lockstep.parity import MAX_SAMPLE_TOKENS, RenderedSamples, SnapshotCollector
 
     if not isinstance(texts, Mapping) or not set(texts) <= set(SPLITS) or "train" not in texts:
         raise TypeError('texts must map "train" (and optionally "val") to iterables of documents')
@@ -299,26 +330,31 @@ def build_pretrain_cache(
             n_tokens = n_docs = n_cut = 0
             docs = buffer_shuffle(texts.get(split, ()), shuffle_buffer, gen)
             batches = _checked_batches(docs, encode_batch_docs if cap != 0 else 1, split)
-            for batch, ids_lists in _encode_ahead(batches, tokenizer, num_threads):
-                if cap is not None and n_tokens >= cap:
-                    break
-                if cap is not None:
-                    ends = np.cumsum(np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists)) + 1)
-                    if ends.size and n_tokens + int(ends[-1]) > cap:
+            where = f"{split} documents"
+            encoded = _encode_ahead(batches, tokenizer, num_threads, bos_id, ident["vocab_size"], dtype, where)
+            # closing: a loop left at the cap stops the encoding threads before the next split.
+            with contextlib.closing(encoded):
+                for batch, flat, lengths in encoded:
+                    if cap is not None and n_tokens >= cap:
+                        break
+                    if cap is not None and n_tokens + flat.size > cap:
+                        ends = np.cumsum(lengths)
                         keep_docs = int(np.searchsorted(ends, cap - n_tokens, side="left")) + 1
                         n_cut = int(ends[keep_docs - 1] > cap - n_tokens)
-                        batch, ids_lists = batch[:keep_docs], ids_lists[:keep_docs]
-                flat = _bos_join(ids_lists, bos_id, ident["vocab_size"], dtype, f"{split} documents")
-                if cap is not None:
-                    flat = flat[: cap - n_tokens]
-                snapshot.add_texts(split, batch)
-                for ids in ids_lists[: artifact_records if rendered.wants(split) else 0]:
-                    rendered.add(split, [bos_id, *ids])
-                writer.write(flat)
-                n_tokens += flat.size
-                n_docs += len(batch)
-                if cap is not None and n_tokens >= cap:
-                    break  # stop reading: a capped split never streams the rest of a large source
+                        batch, lengths = batch[:keep_docs], lengths[:keep_docs]
+                    if rendered.wants(split):
+                        # Whole documents, also the one cut at the cap; `add` keeps the first ids.
+                        doc_ends = np.cumsum(lengths[:artifact_records]).tolist()
+                        for a, b in zip([0, *doc_ends], doc_ends):
+                            rendered.add(split, flat[a : min(b, a + MAX_SAMPLE_TOKENS + 1)].tolist())
+                    if cap is not None:
+                        flat = flat[: cap - n_tokens]
+                    snapshot.add_texts(split, batch)
+                    writer.write(flat)
+                    n_tokens += flat.size
+                    n_docs += len(batch)
+                    if cap is not None and n_tokens >= cap:
+                        break  # stop reading: a capped split never streams the rest of a large source
             meta["shards"][split] = writer.close()
             meta[f"{split}_tokens"] = n_tokens
             meta[f"{split}_docs"] = n_docs
