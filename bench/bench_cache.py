@@ -59,6 +59,9 @@ class _RawTiktoken:
         return getattr(self.tok, name)
 
     def encode(self, texts, num_threads=2):
+        # One thread: no pool, as the bpe kind does; the cache build encodes from its own threads.
+        if num_threads <= 1:
+            return [self.tok._enc.encode_ordinary(t) for t in texts]
         return self.tok._enc.encode_ordinary_batch(texts, num_threads=num_threads)
 
 
