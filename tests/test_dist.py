@@ -63,8 +63,16 @@ def test_device_dtype_choice_says_why(monkeypatch) -> None:
     from lockstep.runtime import RuntimeConfig, choose_device_dtype, init_runtime, torchrun_argv
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    import lockstep.runtime as runtime_mod
+
+    monkeypatch.setattr(runtime_mod, "cpu_has_native_bf16", lambda: True)
     dev, dt, why = choose_device_dtype("auto", "auto")
-    assert dev.type == "cpu" and dt == torch.float32 and "fp32 on CPU" in why
+    assert dev.type == "cpu" and dt == torch.bfloat16 and "native" in why
+    monkeypatch.setattr(runtime_mod, "cpu_has_native_bf16", lambda: False)
+    dev, dt, why = choose_device_dtype("auto", "auto")
+    assert dev.type == "cpu" and dt == torch.float32 and "no native bf16" in why
+    dev, dt, why = choose_device_dtype("cpu", "fp32")
+    assert dt == torch.float32 and "requested" in why
     dev, dt, why = choose_device_dtype("cpu", "bf16")
     assert dt == torch.bfloat16 and "bf16 autocast on CPU" in why
     import pytest

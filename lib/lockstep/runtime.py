@@ -93,8 +93,10 @@ def cpu_has_native_bf16() -> bool:
 
 
 def choose_device_dtype(device: str = "auto", dtype: str = "auto", *, local_rank: int = 0) -> tuple[torch.device, torch.dtype, str]:
-    """Pick the device and compute dtype, and say why. CPU fp32 always works; `auto` never picks
-    CPU bf16 (a measured choice the user makes, see bench/bench_train.py)."""
+    """Pick the device and compute dtype, and say why. CPU fp32 always works and is what `auto`
+    picks on CPUs without native bf16; on CPUs with it (AVX-512 BF16 / AMX), `auto` picks bf16
+    autocast: about 2x the training throughput there, with per-step losses within ~1e-4 of fp32
+    and the same val bpb after 40 tiny-preset steps (bench/bench_train.py)."""
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"runtime.device={device!r} must be auto, cpu or cuda")
     if dtype not in ("auto", "fp32", "bf16"):
@@ -118,7 +120,9 @@ def choose_device_dtype(device: str = "auto", dtype: str = "auto", *, local_rank
         native = cpu_has_native_bf16()
         note = "native avx512_bf16/amx" if native else "no native bf16 on this CPU: emulated and slow"
         return dev, torch.bfloat16, f"bf16 autocast on CPU (requested; {note})"
-    why = "requested" if dtype == "fp32" else "CPU default: always works, bit-reproducible"
+    if dtype == "auto" and cpu_has_native_bf16():
+        return dev, torch.bfloat16, "bf16 autocast on CPU (auto: native avx512_bf16/amx; trains as well as fp32)"
+    why = "requested" if dtype == "fp32" else "auto: no native bf16 on this CPU"
     return dev, torch.float32, f"fp32 on CPU ({why})"
 
 

@@ -1,0 +1,64 @@
+"""Every preset is complete and valid: each params section builds into its stage's config class,
+every cache and mixture names a fetched source, and `lockstep preset` writes it verbatim."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lockstep.cache import CacheConfig
+from lockstep.config import ConfigError
+from lockstep.evaluate.run import EvalConfig
+from lockstep.presets import write_preset
+from lockstep.rl import RLConfig
+from lockstep.runtime import RuntimeConfig
+from lockstep.sources import SOURCE_CONFIGS
+from lockstep.tokenizer.pipeline import TokenizerConfig
+from lockstep.train import ModelParams, TrainConfig
+from stages._common import section
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted(p.stem for p in (ROOT / "presets").glob("*.yaml"))
+
+
+def test_the_four_presets_exist():
+    assert {"tiny", "smoke", "d12", "d20"} <= set(PRESETS)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_preset_sections_build(name: str) -> None:
+    p = yaml.safe_load((ROOT / "presets" / f"{name}.yaml").read_text())
+    assert p["preset"] == name and isinstance(p["seed"], int)
+    for key, entry in p["fetch"].items():
+        section(p, f"fetch.{key}", SOURCE_CONFIGS[entry["source"]])
+    tok = section(p, "tokenizer", TokenizerConfig)
+    assert set(tok.train_sources) <= set(p["fetch"])
+    for key in p["cache"]:
+        assert key in p["fetch"], f"cache.{key} has no fetch.{key} snapshot to read"
+        section(p, f"cache.{key}", CacheConfig)
+    section(p, "runtime", RuntimeConfig)
+    section(p, "model", ModelParams)
+    for stage in ("pretrain", "midtrain", "sft"):
+        cfg = section(p, stage, TrainConfig)
+        for cache in cfg.mixture:
+            assert cache.split("/")[-1] in p["cache"], f"{stage}.mixture names {cache}, which no cache stage builds"
+    rl = section(p, "rl", RLConfig)
+    assert rl.problems in p["fetch"]
+    section(p, "eval", EvalConfig)
+
+
+def test_unknown_key_is_refused_with_its_name() -> None:
+    p = yaml.safe_load((ROOT / "presets" / "tiny.yaml").read_text())
+    p["pretrain"]["num_stpes"] = 3
+    with pytest.raises(ConfigError, match="pretrain.num_stpes"):
+        section(p, "pretrain", TrainConfig)
+
+
+def test_preset_command_writes_the_file_verbatim(tmp_path: Path) -> None:
+    out = tmp_path / "params.yaml"
+    write_preset("smoke", presets_dir=ROOT / "presets", params_file=out)
+    assert out.read_bytes() == (ROOT / "presets" / "smoke.yaml").read_bytes()
+    with pytest.raises(FileNotFoundError, match="available: .*tiny"):
+        write_preset("nope", presets_dir=ROOT / "presets", params_file=out)
