@@ -1,6 +1,7 @@
-"""Deterministic synthetic chats generated from the seed: letter counting, word length, reversal
-and spelling answered with a python tool call (`'strawberry'.count('r')` then its output), and
-identity conversations about what this model is and who trained it. Not an evaluator."""
+"""Deterministic synthetic chats generated from the seed: letter counting answered with a python
+tool call (`'strawberry'.count('r')` then its output), word length, reversal and spelling answered
+letter by letter, and identity conversations about what this model is and who trained it. Not an
+evaluator."""
 
 from __future__ import annotations
 
@@ -83,26 +84,20 @@ def _letter_task(d: Draw) -> dict[str, Any]:
             {"type": "python_output", "text": str(n)},
             _text(f"The letter '{letter}' appears {n} time{'' if n == 1 else 's'} in '{word}'."),
         ])
+    # Length, reversal and spelling are answered in words: the calculator tool evaluates only
+    # arithmetic and `'literal'.count('literal')`, and every tool call taught here must be one
+    # the engine can run (tests/test_synth_tools.py).
+    spelled = "-".join(word)
     if kind == 3:
         return _conv(d.pick(_LEN_Q).format(w=word), [
-            _text("I will measure it with Python."),
-            {"type": "python", "text": f"len('{word}')"},
-            {"type": "python_output", "text": str(len(word))},
-            _text(f"The word '{word}' has {len(word)} letters."),
+            _text(f"Spelled out, '{word}' is {spelled}, so it has {len(word)} letters."),
         ])
     if kind == 4:
         return _conv(d.pick(_REV_Q).format(w=word), [
-            _text("Reversing it with Python:"),
-            {"type": "python", "text": f"'{word}'[::-1]"},
-            {"type": "python_output", "text": word[::-1]},
-            _text(f"'{word}' backwards is '{word[::-1]}'."),
+            _text(f"Letter by letter, '{word}' is {spelled}; backwards that is {'-'.join(word[::-1])}, "
+                  f"so the word reversed is '{word[::-1]}'."),
         ])
-    return _conv(d.pick(_SPELL_Q).format(w=word), [
-        _text("Splitting it into letters with Python:"),
-        {"type": "python", "text": f"'-'.join('{word}')"},
-        {"type": "python_output", "text": "-".join(word)},
-        _text(f"{word} is spelled {'-'.join(word).upper()}."),
-    ])
+    return _conv(d.pick(_SPELL_Q).format(w=word), [_text(f"{word} is spelled {spelled.upper()}.")])
 
 
 def _identity(d: Draw) -> dict[str, Any]:
