@@ -5,12 +5,15 @@ not a general Python sandbox."""
 from __future__ import annotations
 
 import ast
+import re
 from fractions import Fraction
 
 # The text the engine forces between <|output_start|> and <|output_end|> when evaluate() refuses.
 NO_RESULT = "no result"
 
 MAX_EXPR_CHARS = 512  # longer tool calls are refused before parsing
+MAX_SIGN_RUN = 4  # consecutive +/- signs (unary nesting), checked on the raw text
+_SIGN_RUN = re.compile(r"[+\-](?:\s*[+\-]){%d,}" % MAX_SIGN_RUN)
 MAX_PAREN_DEPTH = 32  # checked on the raw text, so the parser never sees deep nesting
 MAX_TREE_DEPTH = 300  # nodes on one root-to-leaf path (`1+1+...` chains, `--1`); bounds recursion
 MAX_STRING_CHARS = 256  # a string literal in .count()
@@ -50,13 +53,18 @@ def evaluate(expr: str) -> str | None:
             depth -= ch == ")"
             if depth > MAX_PAREN_DEPTH:
                 return None
+        # Long runs of signs (`- - - ... 1`) nest one unary node per sign; refuse them before the
+        # parser, whose recursion-limit error is not thread-safe on CPython 3.11 (it surfaces
+        # as "AST constructor recursion depth mismatch" in another thread).
+        if _SIGN_RUN.search(text):
+            return None
         text = _drop_thousands_commas(text)
         tree = ast.parse(text, mode="eval")
         value = _eval(tree.body, text, 0)
         if isinstance(value, str):
             return None
         return _format(value)
-    except (_Refused, SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError, OverflowError):
+    except (_Refused, SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError, OverflowError, SystemError):
         return None
 
 
