@@ -64,8 +64,21 @@ def test_smoke_pipeline_end_to_end(tmp_path: Path) -> None:
     expected = {"tokenizer"} | {f"fetch@{k}" for k in yaml.safe_load((work / "params.yaml").read_text())["fetch"]}
     assert expected <= stages, f"stages that did not run: {sorted(expected - stages)}"
 
-    for metrics in (work / "data" / "metrics").glob("*.json"):
-        assert isinstance(json.loads(metrics.read_text()), dict), metrics
+    metrics_dir = work / "data" / "metrics"
+    expected_metrics = {"tokenizer", "pretrain", "midtrain", "sft", "rl"} | {
+        f"eval_{s}" for s in ("pretrain", "midtrain", "sft", "rl")}
+    assert {p.stem for p in metrics_dir.glob("*.json")} >= expected_metrics
+    for name in expected_metrics:
+        assert json.loads((metrics_dir / f"{name}.json").read_text()), name
+    assert json.loads((metrics_dir / "pretrain.json").read_text())["val_bpb"] > 0
+
+    card = (work / "data" / "report" / "report.md").read_text()
+    assert "| metric | BASE | MID | SFT | RL |" in card, "report.md lacks the per-stage metrics table"
+    charts = sorted((work / "data" / "report").glob("*.png"))
+    assert charts, "the report card has no charts"
+    for png in charts:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+        assert f"({png.name})" in card, f"{png.name} is not linked from report.md"
 
     again = _run([str(BIN / "dvc"), "repro"], work, 300)
     assert "Running stage" not in again.stdout, f"second dvc repro re-ran stages:\n{again.stdout}"
