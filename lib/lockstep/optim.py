@@ -67,6 +67,12 @@ class AdamW(torch.optim.Optimizer):
             grads = [p.grad for p in params]
             m = [self.state[p]["exp_avg"] for p in params]
             v = [self.state[p]["exp_avg_sq"] for p in params]
+            if _fusable(params, grads):
+                # one vectorised pass per tensor instead of six foreach passes: on this 2-core CPU
+                # the d4/32k embedding + lm_head step went from 0.2-0.47 s to 0.03 s
+                torch._fused_adamw_(params, grads, m, v, [], [self.state[p]["step"] for p in params], lr=lr,
+                                    beta1=beta1, beta2=beta2, weight_decay=wd, eps=eps, amsgrad=False, maximize=False)
+                continue
             step = self.state[params[0]]["step"].item()  # all params of a group step together
             if wd:
                 torch._foreach_mul_(params, 1 - lr * wd)
@@ -81,6 +87,12 @@ class AdamW(torch.optim.Optimizer):
             torch._foreach_add_(denom, eps * bias2_sqrt)
             torch._foreach_addcdiv_(params, m, denom, value=-lr * bias2_sqrt / bias1)
         return None
+
+
+def _fusable(params: list[torch.Tensor], grads: list[torch.Tensor]) -> bool:
+    """Whether torch's fused AdamW kernel applies: dense fp32 CPU tensors (its step counters are
+    this optimizer's CPU scalars, which a CUDA kernel would not take)."""
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 and not t.is_sparse for t in (*params, *grads))
 
 
 class Muon(torch.optim.Optimizer):
