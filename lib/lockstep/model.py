@@ -483,7 +483,9 @@ _ROW_POOLS: dict[int, ThreadPoolExecutor] = {}
 
 def _single_thread_worker(fn: Callable[[int], None], i: int) -> None:
     torch.set_num_threads(1)  # per OS thread: the caller's intra-op setting is left alone
-    fn(i)
+    # grad mode is per thread and on by default in a fresh one; the blocks are forward-only work
+    with torch.no_grad():
+        fn(i)
 
 
 def _run_row_blocks(fn: Callable[[int], None], starts: range, dev: torch.device) -> None:
