@@ -49,3 +49,16 @@ def test_fused_adamw_matches_foreach_formula():
         o1.step()
         o2.step()
     torch.testing.assert_close(p1.data, p2.data.float(), rtol=1e-5, atol=1e-6)
+
+
+def test_small_bf16_linear_follows_weight_updates():
+    g = torch.Generator().manual_seed(2)
+    w = torch.nn.Parameter((torch.randn(32, 16, generator=g) * 0.2).bfloat16())
+    x = torch.randn(2, 16, generator=g).bfloat16()
+    with torch.no_grad():
+        fast = M._linear(x, w)
+        torch.testing.assert_close(fast, torch.nn.functional.linear(x, w), rtol=1e-2, atol=1e-2)
+        w.add_(1.0)  # an optimizer step in place: the cached fp32 copy must not be reused
+        torch.testing.assert_close(M._linear(x, w), torch.nn.functional.linear(x, w), rtol=1e-2, atol=1e-2)
+        w.data = torch.zeros_like(w.data)  # new storage, as GPT.build's cast or a load does
+        assert torch.equal(M._linear(x, w), torch.zeros(2, 32, dtype=torch.bfloat16))
