@@ -3,6 +3,7 @@ sampler or a checkpoint format; the KV cache it reads from lives in lockstep.eng
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -507,7 +508,9 @@ class _HeadLoss(torch.autograd.Function):
         return dx.to(x_dtype), dw.to(w_dtype), None, None, None, None, None
 
 
-_ROW_POOLS: dict[int, ThreadPoolExecutor] = {}
+# keyed by (pid, workers): a forked child (data workers, test harnesses) must not reuse its parent's
+# pool, whose threads did not survive the fork
+_ROW_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
 
 
 def _single_thread_worker(fn: Callable[[int], None], i: int) -> None:
@@ -528,9 +531,10 @@ def _run_row_blocks(fn: Callable[[int], None], starts: range, dev: torch.device)
         for i in starts:
             fn(i)
         return
-    pool = _ROW_POOLS.get(workers)
+    key = (os.getpid(), workers)
+    pool = _ROW_POOLS.get(key)
     if pool is None:
-        pool = _ROW_POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="lockstep-head")
+        pool = _ROW_POOLS[key] = ThreadPoolExecutor(workers, thread_name_prefix="lockstep-head")
     for f in [pool.submit(_single_thread_worker, fn, i) for i in starts]:
         f.result()
 
