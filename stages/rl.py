@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = {
         "pass@1_before": result.before["pass@1"], "pass@1": result.after["pass@1"],
         f"pass@{k}_before": result.before[f"pass@{k}"], f"pass@{k}": result.after[f"pass@{k}"],
+        "greedy_acc_before": result.before["greedy"], "greedy_acc": result.after["greedy"],
         "completion_len": result.after["completion_len"], "reward_first_step": result.mean_reward_first,
         "reward_last_step": result.mean_reward_last, "steps": result.steps, "rollout_tokens": result.rollout_tokens,
         "eval_problems": min(cfg.eval_problems, len(val_problems)), "train_time_s": result.train_time_s,

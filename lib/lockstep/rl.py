@@ -55,7 +55,7 @@ class RLConfig:
     final_lr_frac: float = 0.0
     eval_every_steps: int = 10  # held-out pass@k; 0 = only before and after
     eval_problems: int = 100  # held-out problems scored (the first ones of the val split)
-    pass_k: int = 4  # k of pass@k (sampled at `temperature`); pass@1 is greedy
+    pass_k: int = 8  # completions sampled per held-out problem at `temperature`: pass@1 and pass@k from them
 
     def __post_init__(self) -> None:
         for name in ("num_steps", "problems_per_step", "group_size", "max_new_tokens", "device_batch_rows",
@@ -164,21 +164,26 @@ def policy_loss_backward(model: nn.Module, ro: Rollouts, *, device: torch.device
 @torch.no_grad()
 def pass_at_k(engine: Engine, tokenizer: Any, problems: Sequence[dict[str, Any]], *, k: int, temperature: float,
               max_new_tokens: int, seed: int) -> dict[str, float]:
-    """Held-out scores on `problems`: pass@1 from one greedy completion each, pass@k from k
-    sampled completions each (any correct counts), and the mean greedy completion length."""
-    greedy_hits = sampled_hits = 0
+    """Held-out scores on `problems` from k completions sampled at `temperature` per problem:
+    pass@1 is the mean fraction correct (the unbiased pass@1 estimate from k samples), pass@k
+    the fraction of problems with any correct completion. Also the greedy (temperature 0)
+    accuracy and the mean greedy completion length."""
+    sampled_correct = any_correct = greedy_correct = 0.0
     lengths = []
     for i, problem in enumerate(problems):
         prompt = prompt_ids(tokenizer, problem["question"])
         max_tokens = min(max_new_tokens, engine.model.config.sequence_len - len(prompt))
         seqs, _ = engine.generate_batch(prompt, num_samples=1, max_tokens=max_tokens, temperature=0.0, use_tools=True)
-        greedy_hits += reward(tokenizer.decode(seqs[0]), problem["answer"]) > 0
+        greedy_correct += reward(tokenizer.decode(seqs[0]), problem["answer"])
         lengths.append(len(seqs[0]))
         seqs, _ = engine.generate_batch(prompt, num_samples=k, max_tokens=max_tokens, temperature=temperature,
                                         seed=_derived_seed(seed, "eval", i), use_tools=True)
-        sampled_hits += any(reward(tokenizer.decode(s), problem["answer"]) > 0 for s in seqs)
+        hits = [reward(tokenizer.decode(s), problem["answer"]) for s in seqs]
+        sampled_correct += sum(hits) / k
+        any_correct += max(hits)
     n = len(problems)
-    return {"pass@1": greedy_hits / n, f"pass@{k}": sampled_hits / n, "completion_len": sum(lengths) / n}
+    return {"pass@1": sampled_correct / n, f"pass@{k}": any_correct / n, "greedy": greedy_correct / n,
+            "completion_len": sum(lengths) / n}
 
 
 @dataclass
@@ -213,7 +218,7 @@ def train_rl(model: nn.Module, tokenizer: Any, *, train_problems: Sequence[dict[
         scores = pass_at_k(engine, tokenizer, held_out, k=cfg.pass_k, temperature=cfg.temperature,
                            max_new_tokens=cfg.max_new_tokens, seed=seed)
         log(f"eval step {step} | pass@1 {scores['pass@1']:.3f} | pass@{cfg.pass_k} {scores[f'pass@{cfg.pass_k}']:.3f} "
-            f"| len {scores['completion_len']:.1f} | {len(held_out)} problems")
+            f"| greedy {scores['greedy']:.3f} | len {scores['completion_len']:.1f} | {len(held_out)} problems")
         if on_step is not None:
             on_step({"step": step, **{f"val_{k}": v for k, v in scores.items()}})
         return scores
