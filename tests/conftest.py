@@ -25,6 +25,14 @@ def shared_fixtures() -> Path:
     return SHARED_FIXTURES
 
 
+@pytest.fixture(scope="session")
+def tok():
+    """The `byte` tokenizer (id = byte value, specials after): needs no training data."""
+    from lockstep.tokenizer import train_tokenizer
+
+    return train_tokenizer("byte", [])
+
+
 @pytest.fixture(autouse=True)
 def _hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
     # No test may reach the network: the hub libraries honour these.

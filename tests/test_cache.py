@@ -24,12 +24,6 @@ from lockstep.cache import (
     read_cache_meta,
 )
 from lockstep.io import sha256_file
-from lockstep.tokenizer import train_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return train_tokenizer("byte", [])
 
 
 class ListTokenizer:

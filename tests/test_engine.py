@@ -9,12 +9,6 @@ import torch
 
 from lockstep.engine import Engine, KVCache, sample_next
 from lockstep.model import GPT, GPTConfig
-from lockstep.tokenizer import train_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return train_tokenizer("byte", [])
 
 
 def random_model(seed: int = 0, **kw) -> GPT:

@@ -17,12 +17,6 @@ from lockstep.loaders import (
     ShardedTokenLoader,
     open_sft_dataset,
 )
-from lockstep.tokenizer import train_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return train_tokenizer("byte", [])
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,6 @@ from lockstep.parity import (
     write_dataset_snapshot,
     write_rendered_samples,
 )
-from lockstep.tokenizer import train_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return train_tokenizer("byte", [])
 
 
 class DoubleBos:

@@ -10,12 +10,6 @@ from lockstep.config import ConfigError, build_config
 from lockstep.model import GPT, GPTConfig
 from lockstep.rl import RLConfig, Rollouts, policy_loss_backward, reward, rollout
 from lockstep.engine import Engine
-from lockstep.tokenizer import train_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return train_tokenizer("byte", [])
 
 
 def tiny_model(seed: int = 0) -> GPT:
