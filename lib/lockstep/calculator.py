@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 from fractions import Fraction
+
+# Model-written tool calls such as `12a` make the parser warn on stderr before it refuses them;
+# a refusal is already the answer, so those warnings (issued for the anonymous `<unknown>` source
+# that ast.parse compiles) are noise in logs and chat sessions.
+warnings.filterwarnings("ignore", category=SyntaxWarning, module="<unknown>")
 
 # The text the engine forces between <|output_start|> and <|output_end|> when evaluate() refuses.
 NO_RESULT = "no result"
