@@ -79,7 +79,7 @@ def test_adversarial_corpus_refused_fast_and_small(expr):
     finally:
         tracemalloc.stop()
     assert result is None
-    assert elapsed_s < 0.1
+    assert elapsed_s < 1.0  # a real blow-up (9**9**9, huge repeats) would take minutes, not a loaded second
     assert peak_bytes < 10 * 2**20
 
 

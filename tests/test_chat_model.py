@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -43,8 +44,9 @@ def tiny(tmp_path_factory) -> tuple[Path, Path]:
 class StepCounter:
     """Wraps the real engine, counting the steps it was actually asked for."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, step_s: float = 0.0):
         self.engine = engine
+        self.step_s = step_s
         self.steps = 0
         self.finished = 0
 
@@ -52,6 +54,8 @@ class StepCounter:
         try:
             for column in self.engine.generate(*args, **kwargs):
                 self.steps += 1
+                if self.step_s:
+                    time.sleep(self.step_s)
                 yield column
         finally:
             self.finished += 1
@@ -114,7 +118,9 @@ def test_server_over_the_real_model(tiny):
 def test_real_engine_stops_within_a_couple_of_steps_of_a_disconnect(tmp_path):
     ckpt, tok_dir = write_tiny_checkpoint(tmp_path, sequence_len=4096)
     backend = load_backend(ckpt, tok_dir)
-    counter = StepCounter(backend.engine)
+    # A step as slow as a real model's on a busy CPU, so that the bound below measures how fast the
+    # server notices the disconnect, not how many microsecond steps fit into an event-loop turn.
+    counter = StepCounter(backend.engine, step_s=0.05)
     backend.engine = counter
     # Never stop at a special token, so only the disconnect can end the reply early.
     backend._stop_ids = set()
