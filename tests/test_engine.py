@@ -61,7 +61,17 @@ def test_batched_rows_equal_single_row_runs(tok):
     assert a == b and a != c and len({tuple(r) for r in a}) > 1
 
 
-def test_per_row_positions_and_cache_growth_equal_full_forward():
+@pytest.fixture(params=[False, True], ids=["default", "deterministic"])
+def determinism(request):
+    """Run under both modes: deterministic mode fills uninitialised memory with NaN, so a cache
+    that ever reads a slot it never wrote shows up as NaN logits."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(request.param)
+    yield request.param
+    torch.use_deterministic_algorithms(before)
+
+
+def test_per_row_positions_and_cache_growth_equal_full_forward(determinism):
     model = random_model(2)
     prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15]]
     caches = []

@@ -105,7 +105,10 @@ class KVCache:
             cap = max(cap, self.kv.size(4) + CACHE_GROW_TOKENS)
         cap = min(cap, self.max_len)
         shape = (self.n_layer, 2, self.batch_size, self.n_kv_head, cap, self.head_dim)
-        new = torch.empty(shape, dtype=like.dtype, device=like.device)
+        # zeros, not empty: slots a row has not reached are masked out of attention, but a masked
+        # weight of 0 times a garbage NaN still makes NaN (and deterministic mode fills empty
+        # memory with NaN on purpose)
+        new = torch.zeros(shape, dtype=like.dtype, device=like.device)
         if self.kv is not None:
             used = max(self._pos)
             new[:, :, :, :, :used] = self.kv[:, :, :, :, :used]
@@ -142,7 +145,7 @@ class KVCache:
         like = next(c.kv for c in caches if c.kv is not None)
         assert like is not None
         shape = (first.n_layer, 2, rows, first.n_kv_head, out.capacity_tokens, first.head_dim)
-        out.kv = torch.empty(shape, dtype=like.dtype, device=like.device)
+        out.kv = torch.zeros(shape, dtype=like.dtype, device=like.device)  # zeros: see _reserve
         b = 0
         for c in caches:
             n = max(c._pos)
