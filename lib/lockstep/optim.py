@@ -20,23 +20,26 @@ _REFERENCE_WIDTH = 768
 
 
 def orthogonalize(g: torch.Tensor, steps: int = 5, *, dtype: torch.dtype = torch.float32, eps: float = 1e-7) -> torch.Tensor:
-    """Approximate U V^T of g = U S V^T by a quintic Newton-Schulz iteration. g: (rows, cols).
-    `dtype` is the iteration's matmul dtype: bf16 where matmuls are fast in bf16 (CUDA sm80+, CPUs
-    with AMX/AVX-512 BF16), fp32 otherwise. The iteration is self-correcting, so bf16 suffices."""
-    if g.ndim != 2:
-        raise ValueError(f"orthogonalize needs a 2-D matrix, got shape {tuple(g.shape)}")
+    """Approximate U V^T of g = U S V^T by a quintic Newton-Schulz iteration. g: (rows, cols), or
+    a stack (..., rows, cols) of same-shape matrices, each orthogonalised on its own in one batched
+    pass. `dtype` is the iteration's matmul dtype: bf16 where matmuls are fast in bf16 (CUDA sm80+,
+    CPUs with AMX/AVX-512 BF16), fp32 otherwise. The iteration is self-correcting, so bf16
+    suffices."""
+    if g.ndim < 2:
+        raise ValueError(f"orthogonalize needs a 2-D matrix or a stack of them, got shape {tuple(g.shape)}")
     a, b, c = _NS_COEFFS
     x = g.to(dtype)
-    transposed = x.size(0) > x.size(1)
+    transposed = x.size(-2) > x.size(-1)
     if transposed:
-        x = x.T  # (cols, rows): iterate on the short side so X X^T is the small Gram matrix
-    x = x / (x.norm() + eps)  # spectral norm <= Frobenius norm <= 1, inside the basin of convergence
+        x = x.mT  # (..., cols, rows): iterate on the short side so X X^T is the small Gram matrix
+    # spectral norm <= Frobenius norm <= 1, inside the basin of convergence
+    x = x / (torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True) + eps)
     for _ in range(steps):
-        gram = x @ x.T  # (short, short)
-        poly = b * gram + c * (gram @ gram)
-        x = a * x + poly @ x
+        gram = x @ x.mT  # (..., short, short)
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c) if gram.ndim == 3 else b * gram + c * (gram @ gram)
+        x = torch.baddbmm(x, poly, x, beta=a) if x.ndim == 3 else a * x + poly @ x
     if transposed:
-        x = x.T
+        x = x.mT
     return x.to(g.dtype)
 
 
@@ -126,23 +129,35 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
+        # Matrices of one shape, dtype and group are orthogonalised as one stack: a d4 model's 24
+        # block matrices are 2 batched Newton-Schulz runs instead of 24 runs of small matmuls.
+        batches: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for i, p, group in self._owned():
-            owner = i % self.world_size
-            if owner == self.rank and p.grad is not None:
-                grad = p.grad
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(grad)
-                buf = state["momentum_buffer"]
-                mu = group["momentum"]
-                buf.mul_(mu).add_(grad)
-                update = grad.add(buf, alpha=mu) if group["nesterov"] else buf
-                ortho = orthogonalize(update, group["ns_steps"], dtype=self.ns_dtype)
-                scale = math.sqrt(max(1.0, p.size(0) / p.size(1)))
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(ortho, alpha=-group["lr"] * scale)
-            if self.world_size > 1:
-                dist.broadcast(p.data, src=owner)
+            if i % self.world_size != self.rank or p.grad is None:
+                continue
+            grad = p.grad
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(grad)
+            buf = state["momentum_buffer"]
+            mu = group["momentum"]
+            buf.mul_(mu).add_(grad)
+            update = grad.add(buf, alpha=mu) if group["nesterov"] else buf
+            key = (id(group), tuple(p.shape), p.dtype, p.device)
+            batches.setdefault(key, []).append((p, update))
+        groups = {id(g): g for g in self.param_groups}
+        for (group_id, shape, _, _), items in batches.items():
+            group = groups[group_id]
+            stack = torch.stack([u for _, u in items]) if len(items) > 1 else items[0][1]
+            ortho = orthogonalize(stack, group["ns_steps"], dtype=self.ns_dtype)
+            scale = math.sqrt(max(1.0, shape[0] / shape[1]))
+            params = [p for p, _ in items]
+            if group["weight_decay"]:
+                torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+            torch._foreach_add_(params, list(ortho.unbind(0)) if len(items) > 1 else [ortho], alpha=-group["lr"] * scale)
+        if self.world_size > 1:
+            for i, p, _ in self._owned():
+                dist.broadcast(p.data, src=i % self.world_size)
         return None
 
 
