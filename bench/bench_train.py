@@ -17,7 +17,7 @@ import torch
 
 from lockstep.model import GPT, GPTConfig
 from lockstep.optim import OptimConfig
-from lockstep.runtime import Runtime, measure_matmul_peak_flops
+from lockstep.runtime import Runtime, keep_heap_memory, measure_matmul_peak_flops
 from lockstep.tokenizer import train_tokenizer
 from lockstep.train import TrainConfig, train
 
@@ -47,8 +47,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--text", type=Path, default=DEFAULT_TEXT if DEFAULT_TEXT.is_file() else ROOT / "README.md")
+    p.add_argument("--malloc", choices=("keep", "default"), default="keep",
+                   help="keep: reuse freed heap memory as the training stages do (runtime.keep_heap_memory); "
+                        "default: glibc's defaults, for comparison")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    heap = keep_heap_memory() if args.malloc == "keep" else False
 
     T, B, V, depth = 256, 8, 32768, 4
     tok = train_tokenizer("byte", [])
@@ -59,7 +63,7 @@ def main() -> None:
     token_bytes[: tok.get_vocab_size()] = torch.from_numpy(tok.token_bytes().astype("int64"))
 
     print(f"d{depth} model, seq {T}, batch {B} sequences, vocab {V}, {args.threads} threads, {args.steps} steps, "
-          f"text {args.text.name} ({ids.numel()} byte tokens)")
+          f"text {args.text.name} ({ids.numel()} byte tokens), heap reuse {'on' if heap else 'off'}")
     rows = []
     for name in args.dtypes.split(","):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]

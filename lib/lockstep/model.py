@@ -458,17 +458,24 @@ class _HeadLoss(torch.autograd.Function):
         E = torch.empty(N, vocab_size, dtype=compute_dtype, device=dev) if keep_grad else None
         R, Vc = _tile_shape(N, vocab_size, dev)
 
+        # the weight's column tiles, sliced once and shared by every row block
+        col_tiles = [(j, min(j + Vc, vocab_size), w_in[j : j + Vc].t()) for j in range(0, vocab_size, Vc)]
+
         def row_block(i: int) -> None:
             # each call owns its buffers and its rows of S and E, so blocks may run concurrently
             # and every row's result is the same whichever thread computes it
             i2 = min(i + R, N)
+            x_blk, S_blk = xc[i:i2], S[i:i2]
+            E_blk = E[i:i2] if keep_grad else None
             z_buf = torch.empty(i2 - i, Vc, dtype=compute_dtype, device=dev)
             t_buf = z_buf if compute_dtype == torch.float32 else torch.empty(i2 - i, Vc, dtype=torch.float32, device=dev)
             e_buf = torch.empty(i2 - i, Vc, dtype=torch.float32, device=dev)
-            for j in range(0, vocab_size, Vc):
-                j2 = min(j + Vc, vocab_size)
-                z, t, e = z_buf[:, : j2 - j], t_buf[:, : j2 - j], e_buf[:, : j2 - j]
-                torch.mm(xc[i:i2], w_in[j:j2].t(), out=z)  # (r, v) logits / softcap
+            for j, j2, w_t in col_tiles:
+                if j2 - j == Vc:
+                    z, t, e = z_buf, t_buf, e_buf
+                else:
+                    z, t, e = z_buf[:, : j2 - j], t_buf[:, : j2 - j], e_buf[:, : j2 - j]
+                torch.mm(x_blk, w_t, out=z)  # (r, v) logits / softcap
                 if t is not z:
                     t.copy_(z)  # tanh of the bf16 values in fp32: torch.tanh(z, out=t) would round in bf16
                 t.tanh_()
@@ -476,10 +483,15 @@ class _HeadLoss(torch.autograd.Function):
                 if shift:
                     e.sub_(shift)
                 e.exp_()
-                S[i:i2] += e.sum(dim=1)
+                S_blk.add_(e.sum(dim=1))
                 if keep_grad:
-                    # e * (1 - t^2), written straight into E in its dtype: no extra pass for the cast
-                    torch.addcmul(e, e, t.square_(), value=-1.0, out=E[i:i2, j:j2])
+                    # e * (1 - t^2) into E: computed in place in fp32 and then copied to a
+                    # bf16 E, which measured 7% faster for the whole forward on this CPU than
+                    # one addcmul writing bf16 (which makes an fp32 temporary and casts it anyway)
+                    if E.dtype == e.dtype:
+                        torch.addcmul(e, e, t.square_(), value=-1.0, out=E_blk[:, j:j2])
+                    else:
+                        E_blk[:, j:j2].copy_(e.addcmul_(e, t.square_(), value=-1.0))
 
         _run_row_blocks(row_block, range(0, N, R), dev)
         lse = S.log() + shift
@@ -501,10 +513,13 @@ class _HeadLoss(torch.autograd.Function):
         b = (go * onehot_scale)[:, None]  # (N, 1) fp32
         w_tgt = w[safe_t].float()  # (N, C)
         dx = torch.mm(E, w).float().mul_(a).sub_(b * w_tgt)  # (N, C)
-        dw = torch.mm(E.t(), xc * a).float()  # (V, C)
-        dw.index_add_(0, safe_t, xc.float() * b, alpha=-1.0)
-        if v_padded != dw.size(0):
-            dw = torch.cat([dw, dw.new_zeros(v_padded - dw.size(0), dw.size(1))])  # padded ids: zero gradient
+        V, C = w.shape
+        # (x a)^T E as a (C, V) product, then one transposing copy into the fp32 gradient: on this
+        # CPU (bf16, d4/32k) 25 + 5 ms against 39 + 9 ms for E^T (x a) and a cast.
+        dw = torch.empty(v_padded, C, dtype=torch.float32, device=w.device)
+        dw[:V].copy_(torch.mm((xc * a).t().contiguous(), E).t())
+        dw[V:].zero_()  # padded ids: zero gradient
+        dw[:V].index_add_(0, safe_t, xc.float() * b, alpha=-1.0)
         return dx.to(x_dtype), dw.to(w_dtype), None, None, None, None, None
 
 

@@ -3,7 +3,9 @@ settings and peak-FLOPs. Knows nothing about models, data or training."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import sys
 import time
 from dataclasses import dataclass
@@ -154,6 +156,26 @@ def configure_determinism(deterministic: bool) -> None:
     torch.use_deterministic_algorithms(deterministic, warn_only=False)
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers from glibc's malloc.h
+
+
+def keep_heap_memory() -> bool:
+    """Ask glibc's malloc to serve large blocks from the heap and keep freed memory for reuse,
+    instead of mapping every large tensor afresh and unmapping it when freed. A CPU training step
+    allocates the same large tensors every step (the d4/32k head's 134 MB gradient buffer among
+    them); with fresh mappings each one page-faults on first touch, every step. Measured on this
+    2-core CPU: the d4/32k bf16 step 0.47-0.56 s -> 0.42-0.46 s, the head's forward (one
+    thread) 0.40 s -> 0.25 s. The cost: memory freed by the process is kept, not returned to the
+    OS. Returns False (and changes nothing) where the C library is not glibc."""
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 31))
+
+
 def init_runtime(cfg: RuntimeConfig) -> Runtime:
     """Detect torchrun from the environment, join the process group, choose device and dtype."""
     rank, local_rank, world_size = 0, 0, 1
@@ -162,6 +184,8 @@ def init_runtime(cfg: RuntimeConfig) -> Runtime:
         local_rank = int(os.environ["LOCAL_RANK"])
         world_size = int(os.environ["WORLD_SIZE"])
     dev, dt, reason = choose_device_dtype(cfg.device, cfg.dtype, local_rank=local_rank)
+    if dev.type == "cpu" and keep_heap_memory():
+        reason += "; large CPU blocks reused from the heap (glibc mallopt), not re-mapped every step"
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world_size > 1 and not dist.is_initialized():
