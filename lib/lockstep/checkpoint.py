@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
-from lockstep.io import atomic_open, read_json, sha256_file, write_json_atomic
+from lockstep.io import atomic_open, fsync_dir, read_json, sha256_file, write_json_atomic
 
 FORMAT = "lockstep-checkpoint-v1"
 MODEL_FILE = "model.safetensors"
@@ -46,14 +46,6 @@ def partial_dir(final_dir: str | os.PathLike[str]) -> Path:
     the final name, so every rank of a job agrees on it without talking."""
     final_dir = Path(final_dir)
     return final_dir.with_name(f".{final_dir.name}{_PARTIAL_SUFFIX}")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def begin_checkpoint(final_dir: str | os.PathLike[str]) -> Path:
@@ -96,14 +88,14 @@ def finish_checkpoint(staging: Path, final_dir: str | os.PathLike[str], *, model
         raise CheckpointError(f"{staging} already holds a manifest; start from begin_checkpoint()")
     files = {name: sha256_file(staging / name) for name in names}
     write_json_atomic(staging / MANIFEST_FILE, {"format": FORMAT, "files": files})
-    _fsync_dir(staging)
+    fsync_dir(staging)
     old = None
     if final_dir.exists():
         old = final_dir.with_name(f".{final_dir.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final_dir, old)
     os.replace(staging, final_dir)
-    _fsync_dir(final_dir.parent)
+    fsync_dir(final_dir.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return files

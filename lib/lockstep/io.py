@@ -23,7 +23,8 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, sort_keys=True, separators=(",", ":"), indent=None) + "\n"
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Flush a directory entry (a rename or a new file in it) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -46,7 +47,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[Bina
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -114,7 +115,7 @@ def atomic_dir(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
             old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
             os.replace(out_dir, old)
         os.replace(tmp, out_dir)
-        _fsync_dir(out_dir.parent)
+        fsync_dir(out_dir.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
