@@ -4,6 +4,7 @@ text. Takes explicit paths and a config; does not read params.yaml or parse argv
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -21,6 +22,9 @@ log = logging.getLogger("lockstep.tokenizer")
 # Texts encoded per tiktoken batch call while measuring: large enough to use the threads,
 # small enough that a big val split is never held whole as token lists.
 METRIC_BATCH_TEXTS = 8192
+# Train text read into memory before the trainer starts: the whole text of the offline presets,
+# a bounded head of a large corpus (at most a few hundred MB of str).
+READ_AHEAD_CHARS = 1 << 28
 # A document sample keeps this many ids (BOS included): enough to see how prose splits, small
 # enough that the artifact stays readable.
 DOC_SAMPLE_TOKENS = 256
@@ -140,6 +144,22 @@ class CappedTexts:
                 yield text
 
 
+def read_ahead(texts: Iterable[str], max_chars: int = READ_AHEAD_CHARS) -> Iterator[str]:
+    """The same texts, the first `max_chars` characters' worth of them read now, the rest on
+    demand. rustbpe's worker threads are already running while it pulls texts, and on 2 cores
+    they slowed the snapshot reading down: the d4 offline tokenizer stage trained in 0.41 s fed
+    lazily, 0.37 s from a list read beforehand (bare rustbpe on that list: 0.36 s)."""
+    rest = iter(texts)
+    head: list[str] = []
+    n = 0
+    for text in rest:
+        head.append(text)
+        n += len(text)
+        if n >= max_chars:
+            break
+    return itertools.chain(head, rest)
+
+
 def bytes_per_token(tokenizer: Tokenizer, texts: Iterable[str], *, num_threads: int = 2) -> dict[str, float | int]:
     """UTF-8 bytes per token over `texts`, each encoded on its own without special tokens."""
     n_bytes = 0
@@ -181,7 +201,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
 
     t0 = time.perf_counter()
     texts = CappedTexts((snapshot_texts(d, "train") for d in train_dirs), cfg.max_chars)
-    tok = train_tokenizer(cfg.kind, texts, **cfg.train_options(seed))
+    tok = train_tokenizer(cfg.kind, read_ahead(texts), **cfg.train_options(seed))
     train_s = time.perf_counter() - t0
     log.info(
         "trained %s tokenizer | vocab %d | %d texts | %d chars | %.2fs", cfg.kind, tok.get_vocab_size(), texts.texts, texts.chars, train_s
