@@ -64,3 +64,32 @@ def test_bos_join_prefixes_each_document(dtype: np.dtype) -> None:
 def test_bos_join_names_an_id_outside_the_vocabulary(bad: int) -> None:
     with pytest.raises(CacheError, match=f"token id {bad} is outside the vocabulary"):
         _bos_join([[5], [bad, 6]], 1, 100, np.dtype("<u2"), "train documents")
+
+
+class _ListsOnly:
+    """A tokenizer that only gives id lists: the cache build's list path."""
+
+    encode_arrays = None
+
+    def __init__(self, tok) -> None:
+        self.tok = tok
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+
+@pytest.mark.parametrize("kind", ["bpe", "byte", "char"])
+def test_array_and_list_paths_write_identical_caches(kind: str, tmp_path) -> None:
+    from lockstep.cache import build_pretrain_cache
+    from lockstep.tokenizer import train_tokenizer
+
+    docs = [f"Document {i}: the quick brown fox <|bos|> jumps é {i * 7919}." * (1 + i % 5) for i in range(300)]
+    tok = train_tokenizer(kind, docs, vocab_size=300 if kind == "bpe" else None)
+    metas = []
+    for name, t in (("arrays", tok), ("lists", _ListsOnly(tok))):
+        metas.append(build_pretrain_cache({"train": iter(docs), "val": iter(docs[:20])}, tmp_path / name, tokenizer=t,
+                                          max_train_tokens=5000, max_val_tokens=None, shard_bytes=4096, seed=3,
+                                          shuffle_buffer=64, encode_batch_docs=32, num_threads=2))
+    assert metas[0]["shards"] == metas[1]["shards"] and metas[0]["train_tokens"] == 5000
+    for f in ("dataset_snapshot.json", "rendered_samples.json"):
+        assert (tmp_path / "arrays" / f).read_bytes() == (tmp_path / "lists" / f).read_bytes()

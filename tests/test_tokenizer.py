@@ -104,6 +104,9 @@ def test_special_strings_in_text_never_become_special_ids(kind: str, prefix: str
     text = prefix + sep.join(order) + suffix
     specials = set(tok.get_special_tokens().values())
     assert not specials & set(tok.encode(text))
+    # the array path the caches use gives the very same ids
+    (arr,) = tok.encode_arrays([text])
+    assert arr.dtype.kind == "u" and arr.tolist() == tok.encode(text)
     conv = {
         "messages": [
             {"role": "system", "content": [{"type": "text", "text": text}]},
@@ -127,6 +130,13 @@ def test_special_strings_in_text_never_become_special_ids(kind: str, prefix: str
         "<|python_end|>", "<|output_start|>", "<|output_end|>", "<|assistant_end|>",
     ]  # fmt: skip
     assert len(ids) == len(mask)
+
+
+def test_encode_arrays_match_encode(tok: Tokenizer) -> None:
+    docs = CORPUS[:5] + ["", "<|bos|><|bos|>", "héllo ☃ 12345"]
+    arrays = tok.encode_arrays(docs)
+    assert [a.tolist() for a in arrays] == tok.encode(docs)
+    assert all(a.dtype.kind == "u" for a in arrays)
 
 
 def test_batch_encode_matches_single_and_one_bos(tok: Tokenizer) -> None:

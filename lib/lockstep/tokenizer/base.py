@@ -225,6 +225,12 @@ class Tokenizer(ABC):
                 ids.append(last)
         return out
 
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Ids of each text as an unsigned-integer array, no special ids whatever the text
+        contains: `encode(texts)` without Python int lists, for bulk tokenization (the caches).
+        Runs on the calling thread; kinds whose encoder releases the GIL override it."""
+        return [np.asarray(ids, dtype=np.uint32) for ids in self._encode_ordinary_batch(list(texts), 1)]
+
     # ---- chat rendering -------------------------------------------------------------------
 
     def render_conversation(self, conversation: Mapping[str, Any], max_tokens: int | None = None) -> tuple[list[int], list[int]]:

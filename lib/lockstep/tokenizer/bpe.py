@@ -114,6 +114,13 @@ class BPETokenizer(Tokenizer):
             return [encode(t) for t in texts]
         return self._enc.encode_ordinary_batch(texts, num_threads=num_threads)
 
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        # tiktoken's buffer path: ids stay in Rust until one uint32 array per text, with the GIL
+        # released while encoding. allowed_special=set() makes it encode_ordinary (special-token
+        # strings are plain text), and disallowed_special=() stops it raising on them.
+        encode = self._enc.encode_to_numpy
+        return [encode(t, allowed_special=set(), disallowed_special=()) for t in texts]
+
     def decode(self, ids: Iterable[int]) -> str:
         ids = [int(i) for i in ids]
         bad = [i for i in ids if not 0 <= i < self.get_vocab_size()]

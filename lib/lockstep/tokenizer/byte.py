@@ -55,6 +55,9 @@ class ByteTokenizer(Tokenizer):
     def _encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
         return [list(t.encode("utf-8")) for t in texts]
 
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
+
     def decode(self, ids: Iterable[int]) -> str:
         return decode_with_specials(ids, self._id_to_special, bytes)
 
