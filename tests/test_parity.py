@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -33,6 +34,9 @@ class DoubleBos:
 
     def encode(self, texts, num_threads=1):
         return [[self.inner.get_bos_token_id(), *ids] for ids in self.inner.encode(texts, num_threads=num_threads)]
+
+    def encode_arrays(self, texts):
+        return [np.asarray(ids, dtype=np.uint32) for ids in self.encode(texts)]
 
 
 DOCS = [f"Document {i} says \u201chello\u201d to the reader number {i}." for i in range(30)]
