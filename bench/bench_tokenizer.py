@@ -42,12 +42,39 @@ def ensure_snapshots(params: dict, names: list[str], raw_dir: Path, tmp: Path) -
     return fetched
 
 
+def scaled_snapshots(raw: Path, names: list[str], train_sources: list[str], copies: int, out: Path) -> Path:
+    """A raw folder where each train source's train split holds its documents `copies` times over
+    (val split unchanged) and other sources are copied as they are: the same stage on more text."""
+    import shutil
+
+    from lockstep.sources import iter_records, read_meta
+    from lockstep.sources.snapshot import SnapshotWriter
+
+    for name in names:
+        if name not in train_sources:
+            shutil.copytree(raw / name, out / name)
+            continue
+        meta = read_meta(raw / name)
+        if meta["kind"] != "document":
+            raise ConfigError(f"--copies scales document sources only; {name} holds {meta['kind']} records")
+        sink = SnapshotWriter(out / name, kind="document")
+        for c in range(copies):
+            for i, r in enumerate(iter_records(raw / name, "train")):
+                sink.add("train", {"text": r["text"]}, f"copy{c}/doc{i}")
+        for i, r in enumerate(iter_records(raw / name, "val")):
+            sink.add("val", {"text": r["text"]}, f"val{i}")
+        sink.close(name=name, source=meta.get("source", name), config={}, seed=0)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--raw", type=Path, default=ROOT / "data" / "raw")
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--verbose", action="store_true", help="log the stage phases")
+    ap.add_argument("--copies", type=int, default=1,
+                    help="train on each train source's documents this many times over (raise tokenizer.max_chars to match)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("lockstep.tokenizer").setLevel(logging.INFO if args.verbose else logging.WARNING)
@@ -62,6 +89,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         raw = ensure_snapshots(params, names, args.raw, tmp)
+        if args.copies > 1:
+            raw = scaled_snapshots(raw, names, list(cfg.train_sources), args.copies, tmp / f"raw_x{args.copies}")
         # The baseline gets the stage's exact training text, already in memory.
         capped = CappedTexts((snapshot_texts(raw / n, "train") for n in cfg.train_sources), cfg.max_chars)
         texts = list(capped)

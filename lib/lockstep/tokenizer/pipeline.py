@@ -201,7 +201,9 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
 
     t0 = time.perf_counter()
     texts = CappedTexts((snapshot_texts(d, "train") for d in train_dirs), cfg.max_chars)
-    tok = train_tokenizer(cfg.kind, read_ahead(texts), **cfg.train_options(seed))
+    ahead = read_ahead(texts)
+    t_read = time.perf_counter()
+    tok = train_tokenizer(cfg.kind, ahead, **cfg.train_options(seed))
     train_s = time.perf_counter() - t0
     log.info(
         "trained %s tokenizer | vocab %d | %d texts | %d chars | %.2fs", cfg.kind, tok.get_vocab_size(), texts.texts, texts.chars, train_s
@@ -233,5 +235,6 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
         "val_tokens": {name: m["tokens"] for name, m in per_source.items()},
     }
     write_json_atomic(os.fspath(metrics_path), metrics)
-    log.info("tokenizer stage | read+train %.3fs | render+save %.3fs | metrics %.3fs", t1 - t0, t2 - t1, time.perf_counter() - t2)
+    log.info("tokenizer stage | read %.3fs | train %.3fs | render+save %.3fs | metrics %.3fs",
+             t_read - t0, t1 - t_read, t2 - t1, time.perf_counter() - t2)
     return metrics
