@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+import lockstep
 from lockstep import checkpoint as ckpt
 from lockstep.config import ConfigError, config_to_dict
 from lockstep.io import atomic_dir, sha256_file, write_json_atomic
@@ -36,6 +37,7 @@ from lockstep.train import (
     ModelParams,
     TrainConfig,
     batch_generator,
+    code_identity,
     git_commit,
     run_key,
     stage_meta,
@@ -177,7 +179,8 @@ def run(stage: str, argv: list[str] | None = None) -> int:
     token_bytes = torch.from_numpy(tok.token_bytes().astype("int64"))
 
     identity = {"seed": seed, "runtime": config_to_dict(rt_cfg), "model": gcfg.to_dict(), stage: config_to_dict(cfg),
-                "tokenizer_sha256": tok.sha256, "caches": train_ids, "init": init_identity}
+                "tokenizer_sha256": tok.sha256, "caches": train_ids, "init": init_identity,
+                "code": code_identity(Path(lockstep.__file__).resolve().parent, Path(__file__).resolve().parent)}
     run_dir = args.runs / f"{stage}-{run_key(stage, identity)}"
     meta = stage_meta(model_config=gcfg, cfg=cfg, stage=stage, tokenizer_sha256=tok.sha256, seed=seed,
                       extra={"caches": train_ids, "init_manifest_sha256": init_identity, "runtime": rt.describe()})

@@ -436,6 +436,22 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
                        train_time_s=train_time_s, peak={"flops_per_s": peak, "source": peak_why})
 
 
+def code_identity(*roots: Path) -> str:
+    """sha256 over the Python sources (relative paths and bytes) under `roots`, by default the
+    lockstep package itself. Part of a run folder's key: after a code change a stage starts a
+    fresh run instead of resuming (or, from its final checkpoint, simply re-publishing) what the
+    old code trained."""
+    roots = roots or (Path(__file__).resolve().parent,)
+    h = hashlib.sha256()
+    for root in roots:
+        for path in sorted(Path(root).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            h.update(path.relative_to(root).as_posix().encode("utf-8") + b"\0")
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
 def run_key(stage: str, payload: dict[str, Any]) -> str:
     """A short hash naming a run folder: the stage name, its params and its inputs' identities.
     A params or input change gets a new folder, so a run never resumes someone else's state."""
