@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-import lockstep
+import lockstep.train
 from lockstep import checkpoint as ckpt
 from lockstep.config import ConfigError, config_to_dict
 from lockstep.io import atomic_dir, sha256_file, write_json_atomic
@@ -37,7 +37,6 @@ from lockstep.train import (
     ModelParams,
     TrainConfig,
     batch_generator,
-    code_identity,
     git_commit,
     run_key,
     stage_meta,
@@ -180,7 +179,7 @@ def run(stage: str, argv: list[str] | None = None) -> int:
 
     identity = {"seed": seed, "runtime": config_to_dict(rt_cfg), "model": gcfg.to_dict(), stage: config_to_dict(cfg),
                 "tokenizer_sha256": tok.sha256, "caches": train_ids, "init": init_identity,
-                "code": code_identity(Path(lockstep.__file__).resolve().parent, Path(__file__).resolve().parent)}
+                "code": lockstep.train.code_revision()}
     run_dir = args.runs / f"{stage}-{run_key(stage, identity)}"
     meta = stage_meta(model_config=gcfg, cfg=cfg, stage=stage, tokenizer_sha256=tok.sha256, seed=seed,
                       extra={"caches": train_ids, "init_manifest_sha256": init_identity, "runtime": rt.describe()})

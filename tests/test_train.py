@@ -110,23 +110,3 @@ def test_identical_runs_identical_files(tmp_path) -> None:
         assert (a.checkpoint / name).read_bytes() == (b.checkpoint / name).read_bytes(), name
     assert load_checkpoint(a.checkpoint).step == 3
 
-
-def test_code_identity_follows_source_changes(tmp_path):
-    from lockstep.train import code_identity
-
-    pkg = tmp_path / "pkg"
-    (pkg / "sub").mkdir(parents=True)
-    (pkg / "a.py").write_text("x = 1\n")
-    (pkg / "sub" / "b.py").write_text("y = 2\n")
-    first = code_identity(pkg)
-    assert code_identity(pkg) == first
-    (pkg / "__pycache__").mkdir()
-    (pkg / "__pycache__" / "a.cpython-311.py").write_text("junk")
-    (pkg / "notes.txt").write_text("not code")
-    assert code_identity(pkg) == first, "caches and non-Python files do not count"
-    (pkg / "sub" / "b.py").write_text("y = 3\n")
-    assert code_identity(pkg) != first
-    (pkg / "sub" / "b.py").write_text("y = 2\n")
-    (pkg / "sub" / "b.py").rename(pkg / "b.py")
-    assert code_identity(pkg) != first, "a moved file is a different program"
-    assert code_identity() == code_identity(), "the lockstep package's own identity is stable"

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from lockstep.cache import build_pretrain_cache, build_sft_cache
@@ -78,15 +79,21 @@ def test_stage_chain(workspace: Path, repo_root: Path, monkeypatch: pytest.Monke
         first = json.loads((root / f"plots/{stage}/first_batch.json").read_text())
         assert first["shape"] == [2, 64] and len(first["rows"]) == 2
     assert load_checkpoint(root / "pretrain").meta["tokenizer_sha256"] == load_checkpoint(root / "sft").meta["tokenizer_sha256"]
-    # A second, independent run with the same params writes the same bytes.
+    # A second, independent run with the same params writes the same bytes, even with the global
+    # generator moved in between.
+    torch.rand(7)
     assert pretrain.main(_args(root, "pretrain", "pretrain_again", runs="runs2")) == 0
-    for name in ("model.safetensors", "optim_rank0.pt", "meta.json", "manifest.json"):
+    for name in ("model.safetensors", "optim_rank0.pt", "rng.safetensors", "meta.json", "manifest.json"):
         assert (root / "pretrain" / name).read_bytes() == (root / "pretrain_again" / name).read_bytes(), name
     # Re-running a finished run resumes at its last step: nothing retrained, same output.
     assert pretrain.main(_args(root, "pretrain", "pretrain_third", runs="runs2")) == 0
     third = json.loads((root / "metrics/pretrain_third.json").read_text())
     assert third["resumed_from_step"] == 4 and third["tok_per_s"] > 0
     assert (root / "pretrain/model.safetensors").read_bytes() == (root / "pretrain_third/model.safetensors").read_bytes()
+    # Changed code never resumes (or re-publishes) what the old code trained.
+    monkeypatch.setattr("lockstep.train.code_revision", lambda: "sha256:changed")
+    assert pretrain.main(_args(root, "pretrain", "pretrain_new_code", runs="runs2")) == 0
+    assert json.loads((root / "metrics/pretrain_new_code.json").read_text())["resumed_from_step"] == 0
 
 
 def test_sigkilled_stage_resumes_to_the_same_bytes(workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,7 +108,12 @@ def test_sigkilled_stage_resumes_to_the_same_bytes(workspace: Path, repo_root: P
     monkeypatch.syspath_prepend(str(repo_root))
     from stages import pretrain
 
-    monkeypatch.setattr("lockstep.train.code_revision", lambda: "sha256:pinned")
+    from lockstep.train import code_revision
+
+    # The run folder is keyed by the code, and the killed run is a separate process: pin this
+    # process to the revision that process computes (the package as it is now).
+    revision = code_revision()
+    monkeypatch.setattr("lockstep.train.code_revision", lambda: revision)
     root = workspace
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["pretrain"].update(num_steps=12, checkpoint_every_steps=2, eval_every_steps=0)

@@ -276,6 +276,9 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
     tokenizer sha256, ...) goes into every checkpoint. `stop_at_step` ends early after that step,
     as a kill would (tests). Only rank 0 logs and writes."""
     run_dir = Path(run_dir)
+    # Training draws from its own generators; the global one is seeded anyway, so that its state
+    # saved in every checkpoint is a function of the seed, not of what the process did before.
+    torch.manual_seed(seed)
     seq_len = model.config.sequence_len
     accum = grad_accum_steps(cfg, seq_len=seq_len, world_size=rt.world_size)
     rows = cfg.device_batch_rows
@@ -434,22 +437,6 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
                        flops=float(flops_per_token) * tokens, tok_per_s=tok_per_s,
                        mfu=flops_per_token * tok_per_s / (peak * rt.world_size),
                        train_time_s=train_time_s, peak={"flops_per_s": peak, "source": peak_why})
-
-
-def code_identity(*roots: Path) -> str:
-    """sha256 over the Python sources (relative paths and bytes) under `roots`, by default the
-    lockstep package itself. Part of a run folder's key: after a code change a stage starts a
-    fresh run instead of resuming (or, from its final checkpoint, simply re-publishing) what the
-    old code trained."""
-    roots = roots or (Path(__file__).resolve().parent,)
-    h = hashlib.sha256()
-    for root in roots:
-        for path in sorted(Path(root).rglob("*.py")):
-            if "__pycache__" in path.parts:
-                continue
-            h.update(path.relative_to(root).as_posix().encode("utf-8") + b"\0")
-            h.update(hashlib.sha256(path.read_bytes()).digest())
-    return h.hexdigest()
 
 
 def run_key(stage: str, payload: dict[str, Any]) -> str:
