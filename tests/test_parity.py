@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -148,3 +150,52 @@ def test_snapshot_hash_is_over_canonical_json_lines():
         col.add("train", r)
     want = hashlib.sha256("".join(canonical_json(r) for r in recs).encode("utf-8")).hexdigest()
     assert col.to_json()["splits"]["train"]["sha256"] == want
+
+
+def test_parity_between_two_dvc_experiments(tmp_path, monkeypatch):
+    """`lockstep parity NAME_A NAME_B` on DVC experiment names: artifacts come out of each
+    experiment's commit and the DVC cache, not from the workspace."""
+    import subprocess
+    import sys
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def run(*cmd: str) -> None:
+        subprocess.run(cmd, cwd=repo, check=True, capture_output=True, text=True)
+
+    run("git", "init", "-q")
+    run("git", "config", "user.email", "tests@lockstep")
+    run("git", "config", "user.name", "tests")
+    dvc = (sys.executable, "-m", "dvc")
+    run(*dvc, "init", "-q")
+    run(*dvc, "config", "core.analytics", "false")
+    (repo / "params.yaml").write_text("quote: plain\n")
+    (repo / "make.py").write_text(
+        "import json, os, yaml\n"
+        "q = yaml.safe_load(open('params.yaml'))['quote']\n"
+        "text = 'He said \"hi\"' if q == 'plain' else 'He said \\u201chi\\u201d'\n"
+        "os.makedirs('out/cache', exist_ok=True)\n"
+        "snap = {'artifact': 'dataset_snapshot', 'n': 1,\n"
+        "        'splits': {'train': {'count': 1, 'sha256': q, 'records': [{'text': text}]}}}\n"
+        "json.dump(snap, open('out/cache/dataset_snapshot.json', 'w'), ensure_ascii=False, sort_keys=True)\n"
+    )
+    (repo / "dvc.yaml").write_text(
+        "stages:\n  make:\n    cmd: python make.py\n    deps: [make.py]\n    params: [quote]\n    outs: [out]\n"
+    )
+    run("git", "add", "-A")
+    run("git", "commit", "-qm", "init")
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    run(*dvc, "exp", "run", "-q", "-n", "straight-quotes")
+    run(*dvc, "exp", "run", "-q", "-n", "curly-quotes", "-S", "quote=curly")
+    # The workspace now holds the second experiment; the first one's bytes exist only in git/DVC.
+    monkeypatch.chdir(repo)
+    result = CliRunner().invoke(app, ["parity", "straight-quotes", "curly-quotes"])
+    assert result.exit_code == 1, result.output
+    assert "train record 0 field text differs only by Unicode quote characters" in result.output
+    result = CliRunner().invoke(app, ["parity", "curly-quotes", "curly-quotes"])
+    assert result.exit_code == 0 and "no difference" in result.output
+    result = CliRunner().invoke(app, ["parity", "straight-quotes", "no-such-experiment"])
+    assert result.exit_code == 2

@@ -450,11 +450,19 @@ def materialize_rev(rev: str, out_dir: Path, *, repo: str | os.PathLike[str] = "
     """Copy the parity artifacts of a git revision or DVC experiment ref into `out_dir`, through
     DVC's filesystem view of that revision (files in DVC outputs come from the local cache)."""
     from dvc.api import DVCFileSystem
+    from dvc.scm import SCMError
 
     fs = DVCFileSystem(os.fspath(repo), rev=rev)
     names = set(ARTIFACT_ORDER)
     n = 0
-    for path in fs.find("/", detail=False, dvc_only=False):
+    try:
+        paths = fs.find("/", detail=False, dvc_only=False)
+    except SCMError as e:
+        raise FileNotFoundError(
+            f"{rev!r} is neither a folder nor a git revision or DVC experiment of {os.path.abspath(repo)} ({e}); "
+            "pass two run folders, or two names from `dvc exp list`"
+        ) from None
+    for path in paths:
         if path.rsplit("/", 1)[-1] in names:
             dest = out_dir / path.lstrip("/")
             dest.parent.mkdir(parents=True, exist_ok=True)
