@@ -119,3 +119,13 @@ def test_runs_unprivileged_when_started_as_root() -> None:
 def test_bad_limits_raise() -> None:
     with pytest.raises(ValueError, match="positive"):
         run_python("pass", SandboxLimits(timeout_s=0))
+
+
+def test_output_names_the_sandbox_folder_the_same_way_every_run():
+    from lockstep.evaluate.sandbox import SANDBOX_DIR_NAME
+
+    code = "import os\nprint(os.getcwd())\nraise ValueError('boom')\n"
+    first, second = run_python(code, FAST), run_python(code, FAST)
+    assert first.status == "error" and "ValueError: boom" in first.stderr
+    assert (first.stdout, first.stderr) == (second.stdout, second.stderr)
+    assert "lockstep-sandbox-" not in first.stdout + first.stderr and SANDBOX_DIR_NAME in first.stdout + first.stderr

@@ -158,6 +158,9 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+SANDBOX_DIR_NAME = "/sandbox"  # how the program's working folder appears in its output
+
+
 def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *, drop_privileges: bool = True) -> SandboxResult:
     """Run `code` as `__main__` in a fresh interpreter: its own session and process group, a
     temporary working folder, a scrubbed environment, no stdin, rlimits on CPU, memory, file size
@@ -202,8 +205,10 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *, drop_privi
                 # Anything the program left behind in its group goes too.
                 _kill_group(pgid)
             duration_s = time.monotonic() - t0
-        stdout = _read_capped(out_path, limits.output_bytes)
-        stderr = _read_capped(err_path, limits.output_bytes)
+        # The folder's random name would make identical runs print different tracebacks (and
+        # eval predictions differ run to run): it reads as a fixed name instead.
+        stdout = _read_capped(out_path, limits.output_bytes).replace(str(workdir), SANDBOX_DIR_NAME)
+        stderr = _read_capped(err_path, limits.output_bytes).replace(str(workdir), SANDBOX_DIR_NAME)
         # RLIMIT_CPU ends a busy loop with SIGXCPU before the wall clock: it is a timeout too.
         if timed_out or returncode == -signal.SIGXCPU:
             status: Status = "timeout"
