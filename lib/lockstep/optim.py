@@ -28,19 +28,19 @@ def orthogonalize(g: torch.Tensor, steps: int = 5, *, dtype: torch.dtype = torch
     if g.ndim < 2:
         raise ValueError(f"orthogonalize needs a 2-D matrix or a stack of them, got shape {tuple(g.shape)}")
     a, b, c = _NS_COEFFS
-    x = g.to(dtype)
-    transposed = x.size(-2) > x.size(-1)
+    x = g.to(dtype).reshape(-1, *g.shape[-2:])  # (N, rows, cols)
+    transposed = x.size(1) > x.size(2)
     if transposed:
-        x = x.mT  # (..., cols, rows): iterate on the short side so X X^T is the small Gram matrix
+        x = x.mT  # (N, cols, rows): iterate on the short side so X X^T is the small Gram matrix
     # spectral norm <= Frobenius norm <= 1, inside the basin of convergence
-    x = x / (torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True) + eps)
+    x = x / (torch.linalg.vector_norm(x, dim=(1, 2), keepdim=True) + eps)
     for _ in range(steps):
-        gram = x @ x.mT  # (..., short, short)
-        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c) if gram.ndim == 3 else b * gram + c * (gram @ gram)
-        x = torch.baddbmm(x, poly, x, beta=a) if x.ndim == 3 else a * x + poly @ x
+        gram = x @ x.mT  # (N, short, short)
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b * gram + c * gram @ gram
+        x = torch.baddbmm(x, poly, x, beta=a)  # a * x + poly @ x
     if transposed:
         x = x.mT
-    return x.to(g.dtype)
+    return x.reshape(g.shape).to(g.dtype)
 
 
 class AdamW(torch.optim.Optimizer):
@@ -148,13 +148,12 @@ class Muon(torch.optim.Optimizer):
         groups = {id(g): g for g in self.param_groups}
         for (group_id, shape, _, _), items in batches.items():
             group = groups[group_id]
-            stack = torch.stack([u for _, u in items]) if len(items) > 1 else items[0][1]
-            ortho = orthogonalize(stack, group["ns_steps"], dtype=self.ns_dtype)
+            ortho = orthogonalize(torch.stack([u for _, u in items]), group["ns_steps"], dtype=self.ns_dtype)
             scale = math.sqrt(max(1.0, shape[0] / shape[1]))
             params = [p for p, _ in items]
             if group["weight_decay"]:
                 torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
-            torch._foreach_add_(params, list(ortho.unbind(0)) if len(items) > 1 else [ortho], alpha=-group["lr"] * scale)
+            torch._foreach_add_(params, list(ortho.unbind(0)), alpha=-group["lr"] * scale)
         if self.world_size > 1:
             for i, p, _ in self._owned():
                 dist.broadcast(p.data, src=i % self.world_size)
