@@ -177,12 +177,14 @@ def run(stage: str, argv: list[str] | None = None) -> int:
     val_data, _ = build_mixture(args.cache, cfg, split="val", seq_len=seq_len, device=rt.device, tok=tok, stage=stage)
     token_bytes = torch.from_numpy(tok.token_bytes().astype("int64"))
 
+    # One code revision names the run folder and goes into its checkpoints.
+    revision = lockstep.train.code_revision()
     identity = {"seed": seed, "runtime": config_to_dict(rt_cfg), "model": gcfg.to_dict(), stage: config_to_dict(cfg),
-                "tokenizer_sha256": tok.sha256, "caches": train_ids, "init": init_identity,
-                "code": lockstep.train.code_revision()}
+                "tokenizer_sha256": tok.sha256, "caches": train_ids, "init": init_identity, "code": revision}
     run_dir = args.runs / f"{stage}-{run_key(stage, identity)}"
     meta = stage_meta(model_config=gcfg, cfg=cfg, stage=stage, tokenizer_sha256=tok.sha256, seed=seed,
-                      extra={"caches": train_ids, "init_manifest_sha256": init_identity, "runtime": rt.describe()})
+                      extra={"caches": train_ids, "init_manifest_sha256": init_identity, "runtime": rt.describe(),
+                             "code_revision": revision})
     log.info("run folder %s", run_dir)
     plots = _Plots(args.plots) if rt.is_main else None
     if rt.is_main:
