@@ -32,6 +32,20 @@ def test_bytes_per_token_hand_made() -> None:
         bytes_per_token(byte, [""])
 
 
+def test_bytes_per_token_on_threads_counts_every_text_once() -> None:
+    # Texts of very different sizes, more than one batch: the threaded count cuts each batch into
+    # runs by characters, and must neither drop nor repeat a text.
+    tok = train_tokenizer("bpe", ["ab" * 50], vocab_size=256 + 1 + 9)
+    texts = ["abab" * (i % 7) + "é" * (i % 3) + "x" for i in range(300)] + ["ab" * 5000]
+    serial = bytes_per_token(tok, texts, num_threads=1)
+    assert serial["tokens"] == sum(len(tok.encode(t)) for t in texts)
+    assert bytes_per_token(tok, texts, num_threads=3) == serial
+    from lockstep.tokenizer import pipeline
+
+    runs = pipeline._chunks_by_chars(texts, 8)
+    assert [t for run in runs for t in run] == texts and 1 < len(runs) <= 8
+
+
 def test_capped_texts_is_exact_and_ordered() -> None:
     capped = CappedTexts([["abc", "defg"], ["hij"], ["never"]], max_chars=8)
     assert list(capped) == ["abc", "defg", "h"]

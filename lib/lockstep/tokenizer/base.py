@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from lockstep.io import atomic_dir, read_json, sha256_bytes, sha256_file, sha256_of_manifest, write_json_atomic
+from lockstep.io import atomic_dir, canonical_json, read_json, sha256_bytes, sha256_file, sha256_of_manifest
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|bos|>",
@@ -156,11 +156,18 @@ class Tokenizer(ABC):
     def save(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
         """Write the tokenizer to `directory`, replacing it whole and atomically; meta.json is
         written last. Returns the meta dict."""
-        meta = self.meta()
         with atomic_dir(directory) as tmp:
-            for name, data in sorted(self._all_files().items()):
-                (tmp / name).write_bytes(data)
-            write_json_atomic(tmp / META_FILE, meta)
+            return self.write_files(tmp)
+
+    def write_files(self, directory: str | os.PathLike[str]) -> dict[str, Any]:
+        """Write the tokenizer's files into `directory`, an existing folder that the caller
+        publishes whole (an `atomic_dir` temp folder, which fsyncs every file before it is
+        renamed into place); meta.json last. Returns the meta dict. `save` is the atomic form."""
+        directory = Path(directory)
+        meta = self.meta()
+        for name, data in sorted(self._all_files().items()):
+            (directory / name).write_bytes(data)
+        (directory / META_FILE).write_bytes(canonical_json(meta).encode("utf-8"))
         return meta
 
     @classmethod

@@ -9,11 +9,12 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lockstep.io import atomic_dir, write_json_atomic
+from lockstep.io import atomic_dir, canonical_json, write_json_atomic
 from lockstep.parity import RENDERED_FILE, RenderedSamples
 from lockstep.tokenizer.base import Tokenizer, conversation_texts, train_tokenizer
 
@@ -156,27 +157,56 @@ def read_ahead(texts: Iterable[str], max_chars: int = READ_AHEAD_CHARS) -> Itera
         head.append(text)
         n += len(text)
         if n >= max_chars:
-            break
-    return itertools.chain(head, rest)
+            return itertools.chain(head, rest)
+    return iter(head)
 
 
-def bytes_per_token(tokenizer: Tokenizer, texts: Iterable[str], *, num_threads: int = 2) -> dict[str, float | int]:
-    """UTF-8 bytes per token over `texts`, each encoded on its own without special tokens."""
+def _chunks_by_chars(texts: list[str], n_chunks: int) -> list[list[str]]:
+    """`texts` cut into at most `n_chunks` consecutive runs of about equal character counts."""
+    target = max(1, sum(map(len, texts)) // n_chunks)
+    chunks: list[list[str]] = [[]]
+    size = 0
+    for text in texts:
+        if size >= target and len(chunks) < n_chunks:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(text)
+        size += len(text)
+    return chunks
+
+
+def bytes_per_token(tokenizer: Tokenizer, texts: Iterable[str], *, num_threads: int = 1) -> dict[str, float | int]:
+    """UTF-8 bytes per token over `texts`, each encoded on its own without special tokens. With
+    num_threads > 1 a batch is cut into runs of about equal size encoded on that many threads
+    (they run at once for kinds whose encoder releases the GIL, like bpe)."""
     n_bytes = 0
     n_tokens = 0
     batch: list[str] = []
 
+    def count(run: list[str]) -> int:
+        # Plain id lists: for the many short texts of chat val splits they cost less per call
+        # than arrays (synth_math val, 1,537 texts: 4.8 ms against 6.9 ms).
+        return sum(len(ids) for ids in tokenizer.encode(run, num_threads=1))
+
     def flush() -> None:
         nonlocal n_tokens, n_bytes
+        if pool is None:
+            n_tokens += count(batch)
+        else:
+            n_tokens += sum(pool.map(count, _chunks_by_chars(batch, 4 * num_threads)))
         n_bytes += sum(len(t.encode("utf-8")) for t in batch)
-        n_tokens += sum(len(ids) for ids in tokenizer.encode(batch, num_threads=num_threads))
         batch.clear()
 
-    for text in texts:
-        batch.append(text)
-        if len(batch) >= METRIC_BATCH_TEXTS:
-            flush()
-    flush()
+    pool = ThreadPoolExecutor(num_threads, thread_name_prefix="bytes-per-token") if num_threads > 1 else None
+    try:
+        for text in texts:
+            batch.append(text)
+            if len(batch) >= METRIC_BATCH_TEXTS:
+                flush()
+        flush()
+    finally:
+        if pool is not None:
+            pool.shutdown()
     if n_tokens == 0:
         raise ValueError("no text to measure bytes/token on; check that the metric source's val split is not empty")
     return {"bytes": n_bytes, "tokens": n_tokens, "bytes_per_token": n_bytes / n_tokens}
@@ -209,15 +239,16 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
         "trained %s tokenizer | vocab %d | %d texts | %d chars | %.2fs", cfg.kind, tok.get_vocab_size(), texts.texts, texts.chars, train_s
     )
     t1 = time.perf_counter()
+
     # Train sources first, then metric sources: the order a reader meets them in params.
     sample_dirs = {**dict(zip(cfg.train_sources, train_dirs)), **metric_dirs}
     rendered = rendered_samples(tok, sample_dirs, cfg.artifact_records)
-    # The artifact sits beside the tokenizer files but is not one of them: save() lists only the
-    # tokenizer's own files in meta.json, so the tokenizer's sha256 does not depend on it. Both
-    # are published together by the outer atomic_dir.
+    # The artifact sits beside the tokenizer files but is not one of them: meta.json lists only
+    # the tokenizer's own files, so the tokenizer's sha256 does not depend on it. atomic_dir
+    # fsyncs them all and publishes them together.
     with atomic_dir(out_dir) as tmp:
-        meta = tok.save(tmp)
-        write_json_atomic(tmp / RENDERED_FILE, rendered)
+        meta = tok.write_files(tmp)
+        (tmp / RENDERED_FILE).write_bytes(canonical_json(rendered).encode("utf-8"))
     t2 = time.perf_counter()
 
     per_source = {}
