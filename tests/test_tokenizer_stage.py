@@ -170,3 +170,15 @@ def test_stage_cli_and_missing_snapshot(tmp_path: Path) -> None:
     cfg = TokenizerConfig(train_sources=("notes",), metric_sources=("notes", "wikitext"))
     with pytest.raises(FileNotFoundError, match="dvc repro fetch@wikitext"):
         run_tokenizer_stage(cfg, raw, tmp_path / "tok", tmp_path / "metrics.json", seed=3)
+
+
+def test_tokenizer_stage_does_not_import_torch() -> None:
+    # The stage reads snapshots, renders problems as chats and trains with rustbpe; torch is no
+    # part of that, and importing it tripled the stage's wall time on the offline preset.
+    code = (
+        "import sys, stages.tokenizer, lockstep.sources, lockstep.sources.gsm8k, lockstep.tokenizer.pipeline\n"
+        "from lockstep.sources import SOURCE_CONFIGS\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "lib")])}
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)
