@@ -139,6 +139,30 @@ def test_encode_arrays_match_encode(tok: Tokenizer) -> None:
     assert all(a.dtype.kind == "u" for a in arrays)
 
 
+def test_bulk_encoding_from_other_threads(tok: Tokenizer) -> None:
+    """Bulk calls from worker threads give the ids the building thread gives; for bpe each worker
+    encodes with its own tiktoken Encoding, kept for its later calls, never the shared one."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    docs = CORPUS[:5] + ["", "<|bos|><|bos|>", "héllo ☃ 12345"]
+    want = tok.encode(docs, num_threads=1)
+    seen: dict[int, list] = {}
+
+    def work(_: int) -> tuple[list, list]:
+        if tok.kind == "bpe":
+            seen.setdefault(threading.get_ident(), []).append(tok._bulk_encoding())
+        return [a.tolist() for a in tok.encode_arrays(docs)], tok.encode(docs, num_threads=1)
+
+    with ThreadPoolExecutor(2) as pool:
+        for arrays, lists in pool.map(work, range(6)):
+            assert arrays == want and lists == want
+    if tok.kind == "bpe":
+        assert tok._bulk_encoding() is tok._enc  # the building thread keeps the shared one
+        for encodings in seen.values():
+            assert all(e is encodings[0] for e in encodings) and encodings[0] is not tok._enc
+
+
 def test_batch_encode_matches_single_and_one_bos(tok: Tokenizer) -> None:
     bos = tok.get_bos_token_id()
     docs = CORPUS[:5] + ["", "<|bos|><|bos|>"]

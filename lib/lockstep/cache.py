@@ -243,9 +243,9 @@ def _encode_join(
         ids_lists = tokenizer.encode(texts, num_threads=1)
         lengths = np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists)) + 1
         return _bos_join(ids_lists, bos_id, vocab_size, dtype, where), lengths
-    # Ids as arrays, never as Python ints: converting int lists held the GIL for most of the
-    # build's overhead (bench/bench_cache.py runs both paths: 4.1 s by lists, 3.4-3.6 s by arrays
-    # for 64 MB on this 2-core CPU).
+    # Ids as arrays, never as Python ints: converting int lists holds the GIL that the other
+    # encoder thread needs (bench/bench_cache.py --lists runs both paths: 2.9 s by lists, 2.3 s
+    # by arrays for 64 MB on a 2-core CPU).
     lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays)) + 1
     if not arrays:
         return np.empty(0, dtype=dtype), lengths

@@ -59,6 +59,12 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         f.write(data)
 
 
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write `obj` with `canonical_json`, not atomically: for files inside an `atomic_dir` temp
+    folder, which is fsynced and published whole."""
+    Path(path).write_bytes(canonical_json(obj).encode("utf-8"))
+
+
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     """Write `obj` with `canonical_json`, atomically."""
     write_bytes_atomic(path, canonical_json(obj).encode("utf-8"))

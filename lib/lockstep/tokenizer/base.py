@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from lockstep.io import atomic_dir, canonical_json, read_json, sha256_bytes, sha256_file, sha256_of_manifest
+from lockstep.io import atomic_dir, read_json, sha256_bytes, sha256_file, sha256_of_manifest, write_json
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|bos|>",
@@ -167,7 +167,7 @@ class Tokenizer(ABC):
         meta = self.meta()
         for name, data in sorted(self._all_files().items()):
             (directory / name).write_bytes(data)
-        (directory / META_FILE).write_bytes(canonical_json(meta).encode("utf-8"))
+        write_json(directory / META_FILE, meta)
         return meta
 
     @classmethod
