@@ -145,11 +145,17 @@ class CappedTexts:
                 yield text
 
 
-def read_ahead(texts: Iterable[str], max_chars: int = READ_AHEAD_CHARS) -> Iterator[str]:
+def read_ahead(texts: Iterable[str], max_chars: int = READ_AHEAD_CHARS) -> Iterable[str]:
     """The same texts, the first `max_chars` characters' worth of them read now, the rest on
-    demand. rustbpe's worker threads are already running while it pulls texts, and on 2 cores
-    they slowed the snapshot reading down: the d4 offline tokenizer stage trained in 0.41 s fed
-    lazily, 0.37 s from a list read beforehand (bare rustbpe on that list: 0.36 s)."""
+    demand: a list when everything was read. rustbpe's worker threads are already running while
+    it pulls texts, and on 2 cores they slowed the snapshot reading down: the d4 offline
+    tokenizer stage trained in 0.41 s fed lazily, 0.37 s from a list read beforehand (bare
+    rustbpe on that list: 0.36 s).
+
+    The caller should hold the result until training returns. A list that only the trainer's
+    iterator references is freed inside the training call when the iterator runs out, and that
+    call then took 1.13x as long on the offline corpus (bench/bench_tokenizer.py --freed: 0.418 s
+    against 0.368 s)."""
     rest = iter(texts)
     head: list[str] = []
     n = 0
@@ -158,7 +164,7 @@ def read_ahead(texts: Iterable[str], max_chars: int = READ_AHEAD_CHARS) -> Itera
         n += len(text)
         if n >= max_chars:
             return itertools.chain(head, rest)
-    return iter(head)
+    return head
 
 
 def _chunks_by_chars(texts: list[str], n_chunks: int) -> list[list[str]]:
@@ -234,6 +240,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
     ahead = read_ahead(texts)
     t_read = time.perf_counter()
     tok = train_tokenizer(cfg.kind, ahead, **cfg.train_options(seed))
+    del ahead  # held through training (see read_ahead), freed before the measuring
     train_s = time.perf_counter() - t0
     log.info(
         "trained %s tokenizer | vocab %d | %d texts | %d chars | %.2fs", cfg.kind, tok.get_vocab_size(), texts.texts, texts.chars, train_s
