@@ -83,7 +83,8 @@ class BPETokenizer(Tokenizer):
     def _bulk_encoding(self) -> Any:
         """The Encoding for bulk work on the calling thread: the shared one on the thread that
         built the tokenizer, else the thread's own, made on its first bulk call there (a few ms
-        for a 4k vocabulary, about 30 ms for 65k). Single texts always use the shared one."""
+        for a 4k vocabulary, about 30 ms for 65k). `encode` of a single text always uses the
+        shared one, so a thread that encodes one prompt never pays for an Encoding."""
         if threading.get_ident() == self._enc_thread:
             return self._enc
         enc = getattr(self._per_thread, "enc", None)
