@@ -16,6 +16,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,29 +109,27 @@ def main() -> None:
 
         freed_s: list[float] = []
 
+        def train_bare(texts: Iterator[str], times: list[float]) -> rustbpe.Tokenizer:
+            t0 = time.perf_counter()
+            bare = rustbpe.Tokenizer()
+            bare.train_from_iterator(
+                texts, vocab_size=cfg.vocab_size - len(SPECIAL_TOKENS), buffer_size=TRAIN_BUFFER_TEXTS, pattern=SPLIT_PATTERN
+            )
+            times.append(time.perf_counter() - t0)
+            return bare
+
         def run_freed() -> None:
             # The same call, the text list referenced only by the iterator handed to rustbpe, so
             # it is freed inside the call when the iterator runs out.
-            it = iter(list(read_texts()))
-            t0 = time.perf_counter()
-            rustbpe.Tokenizer().train_from_iterator(
-                it, vocab_size=cfg.vocab_size - len(SPECIAL_TOKENS), buffer_size=TRAIN_BUFFER_TEXTS, pattern=SPLIT_PATTERN
-            )
-            freed_s.append(time.perf_counter() - t0)
+            train_bare(iter(list(read_texts())), freed_s)
 
         def run_bare() -> rustbpe.Tokenizer:
             # The baseline gets the stage's exact training text, read into memory afresh before
             # each run (untimed), as a script calling rustbpe has it and as the stage trains on
             # it. Training again and again on one list was sometimes faster here (390 against
             # 445 ms in one run), a warm effect no real run gets.
-            texts = list(read_texts())
-            t0 = time.perf_counter()
-            bare = rustbpe.Tokenizer()
-            bare.train_from_iterator(
-                iter(texts), vocab_size=cfg.vocab_size - len(SPECIAL_TOKENS), buffer_size=TRAIN_BUFFER_TEXTS, pattern=SPLIT_PATTERN
-            )
-            bare_s.append(time.perf_counter() - t0)
-            return bare
+            texts = list(read_texts())  # held here through the call, as the stage holds its list
+            return train_bare(iter(texts), bare_s)
 
         # One untimed run of each first: the stage's first call imports what it uses lazily
         # (parquet, the chat template), which a stage process pays at start-up, not here.
