@@ -16,6 +16,7 @@ from lockstep.tokenizer import (
     load_tokenizer,
     train_tokenizer,
 )
+from lockstep.tokenizer.bpe import SPLIT_PATTERN
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. 12345 + 678 = 13023\n",
@@ -130,6 +131,65 @@ def test_special_strings_in_text_never_become_special_ids(kind: str, prefix: str
         "<|python_end|>", "<|output_start|>", "<|output_end|>", "<|assistant_end|>",
     ]  # fmt: skip
     assert len(ids) == len(mask)
+
+
+# Pieces that stress chunk ends at newlines: whitespace runs and punctuation before a newline,
+# CRLF, contractions, digit runs and non-ASCII after one.
+HEAD_PIECES = ["\n", "\r\n", "\n\n", " \n", "\t\n", " ", "  ", "\t", "a", "Word", " the", "'s", "'LL", "1", "12", "123",
+               "!", "?!\n", "...", "-", "_", "é", "🙂", "\u3000", "\u00a0", "\x1c", "漢"]  # fmt: skip
+
+
+def chunk_end_tokenizer(pattern_name: str) -> Tokenizer:
+    """A bpe tokenizer trained on HEAD_PIECES, so that it holds merges across whitespace and
+    newlines (a cut in the wrong place would split one of them), under its own split pattern or
+    GPT-4's (digit runs of 3, not 2)."""
+    import random
+
+    key = f"chunk_end_{pattern_name}"
+    if key not in _TOKENIZERS:
+        pattern = SPLIT_PATTERN if pattern_name == "bpe" else SPLIT_PATTERN.replace(r"\p{N}{1,2}", r"\p{N}{1,3}")
+        rng = random.Random(0)
+        corpus = ["".join(rng.choices(HEAD_PIECES, k=200)) for _ in range(200)] + CORPUS
+        _TOKENIZERS[key] = train_tokenizer("bpe", corpus, vocab_size=700, pattern=pattern)
+    return _TOKENIZERS[key]
+
+
+@pytest.mark.parametrize("kind", ["bpe", "bpe_gpt4_digits"])
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.sampled_from(HEAD_PIECES) | st.text(max_size=3), max_size=60))
+def test_bpe_text_cut_at_a_chunk_end_encodes_to_a_prefix(kind: str, pieces: list[str]) -> None:
+    """What bpe's encode_head rests on: the text up to any `_CHUNK_END` encodes to a prefix of
+    the whole text's ids, under its own split pattern and under GPT-4's."""
+    from lockstep.tokenizer.bpe import _CHUNK_END
+
+    tok = chunk_end_tokenizer(kind)
+    text = "".join(pieces)
+    whole = tok.encode(text)
+    for end in _CHUNK_END.finditer(text):
+        head = tok.encode(text[: end.end()])
+        assert head == whole[: len(head)], (text[: end.end()], text[end.end() :])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=40, deadline=None)
+@given(pieces=st.lists(st.sampled_from(HEAD_PIECES) | st.text(max_size=4), min_size=80, max_size=300), n=st.integers(0, 12))
+def test_encode_head_is_encodes_first_ids(kind: str, pieces: list[str], n: int) -> None:
+    """Texts of 80+ pieces, long enough that bpe takes its prefix path for these n."""
+    tok = tiny_tokenizer(kind)
+    text = "".join(pieces)
+    assert tok.encode_head(text, n) == tok.encode(text)[:n]
+
+
+def test_encode_head_encodes_only_a_prefix_of_a_long_bpe_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = tiny_tokenizer("bpe")
+    text = "".join(CORPUS) * 50
+    calls: list[int] = []
+    real = tok._enc.encode_ordinary
+    monkeypatch.setattr(tok._enc, "encode_ordinary", lambda t: calls.append(len(t)) or real(t))
+    assert tok.encode_head(text, 40) == tok.encode(text)[:40]
+    assert calls[0] < 1000 < len(text) == calls[-1]  # encode_head's call, then encode's
+    with pytest.raises(ValueError, match="n=-1"):
+        tok.encode_head(text, -1)
 
 
 def test_encode_arrays_match_encode(tok: Tokenizer) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from lockstep.config import ConfigError, build_config
 from lockstep.tokenizer import train_tokenizer
-from lockstep.tokenizer.pipeline import CappedTexts, TokenizerConfig, bytes_per_token, record_texts
+from lockstep.tokenizer.pipeline import CappedTexts, TokenCounter, TokenizerConfig, bytes_per_token, record_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,12 +35,32 @@ def test_bytes_per_token_hand_made() -> None:
 def test_bytes_per_token_on_threads_counts_every_text_once() -> None:
     # Texts of very different sizes, more than one batch: the threaded count cuts each batch into
     # runs by characters, and must neither drop nor repeat a text.
+    import threading
+
+    from lockstep.tokenizer import pipeline
+
     tok = train_tokenizer("bpe", ["ab" * 50], vocab_size=256 + 1 + 9)
     texts = ["abab" * (i % 7) + "é" * (i % 3) + "x" for i in range(300)] + ["ab" * 5000]
     serial = bytes_per_token(tok, texts, num_threads=1)
     assert serial["tokens"] == sum(len(tok.encode(t)) for t in texts)
-    assert bytes_per_token(tok, texts, num_threads=3) == serial
-    from lockstep.tokenizer import pipeline
+    assert bytes_per_token(tok, texts, num_threads=3) == serial  # under parallel_min_chars: one thread
+    workers: set[int] = set()
+    real = tok._new_encoding
+
+    def new_encoding():  # called once per worker thread that encodes
+        workers.add(threading.get_ident())
+        return real()
+
+    tok._new_encoding = new_encoding
+    with TokenCounter(tok, 3, parallel_min_chars=0) as counter:
+        for _ in range(3):  # the same workers, with the Encodings they built, for every call
+            assert bytes_per_token(tok, texts, counter=counter) == serial
+        assert counter.count(["ab"]) == 1
+    assert 1 <= len(workers) <= 2 and threading.get_ident() not in workers
+    with pytest.raises(ValueError, match="another tokenizer"):
+        bytes_per_token(train_tokenizer("byte", []), texts, counter=TokenCounter(tok))
+    with pytest.raises(ValueError, match="num_threads=0"):
+        TokenCounter(tok, 0)
 
     runs = pipeline._chunks_by_chars(texts, 8)
     assert [t for run in runs for t in run] == texts and 1 < len(runs) <= 8

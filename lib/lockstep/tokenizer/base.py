@@ -232,6 +232,13 @@ class Tokenizer(ABC):
                 ids.append(last)
         return out
 
+    def encode_head(self, text: str, n: int) -> list[int]:
+        """The first `n` ids of `encode(text)`: kinds that can tell where a prefix of the text
+        encodes the same as the whole (bpe) encode only as much as they need."""
+        if n < 0:
+            raise ValueError(f"n={n} must be >= 0")
+        return self._encode_ordinary(text)[:n]
+
     def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Ids of each text as an unsigned-integer array, no special ids whatever the text
         contains: `encode(texts)` without Python int lists, for bulk tokenization (the caches).
@@ -295,11 +302,22 @@ class Tokenizer(ABC):
 _PART_TYPES = {"user": ("text",), "assistant": ("text", "python", "python_output"), "system": ("text",)}
 
 
+# Plain dicts and lists first: records read from parquet are plain, and an isinstance check
+# against the Mapping / Sequence ABCs costs several times a type test (every part of every
+# conversation is checked when a tokenizer is measured or a cache is built).
+def _is_mapping(x: object) -> bool:
+    return type(x) is dict or isinstance(x, Mapping)
+
+
+def _is_sequence(x: object) -> bool:
+    return type(x) is list or (isinstance(x, Sequence) and not isinstance(x, str))
+
+
 def _messages(conversation: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    if not isinstance(conversation, Mapping) or "messages" not in conversation:
+    if not _is_mapping(conversation) or "messages" not in conversation:
         raise ConversationError('a conversation is a dict {"messages": [...]}; got ' + type(conversation).__name__)
     messages = conversation["messages"]
-    if not isinstance(messages, Sequence) or isinstance(messages, str):
+    if not _is_sequence(messages):
         raise ConversationError('conversation["messages"] must be a list of {"role", "content"} dicts')
     return list(messages)
 
@@ -312,11 +330,11 @@ def _parts(message: Mapping[str, Any], index: int) -> list[dict[str, str]]:
     content = message.get("content")
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
-    if not isinstance(content, Sequence):
+    if not _is_sequence(content):
         raise ConversationError(f"message {index} content must be a string or a list of parts, got {type(content).__name__}")
     parts = []
     for j, part in enumerate(content):
-        if not isinstance(part, Mapping) or not isinstance(part.get("text"), str):
+        if not _is_mapping(part) or not isinstance(part.get("text"), str):
             raise ConversationError(f'message {index} part {j} must be {{"type", "text": str}}, got {part!r}')
         kind = part.get("type", "text")
         if kind not in _PART_TYPES[role]:
@@ -333,13 +351,13 @@ def _turns(conversation: Mapping[str, Any]) -> list[tuple[str, list[dict[str, st
     messages = _messages(conversation)
     system_text: str | None = None
     start = 0
-    if messages and isinstance(messages[0], Mapping) and messages[0].get("role") == "system":
+    if messages and _is_mapping(messages[0]) and messages[0].get("role") == "system":
         system_text = "".join(p["text"] for p in _parts(messages[0], 0))
         start = 1
     turns = []
     for i in range(start, len(messages)):
         message = messages[i]
-        if not isinstance(message, Mapping):
+        if not _is_mapping(message):
             raise ConversationError(f"message {i} must be a dict with role and content, got {message!r}")
         parts = _parts(message, i)
         expected = "user" if (i - start) % 2 == 0 else "assistant"

@@ -5,7 +5,9 @@ not read corpora from disk."""
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+import re
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -24,11 +26,20 @@ SPLIT_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
 TRAIN_BUFFER_TEXTS = 8192
+# Under SPLIT_PATTERN (and GPT-4's own, which differs only in the digit run), a newline followed
+# by a printable non-space ASCII character always ends a chunk, and the chunks before it do not
+# depend on what follows: the only branches that can take in a newline (`\s*[\r\n]`, and the
+# `[\r\n]*` tail of a punctuation run) stop at that character exactly as they stop at the end of
+# the text, and no branch takes in a newline and goes on. Since BPE merges inside chunks only,
+# the text up to such a newline encodes to a prefix of the whole text's ids.
+_CHUNK_END = re.compile(r"\n(?=[!-~])")
+_PREFIX_SAFE_PATTERNS = frozenset({SPLIT_PATTERN, SPLIT_PATTERN.replace(r"\p{N}{1,2}", r"\p{N}{1,3}")})
 
 
 def ranks_to_bytes(ranks: dict[bytes, int]) -> bytes:
     """tiktoken's ranks format: `base64(token) rank` per line, in rank order."""
-    return b"".join(base64.b64encode(token) + b" " + str(rank).encode() + b"\n" for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]))
+    b64 = binascii.b2a_base64
+    return b"".join([b64(token, newline=False) + b" %d\n" % rank for token, rank in sorted(ranks.items(), key=lambda kv: kv[1])])
 
 
 def ranks_from_bytes(data: bytes, where: Path) -> dict[bytes, int]:
@@ -144,6 +155,24 @@ class BPETokenizer(Tokenizer):
             encode = (self._bulk_encoding() if len(texts) > 1 else self._enc).encode_ordinary
             return [encode(t) for t in texts]
         return self._enc.encode_ordinary_batch(texts, num_threads=num_threads)
+
+    def encode_head(self, text: str, n: int) -> list[int]:
+        if n < 0:
+            raise ValueError(f"n={n} must be >= 0")
+        if self.pattern in _PREFIX_SAFE_PATTERNS:
+            # Prefixes ending at a chunk end (see _CHUNK_END), each about twice as long as the
+            # last, until one holds n ids: a document sample of 256 ids costs a few KB of text,
+            # not the whole document.
+            start = 8 * n + 64
+            while start < len(text):
+                end = _CHUNK_END.search(text, start)
+                if end is None:
+                    break
+                ids = self._enc.encode_ordinary(text[: end.end()])
+                if len(ids) >= n:
+                    return ids[:n]
+                start = 2 * end.end()
+        return self._enc.encode_ordinary(text)[:n]
 
     def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
         # tiktoken's buffer path: ids stay in Rust until one uint32 array per text, with the GIL

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lockstep.io import atomic_dir, canonical_json, write_json_atomic
+from lockstep.io import atomic_dir, write_json, write_json_atomic
 from lockstep.parity import RENDERED_FILE, RenderedSamples
 from lockstep.tokenizer.base import Tokenizer, conversation_texts, train_tokenizer
 
@@ -29,6 +30,8 @@ READ_AHEAD_CHARS = 1 << 28
 # A document sample keeps this many ids (BOS included): enough to see how prose splits, small
 # enough that the artifact stays readable.
 DOC_SAMPLE_TOKENS = 256
+# A metric batch with fewer characters is counted on one thread (see TokenCounter).
+PARALLEL_MIN_CHARS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -83,9 +86,10 @@ def record_texts(kind: str, record: Mapping[str, Any]) -> list[str]:
 
 def render_record(tokenizer: Tokenizer, kind: str, record: Mapping[str, Any]) -> tuple[list[int], list[int] | None, int]:
     """(ids, loss mask or None, ids kept in the artifact) of one raw record as training sees it:
-    a document is BOS + its text; a conversation or problem goes through the chat template."""
+    a document is BOS + its text; a conversation or problem goes through the chat template.
+    A document's ids stop one past what the artifact keeps: enough to tell it was cut."""
     if kind == "document":
-        return tokenizer.encode(record["text"], prepend=tokenizer.get_bos_token_id()), None, DOC_SAMPLE_TOKENS
+        return [tokenizer.get_bos_token_id(), *tokenizer.encode_head(record["text"], DOC_SAMPLE_TOKENS)], None, DOC_SAMPLE_TOKENS
     if kind == "conversation":
         conversation = dict(record)
     elif kind == "problem":
@@ -181,38 +185,85 @@ def _chunks_by_chars(texts: list[str], n_chunks: int) -> list[list[str]]:
     return chunks
 
 
-def bytes_per_token(tokenizer: Tokenizer, texts: Iterable[str], *, num_threads: int = 1) -> dict[str, float | int]:
-    """UTF-8 bytes per token over `texts`, each encoded on its own without special tokens. With
-    num_threads > 1 a batch is cut into runs of about equal size encoded on that many threads
-    (they run at once for kinds whose encoder releases the GIL, like bpe)."""
+class TokenCounter:
+    """Counts the tokens of text batches, each text encoded on its own without special tokens, on
+    the calling thread and `num_threads - 1` worker threads kept for every batch it is given.
+
+    A bpe worker builds its own tiktoken Encoding on its first batch (a few ms for a 4k
+    vocabulary, about 30 ms for 65k, holding the GIL), so the workers outlive one batch and one
+    source; the calling thread uses the tokenizer's own. Batches under `parallel_min_chars`
+    stay on the calling thread: for many short texts the per-call Python work, which holds the
+    GIL, is most of the cost, and a second thread only waits for it."""
+
+    def __init__(self, tokenizer: Tokenizer, num_threads: int = 1, *, parallel_min_chars: int = PARALLEL_MIN_CHARS) -> None:
+        if num_threads < 1:
+            raise ValueError(f"num_threads={num_threads} must be at least 1")
+        self.tokenizer = tokenizer
+        self.num_threads = num_threads
+        self.parallel_min_chars = parallel_min_chars
+        self._pool = ThreadPoolExecutor(num_threads - 1, thread_name_prefix="token-counter") if num_threads > 1 else None
+
+    def _count_run(self, run: list[str]) -> int:
+        # Plain id lists: for the many short texts of chat val splits they cost less per call
+        # than arrays (synth_math val, 1,537 texts: 4.8 ms against 6.9 ms).
+        return sum(len(ids) for ids in self.tokenizer.encode(run, num_threads=1))
+
+    def count(self, texts: list[str]) -> int:
+        if self._pool is None or len(texts) < 2 or sum(map(len, texts)) < self.parallel_min_chars:
+            return self._count_run(texts)
+        # Runs of about equal size, taken in order by whichever thread is free: a thread slowed
+        # by other work on a busy machine never holds back a fixed share of the batch.
+        runs = iter(_chunks_by_chars(texts, 4 * self.num_threads))
+        lock = threading.Lock()
+
+        def drain() -> int:
+            total = 0
+            while True:
+                with lock:
+                    run = next(runs, None)
+                if run is None:
+                    return total
+                total += self._count_run(run)
+
+        workers = [self._pool.submit(drain) for _ in range(self.num_threads - 1)]
+        total = drain()
+        return total + sum(w.result() for w in workers)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __enter__(self) -> TokenCounter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def bytes_per_token(
+    tokenizer: Tokenizer, texts: Iterable[str], *, num_threads: int = 1, counter: TokenCounter | None = None
+) -> dict[str, float | int]:
+    """UTF-8 bytes per token over `texts`, each encoded on its own without special tokens, in
+    batches of METRIC_BATCH_TEXTS texts. Counted by `counter` when given (to keep its threads for
+    several calls), else by a TokenCounter of `num_threads` threads made for this call."""
+    if counter is None:
+        with TokenCounter(tokenizer, num_threads) as own:
+            return bytes_per_token(tokenizer, texts, counter=own)
+    if counter.tokenizer is not tokenizer:
+        raise ValueError("the counter counts with another tokenizer than the one given")
     n_bytes = 0
     n_tokens = 0
     batch: list[str] = []
-
-    def count(run: list[str]) -> int:
-        # Plain id lists: for the many short texts of chat val splits they cost less per call
-        # than arrays (synth_math val, 1,537 texts: 4.8 ms against 6.9 ms).
-        return sum(len(ids) for ids in tokenizer.encode(run, num_threads=1))
-
-    def flush() -> None:
-        nonlocal n_tokens, n_bytes
-        if pool is None:
-            n_tokens += count(batch)
-        else:
-            n_tokens += sum(pool.map(count, _chunks_by_chars(batch, 4 * num_threads)))
+    for text in texts:
+        batch.append(text)
+        if len(batch) >= METRIC_BATCH_TEXTS:
+            n_tokens += counter.count(batch)
+            n_bytes += sum(len(t.encode("utf-8")) for t in batch)
+            batch = []
+    if batch:
+        n_tokens += counter.count(batch)
         n_bytes += sum(len(t.encode("utf-8")) for t in batch)
-        batch.clear()
-
-    pool = ThreadPoolExecutor(num_threads, thread_name_prefix="bytes-per-token") if num_threads > 1 else None
-    try:
-        for text in texts:
-            batch.append(text)
-            if len(batch) >= METRIC_BATCH_TEXTS:
-                flush()
-        flush()
-    finally:
-        if pool is not None:
-            pool.shutdown()
     if n_tokens == 0:
         raise ValueError("no text to measure bytes/token on; check that the metric source's val split is not empty")
     return {"bytes": n_bytes, "tokens": n_tokens, "bytes_per_token": n_bytes / n_tokens}
@@ -255,13 +306,14 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
     # fsyncs them all and publishes them together.
     with atomic_dir(out_dir) as tmp:
         meta = tok.write_files(tmp)
-        (tmp / RENDERED_FILE).write_bytes(canonical_json(rendered).encode("utf-8"))
+        write_json(tmp / RENDERED_FILE, rendered)
     t2 = time.perf_counter()
 
     per_source = {}
-    for name, path in metric_dirs.items():
-        per_source[name] = bytes_per_token(tok, snapshot_texts(path, "val"), num_threads=cfg.encode_threads)
-        log.info("bytes/token %-14s %.3f (%d bytes)", name, per_source[name]["bytes_per_token"], per_source[name]["bytes"])
+    with TokenCounter(tok, cfg.encode_threads) as counter:  # one set of encoder threads for every source
+        for name, path in metric_dirs.items():
+            per_source[name] = bytes_per_token(tok, snapshot_texts(path, "val"), counter=counter)
+            log.info("bytes/token %-14s %.3f (%d bytes)", name, per_source[name]["bytes_per_token"], per_source[name]["bytes"])
     metrics = {
         "kind": cfg.kind,
         "vocab_size": tok.get_vocab_size(),
