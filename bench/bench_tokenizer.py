@@ -1,8 +1,14 @@
 """Benchmark: the whole tokenizer stage (read snapshots -> train -> save -> metrics) against a bare
-rustbpe training call on the same text, in one process. Prints medians and their ratio (target
-<= 1.2x). Not a test.
+rustbpe training call on the same text. Prints medians and their ratio (target <= 1.2x). Not a
+test.
 
-    .venv/bin/python bench/bench_tokenizer.py --raw data/raw --repeats 3
+    .venv/bin/python bench/bench_tokenizer.py --raw data/raw --repeats 15
+
+Each timed run is a fresh process, the two sides alternating, as the stage itself runs: how fast
+rustbpe trains depends on the process's heap history (a text list freed inside the call made it
+1.13x slower, see --freed), so runs that share one process time each other's leftovers, and the
+ratio drifted between 1.13x and 1.28x from one in-process run to the next. Modules that either
+side imports are imported before its clock starts; reading the bare call's text is not timed.
 
 Snapshots missing under --raw are fetched first (untimed) into a temporary folder, from the
 `fetch:` entries of --params.
@@ -11,8 +17,10 @@ Snapshots missing under --raw are fetched first (untimed) into a temporary folde
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -68,22 +76,78 @@ def scaled_snapshots(raw: Path, names: list[str], train_sources: list[str], copi
     return out
 
 
+def read_texts(raw: Path, cfg: TokenizerConfig) -> CappedTexts:
+    return CappedTexts((snapshot_texts(raw / n, "train") for n in cfg.train_sources), cfg.max_chars)
+
+
+def train_bare(texts: Iterator[str], cfg: TokenizerConfig) -> tuple[float, int]:
+    import rustbpe
+
+    t0 = time.perf_counter()
+    bare = rustbpe.Tokenizer()
+    bare.train_from_iterator(texts, vocab_size=cfg.vocab_size - len(SPECIAL_TOKENS), buffer_size=TRAIN_BUFFER_TEXTS, pattern=SPLIT_PATTERN)
+    return time.perf_counter() - t0, bare.vocab_size + len(SPECIAL_TOKENS)
+
+
+def child(side: str, params_path: Path, raw: Path, out: Path) -> dict:
+    """One timed run of `side` in this fresh process."""
+    import pyarrow.parquet  # noqa: F401  the modules the stage imports on first use
+    import rustbpe  # noqa: F401
+    import tiktoken  # noqa: F401
+
+    import lockstep.sources.gsm8k  # noqa: F401
+
+    params = load_params(params_path)
+    cfg = section(params, "tokenizer", TokenizerConfig)
+    if side == "stage":
+        phases: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda record: phases.append(record.getMessage())  # type: ignore[method-assign]
+        logging.getLogger("lockstep.tokenizer").addHandler(handler)
+        logging.getLogger("lockstep.tokenizer").setLevel(logging.INFO)
+        t0 = time.perf_counter()
+        try:
+            metrics = run_tokenizer_stage(cfg, raw, out / "tok", out / "metrics.json", seed=params["seed"])
+            seconds = time.perf_counter() - t0
+        finally:
+            logging.getLogger("lockstep.tokenizer").removeHandler(handler)
+        return {"seconds": seconds, "vocab_size": metrics["vocab_size"], "phases": [m for m in phases if m.startswith("tokenizer stage |")]}
+    if side == "bare":
+        # The stage's exact training text, held here through the call as the stage holds its list.
+        texts = list(read_texts(raw, cfg))
+        seconds, vocab_size = train_bare(iter(texts), cfg)
+    elif side == "freed":
+        # The same call, the list referenced only by the iterator handed to rustbpe, so it is
+        # freed inside the call when the iterator runs out.
+        seconds, vocab_size = train_bare(iter(list(read_texts(raw, cfg))), cfg)
+    else:
+        raise ValueError(f"side {side!r} must be stage, bare or freed")
+    return {"seconds": seconds, "vocab_size": vocab_size}
+
+
+def run_child(side: str, params_path: Path, raw: Path, out: Path, *, in_process: bool = False) -> dict:
+    if in_process:
+        return child(side, params_path, raw, out)
+    cmd = [sys.executable, __file__, "--child", side, str(params_path), str(raw), str(out)]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--raw", type=Path, default=ROOT / "data" / "raw")
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--verbose", action="store_true", help="log the stage phases")
+    ap.add_argument("--verbose", action="store_true", help="print the stage's phase times of every run")
     ap.add_argument("--copies", type=int, default=1,
                     help="train on each train source's documents this many times over (raise tokenizer.max_chars to match)")
     ap.add_argument("--freed", action="store_true",
                     help="also time the bare call on a list that only its iterator holds (freed inside the call)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run every side in this process instead (after one untimed run of each): the ratio then "
+                         "depends on what earlier runs left on the heap")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("lockstep.tokenizer").setLevel(logging.INFO if args.verbose else logging.WARNING)
-    logging.getLogger("rustbpe").setLevel(logging.WARNING)
-    import rustbpe
-
     params = load_params(args.params)
     cfg = section(params, "tokenizer", TokenizerConfig)
     if cfg.kind != "bpe":
@@ -94,62 +158,27 @@ def main() -> None:
         raw = ensure_snapshots(params, names, args.raw, tmp)
         if args.copies > 1:
             raw = scaled_snapshots(raw, names, list(cfg.train_sources), args.copies, tmp / f"raw_x{args.copies}")
-        def read_texts() -> CappedTexts:
-            return CappedTexts((snapshot_texts(raw / n, "train") for n in cfg.train_sources), cfg.max_chars)
-
-        capped = read_texts()
+        capped = read_texts(raw, cfg)
         list(capped)  # counts chars and texts for the summary line
-        stage_s, bare_s = [], []
-
-        def run_stage(r: int) -> dict:
-            t0 = time.perf_counter()
-            metrics = run_tokenizer_stage(cfg, raw, tmp / f"tok{r}", tmp / f"metrics{r}.json", seed=params["seed"])
-            stage_s.append(time.perf_counter() - t0)
-            return metrics
-
-        freed_s: list[float] = []
-
-        def train_bare(texts: Iterator[str], times: list[float]) -> rustbpe.Tokenizer:
-            t0 = time.perf_counter()
-            bare = rustbpe.Tokenizer()
-            bare.train_from_iterator(
-                texts, vocab_size=cfg.vocab_size - len(SPECIAL_TOKENS), buffer_size=TRAIN_BUFFER_TEXTS, pattern=SPLIT_PATTERN
-            )
-            times.append(time.perf_counter() - t0)
-            return bare
-
-        def run_freed() -> None:
-            # The same call, the text list referenced only by the iterator handed to rustbpe, so
-            # it is freed inside the call when the iterator runs out.
-            train_bare(iter(list(read_texts())), freed_s)
-
-        def run_bare() -> rustbpe.Tokenizer:
-            # The baseline gets the stage's exact training text, read into memory afresh before
-            # each run (untimed), as a script calling rustbpe has it and as the stage trains on
-            # it. Training again and again on one list was sometimes faster here (390 against
-            # 445 ms in one run), a warm effect no real run gets.
-            texts = list(read_texts())  # held here through the call, as the stage holds its list
-            return train_bare(iter(texts), bare_s)
-
-        # One untimed run of each first: the stage's first call imports what it uses lazily
-        # (parquet, the chat template), which a stage process pays at start-up, not here.
-        run_stage(-1)
-        run_bare()
-        stage_s.clear()
-        bare_s.clear()
-        # Alternate which runs first so a drift in machine load hits both sides alike.
+        times: dict[str, list[float]] = {"stage": [], "bare": [], "freed": []}
+        phases: list[str] = []
+        sides = ["stage", "bare"]
+        if args.in_process:
+            for side in sides:
+                run_child(side, args.params, raw, tmp / f"{side}_untimed", in_process=True)
         for r in range(args.repeats):
-            if r % 2 == 0:
-                metrics = run_stage(r)
-                bare = run_bare()
-            else:
-                bare = run_bare()
-                metrics = run_stage(r)
-            if args.freed:
-                run_freed()
-        assert bare.vocab_size + len(SPECIAL_TOKENS) == metrics["vocab_size"]
+            # Alternate which runs first so a drift in machine load hits both sides alike.
+            for side in (sides if r % 2 == 0 else sides[::-1]) + (["freed"] if args.freed else []):
+                result = run_child(side, args.params, raw, tmp / f"{side}{r}", in_process=args.in_process)
+                times[side].append(result["seconds"])
+                phases += result.get("phases", [])
+                assert result["vocab_size"] == cfg.vocab_size, result
+    if args.verbose:
+        print("\n".join(phases))
+    stage_s, bare_s, freed_s = times["stage"], times["bare"], times["freed"]
     stage_med, bare_med = statistics.median(stage_s), statistics.median(bare_s)
-    print(f"corpus: {capped.chars:,} chars in {capped.texts:,} texts from {', '.join(cfg.train_sources)}; vocab {cfg.vocab_size}")
+    print(f"corpus: {capped.chars:,} chars in {capped.texts:,} texts from {', '.join(cfg.train_sources)}; vocab {cfg.vocab_size}; "
+          f"{args.repeats} runs a side, {'all in this process' if args.in_process else 'each in a fresh process'}")  # fmt: skip
     print(f"tokenizer stage (read + train + save + metrics): median {stage_med:.3f}s  runs {[round(s, 3) for s in stage_s]}")
     print(f"bare rustbpe train_from_iterator:               median {bare_med:.3f}s  runs {[round(s, 3) for s in bare_s]}")
     if freed_s:
@@ -161,4 +190,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        print(json.dumps(child(sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5]))))
+    else:
+        main()

@@ -158,8 +158,8 @@ def read_ahead(texts: Iterable[str], max_chars: int = READ_AHEAD_CHARS) -> Itera
 
     The caller should hold the result until training returns. A list that only the trainer's
     iterator references is freed inside the training call when the iterator runs out, and that
-    call then took 1.13x as long on the offline corpus (bench/bench_tokenizer.py --freed: 0.418 s
-    against 0.368 s)."""
+    call then took 1.13x as long on the offline corpus (bench/bench_tokenizer.py --in-process
+    --freed: 0.418 s against 0.368 s)."""
     rest = iter(texts)
     head: list[str] = []
     n = 0
