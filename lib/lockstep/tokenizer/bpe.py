@@ -28,10 +28,12 @@ SPLIT_PATTERN = (
 TRAIN_BUFFER_TEXTS = 8192
 # Under SPLIT_PATTERN (and GPT-4's own, which differs only in the digit run), a newline followed
 # by a printable non-space ASCII character always ends a chunk, and the chunks before it do not
-# depend on what follows: the only branches that can take in a newline (`\s*[\r\n]`, and the
-# `[\r\n]*` tail of a punctuation run) stop at that character exactly as they stop at the end of
-# the text, and no branch takes in a newline and goes on. Since BPE merges inside chunks only,
-# the text up to such a newline encodes to a prefix of the whole text's ids.
+# depend on what follows. A whitespace run holding a newline is taken by `\s*[\r\n]`, tried
+# before the other whitespace branches and ending at the run's last newline; the only other
+# branch that takes in a newline is the `[\r\n]*` tail of a punctuation run. Both stop at that
+# character exactly as they stop at the end of the text. Since BPE merges inside chunks only,
+# the text up to such a newline encodes to a prefix of the whole text's ids (tested with
+# hypothesis in tests/test_tokenizer.py).
 _CHUNK_END = re.compile(r"\n(?=[!-~])")
 _PREFIX_SAFE_PATTERNS = frozenset({SPLIT_PATTERN, SPLIT_PATTERN.replace(r"\p{N}{1,2}", r"\p{N}{1,3}")})
 
