@@ -173,7 +173,7 @@ def test_bpe_text_cut_at_a_chunk_end_encodes_to_a_prefix(kind: str, pieces: list
 @pytest.mark.parametrize("kind", KINDS)
 @settings(max_examples=40, deadline=None)
 @given(pieces=st.lists(st.sampled_from(HEAD_PIECES) | st.text(max_size=4), min_size=80, max_size=300), n=st.integers(0, 12))
-def test_encode_head_is_encodes_first_ids(kind: str, pieces: list[str], n: int) -> None:
+def test_encode_head_gives_the_first_ids_of_encode(kind: str, pieces: list[str], n: int) -> None:
     """Texts of 80+ pieces, long enough that bpe takes its prefix path for these n."""
     tok = tiny_tokenizer(kind)
     text = "".join(pieces)

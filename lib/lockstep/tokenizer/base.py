@@ -237,6 +237,9 @@ class Tokenizer(ABC):
         encodes the same as the whole (bpe) encode only as much as they need."""
         if n < 0:
             raise ValueError(f"n={n} must be >= 0")
+        return self._encode_head(text, n)
+
+    def _encode_head(self, text: str, n: int) -> list[int]:
         return self._encode_ordinary(text)[:n]
 
     def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:

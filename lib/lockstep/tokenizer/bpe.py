@@ -158,9 +158,7 @@ class BPETokenizer(Tokenizer):
             return [encode(t) for t in texts]
         return self._enc.encode_ordinary_batch(texts, num_threads=num_threads)
 
-    def encode_head(self, text: str, n: int) -> list[int]:
-        if n < 0:
-            raise ValueError(f"n={n} must be >= 0")
+    def _encode_head(self, text: str, n: int) -> list[int]:
         if self.pattern in _PREFIX_SAFE_PATTERNS:
             # Prefixes ending at a chunk end (see _CHUNK_END), each about twice as long as the
             # last, until one holds n ids: a document sample of 256 ids costs a few KB of text,

@@ -254,14 +254,8 @@ def bytes_per_token(
         raise ValueError("the counter counts with another tokenizer than the one given")
     n_bytes = 0
     n_tokens = 0
-    batch: list[str] = []
-    for text in texts:
-        batch.append(text)
-        if len(batch) >= METRIC_BATCH_TEXTS:
-            n_tokens += counter.count(batch)
-            n_bytes += sum(len(t.encode("utf-8")) for t in batch)
-            batch = []
-    if batch:
+    texts = iter(texts)
+    while batch := list(itertools.islice(texts, METRIC_BATCH_TEXTS)):
         n_tokens += counter.count(batch)
         n_bytes += sum(len(t.encode("utf-8")) for t in batch)
     if n_tokens == 0:
