@@ -191,9 +191,9 @@ class TokenCounter:
 
     A bpe worker builds its own tiktoken Encoding on its first batch (a few ms for a 4k
     vocabulary, about 30 ms for 65k, holding the GIL), so the workers outlive one batch and one
-    source; the thread that built the tokenizer encodes with the tokenizer's own. Batches under `parallel_min_chars`
-    stay on the calling thread: for many short texts the per-call Python work, which holds the
-    GIL, is most of the cost, and a second thread only waits for it."""
+    source; the thread that built the tokenizer encodes with the tokenizer's own. Batches under
+    `parallel_min_chars` stay on the calling thread: for many short texts the per-call Python
+    work, which holds the GIL, is most of the cost, and a second thread only waits for it."""
 
     def __init__(self, tokenizer: Tokenizer, num_threads: int = 1, *, parallel_min_chars: int = PARALLEL_MIN_CHARS) -> None:
         if num_threads < 1:
