@@ -25,6 +25,7 @@ from lockstep.sources.snapshot import (
     SnapshotWriter,
     iter_records,
     read_meta,
+    verify_split,
 )
 from lockstep.sources.synth_chat import SynthChatConfig
 from lockstep.sources.synth_math import SynthMathConfig
@@ -52,6 +53,7 @@ __all__ = [
     "iter_records",
     "read_meta",
     "source_kind",
+    "verify_split",
 ]
 
 
