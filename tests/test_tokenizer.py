@@ -192,6 +192,42 @@ def test_encode_head_encodes_only_a_prefix_of_a_long_bpe_text(monkeypatch: pytes
         tok.encode_head(text, -1)
 
 
+# Text ends that could fuse with a neighbour: whitespace, newlines, digits, partial special
+# strings and special strings themselves (the BOS string too).
+EDGE_PIECES = [*HEAD_PIECES, *SPECIAL_TOKENS, "<|bo", "s|>", "<|", "|>", "<", ">"]
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "bpe_merged_whitespace"])
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(st.lists(st.sampled_from(EDGE_PIECES) | st.text(max_size=3), max_size=12).map("".join), max_size=12))
+def test_count_tokens_counts_each_text_alone(kind: str, texts: list[str]) -> None:
+    """bpe counts a batch in one tiktoken call, the texts joined by the BOS string: the total
+    must still be that of encoding each text alone, whatever the texts start and end with."""
+    tok = chunk_end_tokenizer("bpe") if kind == "bpe_merged_whitespace" else tiny_tokenizer(kind)
+    assert tok.count_tokens(texts) == sum(len(tok.encode(t)) for t in texts)
+
+
+def test_bpe_count_tokens_of_text_with_a_lone_surrogate() -> None:
+    tok = tiny_tokenizer("bpe")  # encodes it as U+FFFD, as tiktoken does; no joined call then
+    texts = ["ab\ud800cd", "12 34", ""]
+    assert tok.count_tokens(texts) == sum(len(tok.encode(t)) for t in texts)
+
+
+def test_copy_encodes_the_same_with_its_own_encoder(tok: Tokenizer) -> None:
+    import threading
+
+    texts = [*CORPUS[:5], "<|bos|> and <|user_start|> as plain text"]
+    made: list[Tokenizer] = []
+    worker = threading.Thread(target=lambda: made.append(tok.copy()))
+    worker.start()
+    worker.join()
+    (twin,) = made
+    assert twin.encode(texts) == tok.encode(texts) and twin.sha256 == tok.sha256
+    assert twin.render_conversation(sample_conversation()) == tok.render_conversation(sample_conversation())
+    if tok.kind == "bpe":  # a new Encoding, owned by the thread that made the copy
+        assert twin._enc is not tok._enc and twin._enc_thread == worker.ident
+
+
 def test_encode_arrays_match_encode(tok: Tokenizer) -> None:
     docs = CORPUS[:5] + ["", "<|bos|><|bos|>", "héllo ☃ 12345"]
     arrays = tok.encode_arrays(docs)

@@ -242,6 +242,17 @@ class Tokenizer(ABC):
     def _encode_head(self, text: str, n: int) -> list[int]:
         return self._encode_ordinary(text)[:n]
 
+    def copy(self) -> Tokenizer:
+        """An equal tokenizer for another thread to encode with while this one is in use. Kinds
+        whose encoder keeps state that threads contend for (bpe) build a new encoder; the
+        others return self."""
+        return self
+
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        """How many ids `encode(texts)` gives in all (each text encoded alone, no special ids),
+        on the calling thread. Kinds that can count without building every id list override it."""
+        return sum(len(ids) for ids in self._encode_ordinary_batch(list(texts), 1))
+
     def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Ids of each text as an unsigned-integer array, no special ids whatever the text
         contains: `encode(texts)` without Python int lists, for bulk tokenization (the caches).
