@@ -171,6 +171,35 @@ def test_stage_end_to_end_is_reproducible(tmp_path: Path, kind: str) -> None:
         n_tokens = sum(len(tok.encode(t)) for t in texts)
         assert m1["val_bytes"][name] == n_bytes and m1["val_tokens"][name] == n_tokens
         assert m1["bytes_per_token"][name] == pytest.approx(n_bytes / n_tokens)
+    # Sources are counted on two threads; the report keeps the order of params.
+    assert list(m1["bytes_per_token"]) == list(m1["val_tokens"]) == list(cfg.metric_sources)
+
+
+def test_val_texts_read_ahead_and_the_metric_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lockstep.tokenizer import pipeline
+    from lockstep.tokenizer.pipeline import ValTexts, snapshot_texts
+
+    raw = _snapshots(tmp_path)
+    val = {name: ValTexts(raw / name) for name in ("notes", "math", "chat")}
+    for name, texts in val.items():
+        assert texts.complete and texts.small and list(texts) == list(snapshot_texts(raw / name, "val"))
+    # Largest first from the front; small sources, smallest first, from the back.
+    by_size = sorted(val, key=lambda n: val[n].head_chars, reverse=True)
+    queue = pipeline._MetricQueue(val)
+    assert queue.take(small_only=True) == by_size[-1]
+    assert queue.take() == by_size[0]
+    assert queue.take() == by_size[1] and queue.take() is None and queue.take(small_only=True) is None
+
+    chat = ValTexts(raw / "chat")
+    monkeypatch.setattr(pipeline, "METRIC_BATCH_TEXTS", 2)  # a val split longer than one batch
+    long = ValTexts(raw / "math")
+    assert len(long.head) == 2 and not long.complete and not long.small
+    assert list(long) == list(snapshot_texts(raw / "math", "val"))
+    assert long.head_chars < chat.head_chars
+    queue = pipeline._MetricQueue({"math": long, "chat": chat})
+    assert queue.take() == "math"  # not read whole: taken first, by the thread with the counter
+    monkeypatch.setattr(pipeline, "PARALLEL_MIN_CHARS", 1)
+    assert queue.take(small_only=True) is None  # nothing left that one thread counts anyway
 
 
 def test_stage_cli_and_missing_snapshot(tmp_path: Path) -> None:
@@ -190,6 +219,29 @@ def test_stage_cli_and_missing_snapshot(tmp_path: Path) -> None:
     cfg = TokenizerConfig(train_sources=("notes",), metric_sources=("notes", "wikitext"))
     with pytest.raises(FileNotFoundError, match="dvc repro fetch@wikitext"):
         run_tokenizer_stage(cfg, raw, tmp_path / "tok", tmp_path / "metrics.json", seed=3)
+
+
+@pytest.mark.parametrize("damage", ["decodable", "undecodable", "val"])
+def test_stage_refuses_a_damaged_part_and_publishes_nothing(tmp_path: Path, damage: str) -> None:
+    """The train parts are hashed on a helper thread while they are decoded: a part that does
+    not match meta.json still fails with the sha256 error, whether it decodes or not, and no
+    tokenizer or metrics are written."""
+    import pyarrow.parquet as pq
+
+    from lockstep.sources import SnapshotError
+    from lockstep.tokenizer.pipeline import run_tokenizer_stage
+
+    raw = _snapshots(tmp_path)
+    part = raw / "notes" / ("val" if damage == "val" else "train") / "part_00000.parquet"
+    if damage == "undecodable":
+        part.write_bytes(part.read_bytes()[:-40] + b"\0" * 40)  # footer gone
+    else:  # same schema, other text: decodes fine
+        table = pq.read_table(part)
+        pq.write_table(table.set_column(0, "text", [[t.upper() for t in table.column("text").to_pylist()]]), part)
+    cfg = TokenizerConfig(vocab_size=280, train_sources=("notes",), metric_sources=("notes", "chat"))
+    with pytest.raises(SnapshotError, match="does not match its sha256"):
+        run_tokenizer_stage(cfg, raw, tmp_path / "tok", tmp_path / "metrics.json", seed=3)
+    assert not (tmp_path / "tok").exists() and not (tmp_path / "metrics.json").exists()
 
 
 def test_tokenizer_stage_does_not_import_torch() -> None:

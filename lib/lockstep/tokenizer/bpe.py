@@ -159,9 +159,9 @@ class BPETokenizer(Tokenizer):
         return self._enc.encode_ordinary_batch(texts, num_threads=num_threads)
 
     def copy(self) -> BPETokenizer:
-        # Threads encoding with one Encoding slow each other down, its owner too: counting a
-        # 254 KB text took 35 ms instead of 16 while another thread rendered samples with the
-        # same Encoding, 17 ms while it used one of its own (bench-free check: a 2-core VM).
+        # Threads encoding with one Encoding slow each other down, its owner too: on 2 cores,
+        # counting a 254 KB text took 35 ms instead of 16 while another thread rendered samples
+        # with the same Encoding, 17 ms while that thread used one of its own.
         return type(self)(self._ranks, self.pattern)
 
     def count_tokens(self, texts: Sequence[str]) -> int:
