@@ -8,9 +8,12 @@ Each timed run is a fresh process, the two sides alternating, as the stage itsel
 rustbpe trains depends on the process's heap history (a text list freed inside the call made it
 1.13x slower, see --freed), so runs that share one process time each other's leftovers (the
 ratio drifted between 1.13x and 1.28x from one in-process run to the next). Fresh processes pay
-first-touch costs on both sides and drift too, with the machine's state: 1.07x-1.27x over one
-day here. Compare ratios from one run only. Modules that either side imports are imported
-before its clock starts; reading the bare call's text is not timed.
+first-touch costs on both sides and drift too, with the machine's state, and rustbpe's own time
+moves by several percent with what the process allocated before the call (on --copies 4, 1.39 s
+inside the stage's process against 1.28 s in the bare one, same text). Compare ratios from one
+run only, or from runs interleaved in one window (two code versions: alternate their runs).
+Modules that either side imports are imported before its clock starts; reading the bare call's
+text is not timed.
 
 Snapshots missing under --raw are fetched first (untimed) into a temporary folder, from the
 `fetch:` entries of --params.

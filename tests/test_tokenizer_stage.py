@@ -3,6 +3,8 @@ texts, determinism across processes, and the stage run on real raw snapshots."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -173,6 +175,14 @@ def test_stage_end_to_end_is_reproducible(tmp_path: Path, kind: str) -> None:
         assert m1["bytes_per_token"][name] == pytest.approx(n_bytes / n_tokens)
     # Sources are counted on two threads; the report keeps the order of params.
     assert list(m1["bytes_per_token"]) == list(m1["val_tokens"]) == list(cfg.metric_sources)
+    # Counting on a TokenCounter pool beside the helper, every batch split across 3 threads,
+    # changes nothing.
+    from lockstep.tokenizer import pipeline
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pipeline, "TokenCounter", functools.partial(pipeline.TokenCounter, parallel_min_chars=0))
+        threaded = dataclasses.replace(cfg, encode_threads=3)
+        assert run_tokenizer_stage(threaded, raw, tmp_path / "tok3", tmp_path / "m3.json", seed=3) == m1
 
 
 def test_val_texts_read_ahead_and_the_metric_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
