@@ -118,15 +118,13 @@ class SampleRecords:
         return cls(split, {name: (read_meta(path)["kind"], first_records(path, split, n)) for name, path in snapshots.items()})
 
 
-def rendered_samples(tokenizer: Tokenizer, snapshots: Mapping[str, Path] | SampleRecords, n: int, *, split: str = "train") -> dict[str, Any]:
-    """The `rendered_samples.json` object: the first `n` records of `split` of each snapshot
-    rendered with `tokenizer`, labelled `<source>/<split>`, so a tokenizer or chat-template
-    change shows up as the first differing id. Takes the snapshot folders, or their records
-    read beforehand (then `split` is theirs)."""
-    samples = snapshots if isinstance(snapshots, SampleRecords) else SampleRecords.read(snapshots, n, split=split)
+def rendered_samples(tokenizer: Tokenizer, samples: SampleRecords, n: int) -> dict[str, Any]:
+    """The `rendered_samples.json` object: each source's first `n` sample records rendered with
+    `tokenizer`, labelled `<source>/<split>`, so a tokenizer or chat-template change shows up as
+    the first differing id."""
     rendered = RenderedSamples(tokenizer, n, bos_id=tokenizer.get_bos_token_id())
     for name, (kind, records) in samples.records.items():
-        for record in records[:n]:
+        for record in records:
             ids, mask, keep = render_record(tokenizer, kind, record)
             rendered.add(f"{name}/{samples.split}", ids, mask, max_tokens=keep)
     return rendered.to_json()
