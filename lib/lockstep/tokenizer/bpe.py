@@ -159,9 +159,10 @@ class BPETokenizer(Tokenizer):
         return self._enc.encode_ordinary_batch(texts, num_threads=num_threads)
 
     def copy(self) -> BPETokenizer:
-        # Threads encoding with one Encoding slow each other down, its owner too: on 2 cores,
-        # counting a 254 KB text took 35 ms instead of 16 while another thread rendered samples
-        # with the same Encoding, 17 ms while that thread used one of its own.
+        # Threads encoding with one Encoding slow each other down, its owner too: in the
+        # tokenizer stage on 2 cores, counting the 254 KB Shakespeare val split beside a thread
+        # that rendered samples took 21-23 ms when both shared one Encoding, 15-16 ms (three
+        # runs of four; 20 in the fourth) when the renderer had its own.
         return type(self)(self._ranks, self.pattern)
 
     def count_tokens(self, texts: Sequence[str]) -> int:
