@@ -39,7 +39,7 @@ from lockstep.config import ConfigError  # noqa: E402
 from lockstep.sources import SOURCE_CONFIGS, fetch_source  # noqa: E402
 from lockstep.tokenizer.base import SPECIAL_TOKENS  # noqa: E402
 from lockstep.tokenizer.bpe import SPLIT_PATTERN, TRAIN_BUFFER_TEXTS  # noqa: E402
-from lockstep.tokenizer.pipeline import CappedTexts, TokenizerConfig, run_tokenizer_stage, snapshot_texts  # noqa: E402
+from lockstep.tokenizer.pipeline import CappedTexts, TokenizerConfig, capped_train_texts, run_tokenizer_stage  # noqa: E402
 from stages._common import load_params, section  # noqa: E402
 
 
@@ -82,7 +82,7 @@ def scaled_snapshots(raw: Path, names: list[str], train_sources: list[str], copi
 
 
 def read_texts(raw: Path, cfg: TokenizerConfig) -> CappedTexts:
-    return CappedTexts((snapshot_texts(raw / n, "train") for n in cfg.train_sources), cfg.max_chars)
+    return capped_train_texts(cfg, [raw / n for n in cfg.train_sources])
 
 
 def train_bare(texts: Iterator[str], cfg: TokenizerConfig) -> tuple[float, int]:

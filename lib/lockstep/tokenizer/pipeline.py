@@ -166,6 +166,12 @@ class CappedTexts:
                 yield text
 
 
+def capped_train_texts(cfg: TokenizerConfig, train_dirs: Iterable[Path], *, verify: bool = True) -> CappedTexts:
+    """The text the stage trains on: the train splits of `train_dirs` (cfg.train_sources' snapshots,
+    in that order), cut at cfg.max_chars."""
+    return CappedTexts((snapshot_texts(d, "train", verify=verify) for d in train_dirs), cfg.max_chars)
+
+
 def read_ahead(texts: Iterable[str], max_chars: int = READ_AHEAD_CHARS) -> Iterable[str]:
     """The same texts, the first `max_chars` characters' worth of them read now, the rest on
     demand: a list when everything was read. rustbpe's worker threads are already running while
@@ -387,7 +393,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
         verified = [helper.submit(verify_split, d, "train") for d in train_dirs]
         samples_read = helper.submit(SampleRecords.read, sample_dirs, cfg.artifact_records)
         val_read = {name: helper.submit(ValTexts, path) for name, path in metric_dirs.items()}
-        train_texts = CappedTexts((snapshot_texts(d, "train", verify=False) for d in train_dirs), cfg.max_chars)
+        train_texts = capped_train_texts(cfg, train_dirs, verify=False)
         try:
             ahead = read_ahead(train_texts)
         except Exception:
