@@ -134,6 +134,51 @@ def test_code_program_and_sandbox_pass_at_1() -> None:
     assert res.records[1]["status"] == "error"
 
 
+ADD_ITEM = {"task_id": "t/add", "prompt": "def add(a, b):\n", "entry_point": "add",
+            "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"}
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        # leaves before the tests run, with exit status 0
+        "import sys\nsys.exit(0)\ndef add(a, b):\n    return 0\n",
+        "def add(a, b):\n    raise SystemExit(0)\n",
+        "def add(a, b):\n    import os\n    os._exit(0)\n",
+        # turns the failed assertion's exit into exit status 0
+        "import atexit, os\natexit.register(lambda: os._exit(0))\ndef add(a, b):\n    return 0\n",
+        "import sys, os\nsys.excepthook = lambda *exc: os._exit(0)\ndef add(a, b):\n    return 0\n",
+        # prints what a success marker might look like, then writes it to every descriptor it has
+        "import os\ndef add(a, b):\n    for fd in range(1, 256):\n        try:\n"
+        "            os.write(fd, b'ok passed done ' * 4 + b'\\n')\n        except OSError:\n            pass\n"
+        "    os._exit(0)\n",
+        # answers every comparison with True
+        "class Anything:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Anything()\n",
+        "class Zero(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+        "def add(a, b):\n    return Zero(0)\n",
+    ],
+    ids=["sys_exit_at_top", "system_exit_in_function", "os_exit_in_function", "atexit_hook", "excepthook",
+         "fake_markers", "always_equal", "always_equal_int"],
+)
+def test_code_that_skips_or_fakes_its_tests_does_not_pass(completion: str) -> None:
+    tok = CharTokenizer()
+    items = code_items([ADD_ITEM])
+    res = evaluate_code(items, tokenizer=tok, generate=_planted_generate(tok, {ADD_ITEM["prompt"]: completion}),
+                        limits=SandboxLimits(timeout_s=5))
+    assert [r["correct"] for r in res.records] == [False], res.records
+
+
+def test_code_tests_may_use_helpers_defined_in_the_prompt() -> None:
+    # HumanEval-style: the prompt defines a helper and the entry point's stub; the tests call both.
+    tok = CharTokenizer()
+    prompt = ('def encode(s):\n    return s[::-1]\n\n\ndef decode(s):\n    """Undo encode."""\n')
+    items = code_items([{"task_id": "t/dec", "prompt": prompt, "entry_point": "decode",
+                         "test": "def check(candidate):\n    assert candidate(encode('abc')) == 'abc'\n"}])
+    replies = {prompt: "    return s[::-1]\n"}
+    res = evaluate_code(items, tokenizer=tok, generate=_planted_generate(tok, replies), limits=SandboxLimits(timeout_s=5))
+    assert [r["correct"] for r in res.records] == [True], res.records
+
+
 def test_chatcore() -> None:
     assert chatcore({"math": (0.5, 0.0), "arc": (0.25, 0.25)}) == 0.25
     with pytest.raises(ValueError):

@@ -1,4 +1,5 @@
-"""The code sandbox against hostile programs: each must end contained, with the host untouched."""
+"""The code sandbox against hostile programs: each must end contained, with the host untouched, and no
+solution may pass its tests without passing them."""
 
 from __future__ import annotations
 
@@ -129,3 +130,193 @@ def test_output_names_the_sandbox_folder_the_same_way_every_run():
     assert first.status == "error" and "ValueError: boom" in first.stderr
     assert (first.stdout, first.stderr) == (second.stdout, second.stderr)
     assert "lockstep-sandbox-" not in first.stdout + first.stderr and SANDBOX_DIR_NAME in first.stdout + first.stderr
+
+
+def _needs_namespaces() -> None:
+    """Skips the calling test where the OS-level containment cannot be set up (not root, or the
+    kernel or container refuses namespaces): there only Python-level guards stand."""
+    from lockstep.evaluate.sandbox import os_containment
+
+    found = os_containment()
+    if not found.namespaces:
+        pytest.skip(f"the sandbox has no mount/network namespaces here: {found.reason}")
+
+
+def test_output_is_never_read_through_links_the_program_plants(tmp_path: Path) -> None:
+    # A file only the harness's user may read; the program cannot read it, but swaps the names its
+    # output might be read back by for links to it (posix.* skips the Python-level guards).
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOPSECRET-8c1f2a")
+    secret.chmod(0o600)
+    code = (
+        "import posix, sys\n"
+        "for name in ('stdout.txt', 'stderr.txt'):\n"
+        "    try:\n        posix.unlink(name)\n    except OSError:\n        pass\n"
+        f"    posix.symlink({str(secret)!r}, name)\n"
+        "print('planted')\n"
+        "sys.stderr.write('still here\\n')\n"
+    )
+    r = run_python(code, FAST)
+    assert "TOPSECRET" not in r.stdout + r.stderr
+    assert r.status == "ok" and r.stdout.strip() == "planted" and r.stderr.strip() == "still here"
+
+
+@pytest.fixture
+def host_world_writable_dir():
+    # Where an unprivileged program could write on the host: a world-writable folder in the
+    # system temp dir (tmp_path's parents are private to the test's user).
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="lockstep-sandbox-test-"))
+    d.chmod(0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+    for leaked in [*Path("/dev/shm").glob(d.name + "-*"), *Path(tempfile.gettempdir()).glob(d.name + "-*")]:
+        leaked.unlink()
+
+
+def test_low_level_writes_outside_the_folder_do_not_reach_the_host(host_world_writable_dir: Path) -> None:
+    _needs_namespaces()
+    tag = host_world_writable_dir.name
+    shm = Path("/dev/shm")
+    code = (
+        "import io, _io, os, posix\n"
+        f"targets = [{str(host_world_writable_dir)!r}, '/dev/shm', '/tmp']\n"
+        "writers = {\n"
+        "    'FileIO': lambda p: io.FileIO(p, 'w').write(b'x'),\n"
+        "    '_io_open': lambda p: _io.open(p, 'w').write('x'),\n"
+        "    'posix_open': lambda p: posix.write(posix.open(p, posix.O_WRONLY | posix.O_CREAT, 0o666), b'x'),\n"
+        "}\n"
+        "for folder in targets:\n"
+        "    for name, write in writers.items():\n"
+        "        try:\n"
+        f"            write(os.path.join(folder, {tag!r} + '-' + name))\n"
+        "            print('wrote', folder, name)\n"
+        "        except OSError as e:\n"
+        "            print('refused', folder, name, e.strerror)\n"
+    )
+    r = run_python(code, FAST)
+    assert r.status == "ok", r.stderr
+    assert len(r.stdout.splitlines()) == 9  # every attempt ran
+    assert list(host_world_writable_dir.iterdir()) == []
+    assert not list(shm.glob(tag + "-*")) and not list(Path("/tmp").glob(tag + "-*"))
+    assert "wrote" not in r.stdout
+
+
+def test_network_stays_closed_after_the_socket_block_is_undone() -> None:
+    import socket
+
+    _needs_namespaces()
+    server = socket.socket()
+    try:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        server.settimeout(0.5)
+        port = server.getsockname()[1]
+        code = (
+            "import sys\n"
+            "for name in ('socket', '_socket'):\n"
+            "    sys.modules.pop(name, None)\n"
+            "import socket\n"
+            "try:\n"
+            f"    s = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+            "    s.sendall(b'leak')\n"
+            "    print('connected')\n"
+            "except OSError as e:\n"
+            "    print('blocked', e)\n"
+        )
+        # Run without the uid drop, so the program can import the stdlib wherever it lies (here it
+        # may be in a folder only root reads): the network namespace holds whatever the uid.
+        r = run_python(code, FAST, drop_privileges=False)
+        assert r.status == "ok", r.stderr
+        assert r.stdout.startswith("blocked")
+        with pytest.raises(socket.timeout):
+            server.accept()
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("mode", ["as_found", "without_namespaces"])
+def test_disk_filler_is_stopped_by_the_total_cap(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lockstep.evaluate import sandbox
+    from lockstep.evaluate.sandbox import Containment, os_containment
+
+    if mode == "without_namespaces":
+        # The fallback every non-root user gets: the total is checked after the run.
+        monkeypatch.setattr(sandbox, "os_containment", lambda: Containment(False, "disabled by the test"))
+    limits = SandboxLimits(timeout_s=5.0, memory_bytes=256 << 20, file_bytes=64 << 10, output_bytes=4 << 10,
+                           disk_bytes=256 << 10)
+    # Each file stays under the per-file limit; together they are ten times the total cap.
+    code = "for i in range(40):\n    with open(f'f{i}.bin', 'wb') as f:\n        f.write(b'x' * (60 << 10))\nprint('filled')\n"
+    r = run_python(code, limits)
+    assert r.status == "error"
+    if mode == "as_found" and os_containment().namespaces:
+        # The tmpfs refuses the write itself: the program never gets past its cap.
+        assert "No space left on device" in r.stderr and "filled" not in r.stdout
+    else:
+        assert "over disk_bytes=262144" in r.stderr
+
+
+def test_run_tests_passes_a_correct_solution_and_shows_why_others_fail() -> None:
+    from lockstep.evaluate.sandbox import run_tests
+
+    tests = (
+        "def check(candidate):\n"
+        "    assert candidate(2, 3) == 5\n"
+        "    assert candidate(0.5, b=0.25) == 0.75\n"
+        "    assert helper() == 'from the setup'\n"
+        "check(add)\n"
+    )
+    setup = "def helper():\n    return 'from the setup'\n\ndef add(a, b):\n    \"\"\"Stub from the prompt.\"\"\"\n"
+    good = run_tests("def add(a, b):\n    print('called')\n    return a + b\n", tests, entry_point="add", setup=setup, limits=FAST)
+    assert good.passed and good.solution.stdout.count("called") == 2
+    wrong = run_tests("def add(a, b):\n    return a - b\n", tests, entry_point="add", setup=setup, limits=FAST)
+    assert wrong.status == "error" and "AssertionError" in wrong.tests.stderr
+    broken = run_tests("def add(a, b)\n    return a + b\n", tests, entry_point="add", setup=setup, limits=FAST)
+    assert broken.status == "error" and "did not load: SyntaxError" in broken.tests.stderr
+    missing = run_tests("def plus(a, b):\n    return a + b\n", tests, entry_point="add", setup=setup, limits=FAST)
+    assert missing.status == "error" and "defines no function add" in missing.tests.stderr
+    slow = run_tests("def add(a, b):\n    while True:\n        pass\n", tests, entry_point="add", setup=setup, limits=FAST)
+    assert slow.status == "timeout"
+
+
+def test_run_tests_round_trips_plain_data_and_exceptions() -> None:
+    from lockstep.evaluate.sandbox import run_tests
+
+    values = "[None, True, 3, -0.0, float('inf'), 1j, 'é', b'\\x00', bytearray(b'a'), [1, (2, 3)], {'k': {4}}, frozenset({5}), 10**30]"
+    solution = "def echo(x):\n    if x == 'raise':\n        raise KeyError('missing')\n    return x\n"
+    tests = (
+        f"for v in {values}:\n"
+        "    back = echo(v)\n"
+        "    assert back == v and type(back) is type(v), (v, back)\n"
+        "try:\n    echo('raise')\nexcept KeyError as e:\n    assert 'missing' in str(e)\nelse:\n    raise AssertionError('no KeyError')\n"
+        "try:\n    echo(lambda: 0)\nexcept TypeError as e:\n    assert 'plain data' in str(e)\n"
+        "else:\n    raise AssertionError('a function crossed over')\n"
+    )
+    r = run_tests(solution, tests, entry_point="echo", limits=FAST)
+    assert r.passed, r.tests.stderr
+
+
+def test_solution_cannot_kill_the_process_judging_it_when_started_as_root() -> None:
+    from lockstep.evaluate.sandbox import run_tests
+
+    if os.geteuid() != 0:
+        pytest.skip("the tests run under a uid of their own only when the harness is root")
+    # The tests hand their own pid over; a solution of the same uid could kill them.
+    solution = (
+        "import posix, signal\n"
+        "def strike(pid):\n"
+        "    try:\n        posix.kill(pid, signal.SIGKILL)\n"
+        "    except PermissionError:\n        return 'denied'\n"
+        "    return 'sent'\n"
+    )
+    r = run_tests(solution, "import os\nassert strike(os.getpid()) == 'denied'\n", entry_point="strike", limits=FAST)
+    assert r.passed, (r.status, r.tests.stderr)
+
+
+def test_run_tests_refuses_a_bad_entry_point() -> None:
+    from lockstep.evaluate.sandbox import run_tests
+
+    with pytest.raises(ValueError, match="entry_point"):
+        run_tests("pass", "pass", entry_point="not a name", limits=FAST)

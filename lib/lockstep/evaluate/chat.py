@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol
 import torch
 import torch.distributed as dist
 
-from lockstep.evaluate.sandbox import SandboxLimits, run_python
+from lockstep.evaluate.sandbox import SandboxLimits, run_tests
 
 LETTERS = "ABCDEFGHIJ"
 # Number with optional sign, currency sign, thousands commas (groups of three) and decimals.
@@ -186,13 +186,31 @@ def code_items(records: Iterable[dict[str, Any]]) -> list[CodeItem]:
 
 
 def code_program(item: CodeItem, completion: str) -> str:
-    """The program the sandbox runs: the model's code (from a ```python block when there is one;
-    after the prompt when it does not define the entry point itself), the tests, and the call."""
+    """The solution the sandbox runs: the model's code (from a ```python block when there is one;
+    after the prompt when it does not define the entry point itself). The tests run apart from it."""
     blocks = _CODE_BLOCK.findall(completion)
     code = blocks[0] if blocks else completion
     if f"def {item.entry_point}" not in code:
         code = item.prompt + code
-    return f"{code}\n\n{item.test}\n\ncheck({item.entry_point})\n"
+    return code
+
+
+def code_tests(item: CodeItem) -> str:
+    """The tests' side of a code item: its `check(candidate)` and the call that runs it."""
+    return f"{item.test}\n\ncheck({item.entry_point})\n"
+
+
+def code_context(item: CodeItem) -> str:
+    """The prompt as code the tests may lean on (HumanEval tests call helpers that the prompt
+    defines, e.g. `poly` or `encode_cyclic`): as it is when it compiles; with a placeholder body
+    when it stops at the entry point's header; else nothing (such tests then fail on the name)."""
+    for candidate in (item.prompt, item.prompt.rstrip() + "\n    pass\n"):
+        try:
+            compile(candidate, "setup.py", "exec")
+        except SyntaxError:
+            continue
+        return candidate
+    return ""
 
 
 @dataclasses.dataclass
@@ -303,19 +321,22 @@ def evaluate_code(
     rank: int = 0,
     world_size: int = 1,
 ) -> TaskResult:
-    """pass@1: the generated code, with the item's tests, exits 0 in the sandbox."""
+    """pass@1: the item's tests, run apart from the generated code and calling it through the
+    sandbox's proxy, reach their last line (see `sandbox.run_tests`)."""
     mine = _shard(items, rank, world_size)
     convs = [{"messages": [_user_message(it.prompt), _assistant_message("")]} for _, it in mine]
     completions = _generate_in_batches(generate, [tokenizer.render_for_completion(c) for c in convs], batch_size)
     result = TaskResult()
     for (index, item), ids in zip(mine, completions):
         text = tokenizer.decode(ids)
-        run = run_python(code_program(item, text), limits)
+        run = run_tests(code_program(item, text), code_tests(item), entry_point=item.entry_point,
+                        setup=code_context(item), limits=limits)
         result.correct += int(run.passed)
         result.total += 1
         result.records.append({
             "index": index, "task_id": item.task_id, "completion": text, "status": run.status,
-            "stderr_tail": run.stderr[-500:], "correct": run.passed,
+            "stderr_tail": run.tests.stderr[-500:], "solution_stderr_tail": run.solution.stderr[-500:],
+            "correct": run.passed,
         })
     return result
 

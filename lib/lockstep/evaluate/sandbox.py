@@ -1,14 +1,48 @@
-"""Code sandbox: runs one untrusted Python program in a separate, resource-limited process and
-reports what happened. It is a containment layer for model-written test programs, not a security
-boundary against a determined attacker (no seccomp, no namespaces): run as an ordinary user, a
-program still shares that user's uid, e.g. it can read /proc/<parent>/environ."""
+"""Code sandbox: runs model-written Python in separate, resource-limited processes and reports what
+happened. `run_python` runs one program; `run_tests` judges a solution against trusted tests run in
+a second process, the two exchanging only plain data, so the solution cannot fake a pass.
+
+It contains the mistakes and reward hacks of model-written code. It is not a boundary against a
+hostile human: same kernel, no seccomp filter, and everything below holds only as far as Linux does.
+
+Threat model. Contained when the harness runs as root and the kernel grants namespaces
+(`os_containment()` says whether, and why not):
+- identity: the program runs as uid 65534 (the tests of `run_tests` as 65533, so the solution can
+  neither signal, trace nor read them); RLIMIT_NPROC 0, so no new process or thread;
+- files: a private mount namespace where every mount is read-only and nosuid, and the working folder
+  is a fresh tmpfs of `disk_bytes` (noexec): the only writable place, whatever call writes
+  (`io.FileIO`, `_io.open`, `posix.open`, a native extension); /tmp, /var/tmp and /dev/shm are
+  read-only too, and RLIMIT_FSIZE caps each file;
+- network: a private network namespace holding only a loopback that is down, so no socket reaches
+  anything, however the `socket` module is re-imported; a private IPC namespace;
+- time and memory: RLIMIT_CPU, RLIMIT_AS, no core files, a wall-clock kill of the process group;
+- the harness: a scrubbed environment, no stdin; output is read through handles opened before the
+  program starts, never by a path in a folder the program can write.
+Without namespaces (not root, or the kernel refuses; logged once with the reason): the uid drop
+only when root; writes are held by file permissions and by Python-level guards that a program can
+bypass (`posix.open`, `io.FileIO`); the network by an import block that `sys.modules.pop` undoes;
+disk by RLIMIT_FSIZE per file and a check of the folder's total after the run (files written
+elsewhere, e.g. in /tmp, are not counted). Not contained in either case: reading world-readable
+files (the eval sets on disk included), seeing other processes in /proc, side channels, kernel bugs,
+and a caller passing `drop_privileges=False` as root (root can undo the mounts).
+
+What `run_tests` leaves open: the tests are trusted text and are not guarded against themselves;
+arguments and return values are copied as plain data, so tests that pass the solution a function,
+or rely on it mutating an argument, cannot be judged; a solution that finds the expected values
+some other way (a world-readable copy of the eval set) is not caught."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
+import functools
+import json
+import logging
 import os
+import re
 import resource
+import secrets
 import shutil
 import signal
 import subprocess
@@ -16,7 +50,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
+
+log = logging.getLogger(__name__)
 
 Status = Literal["ok", "error", "timeout"]
 
@@ -24,19 +60,73 @@ Status = Literal["ok", "error", "timeout"]
 # RLIMIT_NPROC, so a fork limit only holds once the program runs under another uid.
 NOBODY_UID = 65534
 NOBODY_GID = 65534
+# The tests of `run_tests` run under a uid of their own: a process may signal or trace only
+# processes of its own uid, so the solution cannot stop, kill or read the process judging it.
+TESTS_UID = NOBODY_UID - 1
 _CAPTURE_READ_BYTES = 1 << 20
+# tmpfs inodes cost kernel memory that no rlimit counts: a program creating empty files forever
+# would otherwise grow it without bound.
+_MAX_FILES = 4096
+SANDBOX_DIR_NAME = "/sandbox"  # how the program's working folder appears in its output
 
-# Runs inside the child before the program. It pre-imports the stdlib modules test programs use
-# (after the uid drop the interpreter's own folder may be unreadable), drops root, caps process
-# creation, and removes the Python-level doors to new processes, foreign files and native code.
-_BOOTSTRAP = r'''
+
+class SandboxError(RuntimeError):
+    """The sandbox could not start a program (not: the program failed)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxLimits:
+    timeout_s: float = 10.0        # wall clock; the whole process group is killed at this time
+    memory_bytes: int = 512 << 20  # RLIMIT_AS (virtual address space)
+    file_bytes: int = 1 << 20      # RLIMIT_FSIZE: largest file the program may write, stdout included
+    output_bytes: int = 16 << 10   # stdout/stderr kept in the result (each)
+    disk_bytes: int = 8 << 20      # all files in the working folder together
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxResult:
+    status: Status        # ok: exit 0; error: nonzero exit, killed by a limit or over disk_bytes; timeout: wall clock or CPU
+    returncode: int | None
+    stdout: str
+    stderr: str
+    duration_s: float
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclasses.dataclass(frozen=True)
+class TestRunResult:
+    status: Status           # ok: the tests ran to their last line; error: they did not; timeout: a clock ran out
+    tests: SandboxResult     # the process that ran the tests (their assertion tracebacks are in its stderr)
+    solution: SandboxResult  # the process that ran the solution (what the solution printed)
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclasses.dataclass(frozen=True)
+class Containment:
+    namespaces: bool  # private mount, network and IPC namespaces, a tmpfs working folder
+    reason: str       # why not, when not
+
+
+# ---------------------------------------------------------------------------------------------
+# Programs run inside the sandbox. Each is prefixed with `_cfg = {...}` by the harness.
+
+# Runs first in every sandboxed process. It pre-imports the stdlib modules test programs use (after
+# the uid drop the interpreter's own folder may be unreadable), drops root, caps process creation,
+# and removes the Python-level doors to new processes, foreign files and native code. Those doors
+# give early, readable errors; with namespaces the mounts contain writes whatever door is used.
+_COMMON = r'''
 import builtins, os, resource, sys
 import collections, functools, itertools, math, re, string, heapq, bisect, fractions, decimal
 import statistics, typing, operator, copy, json, random, io, dataclasses, enum, hashlib, time
 import subprocess, shutil, pathlib, traceback, types, textwrap, unicodedata
 
 _root = os.path.realpath(os.getcwd())
-_cfg = {cfg!r}
 if os.geteuid() == 0 and _cfg["drop_uid"] is not None:
     os.setgroups([])
     os.setgid(_cfg["drop_gid"])
@@ -46,7 +136,7 @@ resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
 
 def _forbidden(name):
     def deny(*args, **kwargs):
-        raise PermissionError(f"sandbox: {{name}} is not allowed")
+        raise PermissionError(f"sandbox: {name} is not allowed")
     return deny
 
 for _name in ("fork", "forkpty", "vfork", "system", "popen", "execv", "execve", "execl", "execle",
@@ -71,7 +161,7 @@ def _inside(path):
 _open = builtins.open
 def _guarded_open(file, mode="r", *args, **kwargs):
     if any(c in mode for c in "wax+") and not _inside(file):
-        raise PermissionError(f"sandbox: writing outside the working folder is not allowed: {{file!r}}")
+        raise PermissionError(f"sandbox: writing outside the working folder is not allowed: {file!r}")
     return _open(file, mode, *args, **kwargs)
 builtins.open = _guarded_open
 io.open = _guarded_open
@@ -80,46 +170,316 @@ _os_open = os.open
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 def _guarded_os_open(path, flags, *args, **kwargs):
     if flags & _WRITE_FLAGS and not _inside(path):
-        raise PermissionError(f"sandbox: writing outside the working folder is not allowed: {{path!r}}")
+        raise PermissionError(f"sandbox: writing outside the working folder is not allowed: {path!r}")
     return _os_open(path, flags, *args, **kwargs)
 os.open = _guarded_os_open
 for _name in ("remove", "unlink", "rmdir", "rename", "replace", "mkdir", "makedirs", "symlink", "link", "truncate", "chmod"):
     _real = getattr(os, _name)
     def _guard(*args, _real=_real, _name=_name, **kwargs):
         if args and not _inside(args[0]) or len(args) > 1 and _name in ("rename", "replace", "symlink", "link") and not _inside(args[1]):
-            raise PermissionError(f"sandbox: os.{{_name}} outside the working folder is not allowed")
+            raise PermissionError(f"sandbox: os.{_name} outside the working folder is not allowed")
         return _real(*args, **kwargs)
     setattr(os, _name, _guard)
 shutil.rmtree = _forbidden("shutil.rmtree")
+del _name, _mod
+'''
 
-del _cfg, _name, _mod
+_PROGRAM_MAIN = r'''
 with _open("program.py", encoding="utf-8") as _f:
     _code = compile(_f.read(), "program.py", "exec")
-_globals = {{"__name__": "__main__", "__builtins__": builtins}}
+del _cfg
+_globals = {"__name__": "__main__", "__builtins__": builtins}
 exec(_code, _globals)
 '''
 
+# What crosses between the tests and the solution: plain data only, rebuilt on the other side, so
+# an object of the solution's (one whose __eq__ always says True, say) never reaches the tests.
+_CODEC = r'''
+class _Unsendable(TypeError):
+    pass
 
-@dataclasses.dataclass(frozen=True)
-class SandboxLimits:
-    timeout_s: float = 10.0        # wall clock; the whole process group is killed at this time
-    memory_bytes: int = 512 << 20  # RLIMIT_AS (virtual address space)
-    file_bytes: int = 1 << 20      # RLIMIT_FSIZE: largest file the program may write, stdout included
-    output_bytes: int = 16 << 10   # stdout/stderr kept in the result (each)
+def _enc(v, depth=0):
+    if depth > 100:
+        raise _Unsendable("data nested more than 100 deep")
+    # Subclasses are read through the base type's own methods, so their overrides never run here.
+    if v is None or type(v) is bool:
+        return v
+    if isinstance(v, str):
+        return str.__str__(v)
+    if isinstance(v, int):
+        return int.__index__(v)
+    if isinstance(v, float):
+        return {"float": float.__repr__(v)}
+    if isinstance(v, complex):
+        c = complex.__complex__(v)
+        return {"complex": [c.real, c.imag]}
+    if isinstance(v, (bytes, bytearray)):
+        return {"bytes" if isinstance(v, bytes) else "bytearray": bytes(v).hex()}
+    if isinstance(v, list):
+        return [_enc(x, depth + 1) for x in list.__iter__(v)]
+    if isinstance(v, tuple):
+        return {"tuple": [_enc(x, depth + 1) for x in tuple.__iter__(v)]}
+    if isinstance(v, dict):
+        return {"dict": [[_enc(k, depth + 1), _enc(x, depth + 1)] for k, x in dict.items(v)]}
+    if isinstance(v, (set, frozenset)):
+        return {"set" if isinstance(v, set) else "frozenset": [_enc(x, depth + 1) for x in frozenset.__iter__(frozenset(v))]}
+    raise _Unsendable(f"a value of type {type(v).__name__} cannot pass between the tests and the solution; only plain data "
+                      "(None, bool, int, float, complex, str, bytes, list, tuple, dict, set) crosses")
+
+def _dec(v):
+    if isinstance(v, list):
+        return [_dec(x) for x in v]
+    if not isinstance(v, dict):
+        return v
+    (tag, x), = v.items()
+    if tag == "float":
+        return float(x)
+    if tag == "complex":
+        return complex(x[0], x[1])
+    if tag in ("bytes", "bytearray"):
+        return (bytes if tag == "bytes" else bytearray).fromhex(x)
+    if tag == "tuple":
+        return tuple(_dec(y) for y in x)
+    if tag == "dict":
+        return {_dec(k): _dec(y) for k, y in x}
+    if tag in ("set", "frozenset"):
+        return (set if tag == "set" else frozenset)(_dec(y) for y in x)
+    raise ValueError(f"unknown tag {tag!r}")
+
+_MAX_LINE = 16 << 20
+'''
+
+# The solution process: defines the solution, then answers calls until the tests hang up.
+_SOLUTION_MAIN = r'''
+_calls = os.fdopen(_cfg["call_fd"], "rb")
+_replies = os.fdopen(_cfg["reply_fd"], "wb", buffering=0)
+_entry = _cfg["entry_point"]
+del _cfg
+
+def _send(obj):
+    _replies.write(json.dumps(obj).encode() + b"\n")
+
+def _describe(exc):
+    try:
+        return [type(exc).__name__, str(exc)[:2000]]
+    except BaseException:
+        return [type(exc).__name__, "(its message could not be read)"]
+
+with _open("solution.py", encoding="utf-8") as _f:
+    _source = _f.read()
+_globals = {"__name__": "__main__", "__builtins__": builtins}
+try:
+    exec(compile(_source, "solution.py", "exec"), _globals)
+except BaseException as _exc:  # SystemExit too: a solution that exits while loading has not loaded
+    traceback.print_exc()
+    _send({"load_error": _describe(_exc)})
+    sys.stderr.flush()
+    os._exit(1)
+_fn = _globals.get(_entry)
+if not callable(_fn):
+    _send({"load_error": ["NameError", f"the solution defines no function {_entry}"]})
+    os._exit(1)
+_send({"ready": True})
+while True:
+    _line = _calls.readline(_MAX_LINE)
+    if not _line:
+        break
+    _request = json.loads(_line)
+    try:
+        _value = _fn(*_dec(_request["args"]), **_dec(_request["kwargs"]))
+    except BaseException as _exc:
+        _reply = {"raised": _describe(_exc)}
+    else:
+        try:
+            _reply = {"value": _enc(_value)}
+        except _Unsendable as _exc:
+            _reply = {"unsendable": str(_exc)}
+    _send(_reply)
+sys.stdout.flush()
+os._exit(0)
+'''
+
+# The tests process: runs only trusted text (the item's context and tests); the entry point is a
+# proxy that calls the solution in the other process. It proves it reached the tests' last line by
+# writing a per-run token, which it read from a pipe at start, to a pipe only it holds.
+_TESTS_MAIN = r'''
+_token = os.read(_cfg["token_fd"], 64)
+os.close(_cfg["token_fd"])
+_marker_fd = _cfg["marker_fd"]
+_calls = os.fdopen(_cfg["call_fd"], "wb", buffering=0)
+_replies = os.fdopen(_cfg["reply_fd"], "rb")
+_entry = _cfg["entry_point"]
+del _cfg
+
+class SolutionError(Exception):
+    """The solution did not load, ended during a call, or returned something that is not plain data."""
+
+def _receive(during):
+    line = _replies.readline(_MAX_LINE)
+    if not line.endswith(b"\n"):
+        raise SolutionError(f"the solution process ended {during}" if len(line) < _MAX_LINE else "the solution's reply is too long")
+    try:
+        return json.loads(line)
+    except ValueError:
+        raise SolutionError(f"the solution process wrote garbage on the reply channel {during}") from None
+
+_hello = _receive("while loading")
+if "load_error" in _hello:
+    raise SolutionError("the solution did not load: {}: {}".format(*_hello["load_error"]))
+
+def _candidate(*args, **kwargs):
+    try:
+        _calls.write(json.dumps({"args": _enc(list(args)), "kwargs": _enc(kwargs)}).encode() + b"\n")
+    except BrokenPipeError:
+        raise SolutionError("the solution process has ended") from None
+    reply = _receive("during a call")
+    if "raised" in reply:
+        name, message = reply["raised"]
+        kind = getattr(builtins, name, None)
+        if isinstance(kind, type) and issubclass(kind, Exception):
+            try:
+                error = kind(message)
+            except Exception:
+                error = None
+            if error is not None:
+                raise error
+        raise SolutionError(f"{name}: {message}")
+    if "unsendable" in reply:
+        raise SolutionError(reply["unsendable"])
+    try:
+        return _dec(reply["value"])
+    except Exception:
+        raise SolutionError("the solution process wrote garbage on the reply channel") from None
+_candidate.__name__ = _entry
+
+_globals = {"__name__": "__main__", "__builtins__": builtins}
+for _name in ("setup.py", "tests.py"):
+    with _open(_name, encoding="utf-8") as _f:
+        _code = compile(_f.read(), _name, "exec")
+    exec(_code, _globals)
+    _globals[_entry] = _candidate
+sys.stdout.flush()
+sys.stderr.flush()
+os.write(_marker_fd, _token)
+os._exit(0)
+'''
 
 
-@dataclasses.dataclass(frozen=True)
-class SandboxResult:
-    status: Status        # ok: exit 0; error: nonzero exit or killed by a limit; timeout: wall clock
-    returncode: int | None
-    stdout: str
-    stderr: str
-    duration_s: float
+# ---------------------------------------------------------------------------------------------
+# OS-level containment: namespaces and mounts, set up in the child between fork and exec.
 
-    @property
-    def passed(self) -> bool:
-        return self.status == "ok"
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWNET = 0x40000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_NOATIME, _MS_NODIRATIME, _MS_BIND = 32, 1024, 2048, 4096
+_MS_REC, _MS_PRIVATE, _MS_RELATIME = 1 << 14, 1 << 18, 1 << 21
+# Per-mount options kept when a mount is made read-only (MS_REMOUNT replaces them all).
+_KEPT_MOUNT_FLAGS = {b"nodev": _MS_NODEV, b"noexec": _MS_NOEXEC, b"noatime": _MS_NOATIME,
+                     b"nodiratime": _MS_NODIRATIME, b"relatime": _MS_RELATIME}
 
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    libc.unshare.argtypes = [ctypes.c_int]
+    return libc
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount_points() -> list[tuple[bytes, int]]:
+    """(mount point, flags to keep) of every mount this process sees, parents before children."""
+    points = []
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            fields = line.split()
+            # Spaces, tabs, newlines and backslashes in paths are written as octal escapes.
+            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
+            flags = 0
+            for opt in fields[5].split(b","):
+                flags |= _KEPT_MOUNT_FLAGS.get(opt, 0)
+            points.append((point, flags))
+    return points
+
+
+def _isolate(workdir: str, disk_bytes: int, owner: tuple[int, int]) -> None:
+    """In a fresh child: private mount, network and IPC namespaces; every mount read-only and
+    nosuid; a tmpfs of `disk_bytes` owned by `owner` over `workdir`, the one writable place."""
+    libc = _libc()
+    _check(libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC), "unshare(mount, network, IPC namespaces)")
+    # Private first, so nothing below propagates back to the host's mounts.
+    _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
+    for point, kept in _mount_points():
+        if not os.path.lexists(point):
+            continue  # hidden under a later mount on a parent: no path reaches it
+        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | kept
+        _check(libc.mount(None, point, None, flags, None), f"remount {os.fsdecode(point)} read-only")
+    opts = f"size={disk_bytes},nr_inodes={_MAX_FILES},mode=0700,uid={owner[0]},gid={owner[1]}".encode()
+    _check(libc.mount(b"tmpfs", os.fsencode(workdir), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, opts),
+           f"mount a tmpfs on {workdir}")
+
+
+@functools.cache
+def os_containment() -> Containment:
+    """Whether this machine lets the sandbox use namespaces and mounts (checked once, in a throwaway
+    child, with the same steps a run takes), and why not when it does not."""
+    if not sys.platform.startswith("linux"):
+        result = Containment(False, f"namespaces are Linux-only (platform {sys.platform})")
+    elif os.geteuid() != 0:
+        result = Containment(False, "the harness does not run as root (mount and network namespaces need CAP_SYS_ADMIN)")
+    else:
+        result = _probe_namespaces()
+    if result.namespaces:
+        log.info("sandbox: private mount, network and IPC namespaces with a tmpfs working folder")
+    else:
+        log.warning("sandbox: no OS-level containment, only the uid drop, rlimits and Python-level guards: %s", result.reason)
+    return result
+
+
+def _probe_namespaces() -> Containment:
+    try:
+        _libc()
+    except OSError as e:
+        return Containment(False, f"libc not loadable through ctypes: {e}")
+    probe_dir = tempfile.mkdtemp(prefix="lockstep-sandbox-probe-")
+    read_fd, write_fd = os.pipe()
+
+    def attempt() -> None:  # in the child, between fork and exec, as a run's setup is
+        try:
+            _isolate(probe_dir, 1 << 20, (NOBODY_UID, NOBODY_GID))
+        except BaseException as e:
+            os.write(write_fd, str(e).encode()[:4000])
+            raise
+
+    try:
+        try:
+            subprocess.run([os.path.realpath(sys.executable), "-I", "-S", "-c", ""], preexec_fn=attempt,
+                           pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=30, check=True)
+            failure = ""
+        except (subprocess.SubprocessError, OSError) as e:
+            failure = str(e)
+        os.close(write_fd)
+        write_fd = -1
+        with os.fdopen(read_fd, "rb") as f:
+            read_fd = -1
+            reason = f.read().decode(errors="replace") or failure
+    finally:
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                os.close(fd)
+        shutil.rmtree(probe_dir, ignore_errors=True)
+    return Containment(not reason, reason)
+
+
+# ---------------------------------------------------------------------------------------------
+# Starting, waiting for and collecting sandboxed processes.
 
 def _scrubbed_env(workdir: Path) -> dict[str, str]:
     # Nothing of the parent's environment (tokens, paths, proxies) reaches the program.
@@ -134,8 +494,22 @@ def _scrubbed_env(workdir: Path) -> dict[str, str]:
     }
 
 
-def _limit_child(limits: SandboxLimits, running_as_root: bool) -> None:
-    # Runs in the child between fork and exec.
+def _prepare_child(limits: SandboxLimits, workdir: str, files: dict[str, bytes], owner: tuple[int, int] | None,
+                   namespaces: bool, running_as_root: bool) -> None:
+    # Runs in the child between fork and exec (Popen has already changed into `workdir`).
+    if namespaces:
+        _isolate(workdir, limits.disk_bytes, owner or (os.geteuid(), os.getegid()))
+    # The program's files are written here, by the harness's side of the fork, so that with
+    # namespaces they exist only in the private tmpfs.
+    for name, data in files.items():
+        fd = os.open(os.path.join(workdir, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, data)
+            if owner is not None:
+                os.fchown(fd, *owner)
+        finally:
+            os.close(fd)
+    os.chdir(workdir)  # again: the tmpfs now covers the folder Popen changed into
     cpu_s = max(1, int(limits.timeout_s) + 1)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
@@ -146,11 +520,51 @@ def _limit_child(limits: SandboxLimits, running_as_root: bool) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
 
 
-def _read_capped(path: Path, cap_bytes: int) -> str:
-    with open(path, "rb") as f:
-        data = f.read(min(cap_bytes, _CAPTURE_READ_BYTES) + 1)
-    text = data[:cap_bytes].decode("utf-8", errors="replace")
-    return text + ("\n[output truncated]" if len(data) > cap_bytes else "")
+@dataclasses.dataclass
+class _Child:
+    proc: subprocess.Popen
+    workdir: Path
+    stdout: IO[bytes]
+    stderr: IO[bytes]
+
+
+def _start(main: str, cfg: dict, files: dict[str, str], limits: SandboxLimits, *, uid: int | None,
+           pass_fds: tuple[int, ...], workdir: Path) -> _Child:
+    running_as_root = os.geteuid() == 0
+    namespaces = os_containment().namespaces
+    owner = (uid, NOBODY_GID) if uid is not None else None
+    cfg = {**cfg, "drop_uid": uid, "drop_gid": NOBODY_GID}
+    bootstrap = f"_cfg = {cfg!r}\n" + _COMMON + main
+    payload = {name: text.encode("utf-8") for name, text in {"bootstrap.py": bootstrap, **files}.items()}
+    if owner is not None and not namespaces:
+        os.chown(workdir, *owner)
+    # Output goes to unnamed files opened here, before the program runs, and is read back through
+    # these same handles: the program cannot swap them for links to files it may not read.
+    # RLIMIT_FSIZE holds their size, so a program printing forever cannot fill our memory.
+    out_f, err_f = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    try:
+        proc = subprocess.Popen(
+            [os.path.realpath(sys.executable), "-I", "-B", "bootstrap.py"],
+            cwd=workdir,
+            env=_scrubbed_env(workdir),
+            stdin=subprocess.DEVNULL,
+            stdout=out_f,
+            stderr=err_f,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=pass_fds,
+            preexec_fn=lambda: _prepare_child(limits, str(workdir), payload, owner, namespaces, running_as_root),
+        )
+    except subprocess.SubprocessError as e:
+        out_f.close()
+        err_f.close()
+        raise SandboxError(f"could not start a sandboxed process in {workdir}: {e}; "
+                           f"os_containment() reports {os_containment()}") from e
+    except BaseException:
+        out_f.close()
+        err_f.close()
+        raise
+    return _Child(proc, workdir, out_f, err_f)
 
 
 def _kill_group(pgid: int) -> None:
@@ -158,62 +572,159 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-SANDBOX_DIR_NAME = "/sandbox"  # how the program's working folder appears in its output
+def _wait(child: _Child, deadline: float) -> tuple[int | None, bool]:
+    """(return code, timed out); the child's whole process group is gone afterwards."""
+    pgid = child.proc.pid  # start_new_session: the child leads its own group
+    timed_out = False
+    try:
+        returncode: int | None = child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(pgid)
+        returncode = child.proc.wait()
+    finally:
+        # Anything the program left behind in its group goes too.
+        _kill_group(pgid)
+    return returncode, timed_out
+
+
+def _read_capped(f: IO[bytes], cap_bytes: int) -> str:
+    f.seek(0)
+    data = f.read(min(cap_bytes, _CAPTURE_READ_BYTES) + 1)
+    text = data[:cap_bytes].decode("utf-8", errors="replace")
+    return text + ("\n[output truncated]" if len(data) > cap_bytes else "")
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total
+
+
+def _collect(child: _Child, returncode: int | None, timed_out: bool, limits: SandboxLimits, duration_s: float) -> SandboxResult:
+    # The folder's random name would make identical runs print different tracebacks (and eval
+    # predictions differ run to run): it reads as a fixed name instead.
+    stdout = _read_capped(child.stdout, limits.output_bytes).replace(str(child.workdir), SANDBOX_DIR_NAME)
+    stderr = _read_capped(child.stderr, limits.output_bytes).replace(str(child.workdir), SANDBOX_DIR_NAME)
+    # RLIMIT_CPU ends a busy loop with SIGXCPU before the wall clock: it is a timeout too.
+    if timed_out or returncode == -signal.SIGXCPU:
+        status: Status = "timeout"
+    else:
+        status = "ok" if returncode == 0 else "error"
+    # With namespaces the tmpfs holds the total and the host's folder stays empty; without them,
+    # this is the only total-size check (after the fact).
+    used = _tree_bytes(child.workdir)
+    if used > limits.disk_bytes:
+        status = "error" if status == "ok" else status
+        stderr += f"\nsandbox: the program left {used} bytes in its folder, over disk_bytes={limits.disk_bytes}"
+    return SandboxResult(status, None if timed_out else returncode, stdout, stderr, duration_s)
+
+
+def _check_limits(limits: SandboxLimits) -> None:
+    bad = [f.name for f in dataclasses.fields(limits) if not getattr(limits, f.name) > 0]
+    if bad:
+        raise ValueError(f"sandbox limits must be positive, got {', '.join(f'{n}={getattr(limits, n)}' for n in bad)}; "
+                         "fix the eval stage's sandbox_* params")
+
+
+@contextlib.contextmanager
+def _workdirs(n: int):
+    dirs = [Path(tempfile.mkdtemp(prefix="lockstep-sandbox-")) for _ in range(n)]
+    try:
+        yield dirs
+    finally:
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *, drop_privileges: bool = True) -> SandboxResult:
     """Run `code` as `__main__` in a fresh interpreter: its own session and process group, a
-    temporary working folder, a scrubbed environment, no stdin, rlimits on CPU, memory, file size
-    and processes, and a hard wall-clock kill of the whole group. When the caller is root and
-    `drop_privileges` is set, the program runs as `nobody` so that the process limit applies."""
-    if limits.timeout_s <= 0 or limits.memory_bytes <= 0 or limits.file_bytes <= 0:
-        raise ValueError(f"sandbox limits must be positive, got {limits}; fix evaluate.sandbox params")
-    running_as_root = os.geteuid() == 0
-    workdir = Path(tempfile.mkdtemp(prefix="lockstep-sandbox-"))
+    private working folder, a scrubbed environment, no stdin, rlimits on CPU, memory, file size and
+    processes, namespaces where `os_containment()` allows, and a hard wall-clock kill of the whole
+    group. When the caller is root and `drop_privileges` is set, the program runs as `nobody`.
+    `status == "ok"` means only that the program exited 0; to judge code against tests, use
+    `run_tests`, which a program cannot fool by exiting early."""
+    _check_limits(limits)
+    uid = NOBODY_UID if os.geteuid() == 0 and drop_privileges else None
+    with _workdirs(1) as (workdir,):
+        t0 = time.monotonic()
+        child = _start(_PROGRAM_MAIN, {}, {"program.py": code}, limits, uid=uid, pass_fds=(), workdir=workdir)
+        with child.stdout, child.stderr:
+            returncode, timed_out = _wait(child, t0 + limits.timeout_s)
+            return _collect(child, returncode, timed_out, limits, time.monotonic() - t0)
+
+
+def run_tests(solution: str, tests: str, *, entry_point: str, setup: str = "",
+              limits: SandboxLimits = SandboxLimits(), drop_privileges: bool = True) -> TestRunResult:
+    """Judge `solution` (untrusted code defining `entry_point`) with `tests` (trusted code that
+    calls `entry_point`, e.g. HumanEval's `check(candidate)` and the call `check(entry)`), after
+    `setup` (trusted code the tests lean on, e.g. helpers from the item's prompt).
+
+    The two run in separate sandboxed processes: the tests call `entry_point` through a proxy that
+    sends the arguments to the solution process and gets back its return value or exception, as
+    plain data. The run passes only when the tests process reaches the tests' last line and says
+    so with a per-run token that never enters the solution process: exiting 0 early, `os._exit`,
+    atexit hooks, printed fake markers and patched builtins or assert machinery in the solution
+    count for nothing. Arguments and return values are copied, so a test relying on the solution
+    mutating its argument, or passing it a function, cannot be judged this way."""
+    _check_limits(limits)
+    if not entry_point.isidentifier():
+        raise ValueError(f"entry_point {entry_point!r} is not a Python name; fix the code item's `entry_point`")
+    root = os.geteuid() == 0 and drop_privileges
+    token = secrets.token_hex(16).encode()
+    call_r, call_w = os.pipe()      # tests -> solution
+    reply_r, reply_w = os.pipe()    # solution -> tests
+    token_r, token_w = os.pipe()    # harness -> tests, once, before they start
+    marker_r, marker_w = os.pipe()  # tests -> harness, at their last line
+    fds = [call_r, call_w, reply_r, reply_w, token_r, token_w, marker_r, marker_w]
+    children: list[_Child] = []
+
+    def close(*which: int) -> None:
+        for fd in which:
+            if fd in fds:
+                fds.remove(fd)
+                os.close(fd)
+
     try:
-        drop = running_as_root and drop_privileges
-        cfg = {"drop_uid": NOBODY_UID if drop else None, "drop_gid": NOBODY_GID}
-        (workdir / "program.py").write_text(code, encoding="utf-8")
-        (workdir / "bootstrap.py").write_text(_BOOTSTRAP.format(cfg=cfg), encoding="utf-8")
-        out_path, err_path = workdir / "stdout.txt", workdir / "stderr.txt"
-        if drop:
-            for p in (workdir, *workdir.iterdir()):
-                os.chown(p, NOBODY_UID, NOBODY_GID)
-        # Output goes to files under RLIMIT_FSIZE, so a program printing forever cannot fill our memory.
-        with open(out_path, "wb") as out_f, open(err_path, "wb") as err_f:
+        os.write(token_w, token)
+        close(token_w)
+        with _workdirs(2) as (solution_dir, tests_dir):
             t0 = time.monotonic()
-            proc = subprocess.Popen(
-                [os.path.realpath(sys.executable), "-I", "-B", "bootstrap.py"],
-                cwd=workdir,
-                env=_scrubbed_env(workdir),
-                stdin=subprocess.DEVNULL,
-                stdout=out_f,
-                stderr=err_f,
-                start_new_session=True,
-                close_fds=True,
-                preexec_fn=lambda: _limit_child(limits, running_as_root),
-            )
-            pgid = proc.pid  # start_new_session: the child leads its own group
-            timed_out = False
-            try:
-                returncode: int | None = proc.wait(timeout=limits.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(pgid)
-                returncode = proc.wait()
-            finally:
-                # Anything the program left behind in its group goes too.
-                _kill_group(pgid)
+            children.append(_start(_CODEC + _SOLUTION_MAIN, {"call_fd": call_r, "reply_fd": reply_w, "entry_point": entry_point},
+                                   {"solution.py": solution}, limits, uid=NOBODY_UID if root else None,
+                                   pass_fds=(call_r, reply_w), workdir=solution_dir))
+            children.append(_start(_CODEC + _TESTS_MAIN,
+                                   {"call_fd": call_w, "reply_fd": reply_r, "token_fd": token_r, "marker_fd": marker_w,
+                                    "entry_point": entry_point},
+                                   {"setup.py": setup, "tests.py": tests}, limits, uid=TESTS_UID if root else None,
+                                   pass_fds=(call_w, reply_r, token_r, marker_w), workdir=tests_dir))
+            # Only the children hold their ends now: each sees end-of-file when the other ends.
+            close(call_r, call_w, reply_r, reply_w, token_r, marker_w)
+            solution_proc, tests_proc = children
+            deadline = t0 + limits.timeout_s
+            tests_rc, tests_timed_out = _wait(tests_proc, deadline)
+            # The tests are over: the solution reads end-of-file and exits; a second is its grace.
+            solution_rc, solution_timed_out = _wait(solution_proc, min(deadline, time.monotonic() + 1.0))
             duration_s = time.monotonic() - t0
-        # The folder's random name would make identical runs print different tracebacks (and
-        # eval predictions differ run to run): it reads as a fixed name instead.
-        stdout = _read_capped(out_path, limits.output_bytes).replace(str(workdir), SANDBOX_DIR_NAME)
-        stderr = _read_capped(err_path, limits.output_bytes).replace(str(workdir), SANDBOX_DIR_NAME)
-        # RLIMIT_CPU ends a busy loop with SIGXCPU before the wall clock: it is a timeout too.
-        if timed_out or returncode == -signal.SIGXCPU:
-            status: Status = "timeout"
-        else:
-            status = "ok" if returncode == 0 else "error"
-        return SandboxResult(status, None if timed_out else returncode, stdout, stderr, duration_s)
+            with os.fdopen(marker_r, "rb") as f:
+                fds.remove(marker_r)
+                marker = f.read(len(token) + 1)
+            tests_result = _collect(tests_proc, tests_rc, tests_timed_out, limits, duration_s)
+            solution_result = _collect(solution_proc, solution_rc, solution_timed_out, limits, duration_s)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        for child in children:
+            _kill_group(child.proc.pid)
+            child.stdout.close()
+            child.stderr.close()
+        close(*list(fds))
+    finished = tests_result.status == "ok" and marker == token
+    if finished:
+        status: Status = "ok"
+    elif tests_result.status == "timeout" or solution_result.returncode == -signal.SIGXCPU:
+        status = "timeout"
+    else:
+        status = "error"
+    return TestRunResult(status, tests_result, solution_result)
