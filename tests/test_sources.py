@@ -60,7 +60,7 @@ def test_gsm8k_local_counts_bad_records_with_file_and_line(tmp_path):
 
 def test_strict_mode_fails_naming_file_and_line(tmp_path):
     with pytest.raises(BadRecordError, match=r"gsm8k\.jsonl:4: invalid JSON"):
-        snapshot(tmp_path, {"source": "gsm8k", "path": str(FIX / "gsm8k.jsonl"), "strict": True})
+        snapshot(tmp_path, {"source": "gsm8k", "path": str(FIX / "gsm8k.jsonl"), "val_frac": 0.1, "strict": True})
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == []  # no temp folder left behind either
 
@@ -86,7 +86,7 @@ def test_problem_to_conversation_and_final_answer():
 
 
 def test_dolly_conversations(tmp_path):
-    _, meta, train, val = snapshot(tmp_path, {"source": "dolly15k", "path": str(FIX / "dolly.jsonl")})
+    _, meta, train, val = snapshot(tmp_path, {"source": "dolly15k", "path": str(FIX / "dolly.jsonl"), "val_frac": 0.1})
     assert meta["counts"] == {"train": 3, "val": 1, "skipped": 1}
     assert "dolly.jsonl:4: empty 'instruction'" in meta["bad_examples"][0]
     convs = {c["messages"][0]["content"][0]["text"]: c for c in train + val}
@@ -143,7 +143,7 @@ def test_oasst1_cycle_and_orphan_are_bad_records(tmp_path):
     reasons = " ".join(meta["bad_examples"])
     assert "cycle" in reasons and "flat.jsonl:3" in reasons and "parent_id missing not found" in reasons
     with pytest.raises(BadRecordError, match=r"flat\.jsonl:3: .*cycle"):
-        snapshot(tmp_path, {"source": "oasst1", "path": str(p), "strict": True}, sub="strict")
+        snapshot(tmp_path, {"source": "oasst1", "path": str(p), "val_frac": 0.0, "strict": True}, sub="strict")
 
 
 def test_gutenberg_markers_bom_crlf_license(tmp_path):

@@ -36,7 +36,7 @@ def run(tmp_path: Path, params: dict, *, seed: int = 1, sub: str = "out"):
 
 
 def test_gsm8k_real(tmp_path, shared_fixtures):
-    meta, train, val = run(tmp_path, {"source": "gsm8k", "path": str(shared_fixtures / "gsm8k/test.jsonl")})
+    meta, train, val = run(tmp_path, {"source": "gsm8k", "path": str(shared_fixtures / "gsm8k/test.jsonl"), "val_frac": 0.1})
     assert meta["counts"] == {"train": 1187, "val": 132, "skipped": 0}
     assert meta["revision"].startswith("sha256:")
     for p in train[:200]:
@@ -64,12 +64,12 @@ def _flat_rows(tree_file: Path) -> list[dict]:
 
 def test_oasst1_real_tree_and_flat_agree(tmp_path, shared_fixtures):
     tree = shared_fixtures / "oasst1/en_100_tree.jsonl"
-    meta_t, train_t, val_t = run(tmp_path, {"source": "oasst1", "path": str(tree)}, sub="tree")
+    meta_t, train_t, val_t = run(tmp_path, {"source": "oasst1", "path": str(tree), "val_frac": 0.1}, sub="tree")
     rows = _flat_rows(tree)
     assert len(rows) == 1167
     flat = tmp_path / "flat.jsonl"
     flat.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    meta_f, train_f, val_f = run(tmp_path, {"source": "oasst1", "path": str(flat)}, sub="flat")
+    meta_f, train_f, val_f = run(tmp_path, {"source": "oasst1", "path": str(flat), "val_frac": 0.1}, sub="flat")
     assert train_t == train_f and val_t == val_f
     assert meta_t["counts"]["train"] + meta_t["counts"]["val"] + meta_t["filtered_trees"] + meta_t["counts"]["skipped"] == 100
     assert meta_t["counts"]["train"] > 60
@@ -94,8 +94,8 @@ def test_gutenberg_real(tmp_path, shared_fixtures):
 
 def test_wikitext_raw_and_hf_rows_give_same_articles(tmp_path, shared_fixtures):
     wt = shared_fixtures / "wikitext-2-raw"
-    meta_r, train_r, val_r = run(tmp_path, {"source": "wikitext", "path": str(wt / "wiki.test.raw")}, sub="raw")
-    meta_p, train_p, val_p = run(tmp_path, {"source": "wikitext", "path": str(wt / "test-00000-of-00001.parquet")}, sub="pq")
+    meta_r, train_r, val_r = run(tmp_path, {"source": "wikitext", "path": str(wt / "wiki.test.raw"), "val_frac": 0.1}, sub="raw")
+    meta_p, train_p, val_p = run(tmp_path, {"source": "wikitext", "path": str(wt / "test-00000-of-00001.parquet"), "val_frac": 0.1}, sub="pq")
     assert train_r == train_p and val_r == val_p
     assert meta_r["counts"]["train"] + meta_r["counts"]["val"] >= 60
     titles = [d["title"] for d in train_r + val_r]

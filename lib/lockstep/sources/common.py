@@ -1,5 +1,6 @@
-"""Helpers shared by the source loaders: seeded splits, JSON-lines reading with line numbers,
-local-file fingerprints, and bounded retries for network reads. No loader logic lives here."""
+"""Helpers shared by the source loaders: their error types, seeded splits, JSON-lines reading
+with line numbers, local-file fingerprints, and bounded retries for network reads. No loader
+logic lives here."""
 
 from __future__ import annotations
 
@@ -27,6 +28,16 @@ log = logging.getLogger("lockstep.sources")
 
 class SourceUnavailableError(RuntimeError):
     """A remote source could not be read after the allowed retries."""
+
+
+class SourceFormatError(ValueError):
+    """Source input is not in the source's format: a file none of whose rows is usable, or a
+    source that gives no records at all. The message names the file and what was expected."""
+
+
+class SplitLayoutError(ValueError):
+    """Local files whose train/val split cannot be told from their names and folders, with no
+    `val_frac` to pool them; the message lists the files found and both fixes."""
 
 
 def generator(seed: int, stream: int = 0) -> torch.Generator:
@@ -80,13 +91,17 @@ def write_split(sink: SnapshotWriter, items: Sequence[tuple[str, dict[str, Any]]
 
 
 def local_files(path: str | Path, suffixes: Sequence[str], *, what: str) -> list[Path]:
-    """`path` itself when it is a file, else the files under it with one of `suffixes`, sorted."""
+    """`path` itself when it is a file, else the files under it with one of `suffixes`, sorted.
+    Dot-named files and folders (a download tool's `.cache/`, an editor's swap files) are left out."""
     p = Path(path)
     if p.is_file():
         return [p]
     if not p.is_dir():
         raise FileNotFoundError(f"{what}: {p} does not exist; point `path` at a file or a folder of {'/'.join(suffixes)} files")
-    files = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(tuple(suffixes)))
+    files = sorted(
+        f for f in p.rglob("*")
+        if f.is_file() and f.name.endswith(tuple(suffixes)) and not any(part.startswith(".") for part in f.relative_to(p).parts)
+    )
     if not files:
         raise FileNotFoundError(f"{what}: no {'/'.join(suffixes)} files under {p}")
     return files

@@ -12,6 +12,10 @@ from lockstep.sources.snapshot import SnapshotWriter
 
 KIND = "conversation"
 EXTRA_FIELDS: tuple[str, ...] = ()
+EXPECTED = (
+    "databricks-dolly-15k rows: JSON lines or parquet rows with string fields `instruction` and `response` "
+    "(and `context`, which may be empty)"
+)
 
 
 @dataclass(frozen=True)
@@ -49,4 +53,6 @@ def produce(cfg: Dolly15kConfig, sink: SnapshotWriter, *, seed: int) -> dict[str
             return None
         return out
 
-    return rows_by_split(cfg, sink, dataset=cfg.dataset, config=None, hub_splits={"train": "train"}, convert=convert, seed=seed)
+    # The hub has one `train` split and no val: val is a seeded `val_frac` share of it, locally too.
+    return rows_by_split(cfg, sink, dataset=cfg.dataset, config=None, hub_splits={"train": "train"}, convert=convert,
+                         expected=EXPECTED, seed=seed)

@@ -9,18 +9,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lockstep.sources.common import dataset_rows, files_revision, hub_revision, local_files
-from lockstep.sources.hub import HubFields
+from lockstep.sources.common import SourceFormatError, SplitLayoutError, dataset_rows, files_revision, hub_revision, local_files
+from lockstep.sources.hub import HubFields, split_of
 from lockstep.sources.snapshot import SnapshotWriter
 
 KIND = "document"
 EXTRA_FIELDS = ("id", "url", "dump")
 SCHEMA = ("text", "id", "dump", "url", "file_path", "language", "language_score", "token_count", "score", "int_score")
+EXPECTED = f"parquet rows in the fineweb-edu schema ({', '.join(SCHEMA)}) with a non-empty `text`"
 log = logging.getLogger("lockstep.sources.fineweb_edu")
 _PROGRESS_EVERY_DOCS = 100_000
 
 
-class SchemaError(ValueError):
+class SchemaError(SourceFormatError):
     """Rows do not have the fineweb-edu columns."""
 
 
@@ -43,6 +44,15 @@ def produce(cfg: FinewebEduConfig, sink: SnapshotWriter, *, seed: int) -> dict[s
     files: list[Path] | None = None
     if cfg.path is not None:
         files = local_files(cfg.path, (".parquet",), what="fineweb_edu")
+        root = Path(cfg.path) if Path(cfg.path).is_dir() else Path(cfg.path).parent
+        for f in files:
+            # The hub has only `train` (val is the stream's first max_val_chars): a file of another
+            # split would be pooled into train, so it is refused as the hub-split sources refuse it.
+            if (split := split_of(f, root, dataset=cfg.dataset)) not in (None, "train"):
+                raise SplitLayoutError(
+                    f"{cfg.dataset}: {f} is named for the `{split}` split, but {cfg.dataset} has only `train` "
+                    f"(val is the first max_val_chars of its shuffled stream); move it out of {root}"
+                )
         revision, per_file = files_revision(files)
         meta: dict[str, Any] = {"source_id": f"local:{Path(cfg.path).as_posix()}", "source_format": cfg.dataset,
                                 "revision": revision, "input_sha256": per_file}
@@ -55,7 +65,7 @@ def produce(cfg: FinewebEduConfig, sink: SnapshotWriter, *, seed: int) -> dict[s
     )
     chars = {"train": 0, "val": 0}
     budget = {"train": cfg.max_train_chars, "val": cfg.max_val_chars}
-    consumed = 0
+    consumed = below_score = 0
     exhausted = True
     for i, row in enumerate(rows):
         if i == 0:
@@ -68,6 +78,7 @@ def produce(cfg: FinewebEduConfig, sink: SnapshotWriter, *, seed: int) -> dict[s
         consumed += 1
         where = f"{'hub' if files is None else 'local'} stream row {i} id={row.get('id')}"
         if cfg.min_int_score is not None and (row.get("int_score") is None or row["int_score"] < cfg.min_int_score):
+            below_score += 1
             continue
         split = "val" if chars["val"] < budget["val"] else "train"
         if sink.add(split, row, where):
@@ -79,4 +90,4 @@ def produce(cfg: FinewebEduConfig, sink: SnapshotWriter, *, seed: int) -> dict[s
             exhausted = False
             break
     return {**meta, "streamed": True, "shuffle_seed": seed, "shuffle_buffer": cfg.shuffle_buffer,
-            "chars": chars, "rows_consumed": consumed, "stream_exhausted": exhausted}
+            "chars": chars, "rows_consumed": consumed, "rows_below_min_int_score": below_score, "stream_exhausted": exhausted}

@@ -13,6 +13,12 @@ from lockstep.sources.snapshot import SnapshotWriter
 
 KIND = "problem"
 EXTRA_FIELDS: tuple[str, ...] = ()
+EXPECTED = (
+    "GSM8K problems: JSON lines or parquet rows with string fields `question` and `answer`, the answer "
+    "ending in a `#### <number>` line"
+)
+# Our split <- the hub's: GSM8K's test split is the eval set, so it becomes val, never train.
+HUB_SPLITS = {"train": "train", "val": "test"}
 
 # `<<48/2=24>>`: the calculator annotation; the expression may not contain `=` or angle brackets.
 _CALC = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
@@ -86,5 +92,5 @@ def produce(cfg: Gsm8kConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, A
 
     return rows_by_split(
         cfg, sink, dataset=cfg.dataset, config=cfg.config,
-        hub_splits={"train": "train", "val": "test"}, convert=convert, seed=seed,
+        hub_splits=HUB_SPLITS, convert=convert, expected=EXPECTED, seed=seed,
     )

@@ -1,6 +1,6 @@
-"""A folder of Project Gutenberg plain-text books as documents, one per book: BOM, CRLF, the
-header before `*** START OF ...` and the license after `*** END OF ...` removed. Does not fetch
-books."""
+"""Project Gutenberg plain-text books (one .txt file or a folder of them) as documents, one per
+book: BOM, CRLF, the header before `*** START OF ...` and the license after `*** END OF ...`
+removed. Does not fetch books."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lockstep.sources.common import files_revision, read_text, write_split
+from lockstep.sources.common import files_revision, local_files, read_text, write_split
 from lockstep.sources.snapshot import SnapshotWriter
 
 KIND = "document"
 EXTRA_FIELDS = ("id", "title")
+EXPECTED = "Project Gutenberg plain-text books (.txt, UTF-8) with the book between `*** START OF ...` and `*** END OF ...` lines"
 
 # Both spellings occur: `*** START OF THIS PROJECT GUTENBERG EBOOK X ***` and
 # `***START OF THE PROJECT GUTENBERG EBOOK X***` (older and newer PG templates).
@@ -25,7 +26,7 @@ _TITLE = re.compile(r"^Title:\s*(.+?)\s*$", re.MULTILINE)
 @dataclass(frozen=True)
 class GutenbergConfig:
     source: Literal["gutenberg"] = "gutenberg"
-    path: str = "books"  # folder of .txt books (searched recursively)
+    path: str = "books"  # one .txt book, or a folder of them (searched recursively)
     val_frac: float = 0.1  # share of books held out for val, chosen with the seed
     strict: bool = False  # true: a book without START/END markers fails the stage
     artifact_records: int = 8  # records per split kept in dataset_snapshot.json, the parity artifact
@@ -47,12 +48,8 @@ def strip_gutenberg(text: str) -> tuple[str, str]:
 
 
 def produce(cfg: GutenbergConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, Any]:
-    root = Path(cfg.path)
-    if not root.is_dir():
-        raise FileNotFoundError(f"gutenberg: {root} does not exist; set fetch.<name>.path to a folder of .txt books")
-    files = sorted(p for p in root.rglob("*.txt") if p.is_file())
-    if not files:
-        raise FileNotFoundError(f"gutenberg: no .txt books under {root}")
+    files = local_files(cfg.path, (".txt",), what="gutenberg")
+    root = Path(cfg.path) if Path(cfg.path).is_dir() else Path(cfg.path).parent
     items = []
     for f in files:
         text = read_text(f, sink)
@@ -69,4 +66,4 @@ def produce(cfg: GutenbergConfig, sink: SnapshotWriter, *, seed: int) -> dict[st
             items.append((str(f), clean))
     write_split(sink, items, cfg.val_frac, seed)
     revision, per_file = files_revision(files)
-    return {"source_id": f"local:{root.as_posix()}", "revision": revision, "input_sha256": per_file, "streamed": False}
+    return {"source_id": f"local:{Path(cfg.path).as_posix()}", "revision": revision, "input_sha256": per_file, "streamed": False}

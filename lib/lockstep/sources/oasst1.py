@@ -10,12 +10,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lockstep.sources.common import hub_revision, write_split
-from lockstep.sources.hub import HubFields, hub_rows, local_rows
+from lockstep.sources.common import SourceFormatError, hub_revision, write_split
+from lockstep.sources.hub import HubFields, file_rows, hub_rows, local_splits
 from lockstep.sources.snapshot import SnapshotWriter
 
 KIND = "conversation"
 EXTRA_FIELDS: tuple[str, ...] = ()
+EXPECTED = (
+    "OpenAssistant message trees: lines of the `*.trees.jsonl` export (`prompt`: a message object with "
+    "`message_id, text, role, lang, rank, deleted, replies`), or the hub's flat message rows (one message per "
+    "row, linked by `parent_id`)"
+)
+HUB_SPLITS = {"train": "train", "val": "validation"}  # our split <- the hub's
 _ROLES = {"prompter": "user", "assistant": "assistant"}
 
 
@@ -146,18 +152,52 @@ def split_layouts(rows: list[tuple[str, dict[str, Any]]], sink: SnapshotWriter) 
     return trees + trees_from_flat(flat, sink)
 
 
+def _layout(row: dict[str, Any]) -> str | None:
+    """Which layout a row is in: `tree` (an export line), `flat` (a hub message row) or None."""
+    if isinstance(row.get("prompt"), dict):
+        return "tree"
+    if isinstance(row.get("message_id"), str) and row["message_id"]:
+        return "flat"
+    return None
+
+
+def _fields(row: dict[str, Any]) -> str:
+    return ", ".join(f"{k}: {type(v).__name__}" for k, v in list(row.items())[:8]) or "none"
+
+
+def _local_rows(f: Path, cfg: Oasst1Config, sink: SnapshotWriter) -> list[tuple[str, dict[str, Any]]]:
+    """The rows of one local file; refused when not one of them is an export tree line or a flat
+    message row (a file of another kind, e.g. a list of prompts, would otherwise give nothing)."""
+    bad_before = sink.skipped
+    rows = list(file_rows(f, cfg, sink))
+    if (rows or sink.skipped > bad_before) and not any(_layout(row) for _, row in rows):
+        first = f"first row {rows[0][0]} has fields {_fields(rows[0][1])}" if rows else f"last problem: {sink.last_bad}"
+        raise SourceFormatError(f"{f}: not one row is an OpenAssistant message tree or message ({first}); expected {EXPECTED}")
+    return rows
+
+
 def produce(cfg: Oasst1Config, sink: SnapshotWriter, *, seed: int) -> dict[str, Any]:
-    if cfg.path is not None:
-        rows, meta = local_rows(cfg, sink, what=cfg.dataset)
-        convs, filtered = conversations(split_layouts(rows, sink), cfg.lang, sink)
-        write_split(sink, convs, cfg.val_frac, seed)
-        return {"source_id": f"local:{Path(cfg.path).as_posix()}", "source_format": cfg.dataset, "filtered_trees": filtered, **meta}
-    sha = hub_revision(cfg.dataset, cfg.revision, max_retries=cfg.max_retries, backoff_s=cfg.backoff_s)
     filtered = 0
-    for ours, theirs in (("train", "train"), ("val", "validation")):
+    if cfg.path is not None:
+        plan = local_splits(cfg, dataset=cfg.dataset, hub_splits=HUB_SPLITS, suffixes=(".jsonl", ".parquet"))
+        for split, files in plan.files.items():
+            # Trees are built per split, as on the hub: a reply never links across splits.
+            rows = [r for f in files for r in _local_rows(f, cfg, sink)]
+            convs, n = conversations(split_layouts(rows, sink), cfg.lang, sink)
+            filtered += n
+            if plan.carve:
+                assert plan.val_frac is not None
+                write_split(sink, convs, plan.val_frac, seed)
+            else:
+                for where, conv in convs:
+                    sink.add(split, conv, where)
+        return {"source_id": f"local:{Path(cfg.path).as_posix()}", "source_format": cfg.dataset,
+                "filtered_trees": filtered, **plan.meta()}
+    sha = hub_revision(cfg.dataset, cfg.revision, max_retries=cfg.max_retries, backoff_s=cfg.backoff_s)
+    for ours, theirs in HUB_SPLITS.items():
         convs, n = conversations(trees_from_flat(hub_rows(cfg, cfg.dataset, None, theirs, sha), sink), cfg.lang, sink)
         filtered += n
         for where, conv in convs:
             sink.add(ours, conv, where)
     return {"source_id": cfg.dataset, "revision": sha, "streamed": True, "filtered_trees": filtered,
-            "hub_splits": {"train": "train", "val": "validation"}}
+            "hub_splits": HUB_SPLITS}

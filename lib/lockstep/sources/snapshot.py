@@ -197,6 +197,7 @@ class SnapshotWriter:
         self.splits = {s: _SplitWriter(self.root, s, self.schema, part_bytes) for s in SPLITS}
         self.skipped = 0
         self.bad_examples: list[str] = []
+        self.last_bad: str | None = None  # the latest `where: reason`, for errors about a whole file
         self.snapshot = SnapshotCollector(artifact_records)
         for split in SPLITS:
             self.snapshot.begin(split)  # an empty split still appears in the artifact
@@ -206,6 +207,7 @@ class SnapshotWriter:
         if self.strict:
             raise BadRecordError(f"{where}: {reason} (fix the record, or set strict: false to skip and count bad records)")
         self.skipped += 1
+        self.last_bad = f"{where}: {reason}"
         if len(self.bad_examples) < MAX_BAD_EXAMPLES:
             self.bad_examples.append(f"{where}: {reason}")
 
@@ -233,6 +235,15 @@ class SnapshotWriter:
 
     def text_bytes(self, split: str) -> int:
         return self.splits[split].text_bytes
+
+    def abort(self) -> None:
+        """Close the open parquet files without finishing the snapshot (no dataset_snapshot.json,
+        no meta.json), so the caller can delete the folder: no handle is left writing into it."""
+        for w in self.splits.values():
+            if w.writer is not None:
+                w.writer.close()
+                w.writer = None
+            w.rows = []
 
     def close(self, **meta_fields: Any) -> dict[str, Any]:
         """Finish the parquet parts, write dataset_snapshot.json, then meta.json (last). Returns

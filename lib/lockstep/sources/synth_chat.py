@@ -14,6 +14,7 @@ from lockstep.sources.snapshot import SnapshotWriter
 
 KIND = "conversation"
 EXTRA_FIELDS: tuple[str, ...] = ()
+EXPECTED = "n_train + n_val > 0 conversations to generate"
 
 WORDS = (
     "strawberry", "banana", "apple", "mississippi", "bookkeeper", "committee", "balloon", "letter",

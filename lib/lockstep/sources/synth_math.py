@@ -14,6 +14,7 @@ from lockstep.sources.snapshot import SnapshotWriter
 
 KIND = "problem"
 EXTRA_FIELDS: tuple[str, ...] = ()
+EXPECTED = "n_train + n_val > 0 problems to generate"
 
 NAMES = (
     ("Ava", "She"), ("Ben", "He"), ("Chloe", "She"), ("Diego", "He"), ("Emma", "She"), ("Farid", "He"),

@@ -1,6 +1,7 @@
 """WikiText (`Salesforce/wikitext`, raw configs) as documents, one per Wikipedia article,
 re-assembled from lines at the ` = Title = ` headings. Reads hub rows, the HF-row parquet, or the
-raw `wiki.*.raw` text files; all give the same articles. Not a detokenizer: ` @-@ ` stays."""
+raw `wiki.*.raw` text files; all give the same articles, and train/validation come from the
+hub's splits or the local files' names. Not a detokenizer: ` @-@ ` stays."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lockstep.sources.common import dataset_rows, files_revision, hub_revision, write_split
-from lockstep.sources.hub import HubFields, hub_rows
+from lockstep.sources.common import SourceFormatError, dataset_rows, hub_revision, write_split
+from lockstep.sources.hub import HubFields, hub_rows, local_splits
 from lockstep.sources.snapshot import SnapshotWriter
 
 KIND = "document"
 EXTRA_FIELDS = ("title",)
+EXPECTED = "WikiText lines: raw `wiki.*.raw` UTF-8 text, or parquet rows with a `text` column (the hub's layout)"
+HUB_SPLITS = {"train": "train", "val": "validation"}  # our split <- the hub's; `test` is not read
 # ` = Title = ` opens an article; ` = = Section = = ` (two or more `=`) does not.
 _ARTICLE = re.compile(r"^= (?!=)(.*?[^=]) =$")
-_SPLIT_FILES = {"train": "wiki.train.raw", "val": "wiki.valid.raw"}
 
 
 @dataclass(frozen=True)
@@ -49,41 +51,49 @@ def articles_from_lines(lines: Iterable[str]) -> Iterator[dict[str, str]]:
 
 
 def _raw_lines(path: Path) -> Iterator[str]:
-    with open(path, encoding="utf-8", newline="") as f:
-        yield from f
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            yield from f
+    except UnicodeDecodeError as e:
+        raise SourceFormatError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); expected {EXPECTED}") from None
+
+
+def _parquet_lines(path: Path, cfg: WikitextConfig) -> Iterator[str]:
+    rows = dataset_rows(hub_id="", hub_config=None, hub_split="train", revision="", files=[path],
+                        max_retries=cfg.max_retries, backoff_s=cfg.backoff_s)
+    for i, row in enumerate(rows):
+        text = row.get("text")
+        if not isinstance(text, str):
+            raise SourceFormatError(
+                f"{path} row {i}: no string `text` column (fields: {', '.join(row) or 'none'}); expected {EXPECTED}"
+            )
+        yield text
 
 
 def _local_lines(path: Path, cfg: WikitextConfig) -> Iterator[str]:
-    if path.suffix == ".parquet":
-        rows = dataset_rows(hub_id="", hub_config=None, hub_split="train", revision="", files=[path],
-                            max_retries=cfg.max_retries, backoff_s=cfg.backoff_s)
-        return (r["text"] for r in rows)
-    return _raw_lines(path)
+    return _parquet_lines(path, cfg) if path.suffix == ".parquet" else _raw_lines(path)
 
 
 def produce(cfg: WikitextConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, Any]:
     if cfg.path is not None:
-        p = Path(cfg.path)
-        if p.is_dir() and all((p / f).is_file() for f in _SPLIT_FILES.values()):
-            for split, fname in _SPLIT_FILES.items():
-                for i, art in enumerate(articles_from_lines(_raw_lines(p / fname))):
-                    sink.add(split, art, f"{p / fname} article {i}")
-            files = [p / f for f in _SPLIT_FILES.values()]
-        elif p.is_file():
-            arts = [(f"{p} article {i}", a) for i, a in enumerate(articles_from_lines(_local_lines(p, cfg)))]
-            write_split(sink, arts, cfg.val_frac, seed)
-            files = [p]
-        else:
-            raise FileNotFoundError(
-                f"wikitext: {p} must be a .raw/.parquet file or a folder holding {' and '.join(_SPLIT_FILES.values())}"
-            )
-        revision, per_file = files_revision(files)
-        return {"source_id": f"local:{p.as_posix()}", "revision": revision, "input_sha256": per_file,
-                "streamed": p.suffix == ".parquet"}
+        # The test split is left out locally as on the hub: only train and validation are read.
+        plan = local_splits(cfg, dataset=cfg.dataset, hub_splits=HUB_SPLITS, suffixes=(".raw", ".parquet"),
+                            unused_splits=("test",), config=cfg.config)
+        for split, files in plan.files.items():
+            # One line stream per split, as the hub serves it: an article may cross a shard boundary.
+            lines = (line for f in files for line in _local_lines(f, cfg))
+            label = str(files[0]) if len(files) == 1 else f"{plan.root}[{split}]"
+            arts = [(f"{label} article {i}", a) for i, a in enumerate(articles_from_lines(lines))]
+            if plan.carve:
+                assert plan.val_frac is not None
+                write_split(sink, arts, plan.val_frac, seed)
+            else:
+                for where, art in arts:
+                    sink.add(split, art, where)
+        return {"source_id": f"local:{Path(cfg.path).as_posix()}", "source_format": cfg.dataset, **plan.meta()}
     sha = hub_revision(cfg.dataset, cfg.revision, max_retries=cfg.max_retries, backoff_s=cfg.backoff_s)
-    hub_splits = {"train": "train", "val": "validation"}
-    for ours, theirs in hub_splits.items():
+    for ours, theirs in HUB_SPLITS.items():
         rows = (row["text"] for _, row in hub_rows(cfg, cfg.dataset, cfg.config, theirs, sha))
         for i, art in enumerate(articles_from_lines(rows)):
             sink.add(ours, art, f"{cfg.dataset}[{theirs}] article {i}")
-    return {"source_id": cfg.dataset, "hub_config": cfg.config, "hub_splits": hub_splits, "revision": sha, "streamed": True}
+    return {"source_id": cfg.dataset, "hub_config": cfg.config, "hub_splits": HUB_SPLITS, "revision": sha, "streamed": True}
