@@ -145,7 +145,7 @@ def test_hypothesis_roundtrip_random_token_arrays(tmp_path_factory, vocab, data,
     docs = data.draw(st.lists(st.lists(st.integers(0, vocab - 1), max_size=12), max_size=8))
     tok = ListTokenizer(docs, vocab)
     out = tmp_path_factory.mktemp("h") / "c"
-    itemsize = 2 if vocab <= 65_535 else 4
+    itemsize = 2 if vocab <= 65_536 else 4
     meta = build_pretrain_cache({"train": [str(i) for i in range(len(docs))]}, out, tokenizer=tok,
                                 max_train_tokens=None, max_val_tokens=None, shard_bytes=shard_tokens * itemsize,
                                 seed=3, shuffle_buffer=1)  # fmt: skip
@@ -297,3 +297,188 @@ def test_sigkill_mid_build_leaves_no_complete_looking_output(tmp_path):
     assert not list(tmp_dirs[0].rglob("meta.json"))
     with pytest.raises(CacheError, match="meta.json is missing"):
         open_pretrain_split(out / "train")
+
+
+def test_killed_build_leaves_work_that_the_next_build_removes(tmp_path):
+    out = tmp_path / "cache" / "c"
+    neighbour = tmp_path / "cache" / ".cc.abcdefgh.tmp"  # work of another output: never touched
+    neighbour.mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_BUILD, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    stale = [p for p in (tmp_path / "cache").iterdir() if p != neighbour]
+    assert stale and all(p.name.startswith(".c.") and p.name.endswith(".tmp") for p in stale)
+    _build(ListTokenizer([[1, 2]], vocab_size=10), out, ["0"])
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [".cc.abcdefgh.tmp", "c"]
+    assert _stream(open_pretrain_split(out / "train")).tolist() == [9, 1, 2]
+
+
+# ---------------------------------------------------------------------------------------------
+# token dtype at the uint16 boundary: a vocabulary of 65,536 ids still fits uint16
+
+
+class ArrayTokenizer(ListTokenizer):
+    """ListTokenizer with the uint32-array encoding path that BPE tokenizers take."""
+
+    def encode_arrays(self, texts):
+        return [np.asarray(ids, dtype=np.uint32) for ids in self.encode(texts)]
+
+
+@pytest.mark.parametrize("tokenizer_class", [ListTokenizer, ArrayTokenizer], ids=["lists", "arrays"])
+@pytest.mark.parametrize("vocab, dtype", [(65_535, "<u2"), (65_536, "<u2"), (65_537, "<u4")])
+def test_token_dtype_boundary_writes_the_narrowest_file(tmp_path, vocab, dtype, tokenizer_class):
+    top = vocab - 1  # the largest id, also BOS for ListTokenizer
+    tok = tokenizer_class([[0, top - 1, top]], vocab_size=vocab)
+    meta = build_pretrain_cache({"train": ["0"]}, tmp_path / "c", tokenizer=tok, max_train_tokens=None, max_val_tokens=None,
+                                shard_bytes=1 << 20, seed=0, shuffle_buffer=1)  # fmt: skip
+    assert meta["token_dtype"] == {"<u2": "uint16", "<u4": "uint32"}[dtype]
+    shard = tmp_path / "c" / "train" / "shard_00000.bin"
+    assert shard.stat().st_size == 4 * np.dtype(dtype).itemsize  # BOS + 3 ids
+    assert np.fromfile(shard, dtype=dtype).tolist() == [top, 0, top - 1, top]
+    assert _stream(open_pretrain_split(tmp_path / "c" / "train")).tolist() == [top, 0, top - 1, top]
+
+
+# ---------------------------------------------------------------------------------------------
+# a folder and its meta.json must agree: unlisted files, edited shard lists and missing keys
+
+
+def _edit_meta(cache: Path, edit) -> None:
+    meta = json.loads((cache / "meta.json").read_text())
+    edit(meta)
+    (cache / "meta.json").write_text(json.dumps(meta))
+
+
+def _drop_last_train_shard(c: Path, *, delete_file: bool) -> None:
+    last = {}
+    _edit_meta(c, lambda m: last.update(m["shards"]["train"].pop()))
+    if delete_file:
+        (c / "train" / last["name"]).unlink()
+
+
+@pytest.mark.parametrize(
+    "damage, pattern",
+    [
+        (lambda c: (c / "train" / "shard_00999.bin").write_bytes((c / "train" / "shard_00000.bin").read_bytes()),
+         r"shard_00999\.bin is not listed in .*meta\.json"),
+        (lambda c: (c / "train" / "notes.txt").write_text("x"), r"notes\.txt is not listed in .*meta\.json"),
+        (lambda c: _drop_last_train_shard(c, delete_file=False), r"meta\.json: the \d+ train shards listed hold \d+ tokens"),
+        (lambda c: _drop_last_train_shard(c, delete_file=True), r"meta\.json: the \d+ train shards listed hold \d+ tokens"),
+        (lambda c: _edit_meta(c, lambda m: m["shards"]["train"].pop(0)), r"meta\.json: shards\.train\[0\] is not"),
+        (lambda c: _edit_meta(c, lambda m: m.pop("shards")), r"meta\.json lacks shards for a pretrain cache"),
+        (lambda c: _edit_meta(c, lambda m: m.pop("train_tokens")), r"meta\.json lacks train_tokens"),
+        (lambda c: _edit_meta(c, lambda m: m["shards"]["train"][1].pop("tokens")), r"meta\.json: shards\.train\[1\] is not"),
+        (lambda c: _edit_meta(c, lambda m: m["shards"].pop("val")), r"meta\.json: `shards` must map train and val"),
+        (lambda c: _edit_meta(c, lambda m: m.update(val_tokens="12")), r"meta\.json: val_tokens='12' is not a count"),
+    ],
+    ids=["extra-shard", "extra-file", "entry-removed", "entry-and-file-removed", "first-entry-removed",
+         "no-shards", "no-train-tokens", "shard-without-tokens", "no-val-list", "count-not-int"],
+)
+def test_pretrain_folder_and_meta_disagreeing_is_refused(built, damage, pattern):
+    damage(built / "c")
+    with pytest.raises(CacheError, match=pattern):
+        open_pretrain_split(built / "c" / "train", verify=False)
+
+
+def test_dot_named_work_files_in_a_split_are_not_extra_shards(built):
+    (built / "c" / "train" / ".shard_00009.bin.tmp").write_bytes(b"\0\0")
+    assert open_pretrain_split(built / "c" / "train").tokens > 0
+
+
+@pytest.mark.parametrize(
+    "edit, pattern",
+    [
+        (lambda m: m.pop("files"), r"meta\.json lacks files for a sft cache"),
+        (lambda m: m.pop("val_examples"), r"meta\.json lacks val_examples"),
+        (lambda m: m.pop("train_tokens"), r"meta\.json lacks train_tokens"),
+        (lambda m: m["files"]["train_idx.npy"].pop("sha256"), r"meta\.json: files\.train_idx\.npy is missing or lacks"),
+        (lambda m: m["files"].pop("val_mask.bin"), r"meta\.json: files\.val_mask\.bin is missing"),
+    ],
+    ids=["no-files", "no-val-examples", "no-train-tokens", "no-idx-sha", "no-val-mask"],
+)
+def test_sft_meta_missing_keys_is_a_cache_error(built, edit, pattern):
+    _edit_meta(built / "s", edit)
+    with pytest.raises(CacheError, match=pattern):
+        open_sft_split(built / "s" / "val_tokens.bin", built / "s" / "val_idx.npy")
+
+
+def test_sft_tokens_and_index_of_different_splits_are_refused(built):
+    with pytest.raises(CacheError, match=r"val_idx\.npy is not the index of train_tokens\.bin"):
+        open_sft_split(built / "s" / "train_tokens.bin", built / "s" / "val_idx.npy")
+
+
+# ---------------------------------------------------------------------------------------------
+# the input forms of the builders: split mappings, one iterable, bare message lists
+
+
+def test_pretrain_from_one_iterable_fills_the_named_split(tok, tmp_path):
+    docs = _docs(12)
+    args = dict(tokenizer=tok, max_train_tokens=None, max_val_tokens=None, shard_bytes=300, seed=7, shuffle_buffer=4)
+    mapped = build_pretrain_cache({"train": docs}, tmp_path / "m", **args)
+    listed = build_pretrain_cache(docs, tmp_path / "l", **args)
+    streamed = build_pretrain_cache((d for d in docs), tmp_path / "g", **args)
+    for meta, root in ((listed, tmp_path / "l"), (streamed, tmp_path / "g")):
+        assert meta["split_rule"] == "all documents -> train shards"
+        assert (meta["train_docs"], meta["val_docs"], meta["val_tokens"]) == (12, 0, 0)
+        assert meta["shards"] == mapped["shards"]  # same shards, same hashes as the mapping form
+        assert np.array_equal(_stream(open_pretrain_split(root / "train")), _stream(open_pretrain_split(tmp_path / "m" / "train")))
+    val_only = build_pretrain_cache(docs, tmp_path / "v", split="val", **args)
+    assert (val_only["train_tokens"], val_only["val_docs"]) == (0, 12)
+    assert val_only["split_rule"] == "all documents -> val shards"
+    assert _stream(open_pretrain_split(tmp_path / "v" / "val")).size == val_only["val_tokens"] > 0
+
+
+@pytest.mark.parametrize(
+    "texts, kw, pattern",
+    [
+        ("one long document", {}, r"texts is a str; pass an iterable of documents"),
+        (b"bytes", {}, r"texts is a bytes"),
+        (42, {}, r"texts is a int"),
+        (["a"], {"split": "test"}, r"split='test' must be one of"),
+        ({"test": ["a"]}, {}, r"texts must map \"train\".*got keys \['test'\]"),
+    ],
+    ids=["str", "bytes", "int", "bad-split", "bad-keys"],
+)
+def test_pretrain_input_of_the_wrong_shape_is_refused(tok, tmp_path, texts, kw, pattern):
+    with pytest.raises(TypeError, match=pattern):
+        build_pretrain_cache(texts, tmp_path / "c", tokenizer=tok, max_train_tokens=None, max_val_tokens=None,
+                             shard_bytes=64, seed=0, shuffle_buffer=1, **kw)  # fmt: skip
+    assert not (tmp_path / "c").exists()
+
+
+def test_sft_from_a_list_of_message_lists(tok, tmp_path):
+    message_lists = [_conv(i, tool=i % 2 == 1)["messages"] for i in range(6)]
+    meta = build_sft_cache(message_lists, tmp_path / "s", tokenizer=tok, val_frac=None, seed=0)
+    assert (meta["train_examples"], meta["val_examples"]) == (6, 0) and meta["split_rule"] == "all examples -> train"
+    s = open_sft_split(tmp_path / "s" / "train_tokens.bin", tmp_path / "s" / "train_idx.npy")
+    for i, messages in enumerate(message_lists):
+        lo, hi = s.bounds(i)
+        ids, mask = tok.render_conversation({"messages": messages})
+        assert s.tokens[lo:hi].tolist() == ids and s.mask[lo:hi].tolist() == mask
+    # the same conversations wrapped as {"messages": ...} give the same bytes
+    build_sft_cache([{"messages": m} for m in message_lists], tmp_path / "w", tokenizer=tok, val_frac=None, seed=0)
+    assert _file_hashes(tmp_path / "s") == _file_hashes(tmp_path / "w")
+    split = build_sft_cache(message_lists, tmp_path / "f", tokenizer=tok, val_frac=0.5, seed=0)
+    assert (split["train_examples"], split["val_examples"]) == (3, 3)
+    val = build_sft_cache(message_lists, tmp_path / "v", tokenizer=tok, val_frac=None, seed=0, split="val")
+    assert (val["train_examples"], val["val_examples"]) == (0, 6)
+
+
+@pytest.mark.parametrize(
+    "examples, kw, error, pattern",
+    [
+        ([[{"text": "no role"}]], {"val_frac": None}, TypeError, r"train example 0 is neither a conversation"),
+        ([[]], {"val_frac": None}, TypeError, r"train example 0 is neither"),
+        ("a str", {"val_frac": None}, TypeError, r"examples is a str"),
+        ([_conv(0)], {"val_frac": 0.5, "split": "val"}, TypeError, r"split='val' applies only without val_frac"),
+        ([_conv(0)], {"val_frac": None, "split": "dev"}, TypeError, r"split='dev' must be one of"),
+        ([_conv(0)], {"val_frac": 1.0}, CacheError, r"val_frac=1.0 must be in \[0, 1\)"),
+    ],
+    ids=["message-without-role", "empty-list", "str", "split-with-val-frac", "bad-split", "val-frac-1"],
+)
+def test_sft_input_of_the_wrong_shape_is_refused(tok, tmp_path, examples, kw, error, pattern):
+    with pytest.raises(error, match=pattern):
+        build_sft_cache(examples, tmp_path / "s", tokenizer=tok, seed=0, **kw)
+    assert not (tmp_path / "s").exists()

@@ -69,3 +69,16 @@ def test_cache_stage_refuses_a_kind_mismatch(workdir):
     with pytest.raises(CacheError, match="kind sft needs a conversation or problem snapshot"):
         main(["wrong", "--raw", "raw/notes", "--tokenizer", "tok", "--out", "cache/sft/wrong"])
     assert not (workdir / "cache/sft/wrong").exists()
+
+
+def test_cache_stage_removes_work_left_by_a_killed_run_of_the_same_cache(workdir):
+    from stages.cache import main
+
+    root = workdir / "cache/pretrain"
+    stale = root / ".notes.x1y2z3w4.tmp"  # what a killed build of this cache leaves
+    (stale / "train").mkdir(parents=True)
+    (stale / "train" / "shard_00000.bin").write_bytes(b"\0\0")
+    other = root / ".roam.x1y2z3w4.tmp"  # another cache's work: not this stage's to remove
+    other.mkdir()
+    main(["notes", "--raw", "raw/notes", "--tokenizer", "tok", "--out", "cache/pretrain/notes"])
+    assert sorted(p.name for p in root.iterdir()) == [".roam.x1y2z3w4.tmp", "notes"]

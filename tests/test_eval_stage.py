@@ -4,12 +4,15 @@ a checkpoint, the shipped eval sets; metrics are flat and predictions carry thei
 from __future__ import annotations
 
 import json
+import logging
 import math
+import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
-from lockstep.cache import build_pretrain_cache
+from lockstep.cache import CacheError, build_pretrain_cache, build_sft_cache
 from lockstep.checkpoint import save_checkpoint
 from lockstep.evaluate.run import EvalConfig, EvalPaths, run_eval_stage
 from lockstep.model import GPT, GPTConfig
@@ -49,3 +52,96 @@ def test_run_eval_stage_tiny(tmp_path: Path) -> None:
     assert names == ["chat_arc_own.jsonl", "chat_code_own.jsonl", "core_bard_choice.jsonl", "core_bard_cloze.jsonl", "core_bard_schema.jsonl"]
     first = json.loads((paths.predictions / "core_bard_choice.jsonl").read_text().splitlines()[0])
     assert "query" in first["input"] and isinstance(first["correct"], bool)
+
+
+# ---------------------------------------------------------------------------------------------
+# bits per byte over the caches present: damage fails the stage, only a small split is skipped
+
+T_BPB = 64
+
+
+def _conversation(i: int) -> dict:
+    return {"messages": [{"role": "user", "content": f"question {i}?"}, {"role": "assistant", "content": f"answer {i}."}]}
+
+
+@pytest.fixture
+def bpb_only(tmp_path: Path):
+    """A checkpoint, a tokenizer and one sound pretrain cache `bard`; eval runs bpb only."""
+    tok = train_tokenizer("byte", [TEXT])
+    tok.save(tmp_path / "tokenizer")
+    _pretrain(tok, tmp_path / "cache" / "pretrain" / "bard")
+    config = GPTConfig(sequence_len=T_BPB, vocab_size=tok.get_vocab_size(), n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
+    model = GPT.build(config, torch.device("cpu"), seed=0)
+    save_checkpoint(tmp_path / "ckpt", model.state_dict(), {0: {}},
+                    {"step": 0, "model_config": config.to_dict(), "tokenizer_sha256": tok.sha256})
+    cfg = EvalConfig(bpb_max_tokens=512, bpb_batch_rows=2, core_stages=(), chat_stages=())
+    paths = EvalPaths(ckpt=tmp_path / "ckpt", cache=tmp_path / "cache", tokenizer=tmp_path / "tokenizer",
+                      raw=tmp_path / "raw", evalsets=ROOT / "evalsets", out=tmp_path / "metrics" / "eval_pretrain.json",
+                      predictions=tmp_path / "eval" / "pretrain")
+    rt = init_runtime(RuntimeConfig(device="cpu", dtype="fp32"))
+    return tok, cfg, paths, rt
+
+
+def _pretrain(tok, out: Path, max_val_tokens: int | None = None) -> None:
+    build_pretrain_cache({"train": [TEXT], "val": [TEXT] * 2}, out, tokenizer=tok, max_train_tokens=None,
+                         max_val_tokens=max_val_tokens, shard_bytes=1 << 20, seed=0, shuffle_buffer=1, num_threads=1)
+
+
+def _bpb_keys(metrics: dict) -> list[str]:
+    return sorted(k for k in metrics if k.startswith("bpb."))
+
+
+def test_a_damaged_val_cache_fails_eval(bpb_only) -> None:
+    _tok, cfg, paths, rt = bpb_only
+    shard = paths.cache / "pretrain" / "bard" / "val" / "shard_00000.bin"
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CacheError, match=r"val/shard_00000\.bin fails its sha256 check"):
+        run_eval_stage("pretrain", cfg, paths, rt=rt, seed=0)
+    assert not paths.out.exists()
+
+
+def test_a_cache_folder_without_meta_fails_eval(bpb_only) -> None:
+    _tok, cfg, paths, rt = bpb_only
+    (paths.cache / "pretrain" / "bard" / "meta.json").unlink()
+    with pytest.raises(CacheError, match=r"bard/meta\.json is missing"):
+        run_eval_stage("pretrain", cfg, paths, rt=rt, seed=0)
+
+
+def test_a_too_small_val_split_is_skipped_with_its_size(bpb_only, caplog) -> None:
+    tok, cfg, paths, rt = bpb_only
+    _pretrain(tok, paths.cache / "pretrain" / "small", max_val_tokens=T_BPB)  # one token short of a row
+    _pretrain(tok, paths.cache / "pretrain" / "narrow", max_val_tokens=T_BPB + 1)  # one row, fewer than bpb_batch_rows
+    with caplog.at_level(logging.WARNING, logger="lockstep.eval"):
+        metrics = run_eval_stage("pretrain", cfg, paths, rt=rt, seed=0)
+    assert _bpb_keys(metrics) == ["bpb.bard", "bpb.narrow"]
+    assert 4.0 < metrics["bpb.narrow"] < 12.0
+    skipped = [r.getMessage() for r in caplog.records if "left out of bpb" in r.getMessage()]
+    assert len(skipped) == 1 and "small/val holds 64 tokens, fewer than the 65 that one 64-token row per rank needs" in skipped[0]
+
+
+def test_work_folders_of_interrupted_builds_are_not_read(bpb_only) -> None:
+    tok, cfg, paths, rt = bpb_only
+    # What a killed build leaves: hidden temp folders with data files and no meta.json.
+    pre = paths.cache / "pretrain" / ".bard.k2j4h5g6.tmp"
+    shutil.copytree(paths.cache / "pretrain" / "bard" / "val", pre / "val")
+    sft = paths.cache / "sft" / ".chat.abcdefgh.tmp"
+    sft.mkdir(parents=True)
+    (sft / "val_tokens.bin").write_bytes(b"\0\0" * 8)
+    (paths.cache / "sft" / ".gitignore").write_text("/chat\n")
+    metrics = run_eval_stage("pretrain", cfg, paths, rt=rt, seed=0)
+    assert _bpb_keys(metrics) == ["bpb.bard"]
+
+
+def test_sft_val_splits_scored_and_an_empty_one_skipped(bpb_only, caplog) -> None:
+    tok, cfg, paths, rt = bpb_only
+    convs = [_conversation(i) for i in range(6)]
+    build_sft_cache({"train": convs[:4], "val": convs[4:]}, paths.cache / "sft" / "chat", tokenizer=tok, val_frac=None, seed=0)
+    build_sft_cache({"train": convs}, paths.cache / "sft" / "trainonly", tokenizer=tok, val_frac=None, seed=0)
+    with caplog.at_level(logging.WARNING, logger="lockstep.eval"):
+        metrics = run_eval_stage("pretrain", cfg, paths, rt=rt, seed=0)
+    assert _bpb_keys(metrics) == ["bpb.bard", "bpb.sft_chat"]
+    assert math.isfinite(metrics["bpb.sft_chat"])
+    skipped = [r.getMessage() for r in caplog.records if "left out of bpb" in r.getMessage()]
+    assert len(skipped) == 1 and "none of the 0 examples in" in skipped[0] and "trainonly" in skipped[0]

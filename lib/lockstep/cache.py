@@ -27,13 +27,19 @@ FORMAT_VERSION = 1
 # hash and copy one at a time.
 DEFAULT_SHARD_BYTES = 128 * 2**20
 SPLITS = ("train", "val")
-# uint16 covers ids 0..65535; the architecture notes fix uint32 only above that.
-_UINT16_MAX_VOCAB = 65_535
+# A vocabulary of 65,536 ids uses ids 0..65,535, all of which fit uint16; uint32 only above that.
+_UINT16_MAX_VOCAB = 65_536
 _RANDOM_BLOCK = 4096
 
 
 class CacheError(ValueError):
     """A cache on disk is missing, damaged, or does not fit the tokenizer in use."""
+
+
+class CacheTooSmallError(CacheError):
+    """A sound cache split that holds too little for what was asked of it (fewer tokens than one
+    window or step, no usable example). Callers that may skip a small split catch this one and
+    let every other CacheError, damage included, through."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,7 @@ class CacheConfig:
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
-    """Little-endian uint16 for vocabularies up to 65,535 ids, uint32 above."""
+    """Little-endian uint16 for vocabularies of up to 65,536 ids (ids 0..65,535), uint32 above."""
     if vocab_size <= 0:
         raise CacheError(f"vocab_size={vocab_size} must be positive")
     if vocab_size <= _UINT16_MAX_VOCAB:
@@ -289,7 +295,7 @@ def _encode_ahead(
 
 
 def build_pretrain_cache(
-    texts: Mapping[str, Iterable[str]],
+    texts: Iterable[str] | Mapping[str, Iterable[str]],
     out_dir: str | os.PathLike[str],
     *,
     tokenizer: Any,
@@ -303,17 +309,32 @@ def build_pretrain_cache(
     artifact_records: int = 8,
     encode_batch_docs: int = 512,
     num_threads: int = 2,
+    split: str = "train",
 ) -> dict[str, Any]:
-    """Tokenize documents into BOS-prefixed token shards, streaming: `texts` maps a split name
-    ("train", "val") to an iterable of documents, read once. Each split is shuffled with a
-    `shuffle_buffer`-document buffer from its own generator (seed for train, seed + 1 for val),
-    then written until its token cap; the document at the cap is cut. Writes
+    """Tokenize documents into BOS-prefixed token shards, streaming. `texts` is either a mapping
+    from split name to an iterable of documents ({"train": ..., "val": ...}; "val" may be left
+    out), or one iterable of documents (a list, a generator), which all go to the split named by
+    `split` while the other split stays empty. Every iterable is read once. Each split is
+    shuffled with a `shuffle_buffer`-document buffer from its own generator (seed for train,
+    seed + 1 for val), then written until its token cap; the document at the cap is cut. Writes
     `{train,val}/shard_NNNNN.bin`, the parity artifacts and `meta.json` (last), all into a temp
     folder that replaces `out_dir` only when everything is written."""
     from lockstep.parity import MAX_SAMPLE_TOKENS, RenderedSamples, SnapshotCollector
 
-    if not isinstance(texts, Mapping) or not set(texts) <= set(SPLITS) or "train" not in texts:
-        raise TypeError('texts must map "train" (and optionally "val") to iterables of documents')
+    if isinstance(texts, Mapping):
+        if not set(texts) <= set(SPLITS) or "train" not in texts:
+            raise TypeError(
+                f'texts must map "train" (and optionally "val") to iterables of documents, got keys {sorted(texts)}'
+            )
+        split_rule = "snapshot train split -> train shards, snapshot val split -> val shards"
+    elif isinstance(texts, (str, bytes)) or not isinstance(texts, Iterable):
+        raise TypeError(f"texts is a {type(texts).__name__}; pass an iterable of documents (e.g. a list of str) "
+                        'or a mapping {"train": docs, "val": docs}')
+    else:
+        if split not in SPLITS:
+            raise TypeError(f"split={split!r} must be one of {SPLITS}")
+        texts = {split: texts}
+        split_rule = f"all documents -> {split} shards"
     ident = _tokenizer_identity(tokenizer)
     dtype = token_dtype(ident["vocab_size"])
     tokens_per_shard = shard_bytes // dtype.itemsize
@@ -329,7 +350,7 @@ def build_pretrain_cache(
         "kind": "pretrain",
         "dataset_name": dataset_name,
         "dataset_config": dataset_config,
-        "split_rule": "snapshot train split -> train shards, snapshot val split -> val shards",
+        "split_rule": split_rule,
         "seed": seed,
         "shuffle_buffer": shuffle_buffer,
         "token_dtype": dtype_name(dtype),
@@ -343,14 +364,14 @@ def build_pretrain_cache(
     snapshot = SnapshotCollector(artifact_records)
     rendered = RenderedSamples(tokenizer, artifact_records, bos_id=bos_id)
     with atomic_dir(out_dir) as tmp:
-        for offset, split in enumerate(SPLITS):
+        for offset, split_name in enumerate(SPLITS):
             gen = torch.Generator().manual_seed(seed + offset)
-            writer = _ShardWriter(tmp / split, dtype, tokens_per_shard)
-            cap = caps[split]
+            writer = _ShardWriter(tmp / split_name, dtype, tokens_per_shard)
+            cap = caps[split_name]
             n_tokens = n_docs = n_cut = 0
-            docs = buffer_shuffle(texts.get(split, ()), shuffle_buffer, gen)
-            batches = _checked_batches(docs, encode_batch_docs if cap != 0 else 1, split)
-            where = f"{split} documents"
+            docs = buffer_shuffle(texts.get(split_name, ()), shuffle_buffer, gen)
+            batches = _checked_batches(docs, encode_batch_docs if cap != 0 else 1, split_name)
+            where = f"{split_name} documents"
             encoded = _encode_ahead(batches, tokenizer, num_threads, bos_id, ident["vocab_size"], dtype, where)
             # closing: a loop left at the cap stops the encoding threads before the next split.
             with contextlib.closing(encoded):
@@ -362,24 +383,25 @@ def build_pretrain_cache(
                         keep_docs = int(np.searchsorted(ends, cap - n_tokens, side="left")) + 1
                         n_cut = int(ends[keep_docs - 1] > cap - n_tokens)
                         batch, lengths = batch[:keep_docs], lengths[:keep_docs]
-                    if rendered.wants(split):
+                    if rendered.wants(split_name):
                         # Whole documents, also the one cut at the cap; `add` keeps the first ids.
                         doc_ends = np.cumsum(lengths[:artifact_records]).tolist()
                         for a, b in zip([0, *doc_ends], doc_ends):
-                            rendered.add(split, flat[a : min(b, a + MAX_SAMPLE_TOKENS + 1)].tolist())
+                            rendered.add(split_name, flat[a : min(b, a + MAX_SAMPLE_TOKENS + 1)].tolist())
                     if cap is not None:
                         flat = flat[: cap - n_tokens]
-                    snapshot.add_texts(split, batch)
+                    snapshot.add_texts(split_name, batch)
                     writer.write(flat)
                     n_tokens += flat.size
                     n_docs += len(batch)
                     if cap is not None and n_tokens >= cap:
                         break  # stop reading: a capped split never streams the rest of a large source
-            meta["shards"][split] = writer.close()
-            meta[f"{split}_tokens"] = n_tokens
-            meta[f"{split}_docs"] = n_docs
-            meta[f"{split}_docs_cut_at_cap"] = n_cut
-            log.info("cache %s: %s docs, %s tokens, %s shards", split, n_docs, n_tokens, len(meta["shards"][split]))
+            meta["shards"][split_name] = writer.close()
+            meta[f"{split_name}_tokens"] = n_tokens
+            meta[f"{split_name}_docs"] = n_docs
+            meta[f"{split_name}_docs_cut_at_cap"] = n_cut
+            n_shards = len(meta["shards"][split_name])
+            log.info("cache %s: %s docs, %s tokens, %s shards", split_name, n_docs, n_tokens, n_shards)
         meta["artifacts"] = _write_artifacts(tmp, snapshot, rendered)
         write_json_atomic(tmp / "meta.json", meta)
     return meta
@@ -398,7 +420,12 @@ def _as_conversation(example: Any, where: str) -> dict[str, Any]:
         from lockstep.sources.gsm8k import problem_to_conversation
 
         return problem_to_conversation(dict(example))
-    raise TypeError(f"{where} is neither a conversation ({{'messages': ...}}) nor a problem ({{'question', 'answer'}})")
+    if isinstance(example, (list, tuple)) and example and all(isinstance(m, Mapping) and "role" in m for m in example):
+        return {"messages": list(example)}  # a bare message list is the conversation's `messages`
+    raise TypeError(
+        f"{where} is neither a conversation ({{'messages': [...]}}), a list of messages ([{{'role', 'content'}}, ...]) "
+        "nor a problem ({'question', 'answer'})"
+    )
 
 
 def _split_by_frac(examples: Iterable[Any], val_frac: float, seed: int) -> dict[str, list[Any]]:
@@ -426,12 +453,16 @@ def build_sft_cache(
     dataset_name: str = "",
     dataset_config: Any = None,
     artifact_records: int = 8,
+    split: str = "train",
 ) -> dict[str, Any]:
     """Render conversations (or GSM8K-format problems, converted to conversations) with the
     tokenizer's chat template and write `{train,val}_tokens.bin`, `{train,val}_mask.bin` (uint8
     loss mask, one byte per token), `{train,val}_idx.npy` (int64 start offsets), the parity
-    artifacts and `meta.json` (last). `examples` is either a mapping split -> examples (then
-    val_frac must be None) or one iterable split by `val_frac` with a seeded permutation."""
+    artifacts and `meta.json` (last). An example is a conversation `{"messages": [...]}`, its bare
+    list of messages `[{"role": ..., "content": ...}, ...]`, or a problem `{"question", "answer"}`.
+    `examples` is either a mapping split -> examples (then val_frac must be None) or one iterable
+    of examples: with a `val_frac` it is split by a seeded permutation, without one (None) every
+    example goes to the split named by `split` and the other split stays empty."""
     from lockstep.parity import RenderedSamples, SnapshotCollector
 
     if isinstance(examples, Mapping):
@@ -441,9 +472,19 @@ def build_sft_cache(
             raise TypeError(f"example splits must be among {SPLITS}, got {sorted(examples)}")
         splits: Mapping[str, Iterable[Any]] = examples
         split_rule = "snapshot train split -> train, snapshot val split -> val"
+    elif isinstance(examples, (str, bytes)) or not isinstance(examples, Iterable):
+        raise TypeError(f"examples is a {type(examples).__name__}; pass an iterable of examples "
+                        'or a mapping {"train": examples, "val": examples}')
+    elif val_frac is None:
+        if split not in SPLITS:
+            raise TypeError(f"split={split!r} must be one of {SPLITS}")
+        splits = {split: examples}
+        split_rule = f"all examples -> {split}"
     else:
-        if val_frac is None or not 0.0 <= val_frac < 1.0:
+        if not 0.0 <= val_frac < 1.0:
             raise CacheError(f"val_frac={val_frac} must be in [0, 1) when examples come as one stream")
+        if split != "train":
+            raise TypeError(f"split={split!r} applies only without val_frac; val_frac={val_frac} makes both splits")
         splits = _split_by_frac(examples, val_frac, seed)
         split_rule = f"snapshot train split -> seeded permutation, val_frac={val_frac} -> val"
     ident = _tokenizer_identity(tokenizer)
@@ -466,12 +507,13 @@ def build_sft_cache(
     snapshot = SnapshotCollector(artifact_records)
     rendered = RenderedSamples(tokenizer, artifact_records, bos_id=bos_id)
     with atomic_dir(out_dir) as tmp:
-        for split in SPLITS:
+        for split_name in SPLITS:
             offsets: list[int] = []
             n_tokens = n_supervised = 0
-            with atomic_open(tmp / f"{split}_tokens.bin") as ft, atomic_open(tmp / f"{split}_mask.bin") as fm:
-                for i, example in enumerate(splits.get(split, ())):
-                    where = f"{split} example {i}"
+            tokens_file, mask_file = tmp / f"{split_name}_tokens.bin", tmp / f"{split_name}_mask.bin"
+            with atomic_open(tokens_file) as ft, atomic_open(mask_file) as fm:
+                for i, example in enumerate(splits.get(split_name, ())):
+                    where = f"{split_name} example {i}"
                     conv = _as_conversation(example, where)
                     ids, mask = tokenizer.render_conversation(conv)
                     ids_arr = to_token_array(np.asarray(ids, dtype=np.int64), ident["vocab_size"], dtype, where)
@@ -485,17 +527,17 @@ def build_sft_cache(
                     fm.write(mask_arr.astype(np.uint8).tobytes())
                     n_tokens += ids_arr.size
                     n_supervised += int(mask_arr.sum())
-                    snapshot.add(split, conv)
-                    rendered.add(split, [int(t) for t in ids], [int(m) for m in mask])
-            with atomic_open(tmp / f"{split}_idx.npy") as fi:
+                    snapshot.add(split_name, conv)
+                    rendered.add(split_name, [int(t) for t in ids], [int(m) for m in mask])
+            with atomic_open(tmp / f"{split_name}_idx.npy") as fi:
                 np.save(fi, np.asarray(offsets, dtype=np.int64), allow_pickle=False)
-            meta[f"{split}_examples"] = len(offsets)
-            meta[f"{split}_tokens"] = n_tokens
-            meta[f"{split}_supervised_tokens"] = n_supervised
+            meta[f"{split_name}_examples"] = len(offsets)
+            meta[f"{split_name}_tokens"] = n_tokens
+            meta[f"{split_name}_supervised_tokens"] = n_supervised
             for suffix in ("tokens.bin", "mask.bin", "idx.npy"):
-                name = f"{split}_{suffix}"
+                name = f"{split_name}_{suffix}"
                 meta["files"][name] = {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
-            log.info("cache %s: %s examples, %s tokens", split, len(offsets), n_tokens)
+            log.info("cache %s: %s examples, %s tokens", split_name, len(offsets), n_tokens)
         meta["artifacts"] = _write_artifacts(tmp, snapshot, rendered)
         write_json_atomic(tmp / "meta.json", meta)
     return meta
@@ -504,9 +546,55 @@ def build_sft_cache(
 # ---------------------------------------------------------------------------------------------
 # readers
 
+# The counts each kind of meta.json must carry besides its file list (`shards` or `files`).
+_KIND_COUNTS = {
+    "pretrain": ("train_tokens", "val_tokens"),
+    "sft": ("train_tokens", "val_tokens", "train_examples", "val_examples"),
+}
+_SFT_SUFFIXES = ("tokens.bin", "mask.bin", "idx.npy")
+
+
+def _shard_name(i: int) -> str:
+    return f"shard_{i:05d}.bin"
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _is_sha256(x: Any) -> bool:
+    return isinstance(x, str) and len(x) == 64 and all(c in "0123456789abcdef" for c in x)
+
+
+def _check_pretrain_listing(meta: dict[str, Any], path: Path) -> None:
+    """Every split lists its shards in writing order, and the listed counts add up to the split's
+    total, so a shard entry deleted from or added to meta.json is caught here."""
+    shards = meta["shards"]
+    if not isinstance(shards, dict) or any(not isinstance(shards.get(s), list) for s in SPLITS):
+        raise CacheError(f"{path}: `shards` must map train and val to lists of shards; rebuild the cache")
+    for split in SPLITS:
+        for i, e in enumerate(shards[split]):
+            if not (isinstance(e, dict) and e.get("name") == _shard_name(i) and _is_count(e.get("tokens"))
+                    and _is_sha256(e.get("sha256"))):
+                raise CacheError(f"{path}: shards.{split}[{i}] is not {{name: {_shard_name(i)}, tokens: <count>, "
+                                 "sha256: <hex digest>}; the shard list was edited or damaged, rebuild the cache")
+        listed = sum(e["tokens"] for e in shards[split])
+        if listed != meta[f"{split}_tokens"]:
+            raise CacheError(f"{path}: the {len(shards[split])} {split} shards listed hold {listed} tokens, but "
+                             f"{split}_tokens is {meta[f'{split}_tokens']}; the shard list was edited, rebuild the cache")
+
+
+def _check_sft_listing(meta: dict[str, Any], path: Path) -> None:
+    files = meta["files"]
+    for name in (f"{split}_{suffix}" for split in SPLITS for suffix in _SFT_SUFFIXES):
+        e = files.get(name) if isinstance(files, dict) else None
+        if not (isinstance(e, dict) and _is_count(e.get("bytes")) and _is_sha256(e.get("sha256"))):
+            raise CacheError(f"{path}: files.{name} is missing or lacks its bytes/sha256; rebuild the cache")
+
 
 def read_cache_meta(cache_dir: str | os.PathLike[str], *, kind: str | None = None) -> dict[str, Any]:
-    """meta.json of a cache, checked for the fields readers rely on."""
+    """meta.json of a cache, checked for the fields readers rely on: the identity fields, the
+    per-split counts of its kind, and a well-formed file list whose counts add up."""
     path = Path(cache_dir) / "meta.json"
     if not path.is_file():
         raise CacheError(f"{path} is missing: the cache is absent or its build did not finish; re-run its cache stage")
@@ -522,6 +610,19 @@ def read_cache_meta(cache_dir: str | os.PathLike[str], *, kind: str | None = Non
         raise CacheError(f"{path}: format_version {meta['format_version']} != {FORMAT_VERSION}; rebuild the cache")
     if kind is not None and meta["kind"] != kind:
         raise CacheError(f"{path}: a {meta['kind']} cache, expected a {kind} cache; check the path")
+    if meta["kind"] not in _KIND_COUNTS:
+        raise CacheError(f"{path}: kind {meta['kind']!r} is neither pretrain nor sft; rebuild the cache")
+    listing = "shards" if meta["kind"] == "pretrain" else "files"
+    missing = [k for k in (listing, *_KIND_COUNTS[meta["kind"]]) if k not in meta]
+    if missing:
+        raise CacheError(f"{path} lacks {', '.join(missing)} for a {meta['kind']} cache; rebuild the cache")
+    for k in _KIND_COUNTS[meta["kind"]]:
+        if not _is_count(meta[k]):
+            raise CacheError(f"{path}: {k}={meta[k]!r} is not a count; rebuild the cache")
+    if meta["kind"] == "pretrain":
+        _check_pretrain_listing(meta, path)
+    else:
+        _check_sft_listing(meta, path)
     return meta
 
 
@@ -577,10 +678,17 @@ def open_pretrain_split(
     meta = read_cache_meta(shards_dir.parent, kind="pretrain")
     meta_path = shards_dir.parent / "meta.json"
     check_tokenizer(meta, tokenizer_sha256, meta_path)
-    if split not in meta.get("shards", {}):
+    if split not in meta["shards"]:
         raise CacheError(f"{meta_path} lists no split {split!r}; pass <cache>/train or <cache>/val")
     dtype = dtype_from_name(meta["token_dtype"], meta_path)
     entries = meta["shards"][split]
+    listed = {e["name"] for e in entries}
+    # Dot-names are work files of an interrupted write, never part of a published split.
+    on_disk = [p.name for p in shards_dir.iterdir() if not p.name.startswith(".")] if shards_dir.is_dir() else []
+    extra = sorted(set(on_disk) - listed)
+    if extra:
+        raise CacheError(f"{shards_dir / extra[0]} is not listed in {meta_path} ({len(extra)} unlisted file(s) in "
+                         f"{shards_dir}); the folder and its meta.json disagree, rebuild the cache")
     shards = tuple(
         open_token_file(shards_dir / e["name"], dtype, int(e["tokens"]), e["sha256"], verify=verify) for e in entries
     )
@@ -617,10 +725,12 @@ def open_sft_split(
     meta_path = cache_dir / "meta.json"
     meta = read_cache_meta(cache_dir, kind="sft")
     check_tokenizer(meta, tokenizer_sha256, meta_path)
-    if not tokens_path.name.endswith("_tokens.bin"):
-        raise CacheError(f"{tokens_path}: expected a <split>_tokens.bin file")
-    split = tokens_path.name[: -len("_tokens.bin")]
-    files = meta.get("files", {})
+    split = tokens_path.name.removesuffix("_tokens.bin")
+    if split not in SPLITS:
+        raise CacheError(f"{tokens_path}: expected train_tokens.bin or val_tokens.bin")
+    if idx_path.name != f"{split}_idx.npy":
+        raise CacheError(f"{idx_path} is not the index of {tokens_path.name}; pass {split}_idx.npy")
+    files = meta["files"]
     for p in (tokens_path, idx_path, cache_dir / f"{split}_mask.bin"):
         if p.name not in files:
             raise CacheError(f"{meta_path} does not list {p.name}; rebuild the cache")
@@ -645,6 +755,16 @@ def open_sft_split(
     return SFTSplit(tokens, mask, offsets, meta)
 
 
+def list_caches(root: str | os.PathLike[str]) -> list[Path]:
+    """The cache folders directly under `root` (e.g. data/cache/pretrain), sorted by name. Names
+    starting with a dot are left out: they are the work folders of a write in progress or of one
+    that was killed (lockstep.io.atomic_dir), never a published cache. A missing root holds none."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
 def cache_summary(cache_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Stats of a cache for people: kind, dtype, tokenizer, tokens/docs/shards per split."""
     meta = read_cache_meta(cache_dir)
@@ -664,6 +784,7 @@ def cache_summary(cache_dir: str | os.PathLike[str]) -> dict[str, Any]:
 __all__ = [
     "CacheConfig",
     "CacheError",
+    "CacheTooSmallError",
     "DEFAULT_SHARD_BYTES",
     "PretrainSplit",
     "SFTSplit",
@@ -672,6 +793,7 @@ __all__ = [
     "build_sft_cache",
     "cache_summary",
     "check_tokenizer",
+    "list_caches",
     "open_pretrain_split",
     "open_sft_split",
     "read_cache_meta",

@@ -1,12 +1,14 @@
-"""Atomic file writes, the one canonical JSON serialization, and sha256 helpers. Knows nothing
-about what the files mean."""
+"""Atomic file writes (and removal of what an interrupted one left behind), the one canonical
+JSON serialization, and sha256 helpers. Knows nothing about what the files mean."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 _HASH_CHUNK_BYTES = 1 << 20
+log = logging.getLogger(__name__)
 
 
 def canonical_json(obj: Any) -> str:
@@ -102,13 +105,42 @@ def sha256_of_manifest(files: dict[str, str]) -> str:
     return sha256_bytes("".join(f"{name}\t{digest}\n" for name, digest in sorted(files.items())).encode("utf-8"))
 
 
+def _stale_work_pattern(name: str) -> re.Pattern[str]:
+    # Exactly the names atomic_dir gives its own work folders for an output called `name`:
+    # tempfile.mkdtemp's `.<name>.<8 random chars>.tmp` and the `.<name>.old-<pid>` that holds
+    # the previous result during the swap. Another output's folders never match: after
+    # `.<name>.` only the fixed-length random part and `.tmp` (or `old-<digits>`) may follow.
+    return re.compile(rf"\.{re.escape(name)}\.(?:[a-z0-9_]{{8}}\.tmp|old-[0-9]+)")
+
+
+def remove_stale_work(out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Remove the work folders that an earlier `atomic_dir(out_dir)` left beside `out_dir` when
+    its process was killed before it could clean up; returns what was removed. Only folders named
+    exactly as atomic_dir names them for this output are touched, so a stage may call this
+    at start whatever else lives beside its output."""
+    out_dir = Path(out_dir)
+    if not out_dir.parent.is_dir():
+        return []
+    pattern = _stale_work_pattern(out_dir.name)
+    removed = []
+    for p in sorted(out_dir.parent.iterdir()):
+        if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+            removed.append(p)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_dir(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield an empty temp folder beside `out_dir`; on clean exit it replaces `out_dir` whole.
     On any error the temp folder is removed and `out_dir` is left as it was, so a half-written
-    output is never published under the final name."""
+    output is never published under the final name. Work folders that a killed earlier write of
+    the same output left behind are removed first (`remove_stale_work`): one writer per output
+    at a time, as DVC runs a stage."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    for p in remove_stale_work(out_dir):
+        log.info("removed %s, left by an interrupted earlier write of %s", p, out_dir)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
         yield tmp

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lockstep.cache import CacheError, open_pretrain_split, open_sft_split
+from lockstep.cache import CacheTooSmallError, open_pretrain_split, open_sft_split
 
 IGNORE_INDEX = -100  # the target value F.cross_entropy skips (ignore_index)
 
@@ -46,7 +46,7 @@ class PretrainTokenStreamDataset:
         n_starts = [max(s.size - T, 0) for s in self.split.shards]  # starts s with s+T+1 <= size
         self._shard_ids = [i for i, n in enumerate(n_starts) if n > 0]
         if not self._shard_ids:
-            raise CacheError(
+            raise CacheTooSmallError(
                 f"no shard in {shards_dir} holds T+1={T + 1} tokens; lower T (sequence_len) or build a bigger cache"
             )
         self._weights = torch.tensor([float(n_starts[i]) for i in self._shard_ids], dtype=torch.float64)
@@ -98,7 +98,7 @@ class ShardedTokenLoader:
         self.total_tokens = int(self._ends[-1]) if self._ends.size else 0
         self.span_tokens = world_size * B * T
         if self.total_tokens < self.span_tokens + 1:
-            raise CacheError(
+            raise CacheTooSmallError(
                 f"{shards_dir} holds {self.total_tokens} tokens, fewer than one step needs "
                 f"(world_size*B*T+1 = {self.span_tokens + 1}); lower B or T or build a bigger cache"
             )
@@ -197,8 +197,9 @@ class SFTExampleDataset:
         self.eligible = np.flatnonzero(ok)
         self.skipped_examples = int(len(offsets) - self.eligible.size)
         if self.eligible.size == 0:
-            raise CacheError(
-                f"no example in {tokens_path} has a supervised token within T={T}; raise T (sequence_len)"
+            raise CacheTooSmallError(
+                f"none of the {len(offsets)} examples in {tokens_path} has a supervised token within T={T}; "
+                "raise T (sequence_len) or build a bigger cache"
             )
         self._ends = ends
         self.last_rows: list[dict[str, int]] = []

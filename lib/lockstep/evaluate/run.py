@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lockstep.cache import list_caches
 from lockstep.evaluate import chat, core
 from lockstep.evaluate.bpb import evaluate_bpb
 from lockstep.evaluate.sandbox import SandboxLimits
@@ -90,36 +91,56 @@ def _cap(items: list[Any], n: int) -> list[Any]:
     return items[:n] if n else items
 
 
-def _pretrain_batches(val_dir: Path, *, rows: int, T: int, max_tokens: int, rt: Any, tokenizer_sha256: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    from lockstep.cache import CacheError
+def _pretrain_batches(val_dir: Path, *, rows: int, T: int, max_tokens: int, rt: Any,
+                      tokenizer_sha256: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Sequential val batches, or None when the split is too small for one T-token row per rank.
+    A damaged or mismatched cache raises its CacheError: it must fail the stage, not vanish from
+    the metrics."""
+    from lockstep.cache import open_pretrain_split
     from lockstep.loaders import ShardedTokenLoader
 
-    loader = None
-    for B in (rows, 1):
-        try:
-            loader = ShardedTokenLoader(val_dir, B=B, T=T, rank=rt.rank, world_size=rt.world_size,
-                                        device=rt.device, tokenizer_sha256=tokenizer_sha256)
-            break
-        except CacheError:
-            continue
-    if loader is None:
-        log.warning("%s is smaller than one %d-token window per rank; left out of bpb", val_dir, T)
-        return
+    n_tokens = open_pretrain_split(val_dir, tokenizer_sha256=tokenizer_sha256).tokens  # checks every shard
+    # As many rows as fit, up to `rows`: one step takes world_size*B*T tokens plus the last target.
+    B = min(rows, max(n_tokens - 1, 0) // (rt.world_size * T))
+    if B < 1:
+        log.warning("%s holds %d tokens, fewer than the %d that one %d-token row per rank needs (%d rank(s)); "
+                    "left out of bpb", val_dir, n_tokens, rt.world_size * T + 1, T, rt.world_size)
+        return None
+    loader = ShardedTokenLoader(val_dir, B=B, T=T, rank=rt.rank, world_size=rt.world_size, device=rt.device,
+                                tokenizer_sha256=tokenizer_sha256, verify=False)  # hashed just above
     steps = max(1, min(loader.steps_per_epoch, max_tokens // loader.span_tokens))
-    for _ in range(steps):
-        yield loader.next_batch()
+    return (loader.next_batch() for _ in range(steps))
 
 
 def _sft_batches(cache_dir: Path, *, rows: int, T: int, max_tokens: int, rt: Any, pad_id: int,
-                 tokenizer_sha256: str, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                 tokenizer_sha256: str, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Random val batches, or None when no val example is usable at T (an empty split, or every
+    prompt longer than T). Damage raises, as for pretrain caches."""
+    from lockstep.cache import CacheTooSmallError
     from lockstep.loaders import open_sft_dataset
 
-    ds = open_sft_dataset(cache_dir, "val", T=T, device=rt.device, pad_id=pad_id, tokenizer_sha256=tokenizer_sha256)
+    try:
+        ds = open_sft_dataset(cache_dir, "val", T=T, device=rt.device, pad_id=pad_id, tokenizer_sha256=tokenizer_sha256)
+    except CacheTooSmallError as e:
+        log.warning("%s; left out of bpb", e)
+        return None
+    return _sft_draws(ds, rows=rows, T=T, max_tokens=max_tokens, rt=rt, seed=seed)
+
+
+def _sft_draws(ds: Any, *, rows: int, T: int, max_tokens: int, rt: Any,
+               seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed * 7919 + rt.rank)  # ranks draw different examples
     steps = max(1, max_tokens // (rows * T * rt.world_size))
     for _ in range(steps):
         x, _y, y_masked = ds.get_batch(B=rows, generator=g)
         yield x, y_masked  # assistant tokens only: the part a chat model is trained to produce
+
+
+def _record_bpb(metrics: dict[str, Any], key: str, res: dict[str, Any], cache_dir: Path) -> None:
+    if res["bytes"]:
+        metrics[key] = res["bpb"]
+    else:  # every target a special token: no text to measure, and the log says so
+        log.warning("%s: the val targets scored hold no text bytes; %s left out", cache_dir, key)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -188,19 +209,17 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, se
 
     # Bits per byte on every val cache present.
     token_bytes = torch.from_numpy(tokenizer.token_bytes().astype("int64"))  # a copy: the array is read-only
-    for val_dir in sorted((paths.cache / "pretrain").glob("*/val")):
-        src = val_dir.parent.name
-        batches = _pretrain_batches(val_dir, rows=cfg.bpb_batch_rows, T=T, max_tokens=cfg.bpb_max_tokens, rt=rt,
-                                    tokenizer_sha256=tokenizer.sha256)
-        res = evaluate_bpb(fwd, batches, token_bytes)
-        if res["bytes"]:
-            metrics[f"bpb.{src}"] = res["bpb"]
-    for sft_dir in sorted(p.parent for p in (paths.cache / "sft").glob("*/val_tokens.bin")):
-        batches = _sft_batches(sft_dir, rows=cfg.bpb_batch_rows, T=T, max_tokens=cfg.bpb_max_tokens, rt=rt,
+    # list_caches skips the dot-named work folders an interrupted cache build leaves behind.
+    for cache_dir in list_caches(paths.cache / "pretrain"):
+        batches = _pretrain_batches(cache_dir / "val", rows=cfg.bpb_batch_rows, T=T, max_tokens=cfg.bpb_max_tokens,
+                                    rt=rt, tokenizer_sha256=tokenizer.sha256)
+        if batches is not None:
+            _record_bpb(metrics, f"bpb.{cache_dir.name}", evaluate_bpb(fwd, batches, token_bytes), cache_dir)
+    for cache_dir in list_caches(paths.cache / "sft"):
+        batches = _sft_batches(cache_dir, rows=cfg.bpb_batch_rows, T=T, max_tokens=cfg.bpb_max_tokens, rt=rt,
                                pad_id=bos, tokenizer_sha256=tokenizer.sha256, seed=seed)
-        res = evaluate_bpb(fwd, batches, token_bytes)
-        if res["bytes"]:
-            metrics[f"bpb.sft_{sft_dir.name}"] = res["bpb"]
+        if batches is not None:
+            _record_bpb(metrics, f"bpb.sft_{cache_dir.name}", evaluate_bpb(fwd, batches, token_bytes), cache_dir)
     log.info("bpb done: %s", {k: round(v, 4) for k, v in metrics.items() if k.startswith("bpb.")})
 
     if stage in cfg.core_stages:
