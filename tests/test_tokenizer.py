@@ -207,6 +207,20 @@ def test_count_tokens_counts_each_text_alone(kind: str, texts: list[str]) -> Non
     assert tok.count_tokens(texts) == sum(len(tok.encode(t)) for t in texts)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=60, deadline=None)
+@given(texts=st.lists(st.text(max_size=40), max_size=4))
+def test_count_unknown_bytes_is_what_decode_loses(kind: str, texts: list[str]) -> None:
+    """Only char has an unknown-byte id: every byte outside its alphabet. The other kinds spell
+    every byte, so they count none and give every text back."""
+    tok = tiny_tokenizer(kind)
+    lost = tok.count_unknown_bytes(texts)
+    if tok.kind == "char":
+        assert lost == sum(b not in tok.alphabet for t in texts for b in t.encode("utf-8"))
+    else:
+        assert lost == 0 and [tok.decode(ids) for ids in tok.encode(texts)] == texts
+
+
 def test_bpe_count_tokens_of_text_with_a_lone_surrogate() -> None:
     tok = tiny_tokenizer("bpe")  # encodes it as U+FFFD, as tiktoken does; no joined call then
     texts = ["ab\ud800cd", "12 34", ""]

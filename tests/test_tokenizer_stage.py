@@ -1,5 +1,6 @@
 """Tokenizer stage pieces: the bytes/token metric on a hand-made case, the train-text cap, record
-texts, determinism across processes, and the stage run on real raw snapshots."""
+texts, determinism across processes, and the stage run on real raw snapshots (with the bytes a
+char alphabet loses, and the char reference rule without special tokens)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,14 @@ def test_bytes_per_token_hand_made() -> None:
     assert tok.get_vocab_size() == 266
     assert len(tok.encode("abab")) == 2 and len(tok.encode("é")) == 2
     m = bytes_per_token(tok, ["abab", "é"], num_threads=1)
-    assert m == {"bytes": 6, "tokens": 4, "bytes_per_token": 1.5}
+    assert m == {"bytes": 6, "tokens": 4, "bytes_per_token": 1.5, "unknown_bytes": 0, "kept_bytes_per_token": 1.5}
     byte = train_tokenizer("byte", [])
     assert bytes_per_token(byte, ["héllo"])["bytes_per_token"] == 1.0
+    # A char alphabet of "ab": "c" (1 byte) and "é" (2 bytes) encode to id 0, one token per byte.
+    # 5 bytes in 5 tokens, of which 2 bytes survive.
+    char = train_tokenizer("char", ["ab"])
+    m = bytes_per_token(char, ["abc", "é"])
+    assert m == {"bytes": 5, "tokens": 5, "bytes_per_token": 1.0, "unknown_bytes": 3, "kept_bytes_per_token": 0.4}
     with pytest.raises(ValueError, match="val split is not empty"):
         bytes_per_token(byte, [""])
 
@@ -99,6 +105,18 @@ def test_config_refuses_bad_values() -> None:
     with pytest.raises(ValueError, match="train_sources is empty"):
         build_config(TokenizerConfig, {"kind": "bpe"}, where="tokenizer")
     assert build_config(TokenizerConfig, {"kind": "byte"}).train_options(0) == {"vocab_size": None}
+    # The char keys' defaults keep today's char tokenizer: the most frequent bytes, specials after.
+    assert build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"]}).train_options(0) == {
+        "vocab_size": None, "max_alphabet": 65, "order": "frequency", "specials": True}  # fmt: skip
+    ref = build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"], "char_order": "sorted",
+                                         "char_specials": False}, where="tokenizer")  # fmt: skip
+    assert ref.train_options(0) == {"vocab_size": None, "max_alphabet": 65, "order": "sorted", "specials": False}
+    with pytest.raises(ConfigError, match=r"tokenizer.char_order='alphabetical' must be one of \['frequency', 'sorted'\]"):
+        build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"], "char_order": "alphabetical"}, where="tokenizer")
+    with pytest.raises(ConfigError, match="tokenizer.char_specials=false applies to kind char only"):
+        build_config(TokenizerConfig, {"kind": "bpe", "train_sources": ["a"], "char_specials": False}, where="tokenizer")
+    with pytest.raises(ConfigError, match="tokenizer.char_max_alphabet=0 must be between 1 and 256"):
+        build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"], "char_max_alphabet": 0}, where="tokenizer")
 
 
 _TRAIN_IN_CHILD = """
@@ -173,6 +191,10 @@ def test_stage_end_to_end_is_reproducible(tmp_path: Path, kind: str) -> None:
         n_tokens = sum(len(tok.encode(t)) for t in texts)
         assert m1["val_bytes"][name] == n_bytes and m1["val_tokens"][name] == n_tokens
         assert m1["bytes_per_token"][name] == pytest.approx(n_bytes / n_tokens)
+        # Bytes lost to the unknown id: those outside a char alphabet; a bpe tokenizer spells every byte.
+        n_unknown = sum(b not in tok.alphabet for t in texts for b in t.encode("utf-8")) if kind == "char" else 0
+        assert m1["val_unknown_bytes"][name] == n_unknown
+        assert m1["kept_bytes_per_token"][name] == pytest.approx((n_bytes - n_unknown) / n_tokens)
     # Sources are counted on two threads; the report keeps the order of params.
     assert list(m1["bytes_per_token"]) == list(m1["val_tokens"]) == list(cfg.metric_sources)
     # Counting on a TokenCounter pool beside the helper, every batch split across 3 threads,
@@ -183,6 +205,68 @@ def test_stage_end_to_end_is_reproducible(tmp_path: Path, kind: str) -> None:
         mp.setattr(pipeline, "TokenCounter", functools.partial(pipeline.TokenCounter, parallel_min_chars=0))
         threaded = dataclasses.replace(cfg, encode_threads=3)
         assert run_tokenizer_stage(threaded, raw, tmp_path / "tok3", tmp_path / "m3.json", seed=3) == m1
+
+
+def test_stage_reports_the_bytes_a_char_alphabet_loses(tmp_path: Path) -> None:
+    """A char alphabet learned from notes, cut to its 20 most frequent bytes, has no digits: the
+    math source loses them to id 0 and still encodes one token per byte, so bytes/token reads 1.0;
+    the stage says how many bytes were lost and counts only the survivors in kept_bytes_per_token."""
+    from collections import Counter
+
+    from lockstep.tokenizer.pipeline import capped_train_texts, run_tokenizer_stage, snapshot_texts
+
+    raw = _snapshots(tmp_path)
+    cfg = TokenizerConfig(kind="char", char_max_alphabet=20, train_sources=("notes",), metric_sources=("notes", "math"))
+    m = run_tokenizer_stage(cfg, raw, tmp_path / "tok", tmp_path / "m.json", seed=3)
+    assert json.loads((tmp_path / "m.json").read_text()) == m
+    # The alphabet by hand: the 20 most frequent bytes of the train text, ties to the lower byte.
+    counts = Counter(b for t in capped_train_texts(cfg, [raw / "notes"]) for b in t.encode("utf-8"))
+    alphabet = set(sorted(counts, key=lambda b: (-counts[b], b))[:20])
+    assert not alphabet & set(b"0123456789")
+    for name in cfg.metric_sources:
+        val = b"".join(t.encode("utf-8") for t in snapshot_texts(raw / name, "val"))
+        lost = sum(b not in alphabet for b in val)
+        assert m["val_unknown_bytes"][name] == lost and m["bytes_per_token"][name] == 1.0
+        assert m["kept_bytes_per_token"][name] == pytest.approx((len(val) - lost) / len(val))
+    math_val = b"".join(t.encode("utf-8") for t in snapshot_texts(raw / "math", "val"))
+    assert m["val_unknown_bytes"]["math"] >= sum(chr(b).isdigit() for b in math_val) > 0
+
+
+def test_stage_reference_rule_without_special_tokens(tmp_path: Path) -> None:
+    """`char_order: sorted, char_specials: false`: the saved tokenizer gives the reference rule's
+    ids on the train text, the artifact renders documents without BOS and leaves chat sources out,
+    and a cache refuses the tokenizer at once."""
+    from lockstep.cache import build_sft_cache
+    from lockstep.tokenizer import load_tokenizer
+    from lockstep.tokenizer.base import NoSpecialTokensError
+    from lockstep.tokenizer.pipeline import capped_train_texts, run_tokenizer_stage, snapshot_texts
+
+    raw = _snapshots(tmp_path)
+    cfg = TokenizerConfig(kind="char", char_order="sorted", char_specials=False, char_max_alphabet=24,
+                          train_sources=("notes", "chat"), metric_sources=("notes", "math", "chat"))  # fmt: skip
+    m = run_tokenizer_stage(cfg, raw, tmp_path / "tok", tmp_path / "m.json", seed=3)
+    corpus = b"".join(t.encode("utf-8") for t in capped_train_texts(cfg, [raw / "notes", raw / "chat"]))
+    vocab = sorted(set(corpus))[:24]
+    stoi = {b: i for i, b in enumerate(vocab)}
+    tok = load_tokenizer(tmp_path / "tok")
+    assert m["vocab_size"] == tok.get_vocab_size() == len(vocab) == 24 and not tok.has_special_tokens
+    assert tok.encode(corpus.decode("utf-8")) == [stoi.get(b, 0) for b in corpus]
+    for name in cfg.metric_sources:
+        val = b"".join(t.encode("utf-8") for t in snapshot_texts(raw / name, "val"))
+        assert m["val_unknown_bytes"][name] == sum(b not in stoi for b in val)
+    assert m["val_unknown_bytes"]["chat"] > 0  # 24 of the corpus's distinct bytes leave lowercase letters out
+
+    rendered = json.loads((tmp_path / "tok" / "rendered_samples.json").read_text())
+    assert rendered["bos_id"] is None and rendered["samples"]
+    assert {s["split"] for s in rendered["samples"]} == {"notes/train"}
+    first_doc = next(iter(snapshot_texts(raw / "notes", "train"))).encode("utf-8")
+    assert rendered["samples"][0]["ids"] == [stoi.get(b, 0) for b in first_doc][: len(rendered["samples"][0]["ids"])]
+
+    from lockstep.sources import iter_records
+
+    with pytest.raises(NoSpecialTokensError, match="tokenizer.char_specials: true"):
+        build_sft_cache({"train": iter_records(raw / "chat", "train")}, tmp_path / "cache", tokenizer=tok, val_frac=None, seed=3)
+    assert not (tmp_path / "cache").exists()
 
 
 def test_val_texts_read_ahead_and_the_metric_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

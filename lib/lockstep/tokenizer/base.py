@@ -1,6 +1,12 @@
 """The tokenizer interface shared by every kind, the special tokens, the on-disk layout (meta.json
 with per-file sha256) and chat rendering. Knows nothing about how any kind splits text.
 
+Special tokens: every kind has the nine below, except a char tokenizer built without them (for id
+parity with plain character-level references). Such a tokenizer encodes, decodes and is measured
+like any other, but it has no `<|bos|>` and no chat template: asking it for either raises
+NoSpecialTokensError, which is how the token caches (hence training) and chat refuse it before
+doing any work.
+
 System messages: the chat format has no system role token. A leading system message is folded
 into the first user message, its text first, then a blank line (`"\\n\\n"`), then the user's text;
 a conversation that starts with a system message must therefore have a user message next.
@@ -45,6 +51,11 @@ class ConversationError(ValueError):
     """A conversation does not follow the record format (see docs/internals.md, "Records")."""
 
 
+class NoSpecialTokensError(ValueError):
+    """The tokenizer was built without special tokens, and the caller needs `<|bos|>` or the chat
+    template (a token cache, training, chat)."""
+
+
 def token_bytes_npy(token_bytes: np.ndarray) -> bytes:
     """The exact bytes of `token_bytes.npy`: int32, no pickle; the same array gives the same bytes."""
     buf = io.BytesIO()
@@ -64,10 +75,12 @@ class Tokenizer(ABC):
     kind: ClassVar[str]
 
     def __init__(self, special_ids: Mapping[str, int]) -> None:
+        """`special_ids` gives an id to every name in SPECIAL_TOKENS, or is empty for a tokenizer
+        without special tokens (see the module docstring)."""
         missing = [name for name in SPECIAL_TOKENS if name not in special_ids]
-        if missing:
+        if missing and len(missing) < len(SPECIAL_TOKENS):
             raise TokenizerFileError(f"special token(s) {missing} have no id; retrain the tokenizer")
-        self._special_ids: dict[str, int] = {name: int(special_ids[name]) for name in SPECIAL_TOKENS}
+        self._special_ids: dict[str, int] = {name: int(special_ids[name]) for name in SPECIAL_TOKENS if name in special_ids}
         self._id_to_special: dict[int, str] = {i: name for name, i in self._special_ids.items()}
         self._sha256: str | None = None
         self._token_bytes: np.ndarray | None = None
@@ -148,7 +161,7 @@ class Tokenizer(ABC):
             "kind": self.kind,
             "vocab_size": self.get_vocab_size(),
             "special_token_ids": dict(self._special_ids),
-            "bos_token_id": self.get_bos_token_id(),
+            "bos_token_id": self._special_ids.get(BOS),
             "files": digests,
             "sha256": sha256_of_manifest(digests),
         }
@@ -180,13 +193,29 @@ class Tokenizer(ABC):
 
     # ---- specials -------------------------------------------------------------------------
 
+    @property
+    def has_special_tokens(self) -> bool:
+        """False only for a char tokenizer built without special tokens: no `<|bos|>`, no chat."""
+        return bool(self._special_ids)
+
+    def _require_specials(self, needed: str) -> None:
+        if not self._special_ids:
+            raise NoSpecialTokensError(
+                f"this {self.kind} tokenizer ({self.get_vocab_size()} ids) was built without special tokens, so it has no "
+                f"{needed}: it encodes plain text only, while token caches, training and chat need <|bos|> and the chat "
+                "template. Rebuild it with them (tokenizer.char_specials: true, the default) to use it past the tokenizer stage"
+            )
+
     def get_special_tokens(self) -> dict[str, int]:
+        """Name -> id of each special token; empty for a tokenizer built without them."""
         return dict(self._special_ids)
 
     def get_bos_token_id(self) -> int:
+        self._require_specials("<|bos|>")
         return self._special_ids[BOS]
 
     def encode_special(self, name: str) -> int:
+        self._require_specials(repr(name))
         try:
             return self._special_ids[name]
         except KeyError:
@@ -253,6 +282,13 @@ class Tokenizer(ABC):
         on the calling thread. Kinds that can count without building every id list override it."""
         return sum(len(ids) for ids in self._encode_ordinary_batch(list(texts), 1))
 
+    def count_unknown_bytes(self, texts: Sequence[str]) -> int:
+        """UTF-8 bytes of `texts` that this tokenizer cannot spell and encodes to its unknown-byte
+        id instead (char: every byte outside the alphabet becomes id 0), so decode does not give
+        them back. 0 for the kinds that spell every byte (bpe, byte, sentencepiece with byte
+        fallback), which is this default."""
+        return 0
+
     def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Ids of each text as an unsigned-integer array, no special ids whatever the text
         contains: `encode(texts)` without Python int lists, for bulk tokenization (the caches).
@@ -265,6 +301,7 @@ class Tokenizer(ABC):
         """(ids, mask) of a conversation record: one `<|bos|>`, then each turn. The mask is 1 on
         assistant text, python calls with their delimiters and `<|assistant_end|>`; 0 elsewhere,
         tool outputs included. Truncated to `max_tokens` when given."""
+        self._require_specials("chat template")
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"max_tokens={max_tokens} must be at least 1 (or None for no limit)")
         ids: list[int] = []
@@ -301,6 +338,7 @@ class Tokenizer(ABC):
     def render_for_completion(self, conversation: Mapping[str, Any]) -> list[int]:
         """Prompt ids for sampling the next assistant turn: the conversation without its last
         assistant message (if it ends with one), followed by `<|assistant_start|>`."""
+        self._require_specials("chat template")
         messages = list(_messages(conversation))
         if messages and messages[-1].get("role") == "assistant":
             messages = messages[:-1]

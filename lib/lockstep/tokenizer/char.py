@@ -1,10 +1,22 @@
-"""The `char` tokenizer: one id per byte value seen in the training corpus, for byte-level parity
+"""The `char` tokenizer: one id per byte value kept from the training corpus, for byte-level parity
 runs (e.g. tiny Shakespeare's 65 symbols). Not a subword tokenizer.
 
-The alphabet is the sorted set of distinct bytes of the corpus; when there are more than
-`max_alphabet` (default 65) the most frequent are kept (ties go to the lower byte value). Ids
-follow sorted byte order, the 9 special tokens come after. A byte outside the alphabet encodes to
-id 0, the smallest byte of the alphabet: encoding never fails, but such text does not round-trip.
+The alphabet is drawn from the distinct bytes of the corpus, at most `max_alphabet` (default 65)
+of them, by one of two rules (`order`):
+
+- "frequency" (the default): the most frequent bytes, ties going to the lower byte value;
+- "sorted": the first bytes in ascending byte order. This is the reference rule of character-level
+  parity runs ("sorted unique bytes, capped, unknown -> 0"): built with `specials=False` as well,
+  the vocabulary is exactly the alphabet and the ids are those of any implementation of that rule.
+
+Either way ids 0..n-1 follow ascending byte order, and the 9 special tokens come after unless the
+tokenizer is built without them; it then has no `<|bos|>` and no chat template, so the caches,
+training and chat refuse it (NoSpecialTokensError).
+
+A byte outside the alphabet encodes to id 0 (UNKNOWN_BYTE_ID): encoding never fails, but such
+text does not round-trip. Id 0 decodes to the smallest byte of the alphabet (the newline in
+English text), so a decoded id 0 cannot tell that byte from an unknown one; `count_unknown_bytes`
+counts the bytes lost this way, and the tokenizer stage reports them per metric source.
 """
 
 from __future__ import annotations
@@ -12,7 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -21,28 +33,47 @@ from lockstep.tokenizer.base import SPECIAL_TOKENS, Tokenizer, TokenizerFileErro
 CHAR_FILE = "char.json"
 DEFAULT_MAX_ALPHABET = 65
 UNKNOWN_BYTE_ID = 0
+CharOrder = Literal["frequency", "sorted"]
+CHAR_ORDERS: tuple[str, ...] = ("frequency", "sorted")
 
 
 @register_kind
 class CharTokenizer(Tokenizer):
     kind = "char"
 
-    def __init__(self, alphabet: Sequence[int]) -> None:
+    def __init__(self, alphabet: Sequence[int], *, order: CharOrder = "frequency", specials: bool = True) -> None:
+        """`alphabet`: the kept byte values, ascending (id i is alphabet[i]). `order` records the
+        rule that chose them (saved with the tokenizer; encoding depends on the alphabet only).
+        `specials`: whether the 9 special tokens follow the alphabet."""
         alphabet = [int(b) for b in alphabet]
         if not alphabet or alphabet != sorted(set(alphabet)) or not all(0 <= b < 256 for b in alphabet):
             raise TokenizerFileError(f"char alphabet must be distinct sorted byte values, got {alphabet[:10]}...")
+        if order not in CHAR_ORDERS:
+            raise ValueError(f"char order={order!r} must be one of {list(CHAR_ORDERS)}")
         self.alphabet: tuple[int, ...] = tuple(alphabet)
-        super().__init__({name: len(alphabet) + i for i, name in enumerate(SPECIAL_TOKENS)})
+        self.order: CharOrder = order
+        super().__init__({name: len(alphabet) + i for i, name in enumerate(SPECIAL_TOKENS)} if specials else {})
         self._byte_to_id = np.full(256, UNKNOWN_BYTE_ID, dtype=np.int64)
         self._byte_to_id[list(alphabet)] = np.arange(len(alphabet))
+        self._known = np.zeros(256, dtype=bool)
+        self._known[list(alphabet)] = True
         self._id_to_byte = bytes(alphabet)
 
     @classmethod
     def train_from_iterator(
-        cls, texts: Iterable[str], *, vocab_size: int | None = None, max_alphabet: int = DEFAULT_MAX_ALPHABET, **options: Any
+        cls,
+        texts: Iterable[str],
+        *,
+        vocab_size: int | None = None,
+        max_alphabet: int = DEFAULT_MAX_ALPHABET,
+        order: CharOrder = "frequency",
+        specials: bool = True,
+        **options: Any,
     ) -> CharTokenizer:
         if options:
-            raise ValueError(f"unknown char tokenizer option(s) {sorted(options)}; the only option is max_alphabet")
+            raise ValueError(f"unknown char tokenizer option(s) {sorted(options)}; valid: max_alphabet, order, specials")
+        if order not in CHAR_ORDERS:
+            raise ValueError(f"char order={order!r} must be one of {list(CHAR_ORDERS)}")
         if vocab_size is not None:
             raise ValueError(
                 f"the char tokenizer's size comes from its corpus (capped by max_alphabet={max_alphabet}); "
@@ -56,26 +87,49 @@ class CharTokenizer(Tokenizer):
         seen = np.flatnonzero(counts)
         if seen.size == 0:
             raise ValueError("the char tokenizer needs a non-empty training corpus")
-        # Stable sort on -count keeps the lower byte value first among equal counts.
-        keep = np.argsort(-counts, kind="stable")[: min(max_alphabet, seen.size)]
-        return cls(sorted(int(b) for b in keep))
+        if order == "sorted":
+            keep = seen[:max_alphabet]  # flatnonzero is ascending: the lowest byte values
+        else:
+            # Stable sort on -count keeps the lower byte value first among equal counts.
+            keep = np.argsort(-counts, kind="stable")[: min(max_alphabet, seen.size)]
+        return cls(sorted(int(b) for b in keep), order=order, specials=specials)
 
     @classmethod
     def _from_files(cls, directory: Path, meta: dict[str, Any]) -> CharTokenizer:
-        stored = json.loads((directory / CHAR_FILE).read_text(encoding="utf-8"))
+        path = directory / CHAR_FILE
+        stored = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(stored, dict) or not isinstance(stored.get("alphabet"), list):
-            raise TokenizerFileError(f"{directory / CHAR_FILE} has no alphabet list; re-run the tokenizer stage")
-        return cls(stored["alphabet"])
+            raise TokenizerFileError(f"{path} has no alphabet list; re-run the tokenizer stage")
+        if stored.get("order") not in CHAR_ORDERS:
+            raise TokenizerFileError(
+                f"{path} has order={stored.get('order')!r}, not one of {list(CHAR_ORDERS)} (files written before the "
+                "order was saved have none); re-run the tokenizer stage"
+            )
+        special_ids = stored.get("special_token_ids")
+        if not isinstance(special_ids, dict):
+            raise TokenizerFileError(f"{path} has no special_token_ids mapping; re-run the tokenizer stage")
+        tok = cls(stored["alphabet"], order=stored["order"], specials=bool(special_ids))
+        if tok.get_special_tokens() != special_ids:
+            raise TokenizerFileError(f"{path} lists special ids that do not follow its alphabet; re-run the tokenizer stage")
+        return tok
 
     def _files(self) -> dict[str, bytes]:
-        config = {"kind": self.kind, "alphabet": list(self.alphabet), "special_token_ids": self.get_special_tokens()}
+        config = {
+            "kind": self.kind,
+            "alphabet": list(self.alphabet),
+            "order": self.order,
+            "special_token_ids": self.get_special_tokens(),
+        }
         return {CHAR_FILE: (json.dumps(config, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8")}
 
     def get_vocab_size(self) -> int:
-        return len(self.alphabet) + len(SPECIAL_TOKENS)
+        return len(self.alphabet) + len(self._special_ids)
 
     def _encode_ordinary(self, text: str) -> list[int]:
         return self._byte_to_id[np.frombuffer(text.encode("utf-8"), dtype=np.uint8)].tolist()
+
+    def count_unknown_bytes(self, texts: Sequence[str]) -> int:
+        return sum(int(np.count_nonzero(~self._known[np.frombuffer(t.encode("utf-8"), dtype=np.uint8)])) for t in texts)
 
     def decode(self, ids: Iterable[int]) -> str:
         n = len(self.alphabet)

@@ -1,6 +1,7 @@
 """The tokenizer stage's work: read raw snapshots, train a tokenizer on capped train text, save it
-with its parity artifact (rendered samples), and measure bytes/token on each metric source's val
-text. Takes explicit paths and a config; does not read params.yaml or parse argv (stages/tokenizer.py does)."""
+with its parity artifact (rendered samples), and measure bytes/token, and the bytes lost to an
+unknown-byte id, on each metric source's val text. Takes explicit paths and a config; does not
+read params.yaml or parse argv (stages/tokenizer.py does)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from lockstep.config import ConfigError
 from lockstep.io import atomic_dir, write_json, write_json_atomic
 from lockstep.parity import RENDERED_FILE, RenderedSamples
 from lockstep.tokenizer.base import Tokenizer, conversation_texts, train_tokenizer
+from lockstep.tokenizer.char import CharOrder
 
 log = logging.getLogger("lockstep.tokenizer")
 
@@ -45,6 +48,14 @@ class TokenizerConfig:
     metric_sources: tuple[str, ...] = ()  # bytes/token is reported on each one's val split
     spm_model_type: Literal["bpe", "unigram"] = "bpe"  # sentencepiece only
     char_max_alphabet: int = 65  # char only: most distinct bytes kept
+    # char only: which distinct bytes the cap keeps, the most frequent ("frequency") or the lowest
+    # byte values ("sorted", the reference rule of char-level parity runs); ids follow byte order
+    # either way.
+    char_order: CharOrder = "frequency"
+    # char only: append the 9 special tokens. false gives exactly one id per kept byte, for id
+    # parity with references that have none; such a tokenizer has no <|bos|> or chat template,
+    # so the cache, training and chat stages refuse it.
+    char_specials: bool = True
     encode_threads: int = 1  # threads for batch encoding while measuring
     artifact_records: int = 8  # records per source rendered into rendered_samples.json (parity artifact)
 
@@ -57,13 +68,23 @@ class TokenizerConfig:
             raise ValueError(f"tokenizer.encode_threads={self.encode_threads} must be at least 1")
         if self.artifact_records < 0:
             raise ValueError(f"tokenizer.artifact_records={self.artifact_records} must be >= 0 (0 keeps no rendered samples)")
+        if not 1 <= self.char_max_alphabet <= 256:
+            raise ConfigError(
+                f"tokenizer.char_max_alphabet={self.char_max_alphabet} must be between 1 and 256 (distinct byte values)"
+            )
+        if not self.char_specials and self.kind != "char":
+            raise ConfigError(
+                f"tokenizer.char_specials=false applies to kind char only; a {self.kind} tokenizer always has the special "
+                "tokens: set char_specials: true, or kind: char"
+            )
 
     def train_options(self, seed: int) -> dict[str, Any]:
         """Arguments for train_tokenizer beyond kind and texts."""
         if self.kind == "sentencepiece":
             return {"vocab_size": self.vocab_size, "model_type": self.spm_model_type, "seed": seed}
         if self.kind == "char":
-            return {"vocab_size": None, "max_alphabet": self.char_max_alphabet}
+            return {"vocab_size": None, "max_alphabet": self.char_max_alphabet, "order": self.char_order,
+                    "specials": self.char_specials}  # fmt: skip
         if self.kind == "byte":
             return {"vocab_size": None}
         return {"vocab_size": self.vocab_size}
@@ -86,10 +107,12 @@ def record_texts(kind: str, record: Mapping[str, Any]) -> list[str]:
 
 def render_record(tokenizer: Tokenizer, kind: str, record: Mapping[str, Any]) -> tuple[list[int], list[int] | None, int]:
     """(ids, loss mask or None, ids kept in the artifact) of one raw record as training sees it:
-    a document is BOS + its text; a conversation or problem goes through the chat template.
+    a document is BOS + its text (its text alone for a tokenizer without special tokens); a
+    conversation or problem goes through the chat template (NoSpecialTokensError without one).
     A document's ids stop one past what the artifact keeps: enough to tell it was cut."""
     if kind == "document":
-        return [tokenizer.get_bos_token_id(), *tokenizer.encode_head(record["text"], DOC_SAMPLE_TOKENS)], None, DOC_SAMPLE_TOKENS
+        bos = [tokenizer.get_bos_token_id()] if tokenizer.has_special_tokens else []
+        return [*bos, *tokenizer.encode_head(record["text"], DOC_SAMPLE_TOKENS)], None, DOC_SAMPLE_TOKENS
     if kind == "conversation":
         conversation = dict(record)
     elif kind == "problem":
@@ -121,9 +144,14 @@ class SampleRecords:
 def rendered_samples(tokenizer: Tokenizer, samples: SampleRecords, n: int) -> dict[str, Any]:
     """The `rendered_samples.json` object: each source's first `n` sample records rendered with
     `tokenizer`, labelled `<source>/<split>`, so a tokenizer or chat-template change shows up as
-    the first differing id."""
-    rendered = RenderedSamples(tokenizer, n, bos_id=tokenizer.get_bos_token_id())
+    the first differing id. A tokenizer without special tokens has no chat template: it renders
+    documents only (with no BOS, `bos_id` null) and leaves conversation and problem sources out."""
+    bos_id = tokenizer.get_bos_token_id() if tokenizer.has_special_tokens else None
+    rendered = RenderedSamples(tokenizer, n, bos_id=bos_id)
     for name, (kind, records) in samples.records.items():
+        if bos_id is None and kind != "document":
+            log.info("rendered_samples: %s (%s records) left out: the tokenizer has no chat template", name, kind)
+            continue
         for record in records:
             ids, mask, keep = render_record(tokenizer, kind, record)
             rendered.add(f"{name}/{samples.split}", ids, mask, max_tokens=keep)
@@ -264,7 +292,11 @@ def bytes_per_token(
 ) -> dict[str, float | int]:
     """UTF-8 bytes per token over `texts`, each encoded on its own without special tokens, in
     batches of METRIC_BATCH_TEXTS texts. Counted by `counter` when given (to keep its threads for
-    several calls), else by a TokenCounter of `num_threads` threads made for this call."""
+    several calls), else by a TokenCounter of `num_threads` threads made for this call.
+
+    `unknown_bytes` counts the bytes the tokenizer sent to its unknown-byte id (see
+    Tokenizer.count_unknown_bytes); `kept_bytes_per_token` counts only the bytes that survive,
+    so a char tokenizer that drops every digit does not look as good as one that keeps them."""
     if counter is None:
         with TokenCounter(tokenizer, num_threads) as own:
             return bytes_per_token(tokenizer, texts, counter=own)
@@ -272,13 +304,21 @@ def bytes_per_token(
         raise ValueError("the counter counts with another tokenizer than the one given")
     n_bytes = 0
     n_tokens = 0
+    n_unknown = 0
     texts = iter(texts)
     while batch := list(itertools.islice(texts, METRIC_BATCH_TEXTS)):
         n_tokens += counter.count(batch)
         n_bytes += sum(len(t.encode("utf-8")) for t in batch)
+        n_unknown += tokenizer.count_unknown_bytes(batch)
     if n_tokens == 0:
         raise ValueError("no text to measure bytes/token on; check that the metric source's val split is not empty")
-    return {"bytes": n_bytes, "tokens": n_tokens, "bytes_per_token": n_bytes / n_tokens}
+    return {
+        "bytes": n_bytes,
+        "tokens": n_tokens,
+        "bytes_per_token": n_bytes / n_tokens,
+        "unknown_bytes": n_unknown,
+        "kept_bytes_per_token": (n_bytes - n_unknown) / n_tokens,
+    }
 
 
 def _snapshot_dir(raw_dir: Path, name: str) -> Path:
@@ -374,6 +414,11 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
     """Train on the capped train text of cfg.train_sources, save to `out_dir` (replaced whole),
     write bytes/token of each metric source's val split to `metrics_path`. Returns the metrics.
 
+    Per source, the metrics give `val_bytes`, `val_tokens`, `bytes_per_token` (all bytes over
+    tokens), `val_unknown_bytes` (bytes encoded to the unknown-byte id and lost: only a char
+    tokenizer has one, 0 for the other kinds) and `kept_bytes_per_token` (the bytes that survive
+    over tokens).
+
     A helper thread hashes the train parts while this thread decodes them, and reads what needs
     no tokenizer (val texts, the records rendered into the artifact) while the train text is
     read and trained on; after training it saves while this thread counts val tokens. On the
@@ -411,6 +456,9 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
         t_train = time.perf_counter()
         log.info("trained %s tokenizer | vocab %d | %d texts | %d chars | %.2fs",
                  cfg.kind, tok.get_vocab_size(), train_texts.texts, train_texts.chars, t_train - t0)  # fmt: skip
+        if not tok.has_special_tokens:
+            log.warning("the tokenizer has no special tokens (tokenizer.char_specials: false): it is for ids and metrics; "
+                        "the cache, training and chat stages will refuse it (no <|bos|>, no chat template)")  # fmt: skip
 
         # Read (and every val part hashed) long before training ended: a bad snapshot fails here,
         # before anything is saved.
@@ -418,7 +466,11 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
         val_texts = {name: read.result() for name, read in val_read.items()}
         meta, per_source, save_s = _save_and_measure(tok, helper, out_dir, samples, val_texts, cfg)
     for name, m in per_source.items():
-        log.info("bytes/token %-14s %.3f (%d bytes)", name, m["bytes_per_token"], m["bytes"])
+        log.info("bytes/token %-14s %.3f (%d bytes, %d unknown)", name, m["bytes_per_token"], m["bytes"], m["unknown_bytes"])
+        if m["unknown_bytes"]:
+            log.warning("%s: %d of %d val bytes (%.2f%%) are outside the %s alphabet and encode to id 0, lost on decode; "
+                        "raise tokenizer.char_max_alphabet or train on text that has them",
+                        name, m["unknown_bytes"], m["bytes"], 100 * m["unknown_bytes"] / m["bytes"], cfg.kind)  # fmt: skip
     metrics = {
         "kind": cfg.kind,
         "vocab_size": tok.get_vocab_size(),
@@ -428,6 +480,8 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
         "bytes_per_token": {name: m["bytes_per_token"] for name, m in per_source.items()},
         "val_bytes": {name: m["bytes"] for name, m in per_source.items()},
         "val_tokens": {name: m["tokens"] for name, m in per_source.items()},
+        "val_unknown_bytes": {name: m["unknown_bytes"] for name, m in per_source.items()},
+        "kept_bytes_per_token": {name: m["kept_bytes_per_token"] for name, m in per_source.items()},
     }
     write_json_atomic(os.fspath(metrics_path), metrics)
     log.info("tokenizer stage | read %.3fs | train %.3fs | save+metrics %.3fs (render+save %.3fs alongside)",
