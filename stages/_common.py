@@ -1,10 +1,13 @@
 """Shared plumbing for stage entry points: read one params section into its dataclass, set up
-logging and thread counts. Stages are the only code that reads params.yaml."""
+logging, end the process with one line on Ctrl-C or a known error. Stages are the only code that
+reads params.yaml."""
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,3 +48,26 @@ def setup(stage: str) -> logging.Logger:
         datefmt="%H:%M:%S",
     )
     return logging.getLogger(f"lockstep.{stage}")
+
+
+def entry(main: Callable[[], object], *, errors: tuple[type[Exception], ...] = ()) -> int:
+    """Run a stage's `main` as the process's entry point: `raise SystemExit(entry(main))`. An int
+    that `main` returns is the exit status; anything else it returns (a stage's result, for tests
+    that call `main` directly) means success.
+
+    Ctrl-C ends with one line on stderr and exit status 130 (128 + SIGINT), not a traceback: the
+    stage's own message when it raised KeyboardInterrupt with one (where a rerun resumes), else
+    a generic line. An exception of the `errors` types, whose message already says what to fix,
+    ends with one `error: ...` line and status 1. Under torchrun only rank 0 prints."""
+    speak = os.environ.get("RANK", "0") == "0"
+    try:
+        status = main()
+        return status if isinstance(status, int) and not isinstance(status, bool) else 0
+    except KeyboardInterrupt as e:
+        if speak:
+            print(f"interrupted: {str(e) or 'the stage did not finish; `dvc repro` runs it again'}", file=sys.stderr)
+        return 130
+    except errors as e:
+        if speak:
+            print(f"error: {e}", file=sys.stderr)
+        return 1

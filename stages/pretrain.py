@@ -35,6 +35,7 @@ from lockstep.parity import FIRST_BATCH_FILE, dump_first_batch
 from lockstep.train import (
     AllTargets,
     ModelParams,
+    NonFiniteError,
     TrainConfig,
     batch_generator,
     git_commit,
@@ -42,7 +43,10 @@ from lockstep.train import (
     stage_meta,
     train,
 )
-from stages._common import load_params, section, setup
+from stages._common import entry, load_params, section, setup
+
+# Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
+STAGE_ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError)
 
 # Short prompts whose greedy continuations show, in the log and the metrics, what the model learnt.
 _TEXT_PROMPTS = ("The", "To be, or not", "First Citizen:")
@@ -112,6 +116,16 @@ def _prompts(stage: str, tok: Any) -> list[list[int]]:
             for p in _CHAT_PROMPTS]
 
 
+def _resume_note(stage: str, run_dir: Path) -> str:
+    """The line Ctrl-C leaves: the run's newest complete checkpoint (its manifest is written last),
+    which a rerun with the same params and code resumes from."""
+    found = ckpt.list_checkpoints(run_dir)
+    if not found:
+        return f"{stage} stopped before its first checkpoint in {run_dir}; `dvc repro` starts it over"
+    step, path = found[-1]
+    return f"{stage} stopped; last complete checkpoint {path} (step {step}); `dvc repro` resumes from it"
+
+
 class _Plots:
     """Per-step series through dvclive on rank 0 (the plots are declared once in dvc.yaml)."""
 
@@ -147,7 +161,14 @@ def run(stage: str, argv: list[str] | None = None) -> int:
     if rt_cfg.nproc > 1 and not under_torchrun():
         cmd = torchrun_argv(rt_cfg.nproc, f"stages.{stage}", sys.argv[1:] if argv is None else argv)
         log.info("re-running under torchrun: %s", " ".join(cmd))
-        return subprocess.run(cmd, check=False).returncode
+        proc = subprocess.Popen(cmd)
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            # Ctrl-C reached the workers too (one process group): let torchrun wind them down,
+            # and leave the line on where to resume to rank 0.
+            proc.wait()
+            return 130
     threads = configure_threads(rt_cfg.threads, rt_cfg.nproc)
     configure_determinism(rt_cfg.deterministic)
     rt = init_runtime(rt_cfg)
@@ -195,7 +216,9 @@ def run(stage: str, argv: list[str] | None = None) -> int:
     try:
         result = train(model, cfg=cfg, rt=rt, train_data=train_data, val_data=val_data, token_bytes=token_bytes,
                        run_dir=run_dir, seed=seed, meta=meta, sample_prompts=_prompts(stage, tok), decode=tok.decode,
-                       on_step=plots)
+                       on_step=plots, params_section=stage)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_resume_note(stage, run_dir)) from None
     finally:
         if plots is not None:
             plots.close()
@@ -227,4 +250,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry(main, errors=STAGE_ERRORS))

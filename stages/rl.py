@@ -17,7 +17,11 @@ from lockstep.rl import RLConfig, train_rl
 from lockstep.runtime import RuntimeConfig, configure_determinism, configure_threads, init_runtime
 from lockstep.sources import iter_records, read_meta
 from lockstep.tokenizer import load_tokenizer
-from stages._common import load_params, section, setup
+from lockstep.train import NonFiniteError
+from stages._common import entry, load_params, section, setup
+
+# Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
+STAGE_ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError)
 
 
 def write_series(path: Path, rows: list[dict[str, float]]) -> None:
@@ -77,8 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         (eval_rows if any(k.startswith("val_") for k in row) else train_rows).append(row)
 
     t0 = time.perf_counter()
-    result = train_rl(model, tok, train_problems=train_problems, val_problems=val_problems, cfg=cfg,
-                      device=rt.device, seed=seed, autocast=rt.autocast(), log=log.info, on_step=on_step)
+    try:
+        result = train_rl(model, tok, train_problems=train_problems, val_problems=val_problems, cfg=cfg,
+                          device=rt.device, seed=seed, autocast=rt.autocast(), log=log.info, on_step=on_step)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"rl keeps no intermediate checkpoints, so nothing was saved; `dvc repro` runs it "
+                                f"again from {args.init}") from None
     wall_s = time.perf_counter() - t0
 
     meta = {"stage": "rl", "model_config": gcfg.to_dict(), "stage_config": config_to_dict(cfg),
@@ -106,4 +114,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry(main, errors=STAGE_ERRORS))

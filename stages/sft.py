@@ -3,7 +3,8 @@ assistant tokens only (set `sft.loss: assistant`). The runner is shared with sta
 
 from __future__ import annotations
 
-from stages.pretrain import run
+from stages._common import entry
+from stages.pretrain import STAGE_ERRORS, run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -11,4 +12,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry(main, errors=STAGE_ERRORS))

@@ -1,5 +1,6 @@
 """The pretrain -> midtrain -> sft stages end to end on tiny caches built here: outputs,
-metrics, byte-identical reruns, and resume from the run folder."""
+metrics, byte-identical reruns, resume from the run folder, a NaN run publishing nothing, and
+the one line Ctrl-C leaves."""
 
 from __future__ import annotations
 
@@ -139,3 +140,135 @@ def test_sigkilled_stage_resumes_to_the_same_bytes(workspace: Path, repo_root: P
     assert pretrain.main(args("straight", "runs_straight")) == 0
     for name in ("model.safetensors", "optim_rank0.pt", "meta.json", "manifest.json"):
         assert (root / "killed" / name).read_bytes() == (root / "straight" / name).read_bytes(), name
+
+
+def _params_file(root: Path, name: str, **pretrain) -> Path:
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["pretrain"].update(pretrain)
+    (root / name).write_text(yaml.safe_dump(params))
+    return root / name
+
+
+def _args_with(root: Path, out: str, runs: str, params: Path) -> list[str]:
+    a = _args(root, "pretrain", out, runs=runs)
+    a[a.index("--params") + 1] = str(params)
+    return a
+
+
+def test_nan_loss_publishes_nothing_and_ends_with_one_error_line(workspace: Path, repo_root: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.syspath_prepend(str(repo_root))
+    from stages import pretrain
+
+    from lockstep.checkpoint import list_checkpoints
+    from lockstep.model import GPT
+
+    real_forward = GPT.forward
+    training_passes = [0]
+
+    def nan_from_step_3(self, idx, targets=None, *args, **kwargs):
+        out = real_forward(self, idx, targets, *args, **kwargs)
+        if self.training and targets is not None:
+            training_passes[0] += 1
+            if training_passes[0] > 2 * 2:  # 2 micro-batches per step: steps 1 and 2 stay finite
+                return out * float("nan")
+        return out
+
+    monkeypatch.setattr(GPT, "forward", nan_from_step_3)
+    root = workspace
+    params = _params_file(root, "params_nan.yaml", num_steps=4, checkpoint_every_steps=2, eval_every_steps=0)
+    args = _args_with(root, "nan", "runs_nan", params)
+    with pytest.raises(RuntimeError, match=r"step 3/4: loss nan") as e:
+        pretrain.main(args)
+    assert e.typename == "NonFiniteError"
+    assert not (root / "nan").exists(), "a non-finite run must not publish a checkpoint"
+    assert not (root / "metrics/nan.json").exists(), "a non-finite run must not write its metrics"
+    (run,) = (root / "runs_nan").iterdir()
+    assert [step for step, _ in list_checkpoints(run)] == [2]  # none after the NaN step
+    # Run as a process entry point (here: the rerun, resuming from step 2), it ends with one line.
+    from stages._common import entry
+
+    assert entry(lambda: pretrain.main(args), errors=pretrain.STAGE_ERRORS) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.endswith("\n") and err.splitlines()[-1].startswith("error: step 3/4: loss nan")
+    assert "pretrain.nonfinite_patience=0" in err and "pretrain.optim.*_lr" in err
+    assert not (root / "nan").exists() and [step for step, _ in list_checkpoints(run)] == [2]
+
+
+def test_ctrl_c_ends_with_one_line_naming_the_checkpoint_to_resume_from(workspace: Path, repo_root: Path) -> None:
+    """SIGINT to a pretrain process after its first checkpoint: exit status 130, no traceback,
+    one last line naming the newest complete checkpoint, the one a rerun resumes from."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from lockstep.checkpoint import latest_checkpoint, load_checkpoint
+
+    root = workspace
+    # Far more steps than run before the signal lands: the process is still training when it does.
+    params = _params_file(root, "params_int.yaml", num_steps=5000, checkpoint_every_steps=2, eval_every_steps=0)
+    stderr_path = root / "interrupted_stderr.txt"
+    with open(stderr_path, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "stages.pretrain", *_args_with(root, "interrupted", "runs_int", params)],
+                                cwd=repo_root, stdout=subprocess.DEVNULL, stderr=stderr,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        try:
+            deadline = time.monotonic() + 120
+            while not list((root / "runs_int").glob("pretrain-*/step_*/manifest.json")):
+                assert proc.poll() is None and time.monotonic() < deadline, "stage ended before its first checkpoint"
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGINT)
+            try:
+                returncode = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"still running 60 s after SIGINT:\n{stderr_path.read_text()[-3000:]}")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = stderr_path.read_text()
+    assert returncode == 130, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert sum(line.startswith("interrupted:") for line in text.splitlines()) == 1
+    m = re.fullmatch(r"interrupted: pretrain stopped; last complete checkpoint (\S+) \(step (\d+)\); "
+                     r"`dvc repro` resumes from it", text.splitlines()[-1])
+    assert m, text.splitlines()[-1]
+    named = Path(m.group(1))
+    assert latest_checkpoint(named.parent) == named  # what a rerun resumes from (it verifies the files)
+    assert load_checkpoint(named).step == int(m.group(2)) >= 2
+    assert not (root / "interrupted").exists() and not (root / "metrics/interrupted.json").exists()
+
+
+def test_entry_point_prints_one_line(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from stages._common import entry
+
+    from lockstep.config import ConfigError
+
+    def interrupted_with_note() -> int:
+        raise KeyboardInterrupt("pretrain stopped; last complete checkpoint runs/x/step_00000004 (step 4)")
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    def bad_config() -> int:
+        raise ConfigError("pretrain.optim.matrix_lr=nan must be a finite number >= 0")
+
+    def bug() -> int:
+        raise ZeroDivisionError("a bug keeps its traceback")
+
+    assert entry(interrupted_with_note) == 130
+    assert capsys.readouterr().err == "interrupted: pretrain stopped; last complete checkpoint runs/x/step_00000004 (step 4)\n"
+    assert entry(interrupted) == 130
+    assert capsys.readouterr().err == "interrupted: the stage did not finish; `dvc repro` runs it again\n"
+    assert entry(bad_config, errors=(ConfigError,)) == 1
+    assert capsys.readouterr().err == "error: pretrain.optim.matrix_lr=nan must be a finite number >= 0\n"
+    with pytest.raises(ZeroDivisionError):
+        entry(bug, errors=(ConfigError,))
+    # Under torchrun every rank gets the signal; only rank 0 speaks.
+    monkeypatch.setenv("RANK", "1")
+    assert entry(interrupted) == 130 and entry(bad_config, errors=(ConfigError,)) == 1
+    assert capsys.readouterr().err == ""

@@ -1,9 +1,11 @@
-"""Typed configs: build a frozen dataclass from a params mapping, refusing unknown keys and wrong
-types with a message that names the key. Does not read params.yaml; stages do."""
+"""Typed configs: build a frozen dataclass from a params mapping, refusing unknown keys, wrong
+types and out-of-range values with a message that names the key. Does not read params.yaml;
+stages do."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -14,6 +16,39 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A params section does not fit its dataclass."""
+
+
+class FieldError(ConfigError):
+    """A dataclass's own check refuses one of its fields. It is raised with the field's name
+    relative to the dataclass (`matrix_lr`); build_config prefixes the section path, so the
+    message names the full params key (`pretrain.optim.matrix_lr`)."""
+
+    def __init__(self, key: str, value: Any, requirement: str) -> None:
+        self.key, self.value, self.requirement = key, value, requirement
+        super().__init__(f"{key}={value!r} {requirement}")
+
+
+def check_range(key: str, value: float, *, ge: float | None = None, gt: float | None = None,
+                le: float | None = None, lt: float | None = None, why: str = "") -> None:
+    """Raise FieldError unless `value` is a finite number within the bounds given (`ge`/`le`
+    inclusive, `gt`/`lt` exclusive). `why` follows the requirement in the message: what the value
+    means, or what to set instead."""
+    inside = (math.isfinite(value) and (ge is None or value >= ge) and (gt is None or value > gt)
+              and (le is None or value <= le) and (lt is None or value < lt))
+    if inside:
+        return
+    low = f"[{ge:g}" if ge is not None else f"({gt:g}" if gt is not None else None
+    high = f"{le:g}]" if le is not None else f"{lt:g})" if lt is not None else None
+    if low and high:
+        bounds = f" in {low}, {high}"
+    elif low:
+        bounds = f" >= {ge:g}" if ge is not None else f" > {gt:g}"
+    elif high:
+        bounds = f" <= {le:g}" if le is not None else f" < {lt:g}"
+    else:
+        bounds = ""
+    kind = "an integer" if isinstance(value, int) and not isinstance(value, bool) else "a finite number"
+    raise FieldError(key, value, f"must be {kind}{bounds}" + (f"; {why}" if why else ""))
 
 
 def _check_type(value: Any, tp: Any, where: str) -> Any:
@@ -93,7 +128,12 @@ def build_config(cls: type[T], params: Mapping[str, Any], *, where: str = "") ->
             kwargs[name] = _check_type(params[name], hints[name], key)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
             raise ConfigError(f"missing required key {key}")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except FieldError as e:
+        if not where:
+            raise
+        raise FieldError(f"{where}.{e.key}", e.value, e.requirement) from None
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

@@ -11,6 +11,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lockstep.config import check_range
+
 # Quintic Newton-Schulz coefficients chosen to push singular values towards 1 as fast as possible
 # in few steps (K. Jordan, "Muon: An optimizer for hidden layers", 2024); the result is only
 # approximately orthogonal (singular values land in roughly [0.7, 1.2]), which trains as well.
@@ -49,8 +51,11 @@ class AdamW(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0):
-        if lr < 0 or eps < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
-            raise ValueError(f"AdamW needs lr >= 0, eps >= 0 and betas in [0, 1); got lr={lr}, betas={betas}, eps={eps}")
+        # `not x >= 0` rather than `x < 0`, so NaN is refused too
+        if (not 0 <= lr < math.inf or not 0 <= eps < math.inf or not 0 <= weight_decay < math.inf
+                or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1)):
+            raise ValueError(f"AdamW needs finite lr >= 0, eps >= 0, weight_decay >= 0 and betas in [0, 1); got lr={lr}, "
+                             f"betas={betas}, eps={eps}, weight_decay={weight_decay}")
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
 
     @torch.no_grad()
@@ -117,6 +122,8 @@ class Muon(torch.optim.Optimizer):
                 raise ValueError(f"Muon only takes 2-D matrices, got a parameter of shape {tuple(p.shape)}; give it to AdamW")
         if not 0 <= momentum < 1:
             raise ValueError(f"Muon momentum={momentum} must be in [0, 1)")
+        if not 0 <= lr < math.inf or not 0 <= weight_decay < math.inf:
+            raise ValueError(f"Muon needs finite lr >= 0 and weight_decay >= 0; got lr={lr}, weight_decay={weight_decay}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
         self.rank, self.world_size, self.ns_dtype = rank, world_size, ns_dtype
@@ -176,6 +183,18 @@ class OptimConfig:
     muon_momentum_end: float = 0.95  # ... to here ...
     muon_momentum_warmup_steps: int = 300  # ... over this many steps
     grad_clip: float = 1.0  # max global grad norm; 0 disables
+
+    def __post_init__(self) -> None:
+        # A NaN, infinite or negative setting does not fail by itself: it trains to NaN weights.
+        for name in ("matrix_lr", "embed_lr", "unembed_lr", "scalar_lr"):
+            check_range(name, getattr(self, name), ge=0, why="a learning rate (0 freezes that group)")
+        check_range("weight_decay", self.weight_decay, ge=0, why="decoupled decay per unit of learning rate; 0 disables")
+        for name in ("adam_beta1", "adam_beta2", "muon_momentum_start", "muon_momentum_end"):
+            check_range(name, getattr(self, name), ge=0, lt=1,
+                        why="a moving-average decay; at 1 or above the average stops following the gradient")
+        check_range("adam_eps", self.adam_eps, gt=0, why="it keeps AdamW's denominator off zero (1e-10 is usual)")
+        check_range("muon_momentum_warmup_steps", self.muon_momentum_warmup_steps, ge=0)
+        check_range("grad_clip", self.grad_clip, ge=0, why="the max global gradient norm; 0 disables clipping")
 
 
 def split_params(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
@@ -241,6 +260,15 @@ def set_lr(optimizers: list[torch.optim.Optimizer], multiplier: float, *, moment
             g["lr"] = g["initial_lr"] * multiplier
             if momentum is not None and isinstance(opt, Muon):
                 g["momentum"] = momentum
+
+
+def global_grad_norm(params: list[nn.Parameter], clip: float) -> torch.Tensor:
+    """The global L2 norm of the gradients before any clipping (a 0-d tensor on their device, not
+    moved to the host); when `clip` > 0 the gradients are then scaled down to norm <= clip. Taken
+    with or without clipping: a NaN or inf norm is how a bad step is noticed before its update."""
+    if clip > 0:
+        return torch.nn.utils.clip_grad_norm_(params, clip)
+    return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
 
 
 def all_reduce_grads(params: list[nn.Parameter], *, average: bool = True) -> None:

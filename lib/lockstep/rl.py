@@ -27,11 +27,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from lockstep.config import ConfigError
+from lockstep.config import check_range
 from lockstep.engine import Engine
 from lockstep.evaluate.chat import extract_answer
-from lockstep.optim import OptimConfig, build_optimizers, set_lr
-from lockstep.train import lr_multiplier
+from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, set_lr
+from lockstep.train import NonFiniteGuard, lr_multiplier
 
 IGNORE_INDEX = -100
 
@@ -56,16 +56,21 @@ class RLConfig:
     eval_every_steps: int = 10  # held-out pass@k; 0 = only before and after
     eval_problems: int = 100  # held-out problems scored (the first ones of the val split)
     pass_k: int = 8  # completions sampled per held-out problem at `temperature`: pass@1 and pass@k from them
+    # Consecutive updates with a NaN/inf loss or gradient norm skipped before the run stops with
+    # NonFiniteError; 0 = stop at the first.
+    nonfinite_patience: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("num_steps", "problems_per_step", "group_size", "max_new_tokens", "device_batch_rows",
-                     "eval_problems", "pass_k"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"rl.{name}={getattr(self, name)} must be >= 1")
-        if self.group_size < 2:
-            raise ConfigError(f"rl.group_size={self.group_size} must be >= 2: the advantage compares completions of one problem")
-        if self.temperature <= 0:
-            raise ConfigError(f"rl.temperature={self.temperature} must be > 0: rollouts must explore")
+        for name in ("num_steps", "problems_per_step", "max_new_tokens", "device_batch_rows", "eval_problems", "pass_k"):
+            check_range(name, getattr(self, name), ge=1)
+        check_range("group_size", self.group_size, ge=2, why="the advantage compares completions of one problem")
+        check_range("temperature", self.temperature, gt=0, why="rollouts must explore")
+        if self.top_k is not None:
+            check_range("top_k", self.top_k, ge=1, why="or null for the full distribution")
+        for name in ("warmup_steps", "eval_every_steps", "nonfinite_patience"):
+            check_range(name, getattr(self, name), ge=0)
+        check_range("warmdown_frac", self.warmdown_frac, ge=0, le=1, why="the fraction of steps that decay the learning rate")
+        check_range("final_lr_frac", self.final_lr_frac, ge=0, le=1, why="the end of the decay, as a fraction of the peak")
 
 
 def reward(completion: str, reference_answer: str) -> float:
@@ -203,7 +208,9 @@ def train_rl(model: nn.Module, tokenizer: Any, *, train_problems: Sequence[dict[
              autocast: Any = None, log: Callable[[str], None] = print,
              on_step: Callable[[dict[str, float]], None] | None = None) -> RLResult:
     """Run `cfg.num_steps` policy updates. Problems per step are drawn with a generator seeded
-    from (seed, step), so a run is a pure function of its inputs and seed."""
+    from (seed, step), so a run is a pure function of its inputs and seed. An update whose loss
+    or gradient norm is NaN or inf is skipped; more in a row than `cfg.nonfinite_patience`, or
+    non-finite weights at the end, raise lockstep.train.NonFiniteError."""
     if not train_problems:
         raise ValueError("no training problems: the problems snapshot's train split is empty")
     if not val_problems:
@@ -212,6 +219,7 @@ def train_rl(model: nn.Module, tokenizer: Any, *, train_problems: Sequence[dict[
     optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd)
     params = [p for p in model.parameters() if p.requires_grad]
     held_out = list(val_problems[: cfg.eval_problems])
+    guard = NonFiniteGuard(cfg.nonfinite_patience, keys="rl.")
 
     def evaluate(step: int) -> dict[str, float]:
         model.eval()
@@ -242,11 +250,13 @@ def train_rl(model: nn.Module, tokenizer: Any, *, train_problems: Sequence[dict[
         lrm = lr_multiplier(step, cfg.num_steps, warmup_steps=cfg.warmup_steps, warmdown_frac=cfg.warmdown_frac,
                             final_lr_frac=cfg.final_lr_frac)
         if n_tokens:
-            if cfg.optim.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
-            set_lr(optimizers, lrm, momentum=cfg.optim.muon_momentum_end)
-            for opt in optimizers:
-                opt.step()
+            # The loss is already a host float; the norm's transfer is one per update, against one
+            # per sampled token in the rollouts.
+            norm = float(global_grad_norm(params, cfg.optim.grad_clip))
+            if guard.check(step + 1, cfg.num_steps, loss, norm):
+                set_lr(optimizers, lrm, momentum=cfg.optim.muon_momentum_end)
+                for opt in optimizers:
+                    opt.step()
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
@@ -260,6 +270,7 @@ def train_rl(model: nn.Module, tokenizer: Any, *, train_problems: Sequence[dict[
         if cfg.eval_every_steps and (step + 1) % cfg.eval_every_steps == 0 and step + 1 < cfg.num_steps:
             evaluate(step + 1)
     train_time_s = time.perf_counter() - t_start
+    guard.check_weights(model, cfg.num_steps)  # the caller checkpoints these weights
     after = evaluate(cfg.num_steps)
     model.eval()
     return RLResult(steps=cfg.num_steps, before=before, after=after, mean_reward_first=rewards_first,

@@ -1,5 +1,5 @@
 """The shared training loop for pretrain, midtrain and SFT: horizon, LR schedule, gradient
-accumulation, clipping, val bits-per-byte, samples, checkpoints and resume. It does not know
+accumulation, clipping, the stop on NaN/inf, val bits-per-byte, samples, checkpoints and resume. It does not know
 where batches come from (any object with `get_batch(*, B, generator)`) or how text is encoded."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import torch.distributed as dist
 from torch import nn
 
 from lockstep import checkpoint as ckpt
-from lockstep.config import ConfigError, config_to_dict
+from lockstep.config import ConfigError, FieldError, check_range, config_to_dict
 from lockstep.io import canonical_json, read_json, sha256_file, sha256_of_manifest, write_json_atomic
 from lockstep.model import GPT, IGNORE_INDEX, GPTConfig
-from lockstep.optim import OptimConfig, all_reduce_grads, build_optimizers, muon_momentum, set_lr
+from lockstep.optim import OptimConfig, all_reduce_grads, build_optimizers, global_grad_norm, muon_momentum, set_lr
 from lockstep.runtime import Runtime, barrier, peak_flops
 
 log = logging.getLogger("lockstep.train")
@@ -39,6 +39,13 @@ class ModelParams:
     n_kv_head: int = 0  # key/value heads; 0 = as many as query heads
     softcap: float = 15.0  # logit soft cap; 0 disables
     rope_theta: float = 10000.0
+
+    def __post_init__(self) -> None:
+        if self.n_kv_head < 0:
+            raise FieldError("n_kv_head", self.n_kv_head, "must be >= 0 (0 = as many as query heads)")
+        # The shape rules (positive sizes, head_dim dividing the width, ...) checked when the section
+        # is read, so their FieldError comes out as `model.<key>`; the vocabulary does not matter here.
+        self.gpt_config(vocab_size=1)
 
     def gpt_config(self, vocab_size: int) -> GPTConfig:
         return GPTConfig.from_depth(self.depth, vocab_size, self.sequence_len, self.head_dim,
@@ -68,17 +75,70 @@ class TrainConfig:
     checkpoint_every_steps: int = 100  # intermediate checkpoints under the run folder; 0 = only the last
     keep_last: int = 2  # intermediate checkpoints kept (>= 2)
     peak_flops: float = 0.0  # FLOP/s per device for MFU; 0 = datasheet (CUDA) or measured matmul peak
+    # Consecutive steps with a NaN/inf loss or gradient norm whose update is skipped before the
+    # run stops with NonFiniteError; 0 = stop at the first.
+    nonfinite_patience: int = 0
 
     def __post_init__(self) -> None:
-        if self.batch_tokens <= 0 or self.device_batch_rows <= 0:
-            raise ConfigError(f"batch_tokens={self.batch_tokens} and device_batch_rows={self.device_batch_rows} must be positive")
-        if self.keep_last < 2:
-            raise ConfigError(f"keep_last={self.keep_last} must be >= 2 so a crash mid-save leaves a complete checkpoint")
-        if not 0 <= self.warmdown_frac <= 1 or not 0 <= self.final_lr_frac <= 1:
-            raise ConfigError(f"warmdown_frac={self.warmdown_frac} and final_lr_frac={self.final_lr_frac} must be in [0, 1]")
+        check_range("batch_tokens", self.batch_tokens, ge=1, why="tokens per optimizer step")
+        check_range("device_batch_rows", self.device_batch_rows, ge=1, why="sequences per forward pass per rank")
         for name, w in self.mixture.items():
-            if w <= 0:
-                raise ConfigError(f"mixture weight for {name!r} is {w}; weights must be > 0 (drop the entry to exclude it)")
+            check_range(f"mixture.{name}", w, gt=0, why="a sampling weight (drop the entry to exclude the cache)")
+        for name in ("num_steps", "warmup_steps", "eval_every_steps", "sample_every_steps", "sample_tokens",
+                     "checkpoint_every_steps", "nonfinite_patience"):
+            check_range(name, getattr(self, name), ge=0)
+        for name in ("target_flops", "tokens_params_ratio"):
+            check_range(name, getattr(self, name), ge=0, why="0 leaves this horizon unset")
+        check_range("peak_flops", self.peak_flops, ge=0, why="FLOP/s per device; 0 takes the datasheet or a measured peak")
+        check_range("warmdown_frac", self.warmdown_frac, ge=0, le=1, why="the fraction of steps that decay the learning rate")
+        check_range("final_lr_frac", self.final_lr_frac, ge=0, le=1, why="the end of the decay, as a fraction of the peak")
+        check_range("eval_tokens", self.eval_tokens, ge=1, why="val tokens per evaluation; the final one always runs")
+        check_range("keep_last", self.keep_last, ge=2, why="so a crash mid-save still leaves a complete checkpoint")
+
+
+class NonFiniteError(RuntimeError):
+    """Training went NaN or inf: the loss or gradient norm for more consecutive steps than the
+    patience allows, or the weights about to be checkpointed. Raised before the bad update or
+    checkpoint is written, so nothing of it is saved or published."""
+
+
+class NonFiniteGuard:
+    """Watches each step's loss and gradient norm (host floats). A non-finite step's update is to
+    be skipped while the consecutive count stays within `patience`; the next one raises
+    NonFiniteError. `keys` prefixes the config keys the error names (`pretrain.`); `announce`:
+    whether this process logs skipped steps (rank 0 only)."""
+
+    def __init__(self, patience: int, *, keys: str = "", announce: bool = True) -> None:
+        self.patience, self.keys, self.announce, self.streak = patience, keys, announce, 0
+
+    def hint(self) -> str:
+        k = self.keys
+        return (f"lower the learning rates ({k}optim.*_lr), keep {k}optim.grad_clip > 0, or raise "
+                f"{k}nonfinite_patience to skip isolated bad steps")
+
+    def check(self, step: int, total_steps: int, loss: float, grad_norm: float) -> bool:
+        """True: apply this step's update. False: skip it (logged). Raises past the patience."""
+        if math.isfinite(loss) and math.isfinite(grad_norm):
+            self.streak = 0
+            return True
+        self.streak += 1
+        what = f"step {step}/{total_steps}: loss {loss:.4g}, gradient norm {grad_norm:.4g}"
+        if self.streak > self.patience:
+            raise NonFiniteError(f"{what}; {self.streak} non-finite step(s) in a row, more than {self.keys}nonfinite_patience="
+                                 f"{self.patience}: stopped before applying the update, so no checkpoint holds it; {self.hint()}")
+        if self.announce:
+            log.warning("%s: update skipped (%d of %d tolerated in a row)", what, self.streak, self.patience)
+        return False
+
+    def check_weights(self, model: nn.Module, step: int) -> None:
+        """Raise NonFiniteError if any weight is NaN or inf (before a checkpoint is written). One
+        host transfer for all parameters; called only at checkpoints."""
+        named = list(model.named_parameters())
+        finite = torch.stack([torch.isfinite(p).all() for _, p in named]).tolist()
+        bad = [name for (name, _), ok in zip(named, finite, strict=True) if not ok]
+        if bad:
+            raise NonFiniteError(f"step {step}: weights {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} are not finite "
+                                 f"after the update; no checkpoint written; {self.hint()}")
 
 
 class BatchSource(Protocol):
@@ -210,7 +270,7 @@ def greedy_sample(model: nn.Module, prompt_ids: Sequence[int], max_new_tokens: i
 class TrainResult:
     step: int  # steps completed in total (including resumed ones)
     total_steps: int
-    losses: list[tuple[int, float]]  # (step, train loss) for steps run in this process
+    losses: list[tuple[int, float]]  # (step, train loss) for steps run in this process, skipped ones left out
     final_eval: dict[str, float]
     samples: list[str]
     checkpoint: Path  # the last checkpoint in the run folder
@@ -270,11 +330,16 @@ def _fmt_eta(s: float) -> str:
 def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource, val_data: BatchSource | None,
           token_bytes: torch.Tensor | None, run_dir: Path, seed: int, meta: dict[str, Any],
           sample_prompts: Sequence[Sequence[int]] = (), decode: Callable[[list[int]], str] | None = None,
-          on_step: Callable[[dict[str, float]], None] | None = None, stop_at_step: int | None = None) -> TrainResult:
+          on_step: Callable[[dict[str, float]], None] | None = None, stop_at_step: int | None = None,
+          params_section: str = "") -> TrainResult:
     """Train `model` (already on rt.device, fp32 master weights) in place, resuming from the
     latest complete checkpoint in `run_dir` if there is one. `meta` (model config, stage config,
     tokenizer sha256, ...) goes into every checkpoint. `stop_at_step` ends early after that step,
-    as a kill would (tests). Only rank 0 logs and writes."""
+    as a kill would (tests). Only rank 0 logs and writes.
+
+    A step whose loss or gradient norm is NaN or inf is not applied; more of them in a row than
+    `cfg.nonfinite_patience` raise NonFiniteError, as do non-finite weights at a checkpoint.
+    `params_section` names where `cfg` came from (`pretrain`), for the keys that error names."""
     run_dir = Path(run_dir)
     # Training draws from its own generators; the global one is seeded anyway, so that its state
     # saved in every checkpoint is a function of the seed, not of what the process did before.
@@ -289,6 +354,7 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
                                   ns_dtype=rt.dtype)
     params = [p for p in model.parameters() if p.requires_grad]
     meta = {**meta, "code_revision": meta.get("code_revision") or code_revision(), "total_steps": total_steps}
+    guard = NonFiniteGuard(cfg.nonfinite_patience, keys=f"{params_section}." if params_section else "", announce=rt.is_main)
 
     if rt.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -387,24 +453,30 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
         all_reduce_grads(params, average=False)
         if rt.distributed:
             dist.all_reduce(loss_sum)
-        if cfg.optim.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
-        for opt in optimizers:
-            opt.step()
+        grad_norm = global_grad_norm(params, cfg.optim.grad_clip)
+        # Loss and gradient norm reach the host in one transfer, the one the loop always made to
+        # log the loss, now before the optimizer step so a bad step is never applied. After the
+        # all-reduces every rank holds the same loss and gradients, so all ranks decide alike.
+        loss_total, norm = torch.stack([loss_sum, grad_norm.to(loss_sum)]).tolist()
+        train_loss = loss_total / denom
+        applied = guard.check(step + 1, total_steps, train_loss, norm)
+        if applied:
+            for opt in optimizers:
+                opt.step()
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
-        train_loss = loss_sum.item() / denom
         rt.synchronize()  # time honestly: queued GPU work belongs to this step
         dt = time.perf_counter() - t0
         step += 1
-        losses.append((step, train_loss))
         train_time_s += dt
-        # The first step of a process carries compile and allocator warm-up: left out of throughput.
-        if len(losses) > 1 or total_steps - start_step == 1:
-            dts.append(dt)
+        if applied:
+            losses.append((step, train_loss))
+            # The first step of a process carries compile and allocator warm-up: left out of throughput.
+            if len(losses) > 1 or total_steps - start_step == 1:
+                dts.append(dt)
         tok_s = cfg.batch_tokens / dt
         mfu = flops_per_token * tok_s / (peak * rt.world_size)
-        if rt.is_main:
+        if rt.is_main and applied:
             med = sorted(dts)[len(dts) // 2] if dts else dt
             lr_now = optimizers[-1].param_groups[0]["lr"]
             log.info("step %d/%d | loss %.4f | lr %.3g | dt %.0fms | tok/s %s | mfu %.1f%% | eta %s", step, total_steps,
@@ -416,6 +488,7 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
         if cfg.sample_every_steps and step % cfg.sample_every_steps == 0 and not last:
             do_samples()
         if last or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0):
+            guard.check_weights(model, step)
             checkpoint_path = _save(model, optimizers, rt, run_dir, step, meta, cfg.keep_last)
             if rt.is_main:
                 write_json_atomic(run_dir / PROGRESS_FILE, {"step": step, "train_time_s": train_time_s, "series": series})

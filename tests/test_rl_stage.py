@@ -1,0 +1,86 @@
+"""The `rl` stage on a tiny policy and a small synthetic problem snapshot built here: a NaN loss
+publishes nothing and ends with one `error:` line; Ctrl-C ends with one line and status 130."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lockstep import checkpoint as ckpt
+from lockstep.model import GPT, GPTConfig
+from lockstep.rl import Rollouts
+from lockstep.sources import SOURCE_CONFIGS, fetch_source
+from lockstep.tokenizer import train_tokenizer
+
+
+@pytest.fixture
+def rl_workspace(tmp_path: Path) -> Path:
+    tok = train_tokenizer("byte", [])
+    tok.save(tmp_path / "tokenizer")
+    cfg = GPTConfig(sequence_len=512, vocab_size=tok.get_vocab_size(), n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
+    model = GPT.build(cfg, "cpu", seed=0)
+    ckpt.save_checkpoint(tmp_path / "sft", model.state_dict(), {0: {"optimizers": []}},
+                         {"stage": "sft", "model_config": cfg.to_dict(), "tokenizer_sha256": tok.sha256, "step": 0})
+    fetch_source("synth_math", SOURCE_CONFIGS["synth_math"](n_train=8, n_val=2), tmp_path / "raw/synth_math", seed=1)
+    params = {
+        "seed": 3,
+        "runtime": {"device": "cpu", "dtype": "fp32", "nproc": 1, "threads": 1},
+        "rl": {"problems": "synth_math", "num_steps": 2, "problems_per_step": 1, "group_size": 2, "max_new_tokens": 4,
+               "device_batch_rows": 2, "eval_every_steps": 0, "eval_problems": 1, "pass_k": 1},
+    }
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    return tmp_path
+
+
+def _args(root: Path) -> list[str]:
+    return ["--init", str(root / "sft"), "--raw", str(root / "raw"), "--tokenizer", str(root / "tokenizer"),
+            "--out", str(root / "rl"), "--metrics", str(root / "metrics/rl.json"), "--plots", str(root / "plots/rl"),
+            "--params", str(root / "params.yaml")]
+
+
+def test_nan_loss_publishes_nothing(rl_workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.syspath_prepend(str(repo_root))
+    from stages import rl
+
+    root = rl_workspace
+    tok = train_tokenizer("byte", [])
+    prompt, good, bad = tok.encode("Q: 2+2? A:"), tok.encode("#### 4"), tok.encode("#### 5")
+    # Disagreeing completions, so the step has an update whose loss can go NaN.
+    monkeypatch.setattr("lockstep.rl.rollout", lambda *a, **k: Rollouts(
+        [prompt, prompt], [good, bad], [[1] * len(good), [1] * len(bad)], [1.0, 0.0], [0.5, -0.5]))
+    real_forward = GPT.forward
+
+    def nan_when_training(self, idx, targets=None, *args, **kwargs):
+        out = real_forward(self, idx, targets, *args, **kwargs)
+        return out * float("nan") if self.training and targets is not None else out
+
+    monkeypatch.setattr(GPT, "forward", nan_when_training)
+    with pytest.raises(RuntimeError, match=r"step 1/2: loss nan") as e:
+        rl.main(_args(root))
+    assert e.typename == "NonFiniteError"
+    assert not (root / "rl").exists() and not (root / "metrics/rl.json").exists()
+    # As the process entry point: one `error:` line, status 1.
+    from stages._common import entry
+
+    assert entry(lambda: rl.main(_args(root)), errors=rl.STAGE_ERRORS) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.splitlines()[-1].startswith("error: step 1/2: loss nan")
+    assert "rl.nonfinite_patience=0" in err
+    assert not (root / "rl").exists() and not (root / "metrics/rl.json").exists()
+
+
+def test_ctrl_c_says_a_rerun_starts_over(rl_workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.syspath_prepend(str(repo_root))
+    from stages import rl
+    from stages._common import entry
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rl, "train_rl", ctrl_c)
+    assert entry(lambda: rl.main(_args(rl_workspace)), errors=rl.STAGE_ERRORS) == 130
+    assert capsys.readouterr().err == ("interrupted: rl keeps no intermediate checkpoints, so nothing was saved; "
+                                       f"`dvc repro` runs it again from {rl_workspace / 'sft'}\n")
+    assert not (rl_workspace / "rl").exists()
