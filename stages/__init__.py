@@ -1,0 +1,14 @@
+"""The DVC stages, one thin module each, run as `python -m stages.<name>` by dvc.yaml. This file
+runs first, under whichever `python` is on PATH, and only checks that it is the project's
+environment: without it a stage would die on its first import with a ModuleNotFoundError that
+does not say why. It imports nothing heavy; find_spec locates a package without loading it."""
+
+import importlib.util
+import sys
+
+_missing = [name for name in ("lockstep", "torch") if importlib.util.find_spec(name) is None]
+if _missing:
+    sys.exit(
+        f"error: {sys.executable} cannot import {' or '.join(_missing)}: the project's environment is not active; "
+        "run `source .venv/bin/activate`, then the same command again (or `make repro`, which needs no activation)"
+    )

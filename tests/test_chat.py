@@ -179,6 +179,23 @@ def test_check_messages_accepts_a_well_formed_conversation():
     check_messages([text_message(r, "x") for r in ("system", "user", "assistant", "user")])
 
 
+@pytest.mark.parametrize(
+    "setting, match",
+    [
+        ({"temperature": float("nan")}, "temperature=nan must be a finite number >= 0"),
+        ({"temperature": float("inf")}, "temperature=inf must be a finite number >= 0"),
+        ({"temperature": -0.5}, "temperature=-0.5 must be a finite number >= 0"),
+        ({"top_k": -1}, "top_k=-1 must be >= 0"),
+        ({"top_p": 0.0}, r"top_p=0.0 must be in \(0, 1\]"),
+        ({"max_tokens": 0}, "max_tokens=0 must be >= 1"),
+    ],
+)
+def test_sampling_settings_refuse_what_cannot_be_sampled(setting, match):
+    with pytest.raises(ChatError, match=match):
+        SamplingSettings(**setting)
+    assert SamplingSettings(temperature=1e-40).temperature == 1e-40  # tiny is fine: the engine samples it greedily
+
+
 # ---- the terminal loop ------------------------------------------------------------------------
 
 

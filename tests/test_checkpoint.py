@@ -21,6 +21,7 @@ from lockstep.checkpoint import (
     step_dir,
     verify_checkpoint,
 )
+from lockstep.io import sha256_file
 from lockstep.optim import AdamW
 
 
@@ -50,6 +51,24 @@ def test_round_trip(tmp_path) -> None:
     assert torch.equal(loaded["state"][0]["exp_avg"], optim["optimizers"][0]["state"][0]["exp_avg"])
     with pytest.raises(CheckpointError, match="2 rank"):
         ck.optim_state(2)
+
+
+@pytest.mark.parametrize("meta, kind", [([1, 2], "an array"), ("step 3", "a string"), (None, "null"), (7, "a number")])
+def test_meta_that_is_not_an_object_is_refused(tmp_path, meta, kind) -> None:
+    model, optim, good_meta, rng = _state(3)
+    save_checkpoint(tmp_path / "ck", model, {0: optim}, good_meta, rng)
+    # Consistent with its manifest, so only the meta.json check can refuse it.
+    (tmp_path / "ck/meta.json").write_text(json.dumps(meta))
+    manifest = json.loads((tmp_path / "ck/manifest.json").read_text())
+    manifest["files"]["meta.json"] = sha256_file(tmp_path / "ck/meta.json")
+    (tmp_path / "ck/manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=f"meta.json holds {kind}, not a JSON object: .* delete the checkpoint"):
+        load_checkpoint(tmp_path / "ck")
+    (tmp_path / "ck/meta.json").write_text("{broken")
+    manifest["files"]["meta.json"] = sha256_file(tmp_path / "ck/meta.json")
+    (tmp_path / "ck/manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="is not valid JSON"):
+        load_checkpoint(tmp_path / "ck")
 
 
 def test_same_state_same_bytes(tmp_path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lockstep.engine import Engine, KVCache, sample_next
+from lockstep.engine import GREEDY_TEMPERATURE, Engine, KVCache, is_greedy, sample_next
 from lockstep.model import GPT, GPTConfig
 
 
@@ -114,6 +114,53 @@ def test_sampling_filters():
     assert torch.equal(sample_next(logits, temperature=1.0, top_k=None, top_p=1e-6, generator=g), greedy)
     draws = torch.stack([sample_next(logits, temperature=1.0, top_k=2, top_p=None, generator=g) for _ in range(200)])
     assert set(draws[:, 0].tolist()) == {1, 3} and set(draws[:, 1].tolist()) == {0, 3}
+
+
+# Soft-capped logits reach +-15: at 1e-40 (a subnormal) they overflow fp32 once divided.
+CAPPED_LOGITS = torch.tensor([[15.0, 3.0, 14.9, -15.0], [-15.0, 0.5, 0.0, 15.0]])
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-8, GREEDY_TEMPERATURE * 0.999])
+@pytest.mark.parametrize("top_k", [None, 2])
+def test_temperatures_below_the_threshold_are_greedy(temperature, top_k):
+    g = torch.Generator().manual_seed(0)
+    assert is_greedy(temperature)
+    for _ in range(20):
+        ids = sample_next(CAPPED_LOGITS, temperature=temperature, top_k=top_k, top_p=0.9, generator=g)
+        assert ids.tolist() == [0, 3]
+
+
+def test_the_threshold_itself_samples_and_a_normal_temperature_spreads():
+    g = torch.Generator().manual_seed(0)
+    assert not is_greedy(GREEDY_TEMPERATURE) and not is_greedy(0.7)
+    # At the threshold a gap of 0.1 already gets zero probability, while a tie is still a coin toss:
+    # sampling, not argmax (which would always take the first of the tied ids).
+    logits = torch.tensor([[15.0, 14.9, 15.0, -15.0]])
+    draws = {sample_next(logits, temperature=GREEDY_TEMPERATURE, top_k=None, top_p=None, generator=g).item()
+             for _ in range(64)}
+    assert draws == {0, 2}
+    draws = {sample_next(logits, temperature=0.7, top_k=None, top_p=None, generator=g).item() for _ in range(200)}
+    assert draws == {0, 1, 2}
+
+
+@pytest.mark.parametrize("temperature", [float("inf"), float("nan"), -1e-9])
+def test_non_finite_and_negative_temperatures_are_refused(tok, temperature):
+    with pytest.raises(ValueError, match="temperature=.* must be a finite number >= 0"):
+        sample_next(CAPPED_LOGITS, temperature=temperature, top_k=None, top_p=None, generator=torch.Generator())
+    model = ScriptedModel([1] * 4, 4)
+    with pytest.raises(ValueError, match="must be a finite number >= 0"):
+        Engine(model, tok).generate([1, 2], max_tokens=2, temperature=temperature)
+    assert model.calls == 0
+
+
+def test_a_tiny_temperature_decodes_like_temperature_zero(tok):
+    model = random_model(5)  # weights of scale 0.5: logits at the soft cap, where 1e-40 overflowed
+    engine = Engine(model, tok)
+    prompt = tok.encode("temperature")
+    greedy, _ = engine.generate_batch(prompt, max_tokens=16, temperature=0.0, use_tools=False)
+    tiny, _ = engine.generate_batch(prompt, num_samples=2, max_tokens=16, temperature=1e-40, top_k=50, seed=1,
+                                    use_tools=False)
+    assert tiny == greedy * 2
 
 
 class ScriptedModel(torch.nn.Module):

@@ -53,6 +53,36 @@ def test_config_dict_round_trip_and_validation():
         tiny(n_embd=30)
 
 
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        ({"n_head": 0}, "model.n_head=0 must be a positive integer"),
+        ({"sequence_len": -1}, "model.sequence_len=-1 must be a positive integer"),
+        ({"n_embd": 0}, "model.n_embd=0 must be a positive integer"),
+        ({"n_kv_head": 0}, "model.n_kv_head=0 must be a positive integer"),
+        ({"n_embd": 12, "n_head": 4}, "model.n_head=4 gives the odd head dim n_embd/n_head=3"),
+        ({"rope_theta": float("nan")}, "model.rope_theta=nan must be a finite number > 0"),
+        ({"softcap": -1.0}, "model.softcap=-1.0 must be a finite number >= 0"),
+    ],
+)
+def test_config_from_a_checkpoint_names_the_bad_key(fields, match):
+    # A checkpoint's meta.json model_config goes through from_dict: the error names its key.
+    with pytest.raises(ConfigError, match=match):
+        GPTConfig.from_dict({**tiny().to_dict(), **fields})
+
+
+@pytest.mark.parametrize(
+    "head_dim, match",
+    [(0, "head_dim=0 must be a positive even integer"), (-64, "head_dim=-64 must be a positive even integer"),
+     (5, "head_dim=5 must be a positive even integer"), (48, "head_dim=48 must divide the width 64 \\* depth = 256")],
+)
+def test_from_depth_refuses_a_head_dim_that_cannot_shape_the_model(head_dim, match):
+    with pytest.raises(ConfigError, match=match):
+        GPTConfig.from_depth(4, vocab_size=100, sequence_len=64, head_dim=head_dim)
+    with pytest.raises(ConfigError, match="depth=0 must be a positive integer"):
+        GPTConfig.from_depth(0, vocab_size=100, sequence_len=64)
+
+
 def test_build_is_a_pure_function_of_the_seed_and_zero_inits_projections():
     c = tiny()
     a, b, other = GPT.build(c, "cpu", seed=3), GPT.build(c, "cpu", seed=3), GPT.build(c, "cpu", seed=4)

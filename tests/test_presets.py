@@ -11,7 +11,7 @@ import yaml
 from lockstep.cache import CacheConfig
 from lockstep.config import ConfigError
 from lockstep.evaluate.run import EvalConfig
-from lockstep.presets import write_preset
+from lockstep.presets import PresetError, write_preset
 from lockstep.rl import RLConfig
 from lockstep.runtime import RuntimeConfig
 from lockstep.sources import SOURCE_CONFIGS
@@ -62,3 +62,20 @@ def test_preset_command_writes_the_file_verbatim(tmp_path: Path) -> None:
     assert out.read_bytes() == (ROOT / "presets" / "smoke.yaml").read_bytes()
     with pytest.raises(FileNotFoundError, match="available: .*tiny"):
         write_preset("nope", presets_dir=ROOT / "presets", params_file=out)
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("preset: bad\nseed: [1, 2\nmodel: {depth: 4}\n", r"bad.yaml is not valid YAML: .* at line 3, column 6; fix the file there"),
+        ("preset: bad\n\tseed: 1\n", r"bad.yaml is not valid YAML: .* at line 2, column 1"),
+        ("- just\n- a list\n", r"bad.yaml must be a mapping whose `preset` key is 'bad'"),
+    ],
+)
+def test_a_broken_preset_is_refused_with_where_and_params_left_alone(tmp_path: Path, text: str, match: str) -> None:
+    (tmp_path / "bad.yaml").write_text(text)
+    out = tmp_path / "params.yaml"
+    out.write_text("preset: tiny\n")
+    with pytest.raises(PresetError, match=match):
+        write_preset("bad", presets_dir=tmp_path, params_file=out)
+    assert out.read_text() == "preset: tiny\n"

@@ -3,6 +3,7 @@ framing) and through a live uvicorn on 127.0.0.1 (503 under load, stopping on di
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -15,8 +16,10 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from test_chat import ScriptedEngine, byte_tokenizer, make_backend, script_for
+from test_engine import random_model
 
-from lockstep.chat import EngineBackend
+from lockstep.chat import EngineBackend, text_message
+from lockstep.engine import Engine
 from lockstep.server import ServerConfig, create_app, sse_event
 
 
@@ -194,6 +197,131 @@ def test_oversized_bodies_are_refused_with_413(client):
 def test_bad_json_is_a_422_not_a_500(client):
     r = client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 422
+    error = r.json()["error"]
+    # The decoder's character offset is where the body breaks, not a parameter.
+    assert error["param"] is None, error
+    assert error["message"].startswith("the request body is not valid JSON: ") and "at character 1" in error["message"]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("max_tokens", True), ("max_tokens", "5"), ("max_tokens", 5.0), ("max_completion_tokens", True),
+     ("top_k", True), ("seed", False), ("n", True), ("temperature", True), ("temperature", "0.5"),
+     ("top_p", True), ("stream", 1), ("stream", "yes")],
+)
+def test_json_true_and_strings_are_not_numbers(client, field, value):
+    r = client.post("/v1/chat/completions", json={"messages": [user("a")], field: value})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["param"] == field
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_finite_sampling_numbers_are_refused(client, literal):
+    for field in (b"temperature", b"top_p"):
+        body = b'{"messages": [{"role": "user", "content": "a"}], "' + field + b'": ' + literal + b"}"
+        r = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"]["param"] == field.decode()
+
+
+def test_max_tokens_beyond_the_room_left_is_refused_not_clipped():
+    backend, engine, _ = make_backend("ok", context_tokens=40)
+    room = 40 - backend.prompt_tokens([text_message("user", "hi")])
+    config = ServerConfig(max_reply_tokens=64, default_max_tokens=64)
+    with TestClient(create_app(backend, config)) as c:
+        for param in ("max_tokens", "max_completion_tokens"):
+            r = c.post("/v1/chat/completions", json={"messages": [user("hi")], param: room + 1})
+            assert r.status_code == 422, r.text
+            error = r.json()["error"]
+            assert error["param"] == param
+            assert f"leaves {room} of the model's 40-token context" in error["message"]
+            assert f"ask for at most {room}" in error["message"]
+        r = c.post("/v1/chat/completions", json={"messages": [user("hi")], "max_tokens": room})
+        assert r.status_code == 200, r.text
+        assert engine.calls[-1]["max_tokens"] == room
+        # The server's own default is fitted into the room: the request did not ask for more.
+        r = c.post("/v1/chat/completions", json={"messages": [user("hi")]})
+        assert r.status_code == 200, r.text
+        assert engine.calls[-1]["max_tokens"] == room
+    assert len(engine.calls) == 2
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class CountWatchingBackend:
+    """Wraps a backend, recording for each token count whether it ran on the event loop's thread."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.model_id = inner.model_id
+        self.context_tokens = inner.context_tokens
+        self.counts: list[tuple[str, bool]] = []
+
+    def count_tokens(self, text):
+        self.counts.append(("count_tokens", _on_event_loop()))
+        return self.inner.count_tokens(text)
+
+    def prompt_tokens(self, messages):
+        self.counts.append(("prompt_tokens", _on_event_loop()))
+        return self.inner.prompt_tokens(messages)
+
+    def stream(self, messages, settings):
+        return self.inner.stream(messages, settings)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tokens_are_counted_off_the_event_loop(stream):
+    backend = CountWatchingBackend(make_backend("ok")[0])
+    with TestClient(create_app(backend)) as c:
+        messages = [{"role": "system", "content": "be brief"}, user("a" * 300), {"role": "assistant", "content": "b"},
+                    user("c")]
+        r = c.post("/v1/chat/completions", json={"messages": messages, "stream": stream})
+        assert r.status_code == 200, r.text
+        r = c.post("/v1/chat/completions", json={"messages": [user("x" * 3000)], "stream": stream})
+        assert r.status_code == 422 and r.json()["error"]["param"] == "messages.0.content", r.text
+    assert {name for name, _ in backend.counts} == {"count_tokens", "prompt_tokens"}
+    assert not any(on_loop for _, on_loop in backend.counts), backend.counts
+
+
+def test_a_message_over_the_character_cap_is_refused_before_it_is_tokenized():
+    backend = CountWatchingBackend(make_backend("ok")[0])
+    config = ServerConfig(max_message_tokens=100, max_message_chars=50)
+    with TestClient(create_app(backend, config)) as c:
+        for content in ("x" * 51, [{"type": "text", "text": "x" * 30}, {"type": "text", "text": "y" * 21}]):
+            r = c.post("/v1/chat/completions", json={"messages": [user("hi"), {"role": "assistant", "content": "ok"},
+                                                                  {"role": "user", "content": content}]})
+            assert r.status_code == 422, r.text
+            error = r.json()["error"]
+            assert error["param"].startswith("messages.2.content") and "the limit is 50" in error["message"]
+        assert backend.counts == []
+        r = c.post("/v1/chat/completions", json={"messages": [user("x" * 50)]})
+        assert r.status_code == 200, r.text
+    # The default cap: 16 characters per token of the token limit; a 1 MB message never reaches
+    # the tokenizer.
+    assert ServerConfig(max_message_tokens=100).message_char_limit == 1600
+    with TestClient(create_app(backend)) as c:
+        r = c.post("/v1/chat/completions", json={"messages": [user("x" * 1_000_000)]})
+        assert r.status_code == 422, r.text
+        assert "message is 1000000 characters, the limit is 32768" in r.json()["error"]["message"]
+    assert [name for name, _ in backend.counts] == ["count_tokens", "prompt_tokens"]  # the 50-character one only
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-8])
+def test_a_tiny_temperature_is_greedy_not_a_500(tok, temperature):
+    backend = EngineBackend(Engine(random_model(5), tok), tok, model_id="random", context_tokens=64)
+    with TestClient(create_app(backend)) as c:
+        replies = []
+        for t in (temperature, 0.0):
+            r = c.post("/v1/chat/completions", json={"messages": [user("hello")], "max_tokens": 12, "temperature": t})
+            assert r.status_code == 200, r.text
+            replies.append(r.json()["choices"][0]["message"]["content"])
+    assert replies[0] == replies[1]
 
 
 def test_no_cors_by_default_and_never_with_credentials():

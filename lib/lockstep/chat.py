@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,17 @@ class SamplingSettings:
     top_p: float = 1.0  # 1.0 = no nucleus cut
     max_tokens: int = 256  # new tokens at most in the reply
     seed: int = 0  # seeds the sampling torch.Generator
+
+    def __post_init__(self) -> None:
+        # Refused here, before a reply starts, rather than by the engine at its first step.
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ChatError(f"temperature={self.temperature} must be a finite number >= 0 (0 is greedy)")
+        if self.top_k < 0:
+            raise ChatError(f"top_k={self.top_k} must be >= 0 (0 = no top-k cut)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ChatError(f"top_p={self.top_p} must be in (0, 1] (1 = no nucleus cut)")
+        if self.max_tokens < 1:
+            raise ChatError(f"max_tokens={self.max_tokens} must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -158,8 +170,8 @@ class EngineBackend:
         room_tokens = self.context_tokens - len(prompt)
         if room_tokens <= 0:
             raise ChatError(
-                f"the conversation is {len(prompt)} tokens, the model's context is {self.context_tokens}: "
-                "start a new conversation or shorten it"
+                f"the conversation is {len(prompt)} tokens and the model's context is {self.context_tokens}, "
+                "which leaves no room for a reply: shorten it or start a new conversation"
             )
         max_tokens = min(settings.max_tokens, room_tokens)
         decoder = IncrementalDecoder(self.tokenizer.decode)
@@ -198,16 +210,18 @@ class EngineBackend:
 
 
 def load_backend(ckpt_dir: Path, tokenizer_dir: Path, *, device: str = "cpu") -> EngineBackend:
-    """Load a checkpoint and its tokenizer into an EngineBackend, refusing a tokenizer other than
-    the one the checkpoint was trained with."""
-    import torch
-
+    """Load a checkpoint and its tokenizer into an EngineBackend on `device` ("cpu", "cuda",
+    "cuda:1", "mps"), refusing a device this machine lacks and a tokenizer other than the one the
+    checkpoint was trained with."""
     from lockstep.checkpoint import load_checkpoint
     from lockstep.engine import Engine
     from lockstep.model import GPT, GPTConfig
+    from lockstep.runtime import device_from_name
     from lockstep.tokenizer import load_tokenizer
 
     ckpt_dir, tokenizer_dir = Path(ckpt_dir), Path(tokenizer_dir)
+    # Checked before anything loads: a device this machine lacks fails in seconds, not after the weights.
+    torch_device = device_from_name(device, setting="--device")
     if not ckpt_dir.is_dir():
         raise FileNotFoundError(f"no checkpoint directory at {ckpt_dir}: pass --ckpt data/ckpt/<stage>")
     if not tokenizer_dir.is_dir():
@@ -224,7 +238,7 @@ def load_backend(ckpt_dir: Path, tokenizer_dir: Path, *, device: str = "cpu") ->
     if "model_config" not in meta:
         raise ChatError(f"{ckpt_dir}/meta.json has no model_config: pass a checkpoint written by a training stage")
     config = GPTConfig.from_dict(meta["model_config"])
-    model = GPT.build(config, torch.device(device))
+    model = GPT.build(config, torch_device)
     model.load_state_dict(ckpt.model_state)
     model.eval()
     engine = Engine(model, tokenizer)

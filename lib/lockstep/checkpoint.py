@@ -167,7 +167,14 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """Verify the manifest, then load weights (safetensors), RNG states and meta.json."""
     path = Path(path)
     verify_checkpoint(path)
-    meta = read_json(path / META_FILE, what="checkpoint meta")
+    try:
+        meta = read_json(path / META_FILE, what="checkpoint meta")
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    if not isinstance(meta, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(meta), "a number")
+        raise CheckpointError(f"{path / META_FILE} holds {kind}, not a JSON object: it was not written by a lockstep "
+                              "stage; delete the checkpoint and re-run the stage that writes it")
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path / META_FILE} has format {meta.get('format')!r}, expected {FORMAT!r}")
     model_state = safetensors_load((path / MODEL_FILE).read_bytes())

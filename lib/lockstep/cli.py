@@ -96,9 +96,10 @@ def chat(
     """Chat with a checkpoint in the terminal, replies streamed as they are sampled."""
     import sys
 
-    from lockstep.chat import SamplingSettings, load_backend, run_chat
+    from lockstep.chat import ChatError, SamplingSettings, load_backend, run_chat
 
     try:
+        settings = SamplingSettings(temperature=temperature, top_k=top_k, max_tokens=max_tokens, seed=seed)
         backend = load_backend(ckpt, tokenizer, device=device)
     except (FileNotFoundError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
@@ -111,8 +112,11 @@ def chat(
             except EOFError:
                 return
 
-    settings = SamplingSettings(temperature=temperature, top_k=top_k, max_tokens=max_tokens, seed=seed)
-    run_chat(backend, settings, lines=typed_lines(), out=sys.stdout, prompt=prompt)
+    try:
+        run_chat(backend, settings, lines=typed_lines(), out=sys.stdout, prompt=prompt)
+    except ChatError as e:  # the one-shot prompt's; the interactive loop reports its own and goes on
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()

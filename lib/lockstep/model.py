@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lockstep.config import build_config, config_to_dict
+from lockstep.config import FieldError, build_config, check_range, config_to_dict
 
 IGNORE_INDEX = -100
 LossReduction = Literal["mean", "sum", "none"]
@@ -37,22 +37,21 @@ class GPTConfig:
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * n_embd
 
     def __post_init__(self) -> None:
-        positive = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "vocab_multiple", "mlp_ratio")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"GPTConfig.{name}={getattr(self, name)} must be positive")
+        # FieldError names the field; from_dict prefixes `model.`, so a bad meta.json names its key.
+        for name in ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "vocab_multiple", "mlp_ratio"):
+            value = getattr(self, name)
+            if value < 1:
+                raise FieldError(name, value, "must be a positive integer")
         if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} must divide by n_head={self.n_head}; pick a head dim that divides n_embd")
+            raise FieldError("n_embd", self.n_embd, f"must divide by n_head={self.n_head}; pick a head dim that divides n_embd")
         if self.head_dim % 2:
-            raise ValueError(f"head dim n_embd/n_head={self.head_dim} must be even for rotary embeddings")
+            raise FieldError("n_head", self.n_head, f"gives the odd head dim n_embd/n_head={self.head_dim}; rotary "
+                                                    "embeddings rotate channel pairs, so pick n_head for an even one")
         if self.n_kv_head > self.n_head or self.n_head % self.n_kv_head:
-            raise ValueError(
-                f"n_kv_head={self.n_kv_head} must divide n_head={self.n_head} (and be <= it) for grouped-query attention"
-            )
-        if self.rope_theta <= 0:
-            raise ValueError(f"rope_theta={self.rope_theta} must be positive")
-        if self.softcap < 0:
-            raise ValueError(f"softcap={self.softcap} must be >= 0 (0 disables capping)")
+            raise FieldError("n_kv_head", self.n_kv_head,
+                             f"must divide n_head={self.n_head} (and be <= it) for grouped-query attention")
+        check_range("rope_theta", self.rope_theta, gt=0, why="the rotary base (10000 is usual)")
+        check_range("softcap", self.softcap, ge=0, why="0 disables capping")
 
     @property
     def head_dim(self) -> int:
@@ -76,11 +75,15 @@ class GPTConfig:
     ) -> GPTConfig:
         """One dial: `n_layer = depth`, `n_embd = depth * 64`, `n_head = n_embd / head_dim`,
         `n_kv_head = n_head` unless given. Any field can be overridden by keyword."""
-        if depth <= 0:
-            raise ValueError(f"depth={depth} must be positive")
+        if depth < 1:
+            raise FieldError("depth", depth, "must be a positive integer (layers; the width is 64 * depth)")
+        if head_dim < 1 or head_dim % 2:
+            raise FieldError("head_dim", head_dim, "must be a positive even integer (channels per attention head; "
+                                                   "rotary embeddings rotate channel pairs), e.g. 64")
+        width = "n_embd" if "n_embd" in overrides else "64 * depth"
         n_embd = overrides.pop("n_embd", depth * 64)
         if n_embd % head_dim:
-            raise ValueError(f"n_embd={n_embd} must divide by head_dim={head_dim}; choose a head_dim dividing {n_embd}")
+            raise FieldError("head_dim", head_dim, f"must divide the width {width} = {n_embd}; choose a head_dim dividing {n_embd}")
         n_head = overrides.pop("n_head", n_embd // head_dim)
         fields = dict(
             sequence_len=sequence_len,

@@ -1,5 +1,6 @@
-"""Runtime: device and dtype choice (once, with a reason), distributed detection, determinism
-settings and peak-FLOPs. Knows nothing about models, data or training."""
+"""Runtime: device and dtype choice (once, with a reason), device names checked against this
+machine, distributed detection, determinism settings and peak-FLOPs. Knows nothing about models,
+data or training."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
+
+from lockstep.config import ConfigError, FieldError
 
 # Dense bf16 tensor-core peaks from the vendors' datasheets (no sparsity), FLOP/s per device.
 _DECLARED_BF16_PEAK_FLOPS = (
@@ -38,6 +41,16 @@ class RuntimeConfig:
     threads: int = 0  # torch intra-op threads per process on CPU; 0 = cores // nproc
     compile: Literal["auto", "on", "off"] = "auto"  # torch.compile: auto = on for CUDA only
     deterministic: bool = True  # torch.use_deterministic_algorithms (bit-exact CPU resume needs it)
+
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise FieldError("nproc", self.nproc, "must be >= 1: processes on this node, 1 for a single process without torchrun")
+        if self.threads < 0:
+            raise FieldError("threads", self.threads, "must be >= 0: torch threads per process, 0 = cores // nproc")
+
+
+class DeviceError(ConfigError):
+    """A device that this machine does not have, or a name that is not a torch device."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +118,8 @@ def choose_device_dtype(device: str = "auto", dtype: str = "auto", *, local_rank
         raise ValueError(f"runtime.dtype={dtype!r} must be auto, fp32 or bf16")
     has_cuda = torch.cuda.is_available()
     if device == "cuda" and not has_cuda:
-        raise RuntimeError("runtime.device=cuda but torch sees no CUDA device; set runtime.device: cpu or auto")
+        raise DeviceError(f"runtime.device=cuda but torch sees no CUDA device ({_no_cuda_reason()}); "
+                          "set runtime.device: cpu or auto")
     if device == "cuda" or (device == "auto" and has_cuda):
         dev = torch.device("cuda", local_rank)
         major, minor = torch.cuda.get_device_capability(dev)
@@ -126,6 +140,35 @@ def choose_device_dtype(device: str = "auto", dtype: str = "auto", *, local_rank
         return dev, torch.bfloat16, "bf16 autocast on CPU (auto: native avx512_bf16/amx; trains as well as fp32)"
     why = "requested" if dtype == "fp32" else "auto: no native bf16 on this CPU"
     return dev, torch.float32, f"fp32 on CPU ({why})"
+
+
+def _no_cuda_reason() -> str:
+    if torch.version.cuda is None:
+        return f"this torch {torch.__version__} is a CPU-only build"
+    return f"torch {torch.__version__} is built for CUDA {torch.version.cuda}, but no GPU is visible or its driver is missing"
+
+
+def device_from_name(name: str, *, setting: str) -> torch.device:
+    """The torch device `name` ("cpu", "cuda", "cuda:1", "mps"), checked to exist on this machine
+    before anything is built on it. `setting` names where the value came from (`--device`), for
+    the message of the DeviceError raised otherwise."""
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise DeviceError(f"{setting} {name!r} is not a torch device; use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"{setting} {name}: torch sees no CUDA device ({_no_cuda_reason()}); use {setting} cpu")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise DeviceError(f"{setting} {name}: torch sees {count} CUDA device(s), cuda:0 to cuda:{count - 1}; "
+                              f"pick one of them, or set CUDA_VISIBLE_DEVICES to show more")
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise DeviceError(f"{setting} {name}: torch sees no Apple MPS device on this machine; use {setting} cpu")
+    elif dev.type != "cpu":
+        raise DeviceError(f"{setting} {name}: {dev.type} devices are not supported; use cpu, cuda, cuda:N or mps")
+    return dev
 
 
 def under_torchrun() -> bool:

@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -30,6 +31,11 @@ log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 # The UI loads nothing from elsewhere; the policy makes a stray external reference fail loudly.
 CSP = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'"
+# Default character cap of a message per token of max_message_tokens. Text averages 2-4 characters
+# per token (the tiny preset's 4k-id BPE: 1.9-3.3 bytes per token, data/metrics/tokenizer.json;
+# large vocabularies about 4 on English), so 16 leaves room for long tokens while bounding what
+# one message costs to tokenize.
+MESSAGE_CHARS_PER_TOKEN = 16
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,9 @@ class ServerConfig:
 
     max_messages: int = 64  # messages per request
     max_message_tokens: int = 2048  # tokens in one message's text
+    # Characters in one message's text, refused before any token is counted; 0 = 16 per token of
+    # max_message_tokens (MESSAGE_CHARS_PER_TOKEN).
+    max_message_chars: int = 0
     max_conversation_tokens: int = 0  # rendered prompt tokens; 0 = the model's context minus one
     max_reply_tokens: int = 1024  # the largest max_tokens a request may ask for
     default_max_tokens: int = 256  # max_tokens when a request does not say
@@ -55,12 +64,27 @@ class ServerConfig:
             raise ValueError(f"workers={self.workers} must be at least 1")
         if self.max_queued < 0:
             raise ValueError(f"max_queued={self.max_queued} must be 0 or more")
+        if self.max_message_chars < 0:
+            raise ValueError(f"max_message_chars={self.max_message_chars} must be 0 (derived) or more")
         if not 1 <= self.default_max_tokens <= self.max_reply_tokens:
             raise ValueError(
                 f"default_max_tokens={self.default_max_tokens} must be from 1 to max_reply_tokens={self.max_reply_tokens}"
             )
         if "*" in self.allowed_origins:
             raise ValueError("allowed_origins may not contain '*': list the origins that may call the API")
+
+    @property
+    def message_char_limit(self) -> int:
+        return self.max_message_chars or MESSAGE_CHARS_PER_TOKEN * self.max_message_tokens
+
+
+class RequestLimitError(ValueError):
+    """A request over a limit that takes token counts to check; `param` names where
+    (`messages.0.content`, `max_tokens`), as in a 422 from the schema."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
 
 
 class Busy(Exception):
@@ -229,38 +253,38 @@ def _as_conversation(messages: list[Any]) -> list[dict]:
 
 
 def build_request_model(config: ServerConfig, backend: ChatBackend) -> type[BaseModel]:
-    """The request schema for POST /v1/chat/completions with this server's limits in it. Token
-    limits are checked by validators that count with the backend's tokenizer, so a request over a
-    limit is a 422 like any other schema violation."""
+    """The request schema for POST /v1/chat/completions with this server's limits in it. The
+    validators check shape, ranges, role order and a character cap per message, all cheap enough
+    for the event loop; the token limits, which need the tokenizer, are checked by
+    `count_prompt_tokens` and `settings`, which raise RequestLimitError."""
     context_tokens = backend.context_tokens
     conversation_limit = min(config.max_conversation_tokens or context_tokens, context_tokens - 1)
+    char_limit = config.message_char_limit
 
     class TextPart(BaseModel):
         type: Literal["text"]
-        text: str = Field(max_length=config.max_body_bytes)
+        text: str = Field(max_length=char_limit)
 
     class ChatMessage(BaseModel):
         role: Literal["system", "user", "assistant"]
         content: str | list[TextPart] = Field(
-            description=f"the message text; at most {config.max_message_tokens} tokens",
+            description=f"the message text; at most {config.max_message_tokens} tokens and {char_limit} characters",
         )
         name: str | None = Field(default=None, max_length=64)
 
         @field_validator("content")
         @classmethod
-        def _message_tokens(cls, content: Any) -> Any:
-            if isinstance(content, str) and len(content) > config.max_body_bytes:
-                raise ValueError(f"message is over {config.max_body_bytes} characters")
-            n_tokens = backend.count_tokens(_message_text(content))
-            if n_tokens > config.max_message_tokens:
-                raise ValueError(
-                    f"message is {n_tokens} tokens, the limit is {config.max_message_tokens}: shorten it"
-                )
+        def _message_chars(cls, content: Any) -> Any:
+            # Before any token is counted: the tokenizer never sees more than this per message.
+            n_chars = len(_message_text(content))
+            if n_chars > char_limit:
+                raise ValueError(f"message is {n_chars} characters, the limit is {char_limit}: shorten it")
             return content
 
     class StreamOptions(BaseModel):
-        include_usage: bool = False
+        include_usage: bool = Field(default=False, strict=True)
 
+    # strict: JSON true is not the integer 1, nor "5" the number 5; inf and NaN are no numbers.
     class ChatCompletionRequest(BaseModel):
         model_config = ConfigDict(extra="ignore")
 
@@ -271,42 +295,70 @@ def build_request_model(config: ServerConfig, backend: ChatBackend) -> type[Base
             description=f"optional system message, then user/assistant alternating, ending with user; "
             f"at most {conversation_limit} tokens rendered",
         )
-        stream: bool = False
+        stream: bool = Field(default=False, strict=True)
         stream_options: StreamOptions | None = None
-        max_tokens: int | None = Field(default=None, ge=1, le=config.max_reply_tokens)
-        max_completion_tokens: int | None = Field(default=None, ge=1, le=config.max_reply_tokens)
-        temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-        top_k: int | None = Field(default=None, ge=0, le=200)
-        top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-        seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
-        n: int | None = Field(default=None, ge=1, le=1, description="only one choice per request")
+        max_tokens: int | None = Field(
+            default=None, ge=1, le=config.max_reply_tokens, strict=True,
+            description="at most the context's room after the prompt; refused, not clipped, beyond it",
+        )
+        max_completion_tokens: int | None = Field(default=None, ge=1, le=config.max_reply_tokens, strict=True,
+                                                  description="as max_tokens, which it overrides")
+        temperature: float | None = Field(default=None, ge=0.0, le=2.0, strict=True, allow_inf_nan=False)
+        top_k: int | None = Field(default=None, ge=0, le=200, strict=True)
+        top_p: float | None = Field(default=None, gt=0.0, le=1.0, strict=True, allow_inf_nan=False)
+        seed: int | None = Field(default=None, ge=0, le=2**63 - 1, strict=True)
+        n: int | None = Field(default=None, ge=1, le=1, strict=True, description="only one choice per request")
 
         @field_validator("messages")
         @classmethod
-        def _conversation(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
-            conversation = _as_conversation(messages)
+        def _roles(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
             try:
-                check_messages(conversation)
+                check_messages(_as_conversation(messages))
             except ChatError as e:
                 raise ValueError(str(e)) from None
-            n_tokens = backend.prompt_tokens(conversation)
-            if n_tokens > conversation_limit:
-                raise ValueError(
-                    f"conversation is {n_tokens} tokens, the limit is {conversation_limit}: "
-                    "drop early messages or start a new conversation"
-                )
             return messages
 
         def conversation(self) -> list[dict]:
             return _as_conversation(self.messages)
 
-        def settings(self) -> SamplingSettings:
-            max_tokens = self.max_completion_tokens or self.max_tokens or config.default_max_tokens
+        def count_prompt_tokens(self) -> int:
+            """Check the token limits of each message and of the rendered conversation; return the
+            prompt's length in tokens. Tokenizing is the costly part of a request's checks: call
+            this off the event loop."""
+            for i, m in enumerate(self.messages):
+                n_tokens = backend.count_tokens(_message_text(m.content))
+                if n_tokens > config.max_message_tokens:
+                    raise RequestLimitError(
+                        f"messages.{i}.content",
+                        f"message is {n_tokens} tokens, the limit is {config.max_message_tokens}: shorten it",
+                    )
+            n_tokens = backend.prompt_tokens(self.conversation())
+            if n_tokens > conversation_limit:
+                raise RequestLimitError(
+                    "messages",
+                    f"conversation is {n_tokens} tokens, the limit is {conversation_limit}: "
+                    "drop early messages or start a new conversation",
+                )
+            return n_tokens
+
+        def settings(self, prompt_tokens: int) -> SamplingSettings:
+            """The sampling settings for a prompt of `prompt_tokens`. A max_tokens the request set
+            beyond the room the context leaves is refused; the server's default is fitted into it."""
+            room_tokens = context_tokens - prompt_tokens
+            param = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+            asked = getattr(self, param)
+            if asked is not None and asked > room_tokens:
+                raise RequestLimitError(
+                    param,
+                    f"{param}={asked} does not fit: the conversation is {prompt_tokens} tokens, which leaves "
+                    f"{room_tokens} of the model's {context_tokens}-token context for the reply; ask for at most "
+                    f"{room_tokens} or shorten the conversation",
+                )
             return SamplingSettings(
                 temperature=config.default_temperature if self.temperature is None else self.temperature,
                 top_k=config.default_top_k if self.top_k is None else self.top_k,
                 top_p=1.0 if self.top_p is None else self.top_p,
-                max_tokens=max_tokens,
+                max_tokens=asked if asked is not None else min(config.default_max_tokens, room_tokens),
                 seed=config.default_seed if self.seed is None else self.seed,
             )
 
@@ -397,6 +449,12 @@ def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> Fast
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # Say what is wrong and where, never echo the input back (it may be a long message body).
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        if first.get("type") == "json_invalid":
+            # Its loc holds a character offset into the body, which is no parameter.
+            offset = first["loc"][-1] if len(first.get("loc", ())) > 1 else "?"
+            problem = first.get("ctx", {}).get("error", "JSON decode error")
+            text = f"the request body is not valid JSON: {problem} at character {offset}"
+            return JSONResponse(_error_body(text, "invalid_request_error"), status_code=422)
         param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
         message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
         text = f"{param}: {message}" if param else message
@@ -432,8 +490,13 @@ def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> Fast
     )
     async def chat_completions(body: RequestModel, request: Request) -> Any:  # type: ignore[valid-type]
         messages = body.conversation()
-        settings = body.settings()
-        prompt_tokens = backend.prompt_tokens(messages)
+        try:
+            # On a worker thread: tokenizing up to max_body_bytes of text would stall every other
+            # request, /health included, if it ran on the event loop.
+            prompt_tokens = await run_in_threadpool(body.count_prompt_tokens)
+            settings = body.settings(prompt_tokens)
+        except RequestLimitError as e:
+            return JSONResponse(_error_body(f"{e.param}: {e}", "invalid_request_error", e.param), status_code=422)
         request_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         try:
             await pool.acquire()
