@@ -9,9 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from lockstep.cache import CacheConfig, CacheError, build_pretrain_cache, build_sft_cache
+from lockstep.config import ConfigError
 from lockstep.sources import iter_records, read_meta
+from lockstep.sources.snapshot import SnapshotError
 from lockstep.tokenizer import load_tokenizer
-from stages._common import load_params, section, setup
+from lockstep.tokenizer.base import NoSpecialTokensError, TokenizerFileError
+from stages._common import entry, load_params, section, setup
+
+# Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
+STAGE_ERRORS = (ConfigError, CacheError, SnapshotError, TokenizerFileError, NoSpecialTokensError, FileNotFoundError)
 
 
 def _texts(raw: Path, split: str) -> Iterator[str]:
@@ -29,7 +35,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log = setup("cache")
     params = load_params()
     cfg = section(params, f"cache.{args.name}", CacheConfig)
-    seed = int(params.get("seed", 0))
+    seed = params.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"params.yaml `seed` must be an integer, got {seed!r}; set it or switch preset with `lockstep preset`")
     tok = load_tokenizer(args.tokenizer)
     raw_meta = read_meta(args.raw)
     kind = raw_meta["kind"]
@@ -70,4 +78,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(entry(main, errors=STAGE_ERRORS))

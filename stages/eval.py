@@ -9,10 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lockstep.cache import CacheError
+from lockstep.checkpoint import CheckpointError
 from lockstep.config import ConfigError
 from lockstep.evaluate.run import STAGES, EvalConfig, EvalPaths, run_eval_stage
 from lockstep.runtime import RuntimeConfig, configure_threads, init_runtime, shutdown, torchrun_argv, under_torchrun
-from stages._common import load_params, section, setup
+from lockstep.tokenizer.base import TokenizerFileError
+from stages._common import entry, load_params, section, setup
+
+# Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
+STAGE_ERRORS = (ConfigError, CacheError, CheckpointError, TokenizerFileError, FileNotFoundError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,4 +61,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(entry(main, errors=STAGE_ERRORS))

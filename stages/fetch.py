@@ -7,11 +7,17 @@ import argparse
 from pathlib import Path
 
 from lockstep.config import ConfigError
-from lockstep.sources import SOURCE_CONFIGS, fetch_source
-from stages._common import load_params, section, setup
+from lockstep.sources import SOURCE_CONFIGS, SourceFormatError, SplitLayoutError, fetch_source
+from lockstep.sources.common import SourceUnavailableError
+from lockstep.sources.snapshot import BadRecordError, SnapshotError
+from stages._common import entry, load_params, section, setup
+
+# Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
+STAGE_ERRORS = (ConfigError, SourceFormatError, SplitLayoutError, SourceUnavailableError, BadRecordError,
+                SnapshotError, FileNotFoundError)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("name", help="the entry under `fetch:` in params.yaml")
     ap.add_argument("--out", type=Path, required=True, help="snapshot folder, e.g. data/raw/<name>")
@@ -33,9 +39,14 @@ def main(argv: list[str] | None = None) -> None:
     c = meta["counts"]
     log.info("fetch %s (%s, %s): train %d | val %d | skipped %d -> %s",
              args.name, source, meta["kind"], c["train"], c["val"], c["skipped"], args.out)
+    if "local_splits" in meta:  # which local file fed which split, so a misnamed file shows here
+        log.info("local files (split by %s): %s%s", meta["split_rule"],
+                 " | ".join(f"{s} <- {', '.join(fs)}" for s, fs in meta["local_splits"].items()),
+                 f" | not read: {', '.join(meta['unused_files'])}" if meta["unused_files"] else "")
     for reason in meta["bad_examples"]:
         log.warning("skipped: %s", reason)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(entry(main, errors=STAGE_ERRORS))

@@ -7,10 +7,10 @@ import argparse
 from pathlib import Path
 
 from lockstep.report import build_report, environment_info
-from stages._common import setup
+from stages._common import entry, setup
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stages.report", description=__doc__)
     parser.add_argument("--metrics", type=Path, required=True, help="metrics folder (data/metrics)")
     parser.add_argument("--plots", type=Path, required=True, help="per-step TSV series (data/plots)")
@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> None:
     log = setup("report")
     path = build_report(args.metrics, args.plots, args.out, environment=environment_info(Path.cwd()))
     log.info("wrote %s", path)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(entry(main, errors=(FileNotFoundError,)))

@@ -7,11 +7,17 @@ import argparse
 import logging
 from pathlib import Path
 
+from lockstep.config import ConfigError
+from lockstep.sources.snapshot import SnapshotError
+from lockstep.tokenizer.base import TokenizerFileError
 from lockstep.tokenizer.pipeline import TokenizerConfig, run_tokenizer_stage
-from stages._common import load_params, section, setup
+from stages._common import entry, load_params, section, setup
+
+# Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
+STAGE_ERRORS = (ConfigError, SnapshotError, TokenizerFileError, FileNotFoundError)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stages.tokenizer", description=__doc__)
     parser.add_argument("--raw", type=Path, required=True, help="folder of raw snapshots (data/raw)")
     parser.add_argument("--out", type=Path, required=True, help="tokenizer output folder (data/tokenizer)")
@@ -27,9 +33,10 @@ def main(argv: list[str] | None = None) -> None:
         log.info("tokenizer.kind=%s fixes its own vocabulary; tokenizer.vocab_size=%d is not used", cfg.kind, cfg.vocab_size)
     seed = params.get("seed")
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"params.yaml `seed` must be an integer, got {seed!r}; set it or switch preset with `lockstep preset`")
+        raise ConfigError(f"params.yaml `seed` must be an integer, got {seed!r}; set it or switch preset with `lockstep preset`")
     run_tokenizer_stage(cfg, args.raw, args.out, args.metrics, seed=seed)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(entry(main, errors=STAGE_ERRORS))

@@ -189,3 +189,29 @@ def test_stage_under_a_python_without_the_environment_says_how_to_activate_it():
     assert "source .venv/bin/activate" in line and "make repro" in line
     assert "ModuleNotFoundError" not in proc.stderr
 
+
+
+def test_fetch_stage_with_a_source_file_in_the_wrong_format_says_so_in_one_line(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"  # OASST prompt lists, not the message trees oasst1 reads
+    prompts.write_text('{"prompt": "Write a haiku"}\n{"prompt": "Explain DVC"}\n', encoding="utf-8")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(
+        {"seed": 1, "fetch": {"chats": {"source": "oasst1", "path": str(prompts), "val_frac": 0.5}}}))
+    proc = run_stage("stages.fetch", "chats", f"--out={tmp_path / 'raw'}", f"--params={tmp_path / 'params.yaml'}")
+    assert proc.returncode == 1
+    line = the_error_line(proc.stderr)
+    assert str(prompts) in line and "expected" in line
+    assert not (tmp_path / "raw").exists()
+
+
+def test_cache_stage_without_a_seed_refuses_instead_of_using_zero(tmp_path):
+    params = yaml.safe_load((ROOT / "presets" / "tiny.yaml").read_text())
+    del params["seed"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT)])}
+    # The cache stage reads params.yaml from its working folder, as under `dvc repro`.
+    proc = subprocess.run([sys.executable, "-m", "stages.cache", "shakespeare", "--raw", str(tmp_path / "raw"),
+                           "--tokenizer", str(tmp_path / "tok"), "--out", str(tmp_path / "out")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "params.yaml `seed` must be an integer, got None" in the_error_line(proc.stderr)
+    assert not (tmp_path / "out").exists()

@@ -89,6 +89,16 @@ class LocalSplits:
     def carve(self) -> bool:
         return "val" not in self.files
 
+    def write(self, sink: SnapshotWriter, split: str, records: list[tuple[str, dict[str, Any]]], seed: int) -> None:
+        """Write the (where, record) pairs read from `self.files[split]`: to that split, or, when
+        val is carved, split by `val_frac` (seeded)."""
+        if self.carve:
+            assert self.val_frac is not None
+            write_split(sink, records, self.val_frac, seed)
+            return
+        for where, record in records:
+            sink.add(split, record, where)
+
     def meta(self) -> dict[str, Any]:
         """meta.json fields: the revision and sha256 of the files read, and which split each fed."""
         read = [f for split in self.files.values() for f in split]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lockstep.sources.common import SourceFormatError, hub_revision, write_split
+from lockstep.sources.common import SourceFormatError, hub_revision
 from lockstep.sources.hub import HubFields, file_rows, hub_rows, local_splits
 from lockstep.sources.snapshot import SnapshotWriter
 
@@ -185,12 +185,7 @@ def produce(cfg: Oasst1Config, sink: SnapshotWriter, *, seed: int) -> dict[str, 
             rows = [r for f in files for r in _local_rows(f, cfg, sink)]
             convs, n = conversations(split_layouts(rows, sink), cfg.lang, sink)
             filtered += n
-            if plan.carve:
-                assert plan.val_frac is not None
-                write_split(sink, convs, plan.val_frac, seed)
-            else:
-                for where, conv in convs:
-                    sink.add(split, conv, where)
+            plan.write(sink, split, convs, seed)
         return {"source_id": f"local:{Path(cfg.path).as_posix()}", "source_format": cfg.dataset,
                 "filtered_trees": filtered, **plan.meta()}
     sha = hub_revision(cfg.dataset, cfg.revision, max_retries=cfg.max_retries, backoff_s=cfg.backoff_s)

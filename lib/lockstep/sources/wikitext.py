@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lockstep.sources.common import SourceFormatError, dataset_rows, hub_revision, write_split
+from lockstep.sources.common import SourceFormatError, dataset_rows, hub_revision
 from lockstep.sources.hub import HubFields, hub_rows, local_splits
 from lockstep.sources.snapshot import SnapshotWriter
 
@@ -83,13 +83,7 @@ def produce(cfg: WikitextConfig, sink: SnapshotWriter, *, seed: int) -> dict[str
             # One line stream per split, as the hub serves it: an article may cross a shard boundary.
             lines = (line for f in files for line in _local_lines(f, cfg))
             label = str(files[0]) if len(files) == 1 else f"{plan.root}[{split}]"
-            arts = [(f"{label} article {i}", a) for i, a in enumerate(articles_from_lines(lines))]
-            if plan.carve:
-                assert plan.val_frac is not None
-                write_split(sink, arts, plan.val_frac, seed)
-            else:
-                for where, art in arts:
-                    sink.add(split, art, where)
+            plan.write(sink, split, [(f"{label} article {i}", a) for i, a in enumerate(articles_from_lines(lines))], seed)
         return {"source_id": f"local:{Path(cfg.path).as_posix()}", "source_format": cfg.dataset, **plan.meta()}
     sha = hub_revision(cfg.dataset, cfg.revision, max_retries=cfg.max_retries, backoff_s=cfg.backoff_s)
     for ours, theirs in HUB_SPLITS.items():
