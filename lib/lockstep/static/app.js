@@ -23,11 +23,15 @@ function settings() {
     const v = Number($(id).value);
     return Number.isFinite(v) && $(id).value !== "" ? v : fallback;
   };
-  return {
+  const out = {
     temperature: number("temperature", 0.6),
     top_k: Math.round(number("top_k", 50)),
-    max_tokens: Math.round(number("max_tokens", 256)),
   };
+  // Left empty, the server picks a reply length that fits the room the context has left; a
+  // number asked for explicitly is refused (with the room left) when it does not fit.
+  const maxTokens = number("max_tokens", null);
+  if (maxTokens !== null) out.max_tokens = Math.round(maxTokens);
+  return out;
 }
 
 // Re-render the whole list from state: the conversation is short and this keeps the
