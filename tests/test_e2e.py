@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lockstep.report import read_series
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -72,6 +74,8 @@ def test_smoke_pipeline_end_to_end(tmp_path: Path) -> None:
         assert json.loads((metrics_dir / f"{name}.json").read_text()), name
     assert json.loads((metrics_dir / "pretrain.json").read_text())["val_bpb"] > 0
 
+    # One line per training stage in the loss chart, read from the folders the stages wrote.
+    assert set(read_series(work / "data" / "plots")["train_loss"]) == {"pretrain", "midtrain", "sft"}
     card = (work / "data" / "report" / "report.md").read_text()
     assert "| metric | BASE | MID | SFT | RL |" in card, "report.md lacks the per-stage metrics table"
     charts = sorted((work / "data" / "report").glob("*.png"))

@@ -50,6 +50,21 @@ def run_files(tmp_path: Path) -> tuple[Path, Path]:
     return metrics, plots
 
 
+def test_series_are_named_by_stage_in_the_layout_the_stages_write(tmp_path: Path) -> None:
+    # dvclive (pretrain, midtrain, sft) writes <stage>/plots/metrics/<name>.tsv; RL <stage>/train.tsv.
+    plots = tmp_path / "plots"
+    for stage, start in (("pretrain", 8.0), ("midtrain", 3.0), ("sft", 1.0)):
+        d = plots / stage / "plots" / "metrics"
+        d.mkdir(parents=True)
+        (d / "train_loss.tsv").write_text("step\ttrain_loss\n" + "".join(f"{s}\t{start - s / 10}\n" for s in (1, 2, 3)))
+    (plots / "rl").mkdir()
+    (plots / "rl" / "train.tsv").write_text("step\treward\n1\t0.5\n2\t0.7\n")
+    series = read_series(plots)
+    assert set(series["train_loss"]) == {"pretrain", "midtrain", "sft"}  # one line per stage, not one "metrics"
+    assert series["train_loss"]["midtrain"] == [(1.0, 2.9), (2.0, 2.8), (3.0, 2.7)]
+    assert series["reward"] == {"rl": [(1.0, 0.5), (2.0, 0.7)]}
+
+
 def test_report_renders_from_fixture(tmp_path: Path, run_files: tuple[Path, Path]) -> None:
     metrics, plots = run_files
     out = build_report(metrics, plots, tmp_path / "report", environment=ENV)

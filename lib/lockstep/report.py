@@ -48,14 +48,18 @@ def load_metrics(metrics_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def read_series(plots_dir: Path) -> dict[str, dict[str, list[tuple[float, float]]]]:
-    """Per-step series from `plots_dir/<stage>/*.tsv` (a header row with a `step` column): as
-    {column: {stage: [(step, value), ...]}}, so one chart can overlay a quantity across stages."""
+    """Per-step series from the TSVs under `plots_dir/<stage>/` at any depth (RL writes
+    `rl/train.tsv`, dvclive `pretrain/plots/metrics/train_loss.tsv`), each with a header row and a
+    `step` column: as {column: {stage: [(step, value), ...]}}, so one chart can overlay a quantity
+    across stages. The stage is the first folder below `plots_dir`; a TSV directly in it is a
+    stage of its own name."""
     series: dict[str, dict[str, list[tuple[float, float]]]] = {}
     plots_dir = Path(plots_dir)
     if not plots_dir.is_dir():
         return series
     for path in sorted(plots_dir.rglob("*.tsv")):
-        stage = path.parent.name if path.parent != plots_dir else path.stem
+        rel = path.relative_to(plots_dir).parts
+        stage = rel[0] if len(rel) > 1 else path.stem
         with open(path, encoding="utf-8", newline="") as f:
             rows = list(csv.DictReader(f, delimiter="\t"))
         if not rows:
