@@ -1,6 +1,9 @@
 """Benchmark of KV-cache decoding through lockstep.engine on this machine: time to first token
 (prefill of the prompt + first sample) and decode tok/s at batch 1 and 8, for the tiny preset's
-model and for a d4 model with a 32k vocab. Random weights; not a test, not a quality measure.
+model and for a d4 model with a 32k vocab, each as a ratio against the baseline measured in the
+same run: the same model generating greedily without a cache (a full forward over the whole
+sequence for every new token). Runs alternate engine / baseline. Random weights; not a test, not
+a quality measure.
 
     .venv/bin/python bench/bench_decode.py
 """
@@ -18,8 +21,6 @@ from lockstep.engine import Engine
 from lockstep.model import GPT, GPTConfig
 from lockstep.tokenizer.base import SPECIAL_TOKENS
 
-# A well-known reference engine measured on this machine type, d4 / vocab 32768, bf16.
-REFERENCE_TOK_S = {1: 250.0, 8: 1500.0}
 SHAPES = {"tiny": (4, 4096, 512), "d4-32k": (4, 32768, 2048)}  # depth, vocab, sequence_len
 
 
@@ -54,6 +55,19 @@ def run_once(engine: Engine, prompt: list[int], batch: int, new_tokens: int) -> 
     return t1 - t0, (n - 1) * batch / max(t2 - t1, 1e-9), n
 
 
+@torch.no_grad()
+def run_once_no_cache(model: GPT, prompt: list[int], batch: int, new_tokens: int) -> tuple[float, float, int]:
+    """The baseline: greedy generation re-reading the whole sequence every step. Same return."""
+    idx = torch.tensor([prompt] * batch, dtype=torch.long)  # (B, T)
+    t0 = time.perf_counter()
+    idx = torch.cat([idx, model(idx)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    t1 = time.perf_counter()
+    for _ in range(new_tokens - 1):
+        idx = torch.cat([idx, model(idx)[:, -1].argmax(-1, keepdim=True)], dim=1)  # (B, T + 1)
+    t2 = time.perf_counter()
+    return t1 - t0, (new_tokens - 1) * batch / max(t2 - t1, 1e-9), new_tokens
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="tiny,d4-32k")
@@ -83,15 +97,18 @@ def main() -> None:
         g = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, 256, (args.prompt,), generator=g).tolist()
         for batch in (int(b) for b in args.batches.split(",")):
-            run_once(engine, prompt, batch, 8)  # warm-up
-            runs = [run_once(engine, prompt, batch, args.new) for _ in range(args.reps)]
+            run_once(engine, prompt, batch, 8)  # warm-up, both sides
+            run_once_no_cache(model, prompt, batch, 8)
+            runs, base = [], []
+            for _ in range(args.reps):  # alternating, so a change in the machine's load hits both sides
+                runs.append(run_once(engine, prompt, batch, args.new))
+                base.append(run_once_no_cache(model, prompt, batch, args.new))
             ttft_s = statistics.median(r[0] for r in runs)
             tok_s = statistics.median(r[1] for r in runs)
-            line = f"{shape:>7} batch {batch}: ttft {ttft_s * 1e3:6.1f} ms | decode {tok_s:7.0f} tok/s | steps {runs[0][2]}"
-            if shape == "d4-32k" and batch in REFERENCE_TOK_S:
-                ref = REFERENCE_TOK_S[batch]
-                line += f" | {tok_s / ref:4.2f}x reference {ref:.0f} (goal 1.5x)"
-            print(line)
+            base_tok_s = statistics.median(r[1] for r in base)
+            paired = statistics.median(r[1] / b[1] for r, b in zip(runs, base, strict=True))
+            print(f"{shape:>7} batch {batch}: ttft {ttft_s * 1e3:6.1f} ms | decode {tok_s:7.0f} tok/s | steps {runs[0][2]}"
+                  f" | no-cache {base_tok_s:7.0f} tok/s | {tok_s / base_tok_s:5.2f}x no-cache (paired {paired:.2f}x)")
 
 
 if __name__ == "__main__":
