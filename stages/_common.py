@@ -30,6 +30,14 @@ def load_params(path: Path = PARAMS_FILE) -> dict[str, Any]:
     return params
 
 
+def seed_of(params: dict[str, Any]) -> int:
+    """The params' top-level `seed`, refused unless it is an integer (a missing seed is not 0)."""
+    seed = params.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"params.yaml `seed` must be an integer, got {seed!r}; set it or switch preset with `lockstep preset`")
+    return seed
+
+
 def section(params: dict[str, Any], dotted: str, cls: type[T]) -> T:
     """The params section at `dotted` (e.g. `fetch.roam`) as the frozen dataclass `cls`."""
     node: Any = params

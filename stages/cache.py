@@ -14,7 +14,7 @@ from lockstep.sources import iter_records, read_meta
 from lockstep.sources.snapshot import SnapshotError
 from lockstep.tokenizer import load_tokenizer
 from lockstep.tokenizer.base import NoSpecialTokensError, TokenizerFileError
-from stages._common import entry, load_params, section, setup
+from stages._common import entry, load_params, section, seed_of, setup
 
 # Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
 STAGE_ERRORS = (ConfigError, CacheError, SnapshotError, TokenizerFileError, NoSpecialTokensError, FileNotFoundError)
@@ -35,9 +35,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     log = setup("cache")
     params = load_params()
     cfg = section(params, f"cache.{args.name}", CacheConfig)
-    seed = params.get("seed")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"params.yaml `seed` must be an integer, got {seed!r}; set it or switch preset with `lockstep preset`")
+    seed = seed_of(params)
     tok = load_tokenizer(args.tokenizer)
     raw_meta = read_meta(args.raw)
     kind = raw_meta["kind"]

@@ -15,7 +15,7 @@ from lockstep.config import ConfigError
 from lockstep.evaluate.run import STAGES, EvalConfig, EvalPaths, run_eval_stage
 from lockstep.runtime import RuntimeConfig, configure_threads, init_runtime, shutdown, torchrun_argv, under_torchrun
 from lockstep.tokenizer.base import TokenizerFileError
-from stages._common import entry, load_params, section, setup
+from stages._common import entry, load_params, section, seed_of, setup
 
 # Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
 STAGE_ERRORS = (ConfigError, CacheError, CheckpointError, TokenizerFileError, FileNotFoundError)
@@ -35,9 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     log = setup(f"eval.{args.stage}")
     params = load_params(args.params)
-    seed = params.get("seed")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError("params.yaml needs an integer `seed`")
+    seed = seed_of(params)
     cfg = section(params, "eval", EvalConfig)
     rt_cfg = section(params, "runtime", RuntimeConfig) if "runtime" in params else RuntimeConfig()
     if rt_cfg.nproc > 1 and not under_torchrun():

@@ -10,7 +10,7 @@ from lockstep.config import ConfigError
 from lockstep.sources import SOURCE_CONFIGS, SourceFormatError, SplitLayoutError, fetch_source
 from lockstep.sources.common import SourceUnavailableError
 from lockstep.sources.snapshot import BadRecordError, SnapshotError
-from stages._common import entry, load_params, section, setup
+from stages._common import entry, load_params, section, seed_of, setup
 
 # Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
 STAGE_ERRORS = (ConfigError, SourceFormatError, SplitLayoutError, SourceUnavailableError, BadRecordError,
@@ -32,9 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if source not in SOURCE_CONFIGS:
         raise ConfigError(f"fetch.{args.name}.source={source!r} must be one of {', '.join(sorted(SOURCE_CONFIGS))}")
     cfg = section(params, f"fetch.{args.name}", SOURCE_CONFIGS[source])
-    seed = params.get("seed")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"params `seed` must be an integer, got {seed!r}")
+    seed = seed_of(params)
     meta = fetch_source(args.name, cfg, args.out, seed=seed)
     c = meta["counts"]
     log.info("fetch %s (%s, %s): train %d | val %d | skipped %d -> %s",

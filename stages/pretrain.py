@@ -43,7 +43,7 @@ from lockstep.train import (
     stage_meta,
     train,
 )
-from stages._common import entry, load_params, section, setup
+from stages._common import entry, load_params, section, seed_of, setup
 
 # Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
 STAGE_ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError)
@@ -152,9 +152,7 @@ def run(stage: str, argv: list[str] | None = None) -> int:
     args = parse_args(stage, argv)
     log = setup(stage)
     params = load_params(args.params)
-    seed = params.get("seed")
-    if not isinstance(seed, int):
-        raise ConfigError("params.yaml needs an integer `seed`")
+    seed = seed_of(params)
     rt_cfg = section(params, "runtime", RuntimeConfig)
     cfg = section(params, stage, TrainConfig)
     model_params = section(params, "model", ModelParams)

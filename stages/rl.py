@@ -18,7 +18,7 @@ from lockstep.runtime import RuntimeConfig, configure_determinism, configure_thr
 from lockstep.sources import iter_records, read_meta
 from lockstep.tokenizer import load_tokenizer
 from lockstep.train import NonFiniteError
-from stages._common import entry, load_params, section, setup
+from stages._common import entry, load_params, section, seed_of, setup
 
 # Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
 STAGE_ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError)
@@ -45,9 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     log = setup("rl")
     params = load_params(args.params)
-    seed = params.get("seed")
-    if not isinstance(seed, int):
-        raise ConfigError("params.yaml needs an integer `seed`")
+    seed = seed_of(params)
     cfg = section(params, "rl", RLConfig)
     rt_cfg = section(params, "runtime", RuntimeConfig)
     if rt_cfg.nproc > 1:

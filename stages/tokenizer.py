@@ -11,7 +11,7 @@ from lockstep.config import ConfigError
 from lockstep.sources.snapshot import SnapshotError
 from lockstep.tokenizer.base import TokenizerFileError
 from lockstep.tokenizer.pipeline import TokenizerConfig, run_tokenizer_stage
-from stages._common import entry, load_params, section, setup
+from stages._common import entry, load_params, section, seed_of, setup
 
 # Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
 STAGE_ERRORS = (ConfigError, SnapshotError, TokenizerFileError, FileNotFoundError)
@@ -31,9 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = section(params, "tokenizer", TokenizerConfig)
     if cfg.kind in ("char", "byte"):
         log.info("tokenizer.kind=%s fixes its own vocabulary; tokenizer.vocab_size=%d is not used", cfg.kind, cfg.vocab_size)
-    seed = params.get("seed")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"params.yaml `seed` must be an integer, got {seed!r}; set it or switch preset with `lockstep preset`")
+    seed = seed_of(params)
     run_tokenizer_stage(cfg, args.raw, args.out, args.metrics, seed=seed)
     return 0
 

@@ -145,6 +145,11 @@ def buffer_shuffle(items: Iterable[Any], buffer_size: int, generator: torch.Gene
 # writers
 
 
+def _shard_name(i: int) -> str:
+    """The file name of a split's i-th shard, as written and as meta.json must list it."""
+    return f"shard_{i:05d}.bin"
+
+
 class _ShardWriter:
     """Appends token arrays to `shard_00000.bin, ...` in one folder. A shard is written under a
     temp name and renamed only when complete, so a complete-looking shard is a complete one."""
@@ -160,7 +165,7 @@ class _ShardWriter:
         directory.mkdir(parents=True, exist_ok=True)
 
     def _name(self) -> str:
-        return f"shard_{len(self.shards):05d}.bin"
+        return _shard_name(len(self.shards))
 
     def _open(self) -> None:
         self._f = open(self.directory / f".{self._name()}.tmp", "wb")
@@ -552,10 +557,6 @@ _KIND_COUNTS = {
     "sft": ("train_tokens", "val_tokens", "train_examples", "val_examples"),
 }
 _SFT_SUFFIXES = ("tokens.bin", "mask.bin", "idx.npy")
-
-
-def _shard_name(i: int) -> str:
-    return f"shard_{i:05d}.bin"
 
 
 def _is_count(x: Any) -> bool:

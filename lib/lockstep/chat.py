@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +33,14 @@ class SamplingSettings:
     seed: int = 0  # seeds the sampling torch.Generator
 
     def __post_init__(self) -> None:
-        # Refused here, before a reply starts, rather than by the engine at its first step.
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ChatError(f"temperature={self.temperature} must be a finite number >= 0 (0 is greedy)")
+        # Refused here, before a reply starts, by the engine's own rule. Imported here: the engine
+        # brings torch, which this module otherwise loads only with a model.
+        from lockstep.engine import check_temperature
+
+        try:
+            check_temperature(self.temperature)
+        except ValueError as e:
+            raise ChatError(str(e)) from None
         if self.top_k < 0:
             raise ChatError(f"top_k={self.top_k} must be >= 0 (0 = no top-k cut)")
         if not 0.0 < self.top_p <= 1.0:

@@ -31,7 +31,7 @@ from lockstep.config import check_range
 from lockstep.engine import Engine
 from lockstep.evaluate.chat import extract_answer
 from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, set_lr
-from lockstep.train import NonFiniteGuard, lr_multiplier
+from lockstep.train import NonFiniteGuard, check_schedule, lr_multiplier
 
 IGNORE_INDEX = -100
 
@@ -69,8 +69,7 @@ class RLConfig:
             check_range("top_k", self.top_k, ge=1, why="or null for the full distribution")
         for name in ("warmup_steps", "eval_every_steps", "nonfinite_patience"):
             check_range(name, getattr(self, name), ge=0)
-        check_range("warmdown_frac", self.warmdown_frac, ge=0, le=1, why="the fraction of steps that decay the learning rate")
-        check_range("final_lr_frac", self.final_lr_frac, ge=0, le=1, why="the end of the decay, as a fraction of the peak")
+        check_schedule(self.warmdown_frac, self.final_lr_frac)
 
 
 def reward(completion: str, reference_answer: str) -> float:

@@ -90,8 +90,7 @@ class TrainConfig:
         for name in ("target_flops", "tokens_params_ratio"):
             check_range(name, getattr(self, name), ge=0, why="0 leaves this horizon unset")
         check_range("peak_flops", self.peak_flops, ge=0, why="FLOP/s per device; 0 takes the datasheet or a measured peak")
-        check_range("warmdown_frac", self.warmdown_frac, ge=0, le=1, why="the fraction of steps that decay the learning rate")
-        check_range("final_lr_frac", self.final_lr_frac, ge=0, le=1, why="the end of the decay, as a fraction of the peak")
+        check_schedule(self.warmdown_frac, self.final_lr_frac)
         check_range("eval_tokens", self.eval_tokens, ge=1, why="val tokens per evaluation; the final one always runs")
         check_range("keep_last", self.keep_last, ge=2, why="so a crash mid-save still leaves a complete checkpoint")
 
@@ -157,6 +156,12 @@ def horizon_steps(cfg: TrainConfig, *, flops_per_token: int, num_params: int) ->
         steps = max(1, round(cfg.tokens_params_ratio * num_params / cfg.batch_tokens))
         return steps, f"tokens_params_ratio={cfg.tokens_params_ratio} x {num_params} params"
     raise ConfigError("no training horizon: set one of num_steps, target_flops or tokens_params_ratio (> 0)")
+
+
+def check_schedule(warmdown_frac: float, final_lr_frac: float) -> None:
+    """The checks of lr_multiplier's schedule fields, for every config section that has them."""
+    check_range("warmdown_frac", warmdown_frac, ge=0, le=1, why="the fraction of steps that decay the learning rate")
+    check_range("final_lr_frac", final_lr_frac, ge=0, le=1, why="the end of the decay, as a fraction of the peak")
 
 
 def lr_multiplier(step: int, total_steps: int, *, warmup_steps: int, warmdown_frac: float, final_lr_frac: float) -> float:

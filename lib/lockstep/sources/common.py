@@ -107,6 +107,13 @@ def local_files(path: str | Path, suffixes: Sequence[str], *, what: str) -> list
     return files
 
 
+def local_root(path: str | Path) -> Path:
+    """The folder that names of `local_files(path, ...)` are taken relative to: `path` itself, or
+    the folder of a single file."""
+    p = Path(path)
+    return p if p.is_dir() else p.parent
+
+
 def files_revision(files: Iterable[Path]) -> tuple[str, dict[str, str]]:
     """(one sha256 for the set, sha256 per file) of local input files."""
     per_file = {f.as_posix(): sha256_file(f) for f in files}

@@ -9,7 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lockstep.sources.common import SourceFormatError, SplitLayoutError, dataset_rows, files_revision, hub_revision, local_files
+from lockstep.sources.common import (
+    SourceFormatError,
+    SplitLayoutError,
+    dataset_rows,
+    files_revision,
+    hub_revision,
+    local_files,
+    local_root,
+)
 from lockstep.sources.hub import HubFields, split_of
 from lockstep.sources.snapshot import SnapshotWriter
 
@@ -44,7 +52,7 @@ def produce(cfg: FinewebEduConfig, sink: SnapshotWriter, *, seed: int) -> dict[s
     files: list[Path] | None = None
     if cfg.path is not None:
         files = local_files(cfg.path, (".parquet",), what="fineweb_edu")
-        root = Path(cfg.path) if Path(cfg.path).is_dir() else Path(cfg.path).parent
+        root = local_root(cfg.path)
         for f in files:
             # The hub has only `train` (val is the stream's first max_val_chars): a file of another
             # split would be pooled into train, so it is refused as the hub-split sources refuse it.

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lockstep.sources.common import files_revision, local_files, read_text, write_split
+from lockstep.sources.common import files_revision, local_files, local_root, read_text, write_split
 from lockstep.sources.snapshot import SnapshotWriter
 
 KIND = "document"
@@ -49,7 +49,7 @@ def strip_gutenberg(text: str) -> tuple[str, str]:
 
 def produce(cfg: GutenbergConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, Any]:
     files = local_files(cfg.path, (".txt",), what="gutenberg")
-    root = Path(cfg.path) if Path(cfg.path).is_dir() else Path(cfg.path).parent
+    root = local_root(cfg.path)
     items = []
     for f in files:
         text = read_text(f, sink)

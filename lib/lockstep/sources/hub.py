@@ -19,6 +19,7 @@ from lockstep.sources.common import (
     files_revision,
     hub_revision,
     local_files,
+    local_root,
     read_jsonl,
     write_split,
 )
@@ -129,13 +130,14 @@ def local_splits(
     hub config (the hub's `<config>/<split>-*.parquet` layout) and `config` is one of them, only
     that config's files are read, as the hub path reads one config."""
     assert cfg.path is not None
-    root = Path(cfg.path) if Path(cfg.path).is_dir() else Path(cfg.path).parent
+    root = local_root(cfg.path)
+    files = local_files(cfg.path, suffixes, what=dataset)
     other_configs: list[Path] = []
     if config is not None and Path(cfg.path).is_dir() and (root / config).is_dir():
-        other_configs = [f for f in local_files(root, suffixes, what=dataset) if not f.is_relative_to(root / config)]
-        files = local_files(root / config, suffixes, what=dataset)
-    else:
-        files = local_files(cfg.path, suffixes, what=dataset)
+        other_configs = [f for f in files if not f.is_relative_to(root / config)]
+        files = [f for f in files if f.is_relative_to(root / config)]
+        if not files:
+            raise FileNotFoundError(f"{dataset}: no {'/'.join(suffixes)} files under {root / config}")
     named = {f: split_of(f, root, dataset=dataset) for f in files}
     ours_of = {theirs: ours for ours, theirs in hub_splits.items()}
     hub_names = " and ".join(f"`{s}`" for s in [*hub_splits.values(), *unused_splits])
