@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-import lockstep.train
 from lockstep import checkpoint as ckpt
+from lockstep.codeid import code_revision
 from lockstep.config import ConfigError, config_to_dict
 from lockstep.io import atomic_dir, sha256_file, write_json_atomic
 from lockstep.loaders import Mixture, PretrainTokenStreamDataset, open_sft_dataset
@@ -127,7 +127,11 @@ def _resume_note(stage: str, run_dir: Path) -> str:
 
 
 class _Plots:
-    """Per-step series through dvclive on rank 0 (the plots are declared once in dvc.yaml)."""
+    """Per-step series through dvclive on rank 0 (the plots are declared once in dvc.yaml). The
+    series are stage outputs, so they hold results only: throughput and MFU vary from run to run
+    and go to the metrics JSON and the log instead."""
+
+    TIMED = ("tok_per_s", "mfu")
 
     def __init__(self, folder: Path) -> None:
         from dvclive import Live
@@ -138,7 +142,7 @@ class _Plots:
         step = int(row["step"])
         self.live.step = step
         for key, value in row.items():
-            if key != "step":
+            if key != "step" and key not in self.TIMED:
                 self.live.log_metric(key, value, plot=True)
         if "train_loss" in row:
             self.live.next_step()
@@ -197,12 +201,12 @@ def run(stage: str, argv: list[str] | None = None) -> int:
     token_bytes = torch.from_numpy(tok.token_bytes().astype("int64"))
 
     # One code revision names the run folder and goes into its checkpoints.
-    revision = lockstep.train.code_revision()
+    revision = code_revision(f"stages.{stage}")
     identity = {"seed": seed, "runtime": config_to_dict(rt_cfg), "model": gcfg.to_dict(), stage: config_to_dict(cfg),
                 "tokenizer_sha256": tok.sha256, "caches": train_ids, "init": init_identity, "code": revision}
     run_dir = args.runs / f"{stage}-{run_key(stage, identity)}"
     meta = stage_meta(model_config=gcfg, cfg=cfg, stage=stage, tokenizer_sha256=tok.sha256, seed=seed,
-                      extra={"caches": train_ids, "init_manifest_sha256": init_identity, "runtime": rt.describe(),
+                      extra={"caches": train_ids, "init_manifest_sha256": init_identity, "runtime": rt.settings(),
                              "code_revision": revision})
     log.info("run folder %s", run_dir)
     plots = _Plots(args.plots) if rt.is_main else None

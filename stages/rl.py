@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from lockstep import checkpoint as ckpt
+from lockstep.codeid import code_revision
 from lockstep.config import ConfigError, config_to_dict
 from lockstep.io import atomic_open, sha256_file, write_json_atomic
 from lockstep.model import GPT, GPTConfig
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
     meta = {"stage": "rl", "model_config": gcfg.to_dict(), "stage_config": config_to_dict(cfg),
             "tokenizer_sha256": tok.sha256, "seed": seed, "step": result.steps,
-            "init_manifest_sha256": sha256_file(args.init / ckpt.MANIFEST_FILE)}
+            "init_manifest_sha256": sha256_file(args.init / ckpt.MANIFEST_FILE), "runtime": rt.settings(),
+            "code_revision": code_revision("stages.rl")}
     state = {k: v.detach().to("cpu", torch.float32) if v.is_floating_point() else v.detach().cpu()
              for k, v in model.state_dict().items()}
     ckpt.save_checkpoint(args.out, state, {0: result.optimizer_state}, meta)

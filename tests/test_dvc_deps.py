@@ -1,98 +1,110 @@
-"""dvc.yaml stays honest: every stage's deps cover the library modules its entry point imports
-(transitively), so editing a module reruns exactly the stages that use it."""
+"""dvc.yaml stays honest and a stage's identity follows what it imports: every stage lists exactly
+the project files its entry module can execute (lockstep.codeid), and the code revision in its
+checkpoints moves when, and only when, one of those files changes."""
 
 from __future__ import annotations
 
-import ast
-import re
+import shutil
 from pathlib import Path
 
 import pytest
-import yaml
+from typer.testing import CliRunner
+
+from lockstep.cli import app
+from lockstep.codeid import CodeScanError, code_revision, module_files
+from lockstep.dvcdeps import DepsError, problems, project_roots, rewrite, stage_deps
 
 ROOT = Path(__file__).resolve().parents[1]
-LIB = ROOT / "lib"
 
 
-def _module_file(name: str) -> Path | None:
-    """The file of a `lockstep...` or `stages...` module inside the checkout, or None."""
-    base = LIB if name.split(".")[0] == "lockstep" else ROOT
-    path = base.joinpath(*name.split("."))
-    if (path / "__init__.py").is_file():
-        return path / "__init__.py"
-    if path.with_suffix(".py").is_file():
-        return path.with_suffix(".py")
-    return None
+def test_every_stage_lists_exactly_the_code_it_imports() -> None:
+    found = problems(ROOT / "dvc.yaml")
+    assert not found, "dvc.yaml code deps differ from the imports:\n" + "\n".join(found) + \
+        "\nfix: lockstep dev deps --write"
 
 
-def _imports(file: Path, module: str) -> set[str]:
-    tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
-    package = module if file.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1])
-                mod = f"{base}.{node.module}" if node.module else base
-            else:
-                mod = node.module or ""
-            found.add(mod)
-            found.update(f"{mod}.{a.name}" for a in node.names)
-    return {m for m in found if m.split(".")[0] in ("lockstep", "stages")}
+def test_docs_and_tests_are_no_stage_dependency() -> None:
+    for s in stage_deps(ROOT / "dvc.yaml"):
+        assert all(p.startswith(("stages/", "lib/lockstep/")) for p in s.expected), s.stage
+    text = (ROOT / "dvc.yaml").read_text()
+    assert "- docs" not in text, "docs/ is documentation: no stage may depend on it"
 
 
-def transitive_files(entry_module: str) -> set[Path]:
-    seen: set[str] = set()
-    files: set[Path] = set()
-    todo = [entry_module]
-    while todo:
-        mod = todo.pop()
-        if mod in seen:
-            continue
-        seen.add(mod)
-        f = _module_file(mod)
-        if f is None:
-            continue
-        files.add(f)
-        # a submodule import also executes its parent packages' __init__
-        parts = mod.split(".")
-        todo.extend(".".join(parts[:i]) for i in range(1, len(parts)))
-        todo.extend(_imports(f, mod))
-    return files
+def test_scan_follows_from_imports_function_level_imports_and_parent_packages(tmp_path: Path) -> None:
+    lib = tmp_path / "lib" / "lockstep"
+    (lib / "sub").mkdir(parents=True)
+    (tmp_path / "stages").mkdir()
+    (lib / "__init__.py").write_text("")
+    (lib / "sub" / "__init__.py").write_text("")
+    (lib / "sub" / "deep.py").write_text("from . import sibling\n")
+    (lib / "sub" / "sibling.py").write_text("import os\n")
+    (lib / "lazy.py").write_text("def f():\n    from lockstep.sub import deep\n    return deep\n")
+    (lib / "unused.py").write_text("X = 1\n")
+    (tmp_path / "stages" / "__init__.py").write_text("")
+    (tmp_path / "stages" / "one.py").write_text("import numpy\nfrom lockstep.lazy import f\n")
+    roots = project_roots(tmp_path)
+    names = {p.relative_to(tmp_path).as_posix() for p in module_files("stages.one", roots)}
+    assert names == {"stages/__init__.py", "stages/one.py", "lib/lockstep/__init__.py", "lib/lockstep/lazy.py",
+                     "lib/lockstep/sub/__init__.py", "lib/lockstep/sub/deep.py", "lib/lockstep/sub/sibling.py"}
+
+    before = code_revision("stages.one", roots)
+    (lib / "unused.py").write_text("X = 2\n")
+    assert code_revision("stages.one", roots) == before, "a file the stage never imports moved its identity"
+    (lib / "sub" / "sibling.py").write_text("import os  # a comment is an edit too\n")
+    assert code_revision("stages.one", roots) != before
 
 
-def _stages() -> list[tuple[str, dict]]:
-    doc = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))
-    out = []
-    for name, stage in doc["stages"].items():
-        out.append((name, stage.get("do", stage)))
-    return out
+def test_code_revision_is_per_stage() -> None:
+    # The report stage runs no model code: a model edit must not rename the report's code.
+    report = {p.name for p in module_files("stages.report")}
+    assert "model.py" not in report
+    assert code_revision("stages.report") != code_revision("stages.pretrain")
+    assert code_revision("stages.pretrain") == code_revision("stages.pretrain")
+    with pytest.raises(CodeScanError, match="not found"):
+        module_files("stages.no_such_stage")
 
 
-@pytest.mark.parametrize("name,stage", _stages(), ids=[n for n, _ in _stages()])
-def test_stage_deps_cover_imported_modules(name: str, stage: dict) -> None:
-    m = re.search(r"python -m (stages\.\w+)", stage["cmd"])
-    assert m, f"stage {name}: cmd must run `python -m stages.NAME`"
-    assert _module_file(m.group(1)) is not None, f"stage {name}: {m.group(1)} does not exist"
-    files = transitive_files(m.group(1))
-    deps = [ROOT / d for d in stage.get("deps", []) if "${" not in d]
-    missing = sorted(
-        str(f.relative_to(ROOT))
-        for f in files
-        if f.name != "__init__.py" or f.parent.name != "stages"
-        if not any(f == d or d in f.parents for d in deps)
-    )
-    assert not missing, f"stage {name} imports modules not in its deps: {missing}; add them to dvc.yaml"
+def _copy_dag(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "lib" / "lockstep", tmp_path / "lib" / "lockstep",
+                    ignore=shutil.ignore_patterns("__pycache__", "static"))
+    shutil.copytree(ROOT / "stages", tmp_path / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    return tmp_path / "dvc.yaml"
 
 
-def test_transitive_import_scan_finds_nested_modules(tmp_path: Path) -> None:
-    # The scanner itself must see through `from lockstep.x import y` chains.
-    files = transitive_files("stages._common")
-    names = {f.name for f in files}
-    assert {"_common.py", "config.py"} <= names
+def test_check_names_missing_and_extra_files_and_write_fixes_them(tmp_path: Path) -> None:
+    dvc_yaml = _copy_dag(tmp_path)
+    text = dvc_yaml.read_text()
+    # Drop the model from pretrain's deps, and list the report module where the tokenizer never imports it.
+    pretrain_block = text.index("\n  pretrain:")
+    cut = text.index("      - lib/lockstep/model.py\n", pretrain_block)
+    text = text[:cut] + text[cut:].replace("      - lib/lockstep/model.py\n", "", 1)
+    tok = text.index("\n  tokenizer:")
+    at = text.index("      - stages/tokenizer.py\n", tok)
+    text = text[:at] + "      - lib/lockstep/report.py  # not imported\n" + text[at:]
+    dvc_yaml.write_text(text)
+    found = problems(dvc_yaml)
+    assert "pretrain: imports but does not list lib/lockstep/model.py" in found
+    assert "tokenizer: lists but does not import lib/lockstep/report.py" in found
+
+    result = CliRunner().invoke(app, ["dev", "deps", "--dvc-yaml", str(dvc_yaml)])
+    assert result.exit_code == 1 and "lib/lockstep/model.py" in result.output
+
+    fixed = rewrite(dvc_yaml)
+    dvc_yaml.write_text(fixed)
+    assert problems(dvc_yaml) == []
+    # Only the code entries moved: comments, params, data deps and outs are kept line for line.
+    assert fixed.splitlines()[0] == (ROOT / "dvc.yaml").read_text().splitlines()[0]
+    assert fixed == (ROOT / "dvc.yaml").read_text()
+    result = CliRunner().invoke(app, ["dev", "deps", "--dvc-yaml", str(dvc_yaml)])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_stage_without_a_stage_module_is_refused(tmp_path: Path) -> None:
+    dvc_yaml = _copy_dag(tmp_path)
+    dvc_yaml.write_text(dvc_yaml.read_text().replace("python -m stages.report", "bash make_report.sh", 1))
+    with pytest.raises(DepsError, match="report.*python -m stages.NAME"):
+        problems(dvc_yaml)
 
 
 def test_params_is_the_tiny_preset() -> None:

@@ -16,13 +16,8 @@ from lockstep.cache import build_pretrain_cache, build_sft_cache
 from lockstep.cli import app
 from lockstep.io import canonical_json
 from lockstep.loaders import SFTExampleDataset
-from lockstep.parity import (
-    compare_artifacts,
-    describe_text_difference,
-    dump_first_batch,
-    write_dataset_snapshot,
-    write_rendered_samples,
-)
+from lockstep.parity import dump_first_batch, write_dataset_snapshot, write_rendered_samples
+from lockstep.parity_diff import compare_artifacts, describe_text_difference
 
 
 class DoubleBos:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lockstep.io import read_json, sha256_file
-from lockstep.parity import compare_runs
+from lockstep.parity_diff import compare_runs
 from lockstep.sources import fetch_source, iter_records
 from lockstep.sources.roam import RoamConfig
 from lockstep.sources.snapshot import SnapshotWriter, first_records

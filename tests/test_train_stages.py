@@ -67,7 +67,7 @@ def test_stage_chain(workspace: Path, repo_root: Path, monkeypatch: pytest.Monke
     from stages import midtrain, pretrain, sft
 
     # Others may edit the package between two runs in a shared checkout; pin its identity.
-    monkeypatch.setattr("lockstep.train.code_revision", lambda: "sha256:pinned")
+    monkeypatch.setattr("stages.pretrain.code_revision", lambda entry: "sha256:pinned")
     root = workspace
     assert pretrain.main(_args(root, "pretrain", "pretrain")) == 0
     assert midtrain.main(_args(root, "midtrain", "midtrain")) == 0
@@ -92,7 +92,7 @@ def test_stage_chain(workspace: Path, repo_root: Path, monkeypatch: pytest.Monke
     assert third["resumed_from_step"] == 4 and third["tok_per_s"] > 0
     assert (root / "pretrain/model.safetensors").read_bytes() == (root / "pretrain_third/model.safetensors").read_bytes()
     # Changed code never resumes (or re-publishes) what the old code trained.
-    monkeypatch.setattr("lockstep.train.code_revision", lambda: "sha256:changed")
+    monkeypatch.setattr("stages.pretrain.code_revision", lambda entry: "sha256:changed")
     assert pretrain.main(_args(root, "pretrain", "pretrain_new_code", runs="runs2")) == 0
     assert json.loads((root / "metrics/pretrain_new_code.json").read_text())["resumed_from_step"] == 0
 
@@ -109,12 +109,12 @@ def test_sigkilled_stage_resumes_to_the_same_bytes(workspace: Path, repo_root: P
     monkeypatch.syspath_prepend(str(repo_root))
     from stages import pretrain
 
-    from lockstep.train import code_revision
+    from lockstep.codeid import code_revision
 
     # The run folder is keyed by the code, and the killed run is a separate process: pin this
-    # process to the revision that process computes (the package as it is now).
-    revision = code_revision()
-    monkeypatch.setattr("lockstep.train.code_revision", lambda: revision)
+    # process to the revision that process computes (the stage's code as it is now).
+    revision = code_revision("stages.pretrain")
+    monkeypatch.setattr("stages.pretrain.code_revision", lambda entry: revision)
     root = workspace
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["pretrain"].update(num_steps=12, checkpoint_every_steps=2, eval_every_steps=0)

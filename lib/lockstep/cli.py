@@ -1,5 +1,7 @@
-"""The `lockstep` command line: presets, data inspection, parity checks, chat and serving. Each
-command imports its library module lazily, so `lockstep --help` stays fast."""
+"""The `lockstep` command line: presets, data inspection, parity checks, chat, serving and the
+dev tools. Each command imports the library modules it needs when it runs: together they bring
+torch, dvc, FastAPI and uvicorn, about 4 s of imports against 0.3 s for `lockstep --help`
+(measured on a 2-core CPU), which help, completion and the light commands should not pay."""
 
 from __future__ import annotations
 
@@ -36,13 +38,48 @@ data_app = typer.Typer(no_args_is_help=True, help="Look inside token caches.")
 app.add_typer(data_app, name="data")
 
 
+dev_app = typer.Typer(no_args_is_help=True, help="Tools for working on lockstep itself.")
+app.add_typer(dev_app, name="dev")
+
+
+@dev_app.command("deps")
+def dev_deps(
+    dvc_yaml: Path = typer.Option(Path("dvc.yaml"), "--dvc-yaml", help="the DAG file whose code deps to check"),
+    write: bool = typer.Option(False, "--write", help="rewrite each stage's code deps from its imports"),
+) -> None:
+    """Check that every stage's code deps in dvc.yaml are exactly the files it imports (exit 1 if
+    not); with --write, regenerate them."""
+    from lockstep.codeid import CodeScanError
+    from lockstep.dvcdeps import DepsError, problems, rewrite
+
+    try:
+        if write:
+            text = rewrite(dvc_yaml)
+            changed = text != dvc_yaml.read_text(encoding="utf-8")
+            if changed:
+                dvc_yaml.write_text(text, encoding="utf-8")
+            typer.echo(f"{'rewrote' if changed else 'already right:'} the code deps in {dvc_yaml}")
+            return
+        found = problems(dvc_yaml)
+    except (DepsError, CodeScanError, FileNotFoundError, SyntaxError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    if not found:
+        typer.echo(f"{dvc_yaml}: every stage lists exactly the code it imports")
+        return
+    for line in found:
+        typer.echo(line)
+    typer.echo(f"fix: lockstep dev deps --write --dvc-yaml {dvc_yaml}", err=True)
+    raise typer.Exit(1)
+
+
 @app.command()
 def parity(
     run_a: str = typer.Argument(..., help="run A: a folder of artifacts, or a git/DVC experiment ref"),
     run_b: str = typer.Argument(..., help="run B: a folder of artifacts, or a git/DVC experiment ref"),
 ) -> None:
     """Compare two runs' parity artifacts and name the first difference (exit 1 when they differ)."""
-    from lockstep.parity import compare_runs
+    from lockstep.parity_diff import compare_runs
 
     try:
         diffs = compare_runs(run_a, run_b)

@@ -83,6 +83,11 @@ class Runtime:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def settings(self) -> dict:
+        """What the run computes with, for checkpoints: `describe()` without the reason, which
+        names host facts (CPU features) that must not make identical results differ."""
+        return {k: v for k, v in self.describe().items() if k != "reason"}
+
     def describe(self) -> dict:
         return {
             "device": str(self.device),

@@ -20,7 +20,7 @@ from torch import nn
 
 from lockstep import checkpoint as ckpt
 from lockstep.config import ConfigError, FieldError, check_range, config_to_dict
-from lockstep.io import canonical_json, read_json, sha256_file, sha256_of_manifest, write_json_atomic
+from lockstep.io import canonical_json, read_json, write_json_atomic
 from lockstep.model import GPT, IGNORE_INDEX, GPTConfig
 from lockstep.optim import OptimConfig, all_reduce_grads, build_optimizers, global_grad_norm, muon_momentum, set_lr
 from lockstep.runtime import Runtime, barrier, peak_flops
@@ -192,15 +192,6 @@ def batch_generator(seed: int, step: int, micro: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
 
-def code_revision() -> str:
-    """Identity of the code that trains: sha256 over the lockstep package's Python sources. Unlike
-    a git commit it does not change when unrelated files (tests, docs) are committed, so identical
-    runs keep byte-identical checkpoints and DVC output hashes."""
-    package = Path(__file__).resolve().parent
-    files = {str(p.relative_to(package)): sha256_file(p) for p in sorted(package.rglob("*.py"))}
-    return "sha256:" + sha256_of_manifest(files)
-
-
 def git_commit(root: Path | None = None) -> str:
     """The git commit checked out (for metrics, which people read), or "unknown"."""
     try:
@@ -358,7 +349,9 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
     optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd, rank=rt.rank, world_size=rt.world_size,
                                   ns_dtype=rt.dtype)
     params = [p for p in model.parameters() if p.requires_grad]
-    meta = {**meta, "code_revision": meta.get("code_revision") or code_revision(), "total_steps": total_steps}
+    if not meta.get("code_revision"):
+        raise ValueError("meta must carry the stage's code_revision (lockstep.codeid.code_revision of its entry module)")
+    meta = {**meta, "total_steps": total_steps}
     guard = NonFiniteGuard(cfg.nonfinite_patience, keys=f"{params_section}." if params_section else "", announce=rt.is_main)
 
     if rt.is_main:

@@ -18,7 +18,7 @@ EXPECTED = "markdown notes: UTF-8 files with some text"
 @dataclass(frozen=True)
 class RoamConfig:
     source: Literal["roam"] = "roam"
-    path: str = "docs"  # the notes folder (relative to the working directory)
+    path: str = "corpus/notes"  # the notes folder (relative to the working directory)
     val_frac: float = 0.2  # share of files held out for val, chosen with the seed
     suffixes: tuple[str, ...] = (".md", ".markdown")  # which files are notes
     strict: bool = False  # true: an unreadable or empty note fails the stage
