@@ -1,13 +1,19 @@
-"""Shared plumbing for stage entry points: read one params section into its dataclass, set up
-logging, end the process with one line on Ctrl-C or a known error. Stages are the only code that
-reads params.yaml."""
+"""Shared plumbing for stage entry points: the preamble every stage that reads params starts with
+(logging, the params file, the seed, one params section at a time into its dataclass), the command
+line the three training stages share, and the entry point that ends the process with one line on
+Ctrl-C or a known error. Stages are the only
+code that reads params.yaml. Imports no torch, so the data stages stay light: the runtime half of
+the preamble, for the stages that run a model, is stages._runtime."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -56,6 +62,46 @@ def setup(stage: str) -> logging.Logger:
         datefmt="%H:%M:%S",
     )
     return logging.getLogger(f"lockstep.{stage}")
+
+
+@dataclass(frozen=True)
+class Preamble:
+    """What a stage knows once its preamble ran: its logger, the params and their seed, and when
+    it started (time.perf_counter), for its wall time."""
+
+    log: logging.Logger
+    params: dict[str, Any]
+    seed: int
+    started_s: float
+
+    def section(self, dotted: str, cls: type[T]) -> T:
+        """The params section at `dotted` as the frozen dataclass `cls` (see `section`)."""
+        return section(self.params, dotted, cls)
+
+
+def preamble(stage: str, params_path: Path = PARAMS_FILE) -> Preamble:
+    """The start of every stage that reads params: logging set up under `lockstep.<stage>`, the
+    params file read, its seed checked."""
+    started_s = time.perf_counter()
+    log = setup(stage)
+    params = load_params(params_path)
+    return Preamble(log=log, params=params, seed=seed_of(params), started_s=started_s)
+
+
+def parse_training_args(stage: str, argv: list[str] | None, *, init: bool, description: str) -> argparse.Namespace:
+    """The command line of a training stage (pretrain, midtrain, sft): its paths, and `--init`
+    (the checkpoint to start from) when `init`."""
+    p = argparse.ArgumentParser(prog=f"python -m stages.{stage}", description=description)
+    p.add_argument("--cache", type=Path, required=True, help="token caches root (pretrain/<name>/, sft/<name>/)")
+    p.add_argument("--tokenizer", type=Path, required=True, help="tokenizer folder (data/tokenizer)")
+    p.add_argument("--out", type=Path, required=True, help=f"final checkpoint folder (data/ckpt/{stage})")
+    p.add_argument("--metrics", type=Path, required=True, help=f"metrics JSON (data/metrics/{stage}.json)")
+    p.add_argument("--plots", type=Path, required=True, help=f"per-step series folder (data/plots/{stage})")
+    p.add_argument("--runs", type=Path, required=True, help="git-ignored folder for intermediate checkpoints")
+    p.add_argument("--params", type=Path, default=PARAMS_FILE)
+    if init:
+        p.add_argument("--init", type=Path, required=True, help="checkpoint to start from")
+    return p.parse_args(argv)
 
 
 def entry(main: Callable[[], object], *, errors: tuple[type[Exception], ...] = ()) -> int:

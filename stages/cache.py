@@ -14,7 +14,7 @@ from lockstep.sources import iter_records, read_meta
 from lockstep.sources.snapshot import SnapshotError
 from lockstep.tokenizer import load_tokenizer
 from lockstep.tokenizer.base import NoSpecialTokensError, TokenizerFileError
-from stages._common import entry, load_params, section, seed_of, setup
+from stages._common import entry, preamble
 
 # Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
 STAGE_ERRORS = (ConfigError, CacheError, SnapshotError, TokenizerFileError, NoSpecialTokensError, FileNotFoundError)
@@ -32,10 +32,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--tokenizer", type=Path, required=True, help="tokenizer folder, data/tokenizer")
     ap.add_argument("--out", type=Path, required=True, help="cache folder to write, data/cache/<kind>/<name>")
     args = ap.parse_args(argv)
-    log = setup("cache")
-    params = load_params()
-    cfg = section(params, f"cache.{args.name}", CacheConfig)
-    seed = seed_of(params)
+    pre = preamble("cache")
+    cfg = pre.section(f"cache.{args.name}", CacheConfig)
+    seed = pre.seed
     tok = load_tokenizer(args.tokenizer)
     raw_meta = read_meta(args.raw)
     kind = raw_meta["kind"]
@@ -68,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         else:
             examples = iter_records(args.raw, "train")
         meta = build_sft_cache(examples, args.out, tokenizer=tok, val_frac=cfg.val_frac, seed=seed, **common)
-    log.info(
+    pre.log.info(
         "cache %s (%s): train %s tokens, val %s tokens -> %s",
         args.name, cfg.kind, meta["train_tokens"], meta["val_tokens"], args.out,
     )  # fmt: skip

@@ -4,18 +4,16 @@ torchrun when asked, call lockstep.evaluate.run. No scoring logic lives here."""
 from __future__ import annotations
 
 import argparse
-import logging
-import subprocess
-import sys
 from pathlib import Path
 
 from lockstep.cache import CacheError
 from lockstep.checkpoint import CheckpointError
 from lockstep.config import ConfigError
 from lockstep.evaluate.run import STAGES, EvalConfig, EvalPaths, run_eval_stage
-from lockstep.runtime import RuntimeConfig, configure_threads, init_runtime, shutdown, torchrun_argv, under_torchrun
+from lockstep.runtime import RuntimeConfig, shutdown
 from lockstep.tokenizer.base import TokenizerFileError
-from stages._common import entry, load_params, section, seed_of, setup
+from stages._common import entry, preamble
+from stages._runtime import start_runtime
 
 # Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
 STAGE_ERRORS = (ConfigError, CacheError, CheckpointError, TokenizerFileError, FileNotFoundError)
@@ -33,28 +31,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--predictions", type=Path, required=True, help="per-item predictions folder (data/eval/STAGE)")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = parser.parse_args(argv)
-    log = setup(f"eval.{args.stage}")
-    params = load_params(args.params)
-    seed = seed_of(params)
-    cfg = section(params, "eval", EvalConfig)
-    rt_cfg = section(params, "runtime", RuntimeConfig) if "runtime" in params else RuntimeConfig()
-    if rt_cfg.nproc > 1 and not under_torchrun():
-        cmd = torchrun_argv(rt_cfg.nproc, "stages.eval", sys.argv[1:] if argv is None else argv)
-        log.info("re-running under torchrun: %s", " ".join(cmd))
-        return subprocess.run(cmd, check=False).returncode
-    threads = configure_threads(rt_cfg.threads, rt_cfg.nproc)
-    rt = init_runtime(rt_cfg)
-    if not rt.is_main:
-        logging.getLogger("lockstep").setLevel(logging.WARNING)
-    log.info("runtime: %s; %d thread(s); rank %d of %d", rt.reason, threads, rt.rank, rt.world_size)
+    pre = preamble(f"eval.{args.stage}", args.params)
+    cfg = pre.section("eval", EvalConfig)
+    rt = start_runtime(pre, pre.section("runtime", RuntimeConfig), module="stages.eval", argv=argv)
+    if isinstance(rt, int):  # ran under torchrun: its exit status
+        return rt
     paths = EvalPaths(ckpt=args.ckpt, cache=args.cache, tokenizer=args.tokenizer, raw=args.raw,
                       evalsets=args.evalsets, out=args.out, predictions=args.predictions)
     try:
-        metrics = run_eval_stage(args.stage, cfg, paths, rt=rt, seed=seed)
+        metrics = run_eval_stage(args.stage, cfg, paths, rt=rt, seed=pre.seed)
     finally:
         shutdown(rt)
-    log.info("eval %s done in %.1fs: core=%s chatcore=%s", args.stage, metrics["eval_time_s"],
-             metrics.get("core"), metrics.get("chatcore"))
+    pre.log.info("eval %s done in %.1fs: core=%s chatcore=%s", args.stage, metrics["eval_time_s"],
+                 metrics.get("core"), metrics.get("chatcore"))
     return 0
 
 

@@ -10,7 +10,7 @@ from lockstep.config import ConfigError
 from lockstep.sources import SOURCE_CONFIGS, SourceFormatError, SplitLayoutError, fetch_source
 from lockstep.sources.common import SourceUnavailableError
 from lockstep.sources.snapshot import BadRecordError, SnapshotError
-from stages._common import entry, load_params, section, seed_of, setup
+from stages._common import entry, preamble
 
 # Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
 STAGE_ERRORS = (ConfigError, SourceFormatError, SplitLayoutError, SourceUnavailableError, BadRecordError,
@@ -23,26 +23,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="snapshot folder, e.g. data/raw/<name>")
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = ap.parse_args(argv)
-    log = setup("fetch")
-    params = load_params(args.params)
-    entry = (params.get("fetch") or {}).get(args.name)
+    pre = preamble("fetch", args.params)
+    entry = (pre.params.get("fetch") or {}).get(args.name)
     if not isinstance(entry, dict) or "source" not in entry:
         raise ConfigError(f"params has no fetch.{args.name}.source; add an entry naming one of {', '.join(sorted(SOURCE_CONFIGS))}")
     source = entry["source"]
     if source not in SOURCE_CONFIGS:
         raise ConfigError(f"fetch.{args.name}.source={source!r} must be one of {', '.join(sorted(SOURCE_CONFIGS))}")
-    cfg = section(params, f"fetch.{args.name}", SOURCE_CONFIGS[source])
-    seed = seed_of(params)
-    meta = fetch_source(args.name, cfg, args.out, seed=seed)
+    cfg = pre.section(f"fetch.{args.name}", SOURCE_CONFIGS[source])
+    meta = fetch_source(args.name, cfg, args.out, seed=pre.seed)
     c = meta["counts"]
-    log.info("fetch %s (%s, %s): train %d | val %d | skipped %d -> %s",
+    pre.log.info("fetch %s (%s, %s): train %d | val %d | skipped %d -> %s",
              args.name, source, meta["kind"], c["train"], c["val"], c["skipped"], args.out)
     if "local_splits" in meta:  # which local file fed which split, so a misnamed file shows here
-        log.info("local files (split by %s): %s%s", meta["split_rule"],
+        pre.log.info("local files (split by %s): %s%s", meta["split_rule"],
                  " | ".join(f"{s} <- {', '.join(fs)}" for s, fs in meta["local_splits"].items()),
                  f" | not read: {', '.join(meta['unused_files'])}" if meta["unused_files"] else "")
     for reason in meta["bad_examples"]:
-        log.warning("skipped: %s", reason)
+        pre.log.warning("skipped: %s", reason)
     return 0
 
 

@@ -1,14 +1,33 @@
 """Stage `sft`: supervised fine-tuning from the midtrain checkpoint on the SFT mixture, loss on
-assistant tokens only (set `sft.loss: assistant`). The runner is shared with stages.pretrain."""
+assistant tokens only (set `sft.loss: assistant`). Parses paths, reads the `runtime` and `sft`
+params sections, calls lockstep.train_stage (the model comes from the --init checkpoint)."""
 
 from __future__ import annotations
 
-from stages._common import entry
-from stages.pretrain import STAGE_ERRORS, run
+from lockstep.codeid import code_revision
+from lockstep.runtime import RuntimeConfig, shutdown
+from lockstep.train import TrainConfig
+from lockstep.train_stage import ERRORS, TrainStagePaths, run_training_stage
+from stages._common import entry, parse_training_args, preamble
+from stages._runtime import start_runtime
+
+STAGE_ERRORS = ERRORS
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run("sft", argv)
+    args = parse_training_args("sft", argv, init=True, description=__doc__)
+    pre = preamble("sft", args.params)
+    cfg = pre.section("sft", TrainConfig)
+    rt_cfg = pre.section("runtime", RuntimeConfig)
+    rt = start_runtime(pre, rt_cfg, module="stages.sft", argv=argv)
+    if isinstance(rt, int):  # ran under torchrun: its exit status
+        return rt
+    paths = TrainStagePaths(cache=args.cache, tokenizer=args.tokenizer, out=args.out, metrics=args.metrics,
+                            plots=args.plots, runs=args.runs, init=args.init)
+    run_training_stage("sft", cfg=cfg, paths=paths, rt=rt, seed=pre.seed, runtime_config=rt_cfg,
+                       code_revision=code_revision("stages.sft"), started_s=pre.started_s)
+    shutdown(rt)
+    return 0
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from lockstep.config import ConfigError
 from lockstep.sources.snapshot import SnapshotError
 from lockstep.tokenizer.base import TokenizerFileError
 from lockstep.tokenizer.pipeline import TokenizerConfig, run_tokenizer_stage
-from stages._common import entry, load_params, section, seed_of, setup
+from stages._common import entry, preamble
 
 # Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
 STAGE_ERRORS = (ConfigError, SnapshotError, TokenizerFileError, FileNotFoundError)
@@ -24,15 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON (data/metrics/tokenizer.json)")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = parser.parse_args(argv)
-    log = setup("tokenizer")
+    pre = preamble("tokenizer", args.params)
     # rustbpe logs one INFO line per percent of merges; the stage logs its own summary instead.
-    logging.getLogger("rustbpe").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
-    params = load_params(args.params)
-    cfg = section(params, "tokenizer", TokenizerConfig)
+    logging.getLogger("rustbpe").setLevel(max(logging.WARNING, pre.log.getEffectiveLevel()))
+    cfg = pre.section("tokenizer", TokenizerConfig)
     if cfg.kind in ("char", "byte"):
-        log.info("tokenizer.kind=%s fixes its own vocabulary; tokenizer.vocab_size=%d is not used", cfg.kind, cfg.vocab_size)
-    seed = seed_of(params)
-    run_tokenizer_stage(cfg, args.raw, args.out, args.metrics, seed=seed)
+        pre.log.info("tokenizer.kind=%s fixes its own vocabulary; tokenizer.vocab_size=%d is not used", cfg.kind, cfg.vocab_size)
+    run_tokenizer_stage(cfg, args.raw, args.out, args.metrics, seed=pre.seed)
     return 0
 
 

@@ -24,6 +24,7 @@ from lockstep.cache import (
     read_cache_meta,
 )
 from lockstep.io import sha256_file
+from lockstep.records import problem_to_conversation
 
 
 class ListTokenizer:
@@ -192,11 +193,10 @@ def test_sft_val_frac_split_is_seeded_and_disjoint(tok, tmp_path):
 
 
 def test_sft_accepts_gsm8k_problems(tok, tmp_path):
-    gsm8k = pytest.importorskip("lockstep.sources.gsm8k")
     problem = {"question": "Tom has 3 apples and buys 4. How many?", "answer": "He has <<3+4=7>>7.\n#### 7"}
     meta = build_sft_cache({"train": [problem]}, tmp_path / "g", tokenizer=tok, val_frac=None, seed=0)
     s = open_sft_split(tmp_path / "g" / "train_tokens.bin", tmp_path / "g" / "train_idx.npy")
-    ids, mask = tok.render_conversation(gsm8k.problem_to_conversation(problem))
+    ids, mask = tok.render_conversation(problem_to_conversation(problem))
     assert s.tokens.tolist() == ids and s.mask.tolist() == mask and meta["train_examples"] == 1
 
 

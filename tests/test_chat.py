@@ -18,8 +18,8 @@ from lockstep.chat import (
     SamplingSettings,
     check_messages,
     run_chat,
-    text_message,
 )
+from lockstep.records import text_message
 from lockstep.tokenizer import train_tokenizer
 
 

@@ -4,6 +4,7 @@ KV-cache engine, the `lockstep chat` / `lockstep serve` loading path."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from pathlib import Path
@@ -14,10 +15,11 @@ from fastapi.testclient import TestClient
 from test_server import content_of, live_server, parse_sse, user, wait_for
 from typer.testing import CliRunner
 
-from lockstep.chat import ChatError, SamplingSettings, load_backend, text_message
-from lockstep.checkpoint import save_checkpoint
+from lockstep.chat import SamplingSettings, load_backend
+from lockstep.checkpoint import CheckpointError, save_checkpoint
 from lockstep.cli import app as cli_app
 from lockstep.model import GPT, GPTConfig
+from lockstep.records import text_message
 from lockstep.server import ServerConfig, create_app
 from lockstep.tokenizer import train_tokenizer
 
@@ -80,7 +82,7 @@ def test_wrong_tokenizer_is_refused(tiny, tmp_path):
     ckpt, _ = tiny
     other = train_tokenizer("char", ["abc"])
     other.save(tmp_path / "tok")
-    with pytest.raises(ChatError, match="pass the --tokenizer it was trained with"):
+    with pytest.raises(CheckpointError, match=f"checkpoint {re.escape(str(ckpt))} was trained with tokenizer .*re-run the earlier stages"):
         load_backend(ckpt, tmp_path / "tok")
     with pytest.raises(FileNotFoundError, match="--ckpt"):
         load_backend(tmp_path / "missing", tmp_path / "tok")

@@ -1,4 +1,5 @@
-"""Checkpoint format: round trip, byte-stable saves, tamper refusal, SIGKILL during save, pruning."""
+"""Checkpoint format: round trip, byte-stable saves, tamper refusal, SIGKILL during save, pruning,
+and load_model: the model back, a wrong tokenizer, format or model config refused."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from lockstep.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    load_model,
     prune_checkpoints,
     save_checkpoint,
     step_dir,
     verify_checkpoint,
 )
 from lockstep.io import sha256_file
+from lockstep.model import GPT, GPTConfig
 from lockstep.optim import AdamW
 
 
@@ -149,3 +152,81 @@ def test_sigkill_during_save_leaves_a_loadable_latest(tmp_path) -> None:
         clean_incomplete(run)
         step = max(s for s, _ in list_checkpoints(run)) + 1
     assert not [p for p in run.iterdir() if p.name.startswith(".")]
+
+
+# ---- load_model ---------------------------------------------------------------------------------
+
+TOKENIZER_SHA = "a" * 64
+
+
+def _model_checkpoint(path, **meta_overrides) -> GPT:
+    """A random 1-layer GPT saved as a training stage would save it."""
+    config = GPTConfig(sequence_len=32, vocab_size=64, n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
+    model = GPT.build(config, "cpu", seed=4)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in model.parameters():  # not the init: zero-initialised projections would hide a bad load
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    meta = {"stage": "sft", "step": 3, "model_config": config.to_dict(), "tokenizer_sha256": TOKENIZER_SHA, **meta_overrides}
+    save_checkpoint(path, model.state_dict(), {0: {}}, {k: v for k, v in meta.items() if v is not None})
+    return model
+
+
+def _rewrite_meta(path, edit) -> None:
+    """Edit meta.json and re-hash it in the manifest, so only load_model's own checks can refuse it."""
+    meta = json.loads((path / "meta.json").read_text())
+    edit(meta)
+    (path / "meta.json").write_text(json.dumps(meta))
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["meta.json"] = sha256_file(path / "meta.json")
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_load_model_gives_back_the_saved_model(tmp_path) -> None:
+    saved = _model_checkpoint(tmp_path / "ck")
+    model, meta = load_model(tmp_path / "ck", "cpu", tokenizer_sha256=TOKENIZER_SHA)
+    assert meta["step"] == 3 and meta["stage"] == "sft" and not model.training
+    assert model.config == saved.config
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(x), saved(x))
+    # Without a hash to check against, any tokenizer's checkpoint loads (inspection, tests).
+    assert load_model(tmp_path / "ck", "cpu")[1]["tokenizer_sha256"] == TOKENIZER_SHA
+
+
+def test_load_model_refuses_another_tokenizer(tmp_path) -> None:
+    _model_checkpoint(tmp_path / "ck")
+    with pytest.raises(CheckpointError, match=rf"checkpoint {tmp_path / 'ck'} was trained with tokenizer aaaaaaaaaaaa\.\.\., "
+                                              r"not the tokenizer in use \(bbbbbbbbbbbb\.\.\.\); re-run the earlier stages"):
+        load_model(tmp_path / "ck", "cpu", tokenizer_sha256="b" * 64)
+    _model_checkpoint(tmp_path / "unrecorded", tokenizer_sha256=None)
+    with pytest.raises(CheckpointError, match="trained with no recorded tokenizer.*re-run the earlier stages"):
+        load_model(tmp_path / "unrecorded", "cpu", tokenizer_sha256=TOKENIZER_SHA)
+
+
+def test_load_model_refuses_a_checkpoint_without_manifest(tmp_path) -> None:
+    _model_checkpoint(tmp_path / "ck")
+    (tmp_path / "ck" / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match=r"has no manifest.json: it is incomplete"):
+        load_model(tmp_path / "ck", "cpu", tokenizer_sha256=TOKENIZER_SHA)
+    with pytest.raises(CheckpointError, match="does not exist; run the stage that writes it"):
+        load_model(tmp_path / "missing", "cpu")
+
+
+def test_load_model_refuses_another_format(tmp_path) -> None:
+    _model_checkpoint(tmp_path / "ck")
+    _rewrite_meta(tmp_path / "ck", lambda m: m.update(format="lockstep-checkpoint-v0"))
+    with pytest.raises(CheckpointError, match="has format 'lockstep-checkpoint-v0', expected 'lockstep-checkpoint-v1'"):
+        load_model(tmp_path / "ck", "cpu", tokenizer_sha256=TOKENIZER_SHA)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.pop("model_config"), "has no model_config"),
+    (lambda m: m["model_config"].update(n_layers=2), "holds a model_config this code cannot build"),
+    (lambda m: m["model_config"].update(n_embd=64), "model.safetensors does not fit its model_config"),
+], ids=["missing", "unknown_key", "wrong_shape"])
+def test_load_model_refuses_a_model_config_it_cannot_use(tmp_path, edit, message) -> None:
+    _model_checkpoint(tmp_path / "ck")
+    _rewrite_meta(tmp_path / "ck", edit)
+    with pytest.raises(CheckpointError, match=message):
+        load_model(tmp_path / "ck", "cpu", tokenizer_sha256=TOKENIZER_SHA)

@@ -53,7 +53,7 @@ def test_smoke_pipeline_end_to_end(tmp_path: Path) -> None:
     _checkout_copy(work)
     (work / "dvc.lock").unlink(missing_ok=True)  # the committed lock is for the tiny preset
     _run([str(BIN / "lockstep"), "preset", "smoke"], work, 60)
-    # A repository with a first commit, as a user's clone has (dvclive reads the baseline revision).
+    # A repository with a first commit, as a user's clone has (the training metrics record its commit).
     git = ["git", "-c", "user.name=lockstep-test", "-c", "user.email=test@lockstep.invalid"]
     subprocess.run(["git", "init", "-q"], cwd=work, check=True)
     subprocess.run(["git", "add", "-A"], cwd=work, check=True, capture_output=True)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lockstep.engine import GREEDY_TEMPERATURE, Engine, KVCache, is_greedy, sample_next
+from lockstep.engine import Engine, KVCache, sample_next
 from lockstep.model import GPT, GPTConfig
+from lockstep.sampling import GREEDY_TEMPERATURE, is_greedy
 
 
 def random_model(seed: int = 0, **kw) -> GPT:

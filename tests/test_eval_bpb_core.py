@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lockstep.evaluate.bpb import evaluate_bpb
+from lockstep.bpb import measure_bpb
 from lockstep.evaluate.core import (
     CoreTask,
     centered,
@@ -31,10 +31,10 @@ def test_bpb_hand_computed() -> None:
     token_bytes[4] = 3
     x = torch.tensor([[0, 1, 2, 3], [0, 4, 4, 1]])
     y = torch.tensor([[1, 2, 3, -1], [4, 4, -1, 2]])
-    out = evaluate_bpb(model, [(x, y)], token_bytes)
+    out = measure_bpb(model, [(x, y)], token_bytes)
     # counted targets: 1, 2, 4, 4, 2 -> 5 targets, 1+2+3+3+2 = 11 bytes
-    assert out["targets"] == 5 and out["bytes"] == 11
-    assert out["bpb"] == pytest.approx(5 * math.log(VOCAB) / (math.log(2) * 11), rel=1e-6)  # float32 per-token losses
+    assert out.targets == 5 and out.bytes == 11
+    assert out.bpb == pytest.approx(5 * math.log(VOCAB) / (math.log(2) * 11), rel=1e-6)  # float32 per-token losses
 
 
 def test_bpb_weights_by_bytes_not_tokens() -> None:
@@ -43,11 +43,11 @@ def test_bpb_weights_by_bytes_not_tokens() -> None:
     model.plant(tok, "ab")  # a->b is cheap
     token_bytes = torch.ones(VOCAB, dtype=torch.int32)
     a, b = tok.encode("ab")
-    cheap = evaluate_bpb(model, [(torch.tensor([[a]]), torch.tensor([[b]]))], token_bytes)["bpb"]
-    dear = evaluate_bpb(model, [(torch.tensor([[b]]), torch.tensor([[a]]))], token_bytes)["bpb"]
+    cheap = measure_bpb(model, [(torch.tensor([[a]]), torch.tensor([[b]]))], token_bytes).bpb
+    dear = measure_bpb(model, [(torch.tensor([[b]]), torch.tensor([[a]]))], token_bytes).bpb
     assert cheap < 0.01 < dear
     token_bytes[a] = 4  # the same loss spread over more bytes
-    dear4 = evaluate_bpb(model, [(torch.tensor([[b]]), torch.tensor([[a]]))], token_bytes)["bpb"]
+    dear4 = measure_bpb(model, [(torch.tensor([[b]]), torch.tensor([[a]]))], token_bytes).bpb
     assert dear4 == pytest.approx(dear / 4)
 
 

@@ -10,13 +10,13 @@ import torch.nn.functional as F
 
 from lockstep.cache import CacheError, build_pretrain_cache, build_sft_cache
 from lockstep.loaders import (
-    IGNORE_INDEX,
     Mixture,
     PretrainTokenStreamDataset,
     SFTExampleDataset,
     ShardedTokenLoader,
     open_sft_dataset,
 )
+from lockstep.model import IGNORE_INDEX
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from lockstep.report import build_report, flatten, load_metrics, read_series
+from lockstep.series import SeriesWriter
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ENV = {"code revision": "abc123", "python": "3.11", "torch": "2.13.0"}
@@ -51,18 +52,25 @@ def run_files(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_series_are_named_by_stage_in_the_layout_the_stages_write(tmp_path: Path) -> None:
-    # dvclive (pretrain, midtrain, sft) writes <stage>/plots/metrics/<name>.tsv; RL <stage>/train.tsv.
+    # The stages write with lockstep.series: <stage>/train.tsv and <stage>/val.tsv.
     plots = tmp_path / "plots"
     for stage, start in (("pretrain", 8.0), ("midtrain", 3.0), ("sft", 1.0)):
-        d = plots / stage / "plots" / "metrics"
-        d.mkdir(parents=True)
-        (d / "train_loss.tsv").write_text("step\ttrain_loss\n" + "".join(f"{s}\t{start - s / 10}\n" for s in (1, 2, 3)))
-    (plots / "rl").mkdir()
-    (plots / "rl" / "train.tsv").write_text("step\treward\n1\t0.5\n2\t0.7\n")
+        writer = SeriesWriter(plots / stage, {"train": ("train_loss", "lr_mult"), "val": ("val_bpb",)})
+        for s in (1, 2, 3):
+            writer.add({"step": s, "train_loss": start - s / 10, "lr_mult": 1.0})
+        writer.add({"step": 3, "val_bpb": start / 2})
+        writer.write()
+    rl = SeriesWriter(plots / "rl", {"train": ("reward",), "val": ("val_pass@1",)})
+    rl.add({"step": 1, "reward": 0.5})
+    rl.add({"step": 2, "reward": 0.7})
+    rl.write()  # no held-out row: val.tsv holds its header only
+    (plots / "pretrain" / "first_batch.json").write_text("{}")  # the parity artifact beside the series
     series = read_series(plots)
-    assert set(series["train_loss"]) == {"pretrain", "midtrain", "sft"}  # one line per stage, not one "metrics"
+    assert set(series["train_loss"]) == {"pretrain", "midtrain", "sft"}  # one line per stage
     assert series["train_loss"]["midtrain"] == [(1.0, 2.9), (2.0, 2.8), (3.0, 2.7)]
+    assert series["val_bpb"]["sft"] == [(3.0, 0.5)]
     assert series["reward"] == {"rl": [(1.0, 0.5), (2.0, 0.7)]}
+    assert "val_pass@1" not in series  # an empty series draws no chart
 
 
 def test_report_renders_from_fixture(tmp_path: Path, run_files: tuple[Path, Path]) -> None:

@@ -84,3 +84,23 @@ def test_ctrl_c_says_a_rerun_starts_over(rl_workspace: Path, repo_root: Path, mo
     assert capsys.readouterr().err == ("interrupted: rl keeps no intermediate checkpoints, so nothing was saved; "
                                        f"`dvc repro` runs it again from {rl_workspace / 'sft'}\n")
     assert not (rl_workspace / "rl").exists()
+
+
+def test_outputs_and_series_repeat_byte_for_byte(rl_workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(repo_root))
+    from stages import rl
+
+    root = rl_workspace
+    outs = {}
+    for run in ("a", "b"):
+        args = _args(root)
+        for flag, value in (("--out", root / f"rl_{run}"), ("--plots", root / f"plots/rl_{run}"),
+                            ("--metrics", root / f"metrics/rl_{run}.json")):
+            args[args.index(flag) + 1] = str(value)
+        assert rl.main(args) == 0
+        outs[run] = {p.name: p.read_bytes() for d in (root / f"rl_{run}", root / f"plots/rl_{run}") for p in d.iterdir()}
+    assert outs["a"] == outs["b"]
+    assert outs["a"]["train.tsv"].decode().splitlines()[0] == "step\treward\tcompletion_len\tloss"
+    val = outs["a"]["val.tsv"].decode().splitlines()
+    assert val[0] == "step\tval_pass@1\tval_greedy\tval_completion_len"  # pass_k=1: pass@1 once
+    assert [line.split("\t")[0] for line in val[1:]] == ["0", "2"]  # before training and after the last step

@@ -18,8 +18,9 @@ from fastapi.testclient import TestClient
 from test_chat import ScriptedEngine, byte_tokenizer, make_backend, script_for
 from test_engine import random_model
 
-from lockstep.chat import EngineBackend, text_message
+from lockstep.chat import EngineBackend
 from lockstep.engine import Engine
+from lockstep.records import text_message
 from lockstep.server import ServerConfig, create_app, sse_event
 
 

@@ -13,10 +13,11 @@ import pytest
 
 import lockstep.sources.common as common
 from lockstep.config import build_config
+from lockstep.records import problem_to_conversation
 from lockstep.sources import SOURCE_CONFIGS, fetch_source, iter_records
 from lockstep.sources.common import SourceUnavailableError
 from lockstep.sources.fineweb_edu import SCHEMA, SchemaError
-from lockstep.sources.gsm8k import final_answer, problem_to_conversation
+from lockstep.sources.gsm8k import final_answer
 
 
 @pytest.fixture(autouse=True)

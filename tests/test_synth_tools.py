@@ -10,7 +10,7 @@ import pytest
 from lockstep.calculator import evaluate
 from lockstep.sources import fetch_source, iter_records, SOURCE_CONFIGS
 from lockstep.config import build_config
-from lockstep.sources.gsm8k import problem_to_conversation
+from lockstep.records import problem_to_conversation
 
 
 @pytest.mark.parametrize("source", ["synth_chat", "synth_math"])

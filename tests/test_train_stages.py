@@ -1,6 +1,6 @@
 """The pretrain -> midtrain -> sft stages end to end on tiny caches built here: outputs,
-metrics, byte-identical reruns, resume from the run folder, a NaN run publishing nothing, and
-the one line Ctrl-C leaves."""
+metrics and per-step series, byte-identical reruns, resume from the run folder, a NaN run
+publishing nothing, and the one line Ctrl-C leaves."""
 
 from __future__ import annotations
 
@@ -79,6 +79,10 @@ def test_stage_chain(workspace: Path, repo_root: Path, monkeypatch: pytest.Monke
         assert m["val_bpb"] > 0 and m["steps"] == ck.step and len(m["samples"]) == 3
         first = json.loads((root / f"plots/{stage}/first_batch.json").read_text())
         assert first["shape"] == [2, 64] and len(first["rows"]) == 2
+        # Per-step series of results only (no throughput), one row per step and evaluation.
+        train_rows = (root / f"plots/{stage}/train.tsv").read_text().splitlines()
+        assert train_rows[0] == "step\ttrain_loss\tlr_mult" and len(train_rows) == 1 + ck.step
+        assert (root / f"plots/{stage}/val.tsv").read_text().splitlines()[0] == "step\tval_bpb"
     assert load_checkpoint(root / "pretrain").meta["tokenizer_sha256"] == load_checkpoint(root / "sft").meta["tokenizer_sha256"]
     # A second, independent run with the same params writes the same bytes, even with the global
     # generator moved in between.
@@ -86,6 +90,8 @@ def test_stage_chain(workspace: Path, repo_root: Path, monkeypatch: pytest.Monke
     assert pretrain.main(_args(root, "pretrain", "pretrain_again", runs="runs2")) == 0
     for name in ("model.safetensors", "optim_rank0.pt", "rng.safetensors", "meta.json", "manifest.json"):
         assert (root / "pretrain" / name).read_bytes() == (root / "pretrain_again" / name).read_bytes(), name
+    for name in ("train.tsv", "val.tsv"):
+        assert (root / "plots/pretrain" / name).read_bytes() == (root / "plots/pretrain_again" / name).read_bytes(), name
     # Re-running a finished run resumes at its last step: nothing retrained, same output.
     assert pretrain.main(_args(root, "pretrain", "pretrain_third", runs="runs2")) == 0
     third = json.loads((root / "metrics/pretrain_third.json").read_text())
@@ -140,6 +146,8 @@ def test_sigkilled_stage_resumes_to_the_same_bytes(workspace: Path, repo_root: P
     assert pretrain.main(args("straight", "runs_straight")) == 0
     for name in ("model.safetensors", "optim_rank0.pt", "meta.json", "manifest.json"):
         assert (root / "killed" / name).read_bytes() == (root / "straight" / name).read_bytes(), name
+    # The resumed run replays the series up to its checkpoint: its plots cover the whole run.
+    assert (root / "plots/killed/train.tsv").read_bytes() == (root / "plots/straight/train.tsv").read_bytes()
 
 
 def _params_file(root: Path, name: str, **pretrain) -> Path:

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 
 from lockstep.io import atomic_dir, atomic_open, read_json, sha256_file, write_json_atomic
+from lockstep.parity import MAX_SAMPLE_TOKENS, RenderedSamples, SnapshotCollector
+from lockstep.records import as_conversation
 
 log = logging.getLogger(__name__)
 
@@ -324,8 +326,6 @@ def build_pretrain_cache(
     seed + 1 for val), then written until its token cap; the document at the cap is cut. Writes
     `{train,val}/shard_NNNNN.bin`, the parity artifacts and `meta.json` (last), all into a temp
     folder that replaces `out_dir` only when everything is written."""
-    from lockstep.parity import MAX_SAMPLE_TOKENS, RenderedSamples, SnapshotCollector
-
     if isinstance(texts, Mapping):
         if not set(texts) <= set(SPLITS) or "train" not in texts:
             raise TypeError(
@@ -418,21 +418,6 @@ def _write_artifacts(tmp: Path, snapshot: Any, rendered: Any) -> dict[str, str]:
     return {name: sha256_file(tmp / name) for name in ("dataset_snapshot.json", "rendered_samples.json")}
 
 
-def _as_conversation(example: Any, where: str) -> dict[str, Any]:
-    if isinstance(example, Mapping) and "messages" in example:
-        return dict(example)
-    if isinstance(example, Mapping) and "question" in example and "answer" in example:
-        from lockstep.sources.gsm8k import problem_to_conversation
-
-        return problem_to_conversation(dict(example))
-    if isinstance(example, (list, tuple)) and example and all(isinstance(m, Mapping) and "role" in m for m in example):
-        return {"messages": list(example)}  # a bare message list is the conversation's `messages`
-    raise TypeError(
-        f"{where} is neither a conversation ({{'messages': [...]}}), a list of messages ([{{'role', 'content'}}, ...]) "
-        "nor a problem ({'question', 'answer'})"
-    )
-
-
 def _split_by_frac(examples: Iterable[Any], val_frac: float, seed: int) -> dict[str, list[Any]]:
     items = list(examples)
     n_val = int(round(val_frac * len(items)))
@@ -468,8 +453,6 @@ def build_sft_cache(
     `examples` is either a mapping split -> examples (then val_frac must be None) or one iterable
     of examples: with a `val_frac` it is split by a seeded permutation, without one (None) every
     example goes to the split named by `split` and the other split stays empty."""
-    from lockstep.parity import RenderedSamples, SnapshotCollector
-
     if isinstance(examples, Mapping):
         if val_frac is not None:
             raise CacheError("val_frac must be null when examples already come split into train/val")
@@ -519,7 +502,7 @@ def build_sft_cache(
             with atomic_open(tokens_file) as ft, atomic_open(mask_file) as fm:
                 for i, example in enumerate(splits.get(split_name, ())):
                     where = f"{split_name} example {i}"
-                    conv = _as_conversation(example, where)
+                    conv = as_conversation(example, where)
                     ids, mask = tokenizer.render_conversation(conv)
                     ids_arr = to_token_array(np.asarray(ids, dtype=np.int64), ident["vocab_size"], dtype, where)
                     mask_arr = np.asarray(mask, dtype=np.int64)

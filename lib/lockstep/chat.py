@@ -10,6 +10,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from lockstep.checkpoint import load_model
+from lockstep.engine import Engine
+from lockstep.records import text_message
+from lockstep.runtime import device_from_name
+from lockstep.sampling import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_SEED,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    check_temperature,
+)
+from lockstep.tokenizer import load_tokenizer
+
 log = logging.getLogger(__name__)
 
 # A GSM8K-style annotation is how a tool call reads as plain text: `<<48/2=24>>`.
@@ -19,24 +35,20 @@ TOOL_MARKERS = {
     "<|output_start|>": "",
     "<|output_end|>": ">>",
 }
-ROLES = ("system", "user", "assistant")
 
 
 @dataclass(frozen=True)
 class SamplingSettings:
     """How one reply is sampled."""
 
-    temperature: float = 0.6  # 0 = greedy
-    top_k: int = 50  # 0 = no top-k cut
-    top_p: float = 1.0  # 1.0 = no nucleus cut
-    max_tokens: int = 256  # new tokens at most in the reply
-    seed: int = 0  # seeds the sampling torch.Generator
+    temperature: float = DEFAULT_TEMPERATURE  # 0 = greedy
+    top_k: int = DEFAULT_TOP_K  # 0 = no top-k cut
+    top_p: float = DEFAULT_TOP_P  # 1.0 = no nucleus cut
+    max_tokens: int = DEFAULT_MAX_TOKENS  # new tokens at most in the reply
+    seed: int = DEFAULT_SEED  # seeds the sampling torch.Generator
 
     def __post_init__(self) -> None:
-        # Refused here, before a reply starts, by the engine's own rule. Imported here: the engine
-        # brings torch, which this module otherwise loads only with a model.
-        from lockstep.engine import check_temperature
-
+        # Refused here, before a reply starts, by the rule the engine samples with.
         try:
             check_temperature(self.temperature)
         except ValueError as e:
@@ -75,11 +87,6 @@ class ChatBackend(Protocol):
 
 class ChatError(ValueError):
     """A conversation or setting the model cannot be asked about; the message says how to fix it."""
-
-
-def text_message(role: str, text: str) -> dict:
-    """A message in the project's conversation format with one text part."""
-    return {"role": role, "content": [{"type": "text", "text": text}]}
 
 
 def check_messages(messages: list[dict]) -> None:
@@ -217,12 +224,6 @@ def load_backend(ckpt_dir: Path, tokenizer_dir: Path, *, device: str = "cpu") ->
     """Load a checkpoint and its tokenizer into an EngineBackend on `device` ("cpu", "cuda",
     "cuda:1", "mps"), refusing a device this machine lacks and a tokenizer other than the one the
     checkpoint was trained with."""
-    from lockstep.checkpoint import load_checkpoint
-    from lockstep.engine import Engine
-    from lockstep.model import GPT, GPTConfig
-    from lockstep.runtime import device_from_name
-    from lockstep.tokenizer import load_tokenizer
-
     ckpt_dir, tokenizer_dir = Path(ckpt_dir), Path(tokenizer_dir)
     # Checked before anything loads: a device this machine lacks fails in seconds, not after the weights.
     torch_device = device_from_name(device, setting="--device")
@@ -231,29 +232,16 @@ def load_backend(ckpt_dir: Path, tokenizer_dir: Path, *, device: str = "cpu") ->
     if not tokenizer_dir.is_dir():
         raise FileNotFoundError(f"no tokenizer directory at {tokenizer_dir}: pass --tokenizer data/tokenizer")
     tokenizer = load_tokenizer(tokenizer_dir)
-    ckpt = load_checkpoint(ckpt_dir)
-    meta = ckpt.meta
-    want_sha = meta.get("tokenizer_sha256")
-    if want_sha is not None and want_sha != tokenizer.sha256:
-        raise ChatError(
-            f"tokenizer at {tokenizer_dir} has sha256 {tokenizer.sha256[:12]}..., the checkpoint at {ckpt_dir} "
-            f"was trained with {want_sha[:12]}...: pass the --tokenizer it was trained with"
-        )
-    if "model_config" not in meta:
-        raise ChatError(f"{ckpt_dir}/meta.json has no model_config: pass a checkpoint written by a training stage")
-    config = GPTConfig.from_dict(meta["model_config"])
-    model = GPT.build(config, torch_device)
-    model.load_state_dict(ckpt.model_state)
-    model.eval()
+    model, _ = load_model(ckpt_dir, torch_device, tokenizer_sha256=tokenizer.sha256)
     engine = Engine(model, tokenizer)
     model_id = f"lockstep-{ckpt_dir.name}"
-    return EngineBackend(engine, tokenizer, model_id=model_id, context_tokens=config.sequence_len)
+    return EngineBackend(engine, tokenizer, model_id=model_id, context_tokens=model.config.sequence_len)
 
 
-HELP = """commands:
+HELP = f"""commands:
   /clear            start a new conversation
-  /temperature X    sampling temperature, 0 (greedy) to 2
-  /topk K           sample from the K most likely tokens, 0 to 200 (0 = all)
+  /temperature X    sampling temperature, 0 (greedy) to {MAX_TEMPERATURE:g}
+  /topk K           sample from the K most likely tokens, 0 to {MAX_TOP_K} (0 = all)
   /help             this text
   /quit             leave (also Ctrl-D)"""
 
@@ -263,16 +251,16 @@ def _set_setting(settings: SamplingSettings, command: str, arg: str) -> Sampling
         try:
             value = float(arg)
         except ValueError:
-            raise ChatError(f"/temperature needs a number from 0 to 2, got {arg!r}") from None
-        if not 0.0 <= value <= 2.0:
-            raise ChatError(f"/temperature must be from 0 to 2, got {value}")
+            raise ChatError(f"/temperature needs a number from 0 to {MAX_TEMPERATURE:g}, got {arg!r}") from None
+        if not 0.0 <= value <= MAX_TEMPERATURE:
+            raise ChatError(f"/temperature must be from 0 to {MAX_TEMPERATURE:g}, got {value}")
         return dataclasses.replace(settings, temperature=value)
     try:
         k = int(arg)
     except ValueError:
-        raise ChatError(f"/topk needs a whole number from 0 to 200, got {arg!r}") from None
-    if not 0 <= k <= 200:
-        raise ChatError(f"/topk must be from 0 to 200, got {k}")
+        raise ChatError(f"/topk needs a whole number from 0 to {MAX_TOP_K}, got {arg!r}") from None
+    if not 0 <= k <= MAX_TOP_K:
+        raise ChatError(f"/topk must be from 0 to {MAX_TOP_K}, got {k}")
     return dataclasses.replace(settings, top_k=k)
 
 

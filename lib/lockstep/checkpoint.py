@@ -1,6 +1,7 @@
 """Checkpoint directories: safetensors weights, per-rank optimizer state, meta.json and a sha256
-manifest written last; latest-complete discovery, cleanup and pruning. Not a training loop: it
-stores what it is given and refuses anything that does not match its manifest."""
+manifest written last; latest-complete discovery, cleanup and pruning; and `load_model`, the one
+way a stage, eval or chat turns a checkpoint into a GPT. Not a training loop: it stores what it
+is given and refuses anything that does not match its manifest."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 
 from lockstep.io import atomic_open, fsync_dir, read_json, sha256_file, write_json_atomic
+from lockstep.model import GPT, GPTConfig
 
 FORMAT = "lockstep-checkpoint-v1"
 MODEL_FILE = "model.safetensors"
@@ -180,6 +182,42 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     model_state = safetensors_load((path / MODEL_FILE).read_bytes())
     rng = safetensors_load((path / RNG_FILE).read_bytes()) if (path / RNG_FILE).is_file() else {}
     return Checkpoint(path=path, meta=meta, model_state=model_state, rng_states=rng)
+
+
+def load_model(path: str | os.PathLike[str], device: torch.device | str, *,
+               tokenizer_sha256: str | None = None) -> tuple[GPT, dict[str, Any]]:
+    """The GPT a checkpoint holds, on `device` in eval mode, and the checkpoint's meta. The
+    manifest and format are verified first (`load_checkpoint`); with `tokenizer_sha256`, a
+    checkpoint trained with another tokenizer is refused. The model is built from
+    `meta["model_config"]` and its weights loaded strictly. Every failure is a CheckpointError
+    that names the checkpoint."""
+    path = Path(path)
+    ck = load_checkpoint(path)
+    meta = ck.meta
+    if tokenizer_sha256 is not None and meta.get("tokenizer_sha256") != tokenizer_sha256:
+        trained = meta.get("tokenizer_sha256")
+        trained_with = f"tokenizer {trained[:12]}..." if isinstance(trained, str) else "no recorded tokenizer"
+        raise CheckpointError(f"checkpoint {path} was trained with {trained_with}, not the tokenizer in use "
+                              f"({tokenizer_sha256[:12]}...); re-run the earlier stages (dvc repro) so it is trained "
+                              "with this tokenizer, or use the tokenizer it was trained with")
+    if not isinstance(meta.get("model_config"), dict):
+        raise CheckpointError(f"{path / META_FILE} has no model_config: it was not written by a training stage; "
+                              "re-run the stage that writes it")
+    try:
+        config = GPTConfig.from_dict(meta["model_config"])
+    except (ValueError, TypeError) as e:  # ConfigError, or a field the config's own checks refuse
+        raise CheckpointError(f"{path / META_FILE} holds a model_config this code cannot build ({e}); re-run the "
+                              "earlier stages (dvc repro) with this code") from None
+    # The seed only decides the initial weights, which the checkpoint's replace at once.
+    model = GPT.build(config, device, seed=0)
+    try:
+        model.load_state_dict(ck.model_state)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[:2]
+        raise CheckpointError(f"{path / MODEL_FILE} does not fit its model_config ({' '.join(first)}); re-run the "
+                              "stage that wrote it") from None
+    model.eval()
+    return model, meta
 
 
 def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:

@@ -4,7 +4,6 @@ decoding a tool call and encoding its result."""
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -14,30 +13,10 @@ import torch
 
 from lockstep.calculator import NO_RESULT, evaluate
 from lockstep.model import GPT
+from lockstep.sampling import UNSCALED_TEMPERATURE, check_temperature, is_greedy
 
 # Cache rows grow in steps of this many positions when a sequence outruns them.
 CACHE_GROW_TOKENS = 128
-
-# Temperatures below this sample greedily (argmax). At T = 1e-4, softmax(logits / T) already gives
-# exactly zero probability to every id more than 0.0104 below the top logit (fp32 exp rounds to 0
-# below about e^-104), a gap finer than bf16 resolves logits of magnitude 2 or more (spacing 0.0156):
-# the draw is the argmax but for near-ties. Much lower temperatures cannot be sampled at all:
-# logits / T overflows fp32 (|logit| / T > 3.4e38, e.g. a soft-capped 15 at T = 1e-40), and
-# inf - inf makes NaN probabilities, which torch.multinomial refuses.
-GREEDY_TEMPERATURE = 1e-4
-
-
-def check_temperature(temperature: float) -> None:
-    """Refuse a negative, infinite or NaN temperature with a ValueError."""
-    if not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature={temperature} must be a finite number >= 0 (0 is greedy)")
-
-
-def is_greedy(temperature: float) -> bool:
-    """Whether `temperature` means argmax decoding: 0, or anything below GREEDY_TEMPERATURE. The one
-    place that decides it; a temperature check_temperature refuses raises its ValueError."""
-    check_temperature(temperature)
-    return temperature < GREEDY_TEMPERATURE
 
 
 class KVCache:
@@ -190,9 +169,9 @@ class _Row:
 def sample_next(
     logits: torch.Tensor, *, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator
 ) -> torch.Tensor:
-    """Next ids (B,) from logits (B, V): argmax at temperature 0 (or below GREEDY_TEMPERATURE),
-    else a draw from softmax(logits / temperature) restricted to the top_k ids and then to the
-    smallest set whose probability reaches top_p."""
+    """Next ids (B,) from logits (B, V): argmax at temperature 0 (or below
+    sampling.GREEDY_TEMPERATURE), else a draw from softmax(logits / temperature) restricted to the
+    top_k ids and then to the smallest set whose probability reaches top_p."""
     if is_greedy(temperature):
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -258,7 +237,7 @@ class Engine:
         *,
         num_samples: int = 1,
         max_tokens: int,
-        temperature: float = 1.0,
+        temperature: float = UNSCALED_TEMPERATURE,
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int = 0,
@@ -276,7 +255,7 @@ class Engine:
         forces `<|output_start|> value <|output_end|>`, where value is
         `lockstep.calculator.evaluate(text)` or, when it refuses, `calculator.NO_RESULT`
         ("no result"). Rows draw from one `torch.Generator` seeded with `seed`; temperature 0 (and
-        any below GREEDY_TEMPERATURE) is greedy and needs no randomness."""
+        any below sampling.GREEDY_TEMPERATURE) is greedy and needs no randomness."""
         prompt_ids = list(prompt_ids)
         self._check(prompt_ids, num_samples, max_tokens, temperature, top_k, top_p)
         return self._steps(prompt_ids, num_samples, max_tokens, temperature, top_k, top_p, seed, use_tools)

@@ -12,9 +12,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from lockstep.cache import CacheTooSmallError, open_pretrain_split, open_sft_split
-
-IGNORE_INDEX = -100  # the target value F.cross_entropy skips (ignore_index)
+from lockstep.cache import (
+    CacheTooSmallError,
+    cache_summary,
+    check_tokenizer,
+    open_pretrain_split,
+    open_sft_split,
+    read_cache_meta,
+)
+from lockstep.io import canonical_json
+from lockstep.model import IGNORE_INDEX
 
 
 def _to_device(arr: np.ndarray, device: torch.device | str) -> torch.Tensor:
@@ -285,9 +292,6 @@ def inspect_cache(
     """A human-readable report of a cache: its stats, then one random window (pretrain) or one
     random example (SFT) decoded, with supervised tokens inside [[ ]]. Without a tokenizer the
     ids are shown instead of text."""
-    from lockstep.cache import cache_summary, check_tokenizer, read_cache_meta
-    from lockstep.io import canonical_json
-
     cache_dir = Path(cache_dir)
     meta = read_cache_meta(cache_dir)
     if tokenizer is not None:

@@ -1,23 +1,24 @@
-"""The run's report card: a markdown page and PNG charts rebuilt from metrics JSON and per-step TSV
-series alone (seconds, no model). It does not run or evaluate anything itself."""
+"""The run's report card: a markdown page and PNG charts rebuilt from metrics JSON and the per-step
+series (lockstep.series) alone (seconds, no model). It does not run or evaluate anything itself."""
 
 from __future__ import annotations
 
-import csv
 import math
 import platform
 import re
 import subprocess
 from collections.abc import Mapping
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from lockstep.io import atomic_dir, read_json
+from lockstep.series import SUFFIX as SERIES_SUFFIX
+from lockstep.series import read_series_file
 
 # Report columns as nanochat's card names them, with the pipeline stage behind each.
 STAGE_COLUMNS: tuple[tuple[str, str], ...] = (("BASE", "pretrain"), ("MID", "midtrain"), ("SFT", "sft"), ("RL", "rl"))
 HEADLINE_KEYS = ("core", "chatcore")
-_STEP_KEYS = ("step", "steps", "iter")
 _TRAIN_KEY_HINTS = ("time_s", "tokens", "steps", "step", "flops", "mfu", "tok_per_s", "params")
 
 
@@ -48,36 +49,19 @@ def load_metrics(metrics_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def read_series(plots_dir: Path) -> dict[str, dict[str, list[tuple[float, float]]]]:
-    """Per-step series from the TSVs under `plots_dir/<stage>/` at any depth (RL writes
-    `rl/train.tsv`, dvclive `pretrain/plots/metrics/train_loss.tsv`), each with a header row and a
-    `step` column: as {column: {stage: [(step, value), ...]}}, so one chart can overlay a quantity
-    across stages. The stage is the first folder below `plots_dir`; a TSV directly in it is a
-    stage of its own name."""
+    """The per-step series the stages write with lockstep.series (`<plots_dir>/<stage>/<name>.tsv`,
+    e.g. `pretrain/train.tsv`, `rl/val.tsv`) as {column: {stage: [(step, value), ...]}}, so one
+    chart overlays a quantity across stages. A series is named by its stage folder."""
     series: dict[str, dict[str, list[tuple[float, float]]]] = {}
     plots_dir = Path(plots_dir)
     if not plots_dir.is_dir():
         return series
-    for path in sorted(plots_dir.rglob("*.tsv")):
-        rel = path.relative_to(plots_dir).parts
-        stage = rel[0] if len(rel) > 1 else path.stem
-        with open(path, encoding="utf-8", newline="") as f:
-            rows = list(csv.DictReader(f, delimiter="\t"))
-        if not rows:
-            continue
-        step_key = next((k for k in _STEP_KEYS if k in rows[0]), None)
-        if step_key is None:
-            raise ValueError(f"{path} has no `step` column (columns: {list(rows[0])}); per-step TSVs need one")
-        for col in rows[0]:
-            if col == step_key:
-                continue
-            points = []
-            for r in rows:
-                try:
-                    points.append((float(r[step_key]), float(r[col])))
-                except (TypeError, ValueError):
-                    continue
-            if points:
-                series.setdefault(col, {}).setdefault(stage, []).extend(points)
+    for stage_dir in sorted(p for p in plots_dir.iterdir() if p.is_dir()):
+        for path in sorted(stage_dir.glob(f"*{SERIES_SUFFIX}")):
+            for col, points in read_series_file(path).items():
+                if points:
+                    series.setdefault(col, {}).setdefault(stage_dir.name, []).extend(
+                        (float(step), value) for step, value in points)
     return series
 
 
@@ -87,9 +71,10 @@ def _slug(name: str) -> str:
 
 def draw_charts(series: Mapping[str, Mapping[str, list[tuple[float, float]]]], out_dir: Path) -> list[Path]:
     """One PNG per quantity (loss, val_bpb, reward, pass@1, ...), one line per stage."""
+    # matplotlib: heavy and needed for charts only, so importing the report stays cheap.
     import matplotlib
 
-    matplotlib.use("Agg")  # no display; chosen here, not at import, so importing the report is free
+    matplotlib.use("Agg")  # no display
     import matplotlib.pyplot as plt
 
     paths = []
@@ -135,11 +120,8 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 
 def environment_info(repo_root: Path) -> dict[str, str]:
-    """Where the report was drawn: code revision, Python and library versions, platform."""
-    import matplotlib
-    import numpy
-    import torch
-
+    """Where the report was drawn: code revision, Python and library versions, platform. The
+    versions are read from the installed distributions, so drawing a report imports no torch."""
     try:
         rev = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo_root, capture_output=True,
                              text=True, check=True, timeout=10).stdout.strip()
@@ -151,9 +133,9 @@ def environment_info(repo_root: Path) -> dict[str, str]:
     return {
         "code revision": rev,
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": numpy.__version__,
-        "matplotlib": matplotlib.__version__,
+        "torch": version("torch"),
+        "numpy": version("numpy"),
+        "matplotlib": version("matplotlib"),
         "platform": platform.platform(terse=True),
     }
 

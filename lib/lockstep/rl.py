@@ -30,10 +30,11 @@ import torch.nn as nn
 from lockstep.config import check_range
 from lockstep.engine import Engine
 from lockstep.evaluate.chat import extract_answer
+from lockstep.model import IGNORE_INDEX
 from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, set_lr
+from lockstep.records import user_prompt
+from lockstep.sampling import UNSCALED_TEMPERATURE
 from lockstep.train import NonFiniteGuard, check_schedule, lr_multiplier
-
-IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class RLConfig:
     problems_per_step: int = 8  # distinct problems per update
     group_size: int = 8  # completions sampled per problem
     max_new_tokens: int = 64  # per completion, tool tokens included
-    temperature: float = 1.0  # sampling temperature of the rollouts
+    temperature: float = UNSCALED_TEMPERATURE  # sampling temperature of the rollouts
     top_k: int | None = None  # rollouts' top-k (None = full distribution)
     device_batch_rows: int = 16  # completions per forward/backward pass
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(matrix_lr=0.002, embed_lr=0.02, unembed_lr=0.0004,
@@ -89,7 +90,14 @@ def _derived_seed(*parts: Any) -> int:
 
 
 def prompt_ids(tokenizer: Any, question: str) -> list[int]:
-    return tokenizer.render_for_completion({"messages": [{"role": "user", "content": [{"type": "text", "text": question}]}]})
+    return tokenizer.render_for_completion(user_prompt(question))
+
+
+def series_columns(cfg: RLConfig) -> dict[str, tuple[str, ...]]:
+    """The per-step series `train_rl` reports through `on_step`, by file: columns besides `step`.
+    Every value is a result (rewards, lengths, losses, held-out scores); timings stay in the log."""
+    held_out = dict.fromkeys(("pass@1", f"pass@{cfg.pass_k}", "greedy", "completion_len"))  # pass@1 once when k = 1
+    return {"train": ("reward", "completion_len", "loss"), "val": tuple(f"val_{k}" for k in held_out)}
 
 
 @dataclass
@@ -209,7 +217,9 @@ def train_rl(model: nn.Module, tokenizer: Any, *, train_problems: Sequence[dict[
     """Run `cfg.num_steps` policy updates. Problems per step are drawn with a generator seeded
     from (seed, step), so a run is a pure function of its inputs and seed. An update whose loss
     or gradient norm is NaN or inf is skipped; more in a row than `cfg.nonfinite_patience`, or
-    non-finite weights at the end, raise lockstep.train.NonFiniteError."""
+    non-finite weights at the end, raise lockstep.train.NonFiniteError. `on_step` gets each
+    result row, as `series_columns(cfg)` names them: a held-out row (`val_*`) before the first
+    update, every `eval_every_steps` and after the last; a training row after every update."""
     if not train_problems:
         raise ValueError("no training problems: the problems snapshot's train split is empty")
     if not val_problems:

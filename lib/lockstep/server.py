@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -25,6 +27,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lockstep.chat import ChatBackend, ChatError, Delta, SamplingSettings, check_messages
+from lockstep.records import text_message
+from lockstep.sampling import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_SEED,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +61,14 @@ class ServerConfig:
     max_message_chars: int = 0
     max_conversation_tokens: int = 0  # rendered prompt tokens; 0 = the model's context minus one
     max_reply_tokens: int = 1024  # the largest max_tokens a request may ask for
-    default_max_tokens: int = 256  # max_tokens when a request does not say
+    default_max_tokens: int = DEFAULT_MAX_TOKENS  # max_tokens when a request does not say
     max_body_bytes: int = 1 << 20  # larger request bodies are refused with 413
     workers: int = 1  # generations running at once
     max_queued: int = 4  # requests waiting for a worker; more are refused with 503
     queue_timeout_s: float = 30.0  # a queued request waits this long for a worker, then 503
-    default_temperature: float = 0.6
-    default_top_k: int = 50
-    default_seed: int = 0
+    default_temperature: float = DEFAULT_TEMPERATURE
+    default_top_k: int = DEFAULT_TOP_K
+    default_seed: int = DEFAULT_SEED
     allowed_origins: tuple[str, ...] = ()  # CORS origins allowed to call the API; empty = same-origin only
 
     def __post_init__(self) -> None:
@@ -123,8 +135,6 @@ class WorkerPool:
                 raise Busy
             self._waiting += 1
         try:
-            import anyio.to_thread
-
             # A thread waits, not the event loop; queued waiters are bounded by max_queued.
             got = await anyio.to_thread.run_sync(lambda: self._slots.acquire(timeout=self.queue_timeout_s))
         finally:
@@ -249,7 +259,8 @@ def _message_text(content: str | list) -> str:
 
 
 def _as_conversation(messages: list[Any]) -> list[dict]:
-    return [{"role": m.role, "content": [{"type": "text", "text": _message_text(m.content)}]} for m in messages]
+    """Request messages (OpenAI shape: text or text parts) as the project's conversation messages."""
+    return [text_message(m.role, _message_text(m.content)) for m in messages]
 
 
 def build_request_model(config: ServerConfig, backend: ChatBackend) -> type[BaseModel]:
@@ -303,8 +314,8 @@ def build_request_model(config: ServerConfig, backend: ChatBackend) -> type[Base
         )
         max_completion_tokens: int | None = Field(default=None, ge=1, le=config.max_reply_tokens, strict=True,
                                                   description="as max_tokens, which it overrides")
-        temperature: float | None = Field(default=None, ge=0.0, le=2.0, strict=True, allow_inf_nan=False)
-        top_k: int | None = Field(default=None, ge=0, le=200, strict=True)
+        temperature: float | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE, strict=True, allow_inf_nan=False)
+        top_k: int | None = Field(default=None, ge=0, le=MAX_TOP_K, strict=True)
         top_p: float | None = Field(default=None, gt=0.0, le=1.0, strict=True, allow_inf_nan=False)
         seed: int | None = Field(default=None, ge=0, le=2**63 - 1, strict=True)
         n: int | None = Field(default=None, ge=1, le=1, strict=True, description="only one choice per request")
@@ -357,7 +368,7 @@ def build_request_model(config: ServerConfig, backend: ChatBackend) -> type[Base
             return SamplingSettings(
                 temperature=config.default_temperature if self.temperature is None else self.temperature,
                 top_k=config.default_top_k if self.top_k is None else self.top_k,
-                top_p=1.0 if self.top_p is None else self.top_p,
+                top_p=DEFAULT_TOP_P if self.top_p is None else self.top_p,
                 max_tokens=asked if asked is not None else min(config.default_max_tokens, room_tokens),
                 seed=config.default_seed if self.seed is None else self.seed,
             )
@@ -434,8 +445,6 @@ def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> Fast
     app.state.config = config
     app.add_middleware(BodySizeLimit, max_body_bytes=config.max_body_bytes)
     if config.allowed_origins:
-        from fastapi.middleware.cors import CORSMiddleware
-
         # Credentials stay off: the API has no cookies, and with them any listed site could act as the user.
         app.add_middleware(
             CORSMiddleware,

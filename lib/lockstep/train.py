@@ -1,15 +1,18 @@
 """The shared training loop for pretrain, midtrain and SFT: horizon, LR schedule, gradient
-accumulation, clipping, the stop on NaN/inf, val bits-per-byte, samples, checkpoints and resume. It does not know
-where batches come from (any object with `get_batch(*, B, generator)`) or how text is encoded."""
+accumulation, clipping, the stop on NaN/inf, val bits per byte (lockstep.bpb), samples,
+checkpoints and resume. It does not know where batches come from (any object with
+`get_batch(*, B, generator)`) or how text is encoded; finding caches, building the model and
+publishing a stage's outputs is lockstep.train_stage. Over 400 lines because the loop and the
+pieces only it uses (its config, horizon, schedule, NaN guard, checkpoint save) read best
+side by side."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 import math
-import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -19,14 +22,17 @@ import torch.distributed as dist
 from torch import nn
 
 from lockstep import checkpoint as ckpt
-from lockstep.config import ConfigError, FieldError, check_range, config_to_dict
-from lockstep.io import canonical_json, read_json, write_json_atomic
+from lockstep.bpb import measure_bpb
+from lockstep.config import ConfigError, FieldError, check_range
+from lockstep.io import read_json, write_json_atomic
 from lockstep.model import GPT, IGNORE_INDEX, GPTConfig
 from lockstep.optim import OptimConfig, all_reduce_grads, build_optimizers, global_grad_norm, muon_momentum, set_lr
 from lockstep.runtime import Runtime, barrier, peak_flops
 
 log = logging.getLogger("lockstep.train")
-PROGRESS_FILE = "progress.json"  # per-step series and wall time so far, beside the checkpoints
+# The per-step series `train` reports, by file: columns besides `step`, results only.
+SERIES_COLUMNS: dict[str, tuple[str, ...]] = {"train": ("train_loss", "lr_mult"), "val": ("val_bpb",)}
+PROGRESS_FILE = "progress.json"  # per-step series, throughput and wall time so far, beside the checkpoints
 
 
 @dataclass(frozen=True)
@@ -192,13 +198,6 @@ def batch_generator(seed: int, step: int, micro: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
 
-def git_commit(root: Path | None = None) -> str:
-    """The git commit checked out (for metrics, which people read), or "unknown"."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
 def _targets(batch: Sequence[torch.Tensor], loss: str) -> torch.Tensor:
@@ -209,41 +208,24 @@ def _targets(batch: Sequence[torch.Tensor], loss: str) -> torch.Tensor:
     return batch[1]
 
 
-@torch.no_grad()
-def evaluate_bpb(model: nn.Module, data: BatchSource, token_bytes: torch.Tensor, rt: Runtime, *, rows: int,
-                 seq_len: int, eval_tokens: int, seed: int, loss: str = "all") -> dict[str, float]:
-    """Validation bits per byte: summed loss in nats over target tokens with a byte length,
-    divided by ln 2 times their bytes (special tokens have 0 bytes and are left out). The same
-    windows every call (fixed generators); the batches are split over ranks and the sums
-    all-reduced. Also returns `unigram_bpb`, the entropy of the same targets' own unigram
-    distribution: a lower bound for any unigram model, the baseline learning must beat."""
+def validation_bpb(model: nn.Module, data: BatchSource, token_bytes: torch.Tensor, rt: Runtime, *, rows: int,
+                   seq_len: int, eval_tokens: int, seed: int, loss: str = "all") -> dict[str, float]:
+    """Validation bits per byte (lockstep.bpb.measure_bpb, the measure eval uses too) on the
+    targets the stage trains on (`loss`): the same windows every call (fixed generators), the
+    batches split over ranks. Also `unigram_bpb`, the floor of a context-free model on the same
+    targets, and `val_bytes`."""
     was_training = model.training
     model.eval()
     n_batches = max(1, eval_tokens // (rows * seq_len))
-    tb = token_bytes.to(rt.device)
-    nats = torch.zeros((), dtype=torch.float64, device=rt.device)
-    nbytes = torch.zeros((), dtype=torch.float64, device=rt.device)
-    counts = torch.zeros(tb.numel(), dtype=torch.float64, device=rt.device)
-    for j in range(rt.rank, n_batches, rt.world_size):
-        batch = data.get_batch(B=rows, generator=batch_generator(seed, -1, j))
-        x, y = batch[0].to(rt.device), _targets(batch, loss).to(rt.device)
-        with rt.autocast():
-            per_token = model(x, y, loss_reduction="none")  # (B, T) nats, 0 at ignored targets
-        valid = y != IGNORE_INDEX
-        b = torch.where(valid, tb[y.clamp(min=0)], 0)  # (B, T) bytes per target
-        keep = b > 0
-        nats += per_token.double()[keep].sum()
-        nbytes += b[keep].double().sum()
-        counts += torch.bincount(y[keep], minlength=tb.numel()).double()
-    if rt.distributed:
-        for t in (nats, nbytes, counts):
-            dist.all_reduce(t)
+
+    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for j in range(rt.rank, n_batches, rt.world_size):
+            batch = data.get_batch(B=rows, generator=batch_generator(seed, -1, j))
+            yield batch[0], _targets(batch, loss)
+
+    sums = measure_bpb(model, batches(), token_bytes, device=rt.device, autocast=rt.autocast)
     model.train(was_training)
-    total = counts.sum()
-    probs = counts[counts > 0] / total
-    unigram_nats = -(counts[counts > 0] * probs.log()).sum()
-    denom = math.log(2) * max(nbytes.item(), 1.0)
-    return {"val_bpb": nats.item() / denom, "unigram_bpb": unigram_nats.item() / denom, "val_bytes": nbytes.item()}
+    return {"val_bpb": sums.bpb, "unigram_bpb": sums.unigram_bpb, "val_bytes": float(sums.bytes)}
 
 
 @torch.no_grad()
@@ -335,7 +317,12 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
 
     A step whose loss or gradient norm is NaN or inf is not applied; more of them in a row than
     `cfg.nonfinite_patience` raise NonFiniteError, as do non-finite weights at a checkpoint.
-    `params_section` names where `cfg` came from (`pretrain`), for the keys that error names."""
+    `params_section` names where `cfg` came from (`pretrain`), for the keys that error names.
+
+    `on_step` gets each result row on rank 0, as SERIES_COLUMNS names them: `{step, train_loss,
+    lr_mult}` after an applied step, `{step, val_bpb}` after an evaluation. A resumed run replays
+    the rows up to its checkpoint first, so the callback sees the whole run. Timings stay out of
+    the rows (they go to the log and the TrainResult): the series are equal for equal runs."""
     run_dir = Path(run_dir)
     # Training draws from its own generators; the global one is seeded anyway, so that its state
     # saved in every checkpoint is a function of the seed, not of what the process did before.
@@ -361,7 +348,8 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
             log.info("removed %d incomplete checkpoint(s) in %s", len(removed), run_dir)
     barrier(rt)
     start_step, train_time_s = 0, 0.0
-    series: list[dict[str, float]] = []
+    series: list[dict[str, float]] = []  # results only: what `on_step` sees and the plots hold
+    rates: list[tuple[int, float]] = []  # (step, tokens/s): timings stay out of the series
     latest = ckpt.latest_checkpoint(run_dir)
     if latest is not None:
         state = ckpt.load_checkpoint(latest)
@@ -380,6 +368,7 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
             train_time_s = float(saved.get("train_time_s", 0.0))
             # Replay the series up to the checkpoint so per-step plots cover the whole run.
             series = [row for row in saved.get("series", []) if row["step"] <= start_step]
+            rates = [(step, rate) for step, rate in saved.get("tok_per_s", []) if step <= start_step]
         if rt.is_main:
             log.info("resuming from %s (step %d/%d)", latest, start_step, total_steps)
     if rt.is_main:
@@ -408,8 +397,8 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
     def do_eval(step: int) -> dict[str, float]:
         if val_data is None or token_bytes is None:
             return {}
-        r = evaluate_bpb(model, val_data, token_bytes, rt, rows=rows, seq_len=seq_len, eval_tokens=cfg.eval_tokens,
-                         seed=seed, loss=cfg.loss)
+        r = validation_bpb(model, val_data, token_bytes, rt, rows=rows, seq_len=seq_len, eval_tokens=cfg.eval_tokens,
+                           seed=seed, loss=cfg.loss)
         if rt.is_main:
             log.info("step %d/%d | val bpb %.4f | unigram bpb %.4f", step, total_steps, r["val_bpb"], r["unigram_bpb"])
             record({"step": step, "val_bpb": r["val_bpb"]})
@@ -479,7 +468,8 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
             lr_now = optimizers[-1].param_groups[0]["lr"]
             log.info("step %d/%d | loss %.4f | lr %.3g | dt %.0fms | tok/s %s | mfu %.1f%% | eta %s", step, total_steps,
                      train_loss, lr_now, dt * 1e3, _fmt_count(tok_s), 100 * mfu, _fmt_eta(med * (total_steps - step)))
-            record({"step": step, "train_loss": train_loss, "lr_mult": mult, "tok_per_s": tok_s, "mfu": mfu})
+            record({"step": step, "train_loss": train_loss, "lr_mult": mult})
+            rates.append((step, tok_s))
         last = step == total_steps
         if cfg.eval_every_steps and step % cfg.eval_every_steps == 0 and not last:
             eval_result = do_eval(step)
@@ -487,9 +477,12 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
             do_samples()
         if last or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0):
             guard.check_weights(model, step)
-            checkpoint_path = _save(model, optimizers, rt, run_dir, step, meta, cfg.keep_last)
             if rt.is_main:
-                write_json_atomic(run_dir / PROGRESS_FILE, {"step": step, "train_time_s": train_time_s, "series": series})
+                # Before the checkpoint, so that every checkpoint a rerun may resume from has its
+                # series on disk (a resume keeps the rows up to its own step and drops the rest).
+                write_json_atomic(run_dir / PROGRESS_FILE, {"step": step, "train_time_s": train_time_s, "series": series,
+                                                            "tok_per_s": rates})
+            checkpoint_path = _save(model, optimizers, rt, run_dir, step, meta, cfg.keep_last)
         if stop_at_step is not None and step >= stop_at_step:
             break
 
@@ -500,41 +493,11 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
     tokens = step * cfg.batch_tokens
     if dts:
         tok_per_s = cfg.batch_tokens / sorted(dts)[len(dts) // 2]
-    else:  # nothing timed in this process (a finished run re-run): the recorded series' median
-        rates = sorted(row["tok_per_s"] for row in series if "tok_per_s" in row)
-        tok_per_s = rates[len(rates) // 2] if rates else float("nan")
+    else:  # nothing timed in this process (a finished run re-run): the recorded steps' median
+        recorded = sorted(rate for _, rate in rates)
+        tok_per_s = recorded[len(recorded) // 2] if recorded else float("nan")
     return TrainResult(step=step, total_steps=total_steps, losses=losses, final_eval=eval_result, samples=samples,
                        checkpoint=checkpoint_path, resumed_from=start_step, tokens=tokens,
                        flops=float(flops_per_token) * tokens, tok_per_s=tok_per_s,
                        mfu=flops_per_token * tok_per_s / (peak * rt.world_size),
                        train_time_s=train_time_s, peak={"flops_per_s": peak, "source": peak_why})
-
-
-def run_key(stage: str, payload: dict[str, Any]) -> str:
-    """A short hash naming a run folder: the stage name, its params and its inputs' identities.
-    A params or input change gets a new folder, so a run never resumes someone else's state."""
-    return hashlib.sha256(canonical_json({"stage": stage, **payload}).encode("utf-8")).hexdigest()[:16]
-
-
-def stage_meta(*, model_config: GPTConfig, cfg: TrainConfig, stage: str, tokenizer_sha256: str, seed: int,
-               extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The meta.json fields every training checkpoint carries (no times or hosts: the final
-    checkpoint must be byte-identical across identical runs)."""
-    return {"stage": stage, "model_config": model_config.to_dict(), "stage_config": config_to_dict(cfg),
-            "tokenizer_sha256": tokenizer_sha256, "seed": seed, **(extra or {})}
-
-
-class AllTargets:
-    """Wraps a pretraining source (x, y) so it yields (x, y, y): every target counts, and it mixes
-    with SFT sources (x, y, y_masked) in one lockstep.loaders.Mixture (midtraining)."""
-
-    def __init__(self, source: BatchSource) -> None:
-        self.source = source
-
-    def get_batch(self, *, B: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
-        x, y = self.source.get_batch(B=B, generator=generator)[:2]
-        return x, y, y
-
-    @property
-    def last_rows(self) -> list[dict[str, Any]]:
-        return getattr(self.source, "last_rows", [])

@@ -1,2 +1,3 @@
-"""Evaluation: bits per byte (`bpb`), CORE-style base-model tasks (`core`), chat tasks and
-ChatCORE (`chat`), and the code sandbox (`sandbox`). No stage wiring or file layout lives here."""
+"""Evaluation: CORE-style base-model tasks (`core`), chat tasks and ChatCORE (`chat`), the code
+sandbox (`sandbox`), and the `eval@<stage>` pipeline (`run`), which also reports bits per byte
+through lockstep.bpb. No stage wiring or params reading lives here."""

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from lockstep.evaluate.sandbox import SandboxLimits, run_tests
+from lockstep.records import text_message
 
 LETTERS = "ABCDEFGHIJ"
 # Number with optional sign, currency sign, thousands commas (groups of three) and decimals.
@@ -91,14 +92,6 @@ def _final_text_of(message: dict[str, Any]) -> str:
     return texts[-1] if texts else _text_of(message)
 
 
-def _user_message(text: str) -> dict[str, Any]:
-    return {"role": "user", "content": [{"type": "text", "text": text}]}
-
-
-def _assistant_message(text: str) -> dict[str, Any]:
-    return {"role": "assistant", "content": [{"type": "text", "text": text}]}
-
-
 @dataclasses.dataclass(frozen=True)
 class GenerativeItem:
     conversation: dict[str, Any]  # ends with the reference assistant turn (dropped when prompting)
@@ -113,7 +106,7 @@ def problem_items(problems: Iterable[dict[str, Any]]) -> list[GenerativeItem]:
             raise ValueError(f"problem {i} needs `question` and `answer` (GSM8K format), got keys {sorted(p)}")
         if extract_answer(p["answer"]) is None:
             raise ValueError(f"problem {i} answer has no final number (`#### N` line): {p['answer'][-80:]!r}")
-        conv = {"messages": [_user_message(p["question"]), _assistant_message(p["answer"])]}
+        conv = {"messages": [text_message("user", p["question"]), text_message("assistant", p["answer"])]}
         items.append(GenerativeItem(conv, p["answer"]))
     return items
 
@@ -163,7 +156,7 @@ def categorical_prompt(item: CategoricalItem) -> dict[str, Any]:
     lines = [item.question, ""]
     lines += [f"{LETTERS[j]}. {c}" for j, c in enumerate(item.choices)]
     lines += ["", "Answer with the letter only."]
-    return {"messages": [_user_message("\n".join(lines)), _assistant_message(LETTERS[item.answer])]}
+    return {"messages": [text_message("user", "\n".join(lines)), text_message("assistant", LETTERS[item.answer])]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,7 +317,7 @@ def evaluate_code(
     """pass@1: the item's tests, run apart from the generated code and calling it through the
     sandbox's proxy, reach their last line (see `sandbox.run_tests`)."""
     mine = _shard(items, rank, world_size)
-    convs = [{"messages": [_user_message(it.prompt), _assistant_message("")]} for _, it in mine]
+    convs = [{"messages": [text_message("user", it.prompt), text_message("assistant", "")]} for _, it in mine]
     completions = _generate_in_batches(generate, [tokenizer.render_for_completion(c) for c in convs], batch_size)
     result = TaskResult()
     for (index, item), ids in zip(mine, completions):

@@ -1,6 +1,7 @@
 """The `eval@<stage>` pipeline: load a checkpoint, run bits per byte on every val cache, CORE-style
 tasks (base stages) and chat tasks (chat stages), write flat metrics and per-item predictions.
-Paths and config come from the caller; the scoring itself lives in bpb, core and chat."""
+Paths and config come from the caller; the scoring itself lives in lockstep.bpb (the measure training
+uses too) and evaluate.core and .chat."""
 
 from __future__ import annotations
 
@@ -16,11 +17,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lockstep.cache import list_caches
+from lockstep.bpb import BpbSums, measure_bpb
+from lockstep.cache import CacheTooSmallError, list_caches, open_pretrain_split
+from lockstep.checkpoint import load_model
+from lockstep.engine import Engine
 from lockstep.evaluate import chat, core
-from lockstep.evaluate.bpb import evaluate_bpb
 from lockstep.evaluate.sandbox import SandboxLimits
 from lockstep.io import atomic_dir, canonical_json, write_json_atomic
+from lockstep.loaders import ShardedTokenLoader, open_sft_dataset
+from lockstep.sources import iter_records
+from lockstep.tokenizer import load_tokenizer
 
 log = logging.getLogger("lockstep.eval")
 STAGES = ("pretrain", "midtrain", "sft", "rl")
@@ -96,9 +102,6 @@ def _pretrain_batches(val_dir: Path, *, rows: int, T: int, max_tokens: int, rt: 
     """Sequential val batches, or None when the split is too small for one T-token row per rank.
     A damaged or mismatched cache raises its CacheError: it must fail the stage, not vanish from
     the metrics."""
-    from lockstep.cache import open_pretrain_split
-    from lockstep.loaders import ShardedTokenLoader
-
     n_tokens = open_pretrain_split(val_dir, tokenizer_sha256=tokenizer_sha256).tokens  # checks every shard
     # As many rows as fit, up to `rows`: one step takes world_size*B*T tokens plus the last target.
     B = min(rows, max(n_tokens - 1, 0) // (rt.world_size * T))
@@ -116,9 +119,6 @@ def _sft_batches(cache_dir: Path, *, rows: int, T: int, max_tokens: int, rt: Any
                  tokenizer_sha256: str, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]] | None:
     """Random val batches, or None when no val example is usable at T (an empty split, or every
     prompt longer than T). Damage raises, as for pretrain caches."""
-    from lockstep.cache import CacheTooSmallError
-    from lockstep.loaders import open_sft_dataset
-
     try:
         ds = open_sft_dataset(cache_dir, "val", T=T, device=rt.device, pad_id=pad_id, tokenizer_sha256=tokenizer_sha256)
     except CacheTooSmallError as e:
@@ -136,9 +136,9 @@ def _sft_draws(ds: Any, *, rows: int, T: int, max_tokens: int, rt: Any,
         yield x, y_masked  # assistant tokens only: the part a chat model is trained to produce
 
 
-def _record_bpb(metrics: dict[str, Any], key: str, res: dict[str, Any], cache_dir: Path) -> None:
-    if res["bytes"]:
-        metrics[key] = res["bpb"]
+def _record_bpb(metrics: dict[str, Any], key: str, sums: BpbSums, cache_dir: Path) -> None:
+    if sums.bytes:
+        metrics[key] = sums.bpb
     else:  # every target a special token: no text to measure, and the log says so
         log.warning("%s: the val targets scored hold no text bytes; %s left out", cache_dir, key)
 
@@ -183,27 +183,15 @@ def make_generate(engine: Any, *, stop_ids: set[int], max_new_tokens: int, conte
 def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, seed: int) -> dict[str, Any]:
     """Evaluate the `stage` checkpoint; rank 0 writes the metrics JSON and the predictions folder.
     `rt` is a lockstep.runtime.Runtime. Returns the metrics."""
-    from lockstep.checkpoint import load_checkpoint
-    from lockstep.model import GPT, GPTConfig
-    from lockstep.tokenizer import load_tokenizer
-
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; evaluate one of {list(STAGES)}")
     t0 = time.monotonic()
     tokenizer = load_tokenizer(paths.tokenizer)
-    ckpt = load_checkpoint(paths.ckpt)
-    want = ckpt.meta.get("tokenizer_sha256")
-    if want is not None and want != tokenizer.sha256:
-        raise ValueError(f"checkpoint {paths.ckpt} was trained with tokenizer {want[:12]}..., {paths.tokenizer} is "
-                         f"{tokenizer.sha256[:12]}...; pass the tokenizer it was trained with")
-    config = GPTConfig.from_dict(ckpt.meta["model_config"])
-    model = GPT.build(config, rt.device)
-    model.load_state_dict(ckpt.model_state)
-    model.eval()
+    model, meta = load_model(paths.ckpt, rt.device, tokenizer_sha256=tokenizer.sha256)
     fwd = _Autocast(model, rt.autocast)
-    T = config.sequence_len
+    T = model.config.sequence_len
     bos = tokenizer.get_bos_token_id()
-    metrics: dict[str, Any] = {"step": ckpt.step, "device": str(rt.device),
+    metrics: dict[str, Any] = {"step": int(meta["step"]), "device": str(rt.device),
                                "dtype": str(rt.dtype).removeprefix("torch."), "world_size": rt.world_size}
     predictions: dict[str, list[dict[str, Any]]] = {}
 
@@ -214,12 +202,14 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, se
         batches = _pretrain_batches(cache_dir / "val", rows=cfg.bpb_batch_rows, T=T, max_tokens=cfg.bpb_max_tokens,
                                     rt=rt, tokenizer_sha256=tokenizer.sha256)
         if batches is not None:
-            _record_bpb(metrics, f"bpb.{cache_dir.name}", evaluate_bpb(fwd, batches, token_bytes), cache_dir)
+            _record_bpb(metrics, f"bpb.{cache_dir.name}",
+                        measure_bpb(model, batches, token_bytes, device=rt.device, autocast=rt.autocast), cache_dir)
     for cache_dir in list_caches(paths.cache / "sft"):
         batches = _sft_batches(cache_dir, rows=cfg.bpb_batch_rows, T=T, max_tokens=cfg.bpb_max_tokens, rt=rt,
                                pad_id=bos, tokenizer_sha256=tokenizer.sha256, seed=seed)
         if batches is not None:
-            _record_bpb(metrics, f"bpb.sft_{cache_dir.name}", evaluate_bpb(fwd, batches, token_bytes), cache_dir)
+            _record_bpb(metrics, f"bpb.sft_{cache_dir.name}",
+                        measure_bpb(model, batches, token_bytes, device=rt.device, autocast=rt.autocast), cache_dir)
     log.info("bpb done: %s", {k: round(v, 4) for k, v in metrics.items() if k.startswith("bpb.")})
 
     if stage in cfg.core_stages:
@@ -241,9 +231,6 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, se
         metrics["core"] = core.core_score(centered_by_task)
 
     if stage in cfg.chat_stages:
-        from lockstep.engine import Engine
-        from lockstep.sources import iter_records
-
         stop_ids = {tokenizer.encode_special("<|assistant_end|>"), bos}
         generate = make_generate(Engine(model, tokenizer), stop_ids=stop_ids, max_new_tokens=cfg.max_new_tokens,
                                  context_tokens=T)

@@ -1,6 +1,6 @@
-"""GSM8K (`openai/gsm8k`, config `main`) as problem records, and the two helpers every consumer of
-problem records uses: problem -> tool-using conversation, and the final `####` answer. Does not
-grade or sample."""
+"""GSM8K (`openai/gsm8k`, config `main`) as problem records, and the reader of a solution's final
+`####` answer that decides whether a row is a usable problem. Does not grade or sample; a
+problem becomes a conversation through lockstep.records."""
 
 from __future__ import annotations
 
@@ -20,8 +20,6 @@ EXPECTED = (
 # Our split <- the hub's: GSM8K's test split is the eval set, so it becomes val, never train.
 HUB_SPLITS = {"train": "train", "val": "test"}
 
-# `<<48/2=24>>`: the calculator annotation; the expression may not contain `=` or angle brackets.
-_CALC = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
 _FINAL = re.compile(r"####\s*(.+?)\s*$", re.MULTILINE)
 
 
@@ -45,29 +43,6 @@ def final_answer(text: str) -> str | None:
     if "." in value:
         value = value.rstrip("0").rstrip(".")
     return value
-
-
-def problem_to_conversation(problem: dict[str, Any]) -> dict[str, Any]:
-    """A problem as a two-turn conversation: the question as the user turn; the solution as the
-    assistant turn, where each `<<expr=result>>` becomes a `python` part (`expr`) followed by a
-    `python_output` part (`result`), the surrounding text kept as text parts."""
-    answer = problem["answer"]
-    parts: list[dict[str, str]] = []
-    pos = 0
-    for m in _CALC.finditer(answer):
-        if m.start() > pos:
-            parts.append({"type": "text", "text": answer[pos : m.start()]})
-        parts.append({"type": "python", "text": m.group(1)})
-        parts.append({"type": "python_output", "text": m.group(2)})
-        pos = m.end()
-    if pos < len(answer):
-        parts.append({"type": "text", "text": answer[pos:]})
-    return {
-        "messages": [
-            {"role": "user", "content": [{"type": "text", "text": problem["question"]}]},
-            {"role": "assistant", "content": parts},
-        ]
-    }
 
 
 def check_problem(row: dict[str, Any]) -> str | None:

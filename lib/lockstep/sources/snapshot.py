@@ -1,5 +1,6 @@
-"""The raw snapshot format: record validation, a streaming parquet writer with meta.json written
-last, and checked readers. Knows nothing about where records come from."""
+"""The raw snapshot format: a streaming parquet writer that validates each record against its
+kind (lockstep.records) and writes meta.json last, and checked readers. Knows nothing about where
+records come from."""
 
 from __future__ import annotations
 
@@ -13,12 +14,10 @@ import pyarrow.parquet as pq
 
 from lockstep.io import read_json, sha256_file, write_json_atomic
 from lockstep.parity import SNAPSHOT_FILE, SnapshotCollector
+from lockstep.records import KINDS, BadRecord, validate_record
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
-KINDS = ("document", "conversation", "problem")
-ROLES = ("system", "user", "assistant")
-PART_TYPES = ("text", "python", "python_output")
 # Bad-record reasons kept in meta.json: enough to diagnose, small enough to read.
 MAX_BAD_EXAMPLES = 5
 # Records buffered per parquet row group; bounds memory while streaming.
@@ -27,10 +26,6 @@ DEFAULT_PART_BYTES = 128 * 1024 * 1024
 
 _PART = pa.struct([("type", pa.string()), ("text", pa.string())])
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.list_(_PART))])
-
-
-class BadRecord(ValueError):
-    """One source record is unusable (bad JSON, missing field, empty text, ...)."""
 
 
 class BadRecordError(ValueError):
@@ -48,66 +43,6 @@ def schema_for(kind: str, extra_fields: Sequence[str] = ()) -> pa.Schema:
         return pa.schema([("messages", pa.list_(_MESSAGE))])
     if kind == "problem":
         return pa.schema([("question", pa.string()), ("answer", pa.string())])
-    raise ValueError(f"record kind {kind!r} must be one of {KINDS}")
-
-
-def _nonempty_str(record: dict[str, Any], key: str) -> str:
-    if key not in record or record[key] is None:
-        raise BadRecord(f"missing field {key!r}")
-    value = record[key]
-    if not isinstance(value, str):
-        raise BadRecord(f"field {key!r} must be a string, got {type(value).__name__}")
-    if not value.strip():
-        raise BadRecord(f"empty {key!r}")
-    return value
-
-
-def validate_conversation(messages: Any) -> None:
-    """Raise BadRecord unless `messages` follows the conversation contract in docs/internals.md."""
-    if not isinstance(messages, list) or not messages:
-        raise BadRecord("conversation has no messages")
-    body = messages[1:] if messages[0].get("role") == "system" else messages
-    if not body:
-        raise BadRecord("conversation holds only a system message")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise BadRecord(f"message {i} has no valid role (one of {ROLES})")
-        content = m.get("content")
-        if not isinstance(content, list) or not content:
-            raise BadRecord(f"message {i} has no content parts")
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") not in PART_TYPES or not isinstance(part.get("text"), str):
-                raise BadRecord(f"message {i} has a part that is not {{type in {PART_TYPES}, text: str}}")
-            if part["type"] != "text" and m["role"] != "assistant":
-                raise BadRecord(f"message {i} ({m['role']}) carries a {part['type']} part; only assistants may")
-        if not "".join(p["text"] for p in content).strip():
-            raise BadRecord(f"message {i} is empty")
-    for i, m in enumerate(body):
-        want = "user" if i % 2 == 0 else "assistant"
-        if m["role"] != want:
-            raise BadRecord(f"roles must alternate user/assistant; turn {i} is {m['role']}")
-    if body[-1]["role"] != "assistant":
-        raise BadRecord("conversation must end with an assistant message")
-
-
-def validate_record(kind: str, record: dict[str, Any], extra_fields: Sequence[str] = ()) -> dict[str, Any]:
-    """The record reduced to the columns of `kind`; raises BadRecord when it breaks the contract."""
-    if kind == "document":
-        out = {"text": _nonempty_str(record, "text")}
-        for f in extra_fields:
-            v = record.get(f)
-            out[f] = None if v is None else str(v)
-        return out
-    if kind == "conversation":
-        validate_conversation(record.get("messages"))
-        return {
-            "messages": [
-                {"role": m["role"], "content": [{"type": p["type"], "text": p["text"]} for p in m["content"]]}
-                for m in record["messages"]
-            ]
-        }
-    if kind == "problem":
-        return {"question": _nonempty_str(record, "question"), "answer": _nonempty_str(record, "answer")}
     raise ValueError(f"record kind {kind!r} must be one of {KINDS}")
 
 

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from lockstep.config import ConfigError
 from lockstep.io import atomic_dir, write_json, write_json_atomic
 from lockstep.parity import RENDERED_FILE, RenderedSamples
+from lockstep.records import problem_to_conversation
 from lockstep.tokenizer.base import Tokenizer, conversation_texts, train_tokenizer
 from lockstep.tokenizer.char import CharOrder
 
@@ -99,8 +100,6 @@ def record_texts(kind: str, record: Mapping[str, Any]) -> list[str]:
     if kind == "conversation":
         return conversation_texts(record)
     if kind == "problem":
-        from lockstep.sources.gsm8k import problem_to_conversation
-
         return conversation_texts(problem_to_conversation(dict(record)))
     raise ValueError(f"record kind {kind!r} must be document, conversation or problem")
 
@@ -116,8 +115,6 @@ def render_record(tokenizer: Tokenizer, kind: str, record: Mapping[str, Any]) ->
     if kind == "conversation":
         conversation = dict(record)
     elif kind == "problem":
-        from lockstep.sources.gsm8k import problem_to_conversation
-
         conversation = problem_to_conversation(dict(record))
     else:
         raise ValueError(f"record kind {kind!r} must be document, conversation or problem")

@@ -1,0 +1,250 @@
+"""A training stage's work around lockstep.train.train, shared by pretrain, midtrain and SFT: find
+the caches a mixture names and build the train/val mixtures, build the model (fresh, or from the
+checkpoint the stage starts from), name the run folder, write the first-batch parity artifact,
+train, then publish the final checkpoint, the per-step series and the metrics. Typed configs,
+paths and the code revision come from the caller (stages/pretrain.py, midtrain.py, sft.py);
+nothing here reads params.yaml or argv."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lockstep import checkpoint as ckpt
+from lockstep.config import ConfigError, config_to_dict
+from lockstep.io import atomic_dir, canonical_json, sha256_file, write_json_atomic
+from lockstep.loaders import Mixture, PretrainTokenStreamDataset, open_sft_dataset
+from lockstep.model import GPT, GPTConfig
+from lockstep.parity import FIRST_BATCH_FILE, dump_first_batch
+from lockstep.records import user_prompt
+from lockstep.runtime import Runtime, RuntimeConfig, barrier
+from lockstep.series import SeriesWriter
+from lockstep.tokenizer import load_tokenizer
+from lockstep.train import (
+    SERIES_COLUMNS,
+    BatchSource,
+    ModelParams,
+    NonFiniteError,
+    TrainConfig,
+    TrainResult,
+    batch_generator,
+    train,
+)
+
+# Errors whose message says what to fix: a training stage's entry point prints them as one line.
+ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError)
+
+# Short prompts whose greedy continuations show, in the log and the metrics, what the model learnt.
+TEXT_PROMPTS = ("The", "To be, or not", "First Citizen:")
+CHAT_PROMPTS = ("What is 12 plus 7?", "How many r's are in the word strawberry?", "Who are you?")
+
+
+@dataclass(frozen=True)
+class TrainStagePaths:
+    """Where a training stage reads and writes (dvc.yaml names each)."""
+
+    cache: Path  # token caches root: pretrain/<name>/, sft/<name>/
+    tokenizer: Path
+    out: Path  # the final checkpoint folder
+    metrics: Path  # the metrics JSON
+    plots: Path  # per-step series and the first-batch parity artifact
+    runs: Path  # git-ignored run folders holding the intermediate checkpoints
+    init: Path | None = None  # the checkpoint to start from; None for a fresh model (pretrain)
+
+
+class AllTargets:
+    """Wraps a pretraining source (x, y) so it yields (x, y, y): every target counts, and it mixes
+    with SFT sources (x, y, y_masked) in one lockstep.loaders.Mixture (midtraining)."""
+
+    def __init__(self, source: BatchSource) -> None:
+        self.source = source
+
+    def get_batch(self, *, B: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        x, y = self.source.get_batch(B=B, generator=generator)[:2]
+        return x, y, y
+
+    @property
+    def last_rows(self) -> list[dict[str, Any]]:
+        return getattr(self.source, "last_rows", [])
+
+
+def find_cache(root: Path, name: str) -> tuple[str, Path]:
+    """(kind, folder) of the cache a mixture names: `pretrain/x` or `sft/x` explicitly, or a bare
+    name looked up under pretrain/ then sft/."""
+    if "/" in name:
+        kind, _, bare = name.partition("/")
+        if kind not in ("pretrain", "sft"):
+            raise ConfigError(f"mixture key {name!r}: the prefix must be pretrain/ or sft/")
+        candidates = [(kind, root / kind / bare)]
+    else:
+        candidates = [("pretrain", root / "pretrain" / name), ("sft", root / "sft" / name)]
+    for kind, path in candidates:
+        if (path / "meta.json").is_file():
+            return kind, path
+    raise ConfigError(f"mixture names cache {name!r}, but none of {[str(p) for _, p in candidates]} holds a "
+                      "meta.json; add its cache stage or fix the mixture key")
+
+
+def build_mixture(root: Path, cfg: TrainConfig, *, split: str, seq_len: int, device: torch.device, tok: Any,
+                  stage: str) -> tuple[Mixture, dict[str, str]]:
+    """The weighted mixture for `split` and the sha256 of each cache's meta.json (its identity)."""
+    if not cfg.mixture:
+        raise ConfigError(f"{stage}.mixture is empty; name at least one cache with a weight")
+    found = {name: find_cache(root, name) for name in sorted(cfg.mixture)}
+    kinds = {kind for kind, _ in found.values()}
+    if cfg.loss == "assistant" and "pretrain" in kinds:
+        raise ConfigError(f"{stage}.loss=assistant needs SFT caches only; drop the pretraining caches from the mixture")
+    parts, names, identities = [], [], {}
+    for name, (kind, path) in found.items():
+        identities[name] = sha256_file(path / "meta.json")
+        if kind == "pretrain":
+            ds: Any = PretrainTokenStreamDataset(path / split, T=seq_len, device=device, tokenizer_sha256=tok.sha256)
+            if "sft" in kinds:
+                ds = AllTargets(ds)
+        else:
+            ds = open_sft_dataset(path, split, T=seq_len, device=device, pad_id=tok.get_bos_token_id(),
+                                  tokenizer_sha256=tok.sha256)
+        parts.append((ds, cfg.mixture[name]))
+        names.append(name)
+    return Mixture(parts, names=names), identities
+
+
+def sample_prompts(stage: str, tok: Any) -> list[list[int]]:
+    """The prompts sampled at the end of training: text openings for pretraining, chat questions
+    for the stages that train on conversations."""
+    if stage == "pretrain":
+        bos = tok.get_bos_token_id()
+        return [[bos, *tok.encode(p)] for p in TEXT_PROMPTS]
+    return [tok.render_for_completion(user_prompt(p)) for p in CHAT_PROMPTS]
+
+
+def resume_note(stage: str, run_dir: Path) -> str:
+    """The line Ctrl-C leaves: the run's newest complete checkpoint (its manifest is written last),
+    which a rerun with the same params and code resumes from."""
+    found = ckpt.list_checkpoints(run_dir)
+    if not found:
+        return f"{stage} stopped before its first checkpoint in {run_dir}; `dvc repro` starts it over"
+    step, path = found[-1]
+    return f"{stage} stopped; last complete checkpoint {path} (step {step}); `dvc repro` resumes from it"
+
+
+def run_key(stage: str, payload: dict[str, Any]) -> str:
+    """A short hash naming a run folder: the stage name, its params and its inputs' identities.
+    A params or input change gets a new folder, so a run never resumes someone else's state."""
+    return hashlib.sha256(canonical_json({"stage": stage, **payload}).encode("utf-8")).hexdigest()[:16]
+
+
+def stage_meta(*, model_config: GPTConfig, cfg: TrainConfig, stage: str, tokenizer_sha256: str, seed: int,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The meta.json fields every training checkpoint carries (no times or hosts: the final
+    checkpoint must be byte-identical across identical runs)."""
+    return {"stage": stage, "model_config": model_config.to_dict(), "stage_config": config_to_dict(cfg),
+            "tokenizer_sha256": tokenizer_sha256, "seed": seed, **(extra or {})}
+
+
+def git_commit(root: Path | None = None) -> str:
+    """The git commit checked out (for metrics, which people read), or "unknown"."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def publish_checkpoint(source: Path, out: Path) -> None:
+    """Copy the run's last checkpoint to the stage output, verified before and after: a
+    byte-identical copy for identical runs, replaced whole or not at all."""
+    ckpt.verify_checkpoint(source)
+    with atomic_dir(out) as tmp:
+        for f in sorted(source.iterdir()):
+            shutil.copyfile(f, tmp / f.name)
+    ckpt.verify_checkpoint(out)
+
+
+def stage_metrics(result: TrainResult, model: GPT, rt: Runtime, *, started_s: float) -> dict[str, Any]:
+    """The stage's metrics JSON: final bits per byte, horizon, throughput, samples, provenance.
+    NaN (a figure with nothing to measure) becomes null."""
+    metrics = {
+        "val_bpb": result.final_eval.get("val_bpb"), "unigram_bpb": result.final_eval.get("unigram_bpb"),
+        "steps": result.step, "tokens": result.tokens, "flops": result.flops, "tok_per_s": result.tok_per_s,
+        "mfu": result.mfu, "train_time_s": result.train_time_s, "params": model.num_params(),
+        "device": rt.describe(), "peak_flops": result.peak, "samples": result.samples,
+        "resumed_from_step": result.resumed_from, "git_commit": git_commit(),
+        "stage_wall_time_s": time.perf_counter() - started_s,
+    }
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
+
+
+def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, rt: Runtime, seed: int,
+                       runtime_config: RuntimeConfig, code_revision: str, started_s: float,
+                       model_params: ModelParams | None = None) -> dict[str, Any] | None:
+    """Run the training stage `stage` (`cfg` is its params section) end to end and return its
+    metrics on rank 0 (None on the other ranks). A fresh model is built from `model_params` when
+    `paths.init` is None (pretrain); otherwise the model is the init checkpoint's, refused if it
+    was trained with another tokenizer. `code_revision` names the run folder and goes into the
+    checkpoints; `started_s` (time.perf_counter) is when the stage began, for its wall time.
+
+    Resumes from the run folder's latest checkpoint; Ctrl-C raises KeyboardInterrupt carrying
+    the line that says where a rerun resumes. Only rank 0 writes outputs."""
+    log = logging.getLogger(f"lockstep.{stage}")
+    if (paths.init is None) == (model_params is None):
+        raise ValueError("pass model_params for a fresh model or paths.init for a checkpoint to start from, not both")
+    tok = load_tokenizer(paths.tokenizer)
+    init_identity = None
+    if paths.init is None:
+        assert model_params is not None
+        gcfg = model_params.gpt_config(tok.get_vocab_size())
+        model = GPT.build(gcfg, rt.device, seed=seed)
+    else:
+        model, _ = ckpt.load_model(paths.init, rt.device, tokenizer_sha256=tok.sha256)
+        gcfg = model.config
+        init_identity = sha256_file(paths.init / ckpt.MANIFEST_FILE)
+    if gcfg.vocab_size != tok.get_vocab_size():
+        raise ConfigError(f"model vocab {gcfg.vocab_size} != tokenizer vocab {tok.get_vocab_size()}; re-run the earlier stages")
+
+    seq_len = gcfg.sequence_len
+    train_data, train_ids = build_mixture(paths.cache, cfg, split="train", seq_len=seq_len, device=rt.device, tok=tok,
+                                          stage=stage)
+    val_data, _ = build_mixture(paths.cache, cfg, split="val", seq_len=seq_len, device=rt.device, tok=tok, stage=stage)
+    token_bytes = torch.from_numpy(tok.token_bytes().astype("int64"))
+
+    identity = {"seed": seed, "runtime": config_to_dict(runtime_config), "model": gcfg.to_dict(),
+                stage: config_to_dict(cfg), "tokenizer_sha256": tok.sha256, "caches": train_ids, "init": init_identity,
+                "code": code_revision}
+    run_dir = paths.runs / f"{stage}-{run_key(stage, identity)}"
+    meta = stage_meta(model_config=gcfg, cfg=cfg, stage=stage, tokenizer_sha256=tok.sha256, seed=seed,
+                      extra={"caches": train_ids, "init_manifest_sha256": init_identity, "runtime": rt.settings(),
+                             "code_revision": code_revision})
+    log.info("run folder %s", run_dir)
+    series = SeriesWriter(paths.plots, SERIES_COLUMNS) if rt.is_main else None
+    if rt.is_main:
+        # Parity artifact: the first micro-batch exactly as step 0 draws it (data order is stateless).
+        first = train_data.get_batch(B=cfg.device_batch_rows, generator=batch_generator(seed, 0, 0))
+        dump_first_batch(paths.plots / FIRST_BATCH_FILE, first[0], first[1], first[2] if len(first) > 2 else None,
+                         rows=train_data.last_rows, meta={"stage": stage, "step": 0, "micro_batch": 0})
+    try:
+        result = train(model, cfg=cfg, rt=rt, train_data=train_data, val_data=val_data, token_bytes=token_bytes,
+                       run_dir=run_dir, seed=seed, meta=meta, sample_prompts=sample_prompts(stage, tok),
+                       decode=tok.decode, on_step=series.add if series is not None else None, params_section=stage)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(resume_note(stage, run_dir)) from None
+    metrics = None
+    if rt.is_main:
+        assert series is not None
+        publish_checkpoint(result.checkpoint, paths.out)
+        series.write()
+        metrics = stage_metrics(result, model, rt, started_s=started_s)
+        write_json_atomic(paths.metrics, metrics)
+        log.info("done: val bpb %.4f (unigram %.4f), %d steps, %s", metrics["val_bpb"] or float("nan"),
+                 metrics["unigram_bpb"] or float("nan"), result.step, paths.out)
+    barrier(rt)
+    return metrics

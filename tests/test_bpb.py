@@ -1,0 +1,74 @@
+"""Bits per byte is one measure: the figure a training stage reports as `val_bpb` equals the one
+the eval stage reports as `bpb.<cache>`, for the same checkpoint and the same val tokens, on a
+pretraining cache (every target) and on an SFT cache (assistant targets only)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from lockstep.cache import build_pretrain_cache, build_sft_cache
+from lockstep.evaluate.run import EvalConfig, EvalPaths, run_eval_stage
+from lockstep.optim import OptimConfig
+from lockstep.records import text_message
+from lockstep.runtime import RuntimeConfig, init_runtime
+from lockstep.tokenizer import train_tokenizer
+from lockstep.train import ModelParams, TrainConfig
+from lockstep.train_stage import TrainStagePaths, run_training_stage
+
+T = 64
+ROOT = Path(__file__).resolve().parents[1]
+_WORDS = "the king said to the queen that the castle was cold and the night was long".split()
+
+
+def _docs(n: int, offset: int) -> list[str]:
+    return [" ".join(_WORDS[(i * 3 + j + offset) % len(_WORDS)] for j in range(40)) + "." for i in range(n)]
+
+
+def _chat(i: int) -> dict:
+    return {"messages": [text_message("user", f"What is {i % 7} plus {i % 5}?"),
+                         text_message("assistant", f"It is {i % 7 + i % 5}.")]}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A pretrain and an SFT checkpoint trained by the stage library on caches whose val split
+    holds exactly one window (pretrain: T+1 tokens) or one example (SFT): the random windows
+    training draws and the sequential ones eval reads are then the same tokens."""
+    root = tmp_path_factory.mktemp("bpb")
+    tok = train_tokenizer("byte", [])
+    tok.save(root / "tokenizer")
+    build_pretrain_cache({"train": _docs(40, 0), "val": _docs(4, 5)}, root / "cache/pretrain/prose", tokenizer=tok,
+                         max_train_tokens=None, max_val_tokens=T + 1, shard_bytes=1 << 20, seed=1, shuffle_buffer=8)
+    build_sft_cache({"train": [_chat(i) for i in range(20)], "val": [_chat(20)]}, root / "cache/sft/chat",
+                    tokenizer=tok, val_frac=None, seed=1)
+    rt_cfg = RuntimeConfig(device="cpu", dtype="fp32", threads=1)
+    rt = init_runtime(rt_cfg)
+    # One row per forward and eval_tokens = T: training scores its val window once, as eval does.
+    common = dict(batch_tokens=2 * T, device_batch_rows=1, num_steps=3, eval_every_steps=0, eval_tokens=T,
+                  checkpoint_every_steps=0, sample_tokens=2, peak_flops=1e12, optim=OptimConfig())
+    for stage, cfg, init, model in (
+        ("pretrain", TrainConfig(mixture={"prose": 1.0}, **common), None, ModelParams(depth=1, sequence_len=T, head_dim=32)),
+        ("sft", TrainConfig(mixture={"sft/chat": 1.0}, loss="assistant", **common), root / "pretrain", None),
+    ):
+        paths = TrainStagePaths(cache=root / "cache", tokenizer=root / "tokenizer", out=root / stage,
+                                metrics=root / f"metrics/{stage}.json", plots=root / f"plots/{stage}", runs=root / "runs",
+                                init=init)
+        run_training_stage(stage, cfg=cfg, paths=paths, rt=rt, seed=3, runtime_config=rt_cfg, code_revision="test",
+                           started_s=0.0, model_params=model)
+    return root
+
+
+@pytest.mark.parametrize("stage, eval_key", [("pretrain", "bpb.prose"), ("sft", "bpb.sft_chat")])
+def test_training_and_eval_report_the_same_bpb(trained: Path, stage: str, eval_key: str) -> None:
+    train_bpb = json.loads((trained / f"metrics/{stage}.json").read_text())["val_bpb"]
+    cfg = EvalConfig(bpb_max_tokens=T, bpb_batch_rows=1, core_stages=(), chat_stages=())
+    paths = EvalPaths(ckpt=trained / stage, cache=trained / "cache", tokenizer=trained / "tokenizer", raw=trained / "raw",
+                      evalsets=ROOT / "evalsets", out=trained / f"metrics/eval_{stage}.json",
+                      predictions=trained / f"eval/{stage}")
+    metrics = run_eval_stage(stage, cfg, paths, rt=init_runtime(RuntimeConfig(device="cpu", dtype="fp32")), seed=5)
+    assert math.isfinite(train_bpb) and train_bpb > 0
+    assert metrics[eval_key] == train_bpb
