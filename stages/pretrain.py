@@ -188,6 +188,7 @@ def run(stage: str, argv: list[str] | None = None) -> int:
         model = GPT.build(gcfg, rt.device, seed=seed)
         model.load_state_dict({k: v.to(rt.device) for k, v in init.model_state.items()})
         init_identity = sha256_file(Path(args.init) / ckpt.MANIFEST_FILE)
+    model.use_kernels(rt.kernels)
     if gcfg.vocab_size != tok.get_vocab_size():
         raise ConfigError(f"model vocab {gcfg.vocab_size} != tokenizer vocab {tok.get_vocab_size()}; re-run the earlier stages")
 

@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     gcfg = GPTConfig.from_dict(init.meta["model_config"])
     model = GPT.build(gcfg, rt.device, seed=seed)
     model.load_state_dict({k: v.to(rt.device) for k, v in init.model_state.items()})
+    model.use_kernels(rt.kernels)
 
     snapshot = args.raw / cfg.problems
     if read_meta(snapshot).get("kind") != "problem":

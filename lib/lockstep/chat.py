@@ -213,10 +213,10 @@ class EngineBackend:
                 close()
 
 
-def load_backend(ckpt_dir: Path, tokenizer_dir: Path, *, device: str = "cpu") -> EngineBackend:
+def load_backend(ckpt_dir: Path, tokenizer_dir: Path, *, device: str = "cpu", kernels: bool = False) -> EngineBackend:
     """Load a checkpoint and its tokenizer into an EngineBackend on `device` ("cpu", "cuda",
     "cuda:1", "mps"), refusing a device this machine lacks and a tokenizer other than the one the
-    checkpoint was trained with."""
+    checkpoint was trained with. `kernels` runs the model on lockstep.kernels (GPT.use_kernels)."""
     from lockstep.checkpoint import load_checkpoint
     from lockstep.engine import Engine
     from lockstep.model import GPT, GPTConfig
@@ -244,6 +244,7 @@ def load_backend(ckpt_dir: Path, tokenizer_dir: Path, *, device: str = "cpu") ->
     config = GPTConfig.from_dict(meta["model_config"])
     model = GPT.build(config, torch_device)
     model.load_state_dict(ckpt.model_state)
+    model.use_kernels(kernels)
     model.eval()
     engine = Engine(model, tokenizer)
     model_id = f"lockstep-{ckpt_dir.name}"

@@ -199,6 +199,7 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, se
     config = GPTConfig.from_dict(ckpt.meta["model_config"])
     model = GPT.build(config, rt.device)
     model.load_state_dict(ckpt.model_state)
+    model.use_kernels(rt.kernels)
     model.eval()
     fwd = _Autocast(model, rt.autocast)
     T = config.sequence_len
