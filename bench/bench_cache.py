@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from lockstep.cache import CacheConfig, build_pretrain_cache
+from lockstep.cache_build import CacheConfig, build_pretrain_cache
 from lockstep.sources import iter_records
-from lockstep.sources.snapshot import SnapshotWriter
+from lockstep.snapshot import SnapshotWriter
 from lockstep.tokenizer import load_tokenizer, train_tokenizer
 
 _LETTERS = "etaoinshrdlcumwfgypbvkjxqz"

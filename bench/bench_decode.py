@@ -1,9 +1,10 @@
 """Benchmark of KV-cache decoding through lockstep.engine on this machine: time to first token
 (prefill of the prompt + first sample) and decode tok/s at batch 1 and 8, for the tiny preset's
-model and for a d4 model with a 32k vocab, each as a ratio against the baseline measured in the
-same run: the same model generating greedily without a cache (a full forward over the whole
-sequence for every new token). Runs alternate engine / baseline. Random weights; not a test, not
-a quality measure.
+model and for a d4 model with a 32k vocab, the model on lockstep.kernels, each as a ratio against
+two baselines measured in the same run: the same engine with the model's kernels off (its
+stock-PyTorch reference path), and the model generating greedily without a cache (a full forward
+over the whole sequence for every new token). Runs alternate the three. Random weights; not a
+test, not a quality measure.
 
     .venv/bin/python bench/bench_decode.py
 """
@@ -88,7 +89,7 @@ def main() -> None:
         depth, vocab, seq = SHAPES[shape]
         config = GPTConfig.from_depth(depth, vocab_size=vocab, sequence_len=seq)
         # Make the stop tokens unreachable under greedy decoding so every run is full length.
-        model = GPT.build(config, "cpu", dtype=dtype).eval()
+        model = GPT.build(config, "cpu", dtype=dtype).use_kernels(True).eval()
         tok = IdsOnly(vocab)
         with torch.no_grad():
             for name in ("<|assistant_end|>", "<|bos|>"):
@@ -97,18 +98,26 @@ def main() -> None:
         g = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, 256, (args.prompt,), generator=g).tolist()
         for batch in (int(b) for b in args.batches.split(",")):
-            run_once(engine, prompt, batch, 8)  # warm-up, both sides
-            run_once_no_cache(model, prompt, batch, 8)
-            runs, base = [], []
-            for _ in range(args.reps):  # alternating, so a change in the machine's load hits both sides
+            for on in (True, False):  # warm-up, every side
+                model.use_kernels(on)
+                run_once(engine, prompt, batch, 8)
+            run_once_no_cache(model.use_kernels(True), prompt, batch, 8)
+            runs, ref, base = [], [], []
+            for _ in range(args.reps):  # alternating, so a change in the machine's load hits every side
                 runs.append(run_once(engine, prompt, batch, args.new))
+                model.use_kernels(False)
+                ref.append(run_once(engine, prompt, batch, args.new))
+                model.use_kernels(True)
                 base.append(run_once_no_cache(model, prompt, batch, args.new))
             ttft_s = statistics.median(r[0] for r in runs)
             tok_s = statistics.median(r[1] for r in runs)
+            ref_tok_s = statistics.median(r[1] for r in ref)
             base_tok_s = statistics.median(r[1] for r in base)
-            paired = statistics.median(r[1] / b[1] for r, b in zip(runs, base, strict=True))
+            vs_ref = statistics.median(r[1] / b[1] for r, b in zip(runs, ref, strict=True))
+            vs_base = statistics.median(r[1] / b[1] for r, b in zip(runs, base, strict=True))
             print(f"{shape:>7} batch {batch}: ttft {ttft_s * 1e3:6.1f} ms | decode {tok_s:7.0f} tok/s | steps {runs[0][2]}"
-                  f" | no-cache {base_tok_s:7.0f} tok/s | {tok_s / base_tok_s:5.2f}x no-cache (paired {paired:.2f}x)")
+                  f" | kernels off {ref_tok_s:7.0f} tok/s | no-cache {base_tok_s:7.0f} tok/s"
+                  f" | {vs_ref:4.2f}x kernels off, {vs_base:5.2f}x no-cache (paired medians)")
 
 
 if __name__ == "__main__":

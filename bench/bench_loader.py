@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lockstep.cache import build_pretrain_cache
+from lockstep.cache_build import build_pretrain_cache
 from lockstep.loaders import PretrainTokenStreamDataset, ShardedTokenLoader
 
 

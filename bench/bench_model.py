@@ -1,9 +1,10 @@
 """Benchmark of the bare GPT's training step (forward + backward, no optimizer) on this machine:
-tok/s and MFU in fp32, bf16 autocast and bf16 weights, against two baselines measured in the same
-run: the matmul peak of each dtype, and `PlainGPT`, the same architecture written with stock
+tok/s and MFU in fp32, bf16 autocast and bf16 weights, with lockstep.kernels on, against three
+baselines measured in the same run: the matmul peak of each dtype, the same model with kernels
+off (its stock-PyTorch reference path), and `PlainGPT`, the same architecture written with stock
 PyTorch modules only (nn.Linear, F.rms_norm, scaled_dot_product_attention, F.cross_entropy), so
-the ratio is what lockstep's model code buys over the obvious implementation. Not a test and not
-the training loop's throughput.
+the ratios are what the kernels buy over the reference and over the obvious implementation. Not
+a test and not the training loop's throughput.
 
     .venv/bin/python bench/bench_model.py --depth 4 --vocab 32768 --seq 256 --batch 8
 """
@@ -108,7 +109,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of ours and the plain baseline")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of ours and the two baselines")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
     ap.add_argument("--modes", default="fp32,bf16-autocast,bf16-weights")
     args = ap.parse_args()
@@ -140,17 +141,20 @@ def main() -> None:
         autocast = mode == "bf16-autocast"
         model = GPT.build(config, "cpu", dtype=weights_dtype)
         plain = PlainGPT(config).to(weights_dtype or torch.float32)
-        ours_s, plain_s = [], []
-        for _ in range(args.rounds):  # alternating, so a change in the machine's load hits both sides
-            ours_s.append(step_time_s(model, x, y, autocast=autocast, steps=args.steps, warmup=args.warmup))
+        ours_s, ref_s, plain_s = [], [], []
+        for _ in range(args.rounds):  # alternating, so a change in the machine's load hits every side
+            ours_s.append(step_time_s(model.use_kernels(True), x, y, autocast=autocast, steps=args.steps, warmup=args.warmup))
+            ref_s.append(step_time_s(model.use_kernels(False), x, y, autocast=autocast, steps=args.steps, warmup=args.warmup))
             plain_s.append(step_time_s(plain, x, y, autocast=autocast, steps=args.steps, warmup=args.warmup))
-        dt_s, plain_dt_s = statistics.median(ours_s), statistics.median(plain_s)
+        dt_s, ref_dt_s, plain_dt_s = statistics.median(ours_s), statistics.median(ref_s), statistics.median(plain_s)
         tok_s = tokens / dt_s
         mfu = tok_s * flops_per_token / peaks[dtype_name]
-        paired = statistics.median(p / o for o, p in zip(ours_s, plain_s, strict=True))
+        vs_ref = statistics.median(r / o for o, r in zip(ours_s, ref_s, strict=True))
+        vs_plain = statistics.median(p / o for o, p in zip(ours_s, plain_s, strict=True))
         print(
             f"{mode:>14}: {dt_s * 1e3:7.1f} ms/step | {tok_s:7.0f} tok/s | mfu {mfu:5.1%} of {dtype_name} peak | "
-            f"plain {tokens / plain_dt_s:7.0f} tok/s | {plain_dt_s / dt_s:4.2f}x plain (paired {paired:.2f}x)"
+            f"kernels off {tokens / ref_dt_s:7.0f} tok/s | plain {tokens / plain_dt_s:7.0f} tok/s | "
+            f"{vs_ref:4.2f}x kernels off, {vs_plain:4.2f}x plain (paired medians)"
         )
         del model, plain
 

@@ -62,7 +62,7 @@ def scaled_snapshots(raw: Path, names: list[str], train_sources: list[str], copi
     import shutil
 
     from lockstep.sources import iter_records, read_meta
-    from lockstep.sources.snapshot import SnapshotWriter
+    from lockstep.snapshot import SnapshotWriter
 
     for name in names:
         if name not in train_sources:
@@ -118,7 +118,7 @@ def child(side: str, params_path: Path, raw: Path, out: Path) -> dict:
             logging.getLogger("lockstep.tokenizer").removeHandler(handler)
         return {"seconds": seconds, "vocab_size": metrics["vocab_size"], "phases": [m for m in phases if m.startswith("tokenizer stage |")]}
     if side == "bare":
-        # The stage's exact training text, held here through the call as the stage holds its list.
+        # The stage's exact training text, read before the clock starts and held through the call.
         texts = list(read_texts(raw, cfg))
         seconds, vocab_size = train_bare(iter(texts), cfg)
     elif side == "freed":

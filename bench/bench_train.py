@@ -44,6 +44,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--text", type=Path, default=DEFAULT_TEXT if DEFAULT_TEXT.is_file() else ROOT / "README.md")
+    p.add_argument("--kernels", choices=("on", "off"), default="on",
+                   help="run the model on lockstep.kernels (the tiny presets' runtime.kernels) or on its reference path")
     p.add_argument("--malloc", choices=("keep", "default"), default="keep",
                    help="keep: reuse freed heap memory as the training stages do (runtime.keep_heap_memory); "
                         "default: glibc's defaults, for comparison")
@@ -60,13 +62,13 @@ def main() -> None:
     token_bytes[: tok.get_vocab_size()] = torch.from_numpy(tok.token_bytes().astype("int64"))
 
     print(f"d{depth} model, seq {T}, batch {B} sequences, vocab {V}, {args.threads} threads, {args.steps} steps, "
-          f"text {args.text.name} ({ids.numel()} byte tokens), heap reuse {'on' if heap else 'off'}")
+          f"text {args.text.name} ({ids.numel()} byte tokens), heap reuse {'on' if heap else 'off'}, kernels {args.kernels}")
     rows = []
     for name in args.dtypes.split(","):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
         peak = measure_matmul_peak_flops(torch.device("cpu"), dtype, n=2048, min_time_s=1.0)
         rt = Runtime(device=torch.device("cpu"), dtype=dtype, reason=f"bench {name}")
-        model = GPT.build(GPTConfig.from_depth(depth, V, T), "cpu", seed=0)
+        model = GPT.build(GPTConfig.from_depth(depth, V, T), "cpu", seed=0).use_kernels(args.kernels == "on")
         cfg = TrainConfig(batch_tokens=B * T, device_batch_rows=B, num_steps=args.steps, warmup_steps=0,
                           eval_every_steps=0, eval_tokens=16 * B * T, checkpoint_every_steps=0, peak_flops=peak,
                           optim=OptimConfig(muon_momentum_warmup_steps=args.steps))

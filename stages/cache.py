@@ -1,5 +1,5 @@
 """Stage `cache@<name>`: one raw snapshot + the tokenizer -> a token cache (pretrain shards or SFT
-examples) with its parity artifacts. Parses paths and params; the work is in lockstep.cache."""
+examples) with its parity artifacts. Parses paths and params; the work is in lockstep.cache_build."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lockstep.cache import CacheConfig, CacheError, build_pretrain_cache, build_sft_cache
+from lockstep.cache import CacheError
+from lockstep.cache_build import CacheConfig, build_pretrain_cache, build_sft_cache
 from lockstep.config import ConfigError
-from lockstep.sources import iter_records, read_meta
-from lockstep.sources.snapshot import SnapshotError
+from lockstep.snapshot import SnapshotError, iter_records, read_meta
 from lockstep.tokenizer import load_tokenizer
 from lockstep.tokenizer.base import NoSpecialTokensError, TokenizerFileError
 from stages._common import entry, preamble

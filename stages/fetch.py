@@ -9,7 +9,7 @@ from pathlib import Path
 from lockstep.config import ConfigError
 from lockstep.sources import SOURCE_CONFIGS, SourceFormatError, SplitLayoutError, fetch_source
 from lockstep.sources.common import SourceUnavailableError
-from lockstep.sources.snapshot import BadRecordError, SnapshotError
+from lockstep.snapshot import BadRecordError, SnapshotError
 from stages._common import entry, preamble
 
 # Errors whose message says what to fix: the entry point prints them as one `error: ...` line.

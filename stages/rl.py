@@ -17,7 +17,7 @@ from lockstep.io import sha256_file, write_json_atomic
 from lockstep.rl import RLConfig, series_columns, train_rl
 from lockstep.runtime import RuntimeConfig
 from lockstep.series import SeriesWriter
-from lockstep.sources import iter_records, read_meta
+from lockstep.snapshot import iter_records, read_meta
 from lockstep.tokenizer import load_tokenizer
 from lockstep.train import NonFiniteError
 from stages._common import entry, preamble
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tok = load_tokenizer(args.tokenizer)
     model, _ = ckpt.load_model(args.init, rt.device, tokenizer_sha256=tok.sha256)
+    model.use_kernels(rt.kernels)
     snapshot = args.raw / cfg.problems
     if read_meta(snapshot).get("kind") != "problem":
         raise ConfigError(f"rl.problems={cfg.problems!r}: {snapshot} does not hold problem records; name a GSM8K-format source")

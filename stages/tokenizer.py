@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from lockstep.config import ConfigError
-from lockstep.sources.snapshot import SnapshotError
+from lockstep.snapshot import SnapshotError
 from lockstep.tokenizer.base import TokenizerFileError
 from lockstep.tokenizer.pipeline import TokenizerConfig, run_tokenizer_stage
 from stages._common import entry, preamble

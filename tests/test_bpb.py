@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.cache import build_pretrain_cache, build_sft_cache
+from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.evaluate.run import EvalConfig, EvalPaths, run_eval_stage
 from lockstep.optim import OptimConfig
 from lockstep.records import text_message

@@ -15,14 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lockstep.cache import (
-    CacheError,
-    build_pretrain_cache,
-    build_sft_cache,
-    open_pretrain_split,
-    open_sft_split,
-    read_cache_meta,
-)
+from lockstep.cache import CacheError, open_pretrain_split, open_sft_split, read_cache_meta
+from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.io import sha256_file
 from lockstep.records import problem_to_conversation
 
@@ -268,7 +262,7 @@ def test_tokenizer_mismatch_is_refused(built):
 
 _SLOW_BUILD = """
 import sys, time
-from lockstep.cache import build_pretrain_cache
+from lockstep.cache_build import build_pretrain_cache
 from lockstep.tokenizer import train_tokenizer
 def docs():
     for i in range(100000):

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lockstep.cache import CacheError, build_pretrain_cache, build_sft_cache
+from lockstep.cache import CacheError
+from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.checkpoint import save_checkpoint
 from lockstep.evaluate.run import EvalConfig, EvalPaths, run_eval_stage
 from lockstep.model import GPT, GPTConfig

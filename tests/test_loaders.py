@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lockstep.cache import CacheError, build_pretrain_cache, build_sft_cache
+from lockstep.cache import CacheError
+from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.loaders import (
     Mixture,
     PretrainTokenStreamDataset,

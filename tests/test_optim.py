@@ -1,4 +1,5 @@
-"""Optimizers against references: our AdamW equals torch's; Muon's update is near-orthogonal."""
+"""Optimizers against references: our (fused) AdamW equals torch's plain loop and resumes from its
+state dict; Muon's update is near-orthogonal."""
 
 from __future__ import annotations
 
@@ -11,19 +12,28 @@ from torch import nn
 from lockstep.optim import AdamW, Muon, OptimConfig, build_optimizers, muon_momentum, orthogonalize, split_params
 
 
-def test_adamw_matches_torch() -> None:
+def test_adamw_matches_torch_plain_loop_and_resumes_from_its_state_dict() -> None:
+    # Ours runs torch's fused kernel; the reference is torch's one-tensor-at-a-time loop.
     g = torch.Generator().manual_seed(0)
     w0 = torch.randn(7, 5, generator=g)
     ours, ref = nn.Parameter(w0.clone()), nn.Parameter(w0.clone())
-    opt = AdamW([ours], lr=3e-3, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1)
-    opt_ref = torch.optim.AdamW([ref], lr=3e-3, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1)
-    for _ in range(25):
-        grad = torch.randn(7, 5, generator=g)
+    settings = dict(lr=3e-3, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1)
+    opt = AdamW([{"params": [ours], "role": "embed", "initial_lr": 3e-3}], **settings)
+    opt_ref = torch.optim.AdamW([ref], foreach=False, fused=False, **settings)
+    grads = [torch.randn(7, 5, generator=g) for _ in range(25)]
+    for i, grad in enumerate(grads):
         ours.grad, ref.grad = grad.clone(), grad.clone()
         opt.step()
         opt_ref.step()
+        if i == 11:  # resume halfway from a fresh optimizer, as a checkpoint load does
+            saved = opt.state_dict()
+            opt = AdamW([{"params": [ours], "role": "embed", "initial_lr": 3e-3}], **settings)
+            opt.load_state_dict(saved)
     torch.testing.assert_close(ours.data, ref.data, rtol=1e-6, atol=1e-7)
     assert not torch.equal(ours.data, w0)
+    group = opt.param_groups[0]
+    assert group["fused"] and group["role"] == "embed" and group["initial_lr"] == 3e-3
+    assert sorted(opt.state_dict()["state"][0]) == ["exp_avg", "exp_avg_sq", "step"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from lockstep.cache import build_pretrain_cache, build_sft_cache
+from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.cli import app
 from lockstep.io import canonical_json
 from lockstep.loaders import SFTExampleDataset

@@ -13,7 +13,7 @@ from lockstep.io import read_json, sha256_file
 from lockstep.parity_diff import compare_runs
 from lockstep.sources import fetch_source, iter_records
 from lockstep.sources.roam import RoamConfig
-from lockstep.sources.snapshot import SnapshotWriter, first_records
+from lockstep.snapshot import SnapshotWriter, first_records
 from lockstep.sources.synth_chat import SynthChatConfig
 from lockstep.sources.synth_math import SynthMathConfig
 from lockstep.tokenizer import Tokenizer, load_tokenizer

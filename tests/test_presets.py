@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lockstep.cache import CacheConfig
+from lockstep.cache_build import CacheConfig
 from lockstep.config import ConfigError
 from lockstep.evaluate.run import EvalConfig
 from lockstep.presets import PresetError, write_preset

@@ -1,11 +1,115 @@
-"""The CPU fast paths give the same numbers as the plain ones: the fused head's threaded row blocks
-against one thread, fused AdamW against the foreach formula. Not a benchmark."""
+"""lockstep.kernels against the reference: the same model with kernels on and off gives the same
+logits, losses and gradients to the tolerances stated here, each fast path matches its stock
+counterpart, and the threaded fused head is exact against one thread. Not a benchmark.
+
+Tolerances are fractions of the largest |element| of the reference tensor, since rounding and
+summation-order differences scale with the tensor, not with each element. fp32 differs only in
+summation order (the fused head's tiles, the kernel norm's fp32 accumulation): 1e-5. Under bf16
+the kernel norm rounds its scale to bf16 before the product while F.rms_norm multiplies in fp32,
+one bf16 unit in the last place (2^-8) per norm, compounding over the layers: 2e-2 on logits,
+5e-2 on gradients (whose direction must still agree to cosine 0.999)."""
 
 import pytest
 import torch
+import torch.nn.functional as F
+from test_chat_model import write_tiny_checkpoint
 
-from lockstep import model as M
-from lockstep.optim import AdamW
+from lockstep import kernels
+from lockstep.chat import load_backend
+from lockstep.config import ConfigError, build_config
+from lockstep.engine import KVCache
+from lockstep.model import GPT, IGNORE_INDEX, KERNEL_OPS, REFERENCE_OPS, RMS_EPS, GPTConfig
+from lockstep.runtime import RuntimeConfig, init_runtime
+
+
+def _model(vocab_size: int = 70, seed: int = 0, **kw) -> GPT:
+    """A tiny model whose weights are all non-zero (the zero-initialised projections included),
+    so every path through it matters."""
+    cfg = dict(sequence_len=32, vocab_size=vocab_size, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
+    m = GPT.build(GPTConfig(**{**cfg, **kw}), "cpu")
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return m
+
+
+def _loss_and_grads(m: GPT, idx, y, reduction: str, autocast: bool):
+    m.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = m(idx, y, loss_reduction=reduction)
+    loss.sum().backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}
+
+
+def _assert_close_to_scale(got: torch.Tensor, ref: torch.Tensor, tol: float, what: str) -> None:
+    """Every element within `tol` times the largest |ref|: summation-order and rounding
+    differences scale with the tensor, not with each element."""
+    err, scale = (got - ref).abs().max().item(), ref.abs().max().item()
+    assert err <= tol * scale, f"{what}: max |diff| {err:.3g} > {tol} x max |ref| {scale:.3g}"
+
+
+@pytest.mark.parametrize("autocast, tol", [(False, 1e-5), (True, 5e-2)], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_kernels_on_and_off_give_the_same_loss_and_grads(autocast, tol, reduction):
+    m = _model()
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, 70, (3, 20), generator=g)
+    y = torch.randint(0, 70, (3, 20), generator=g)
+    y[0, :5] = IGNORE_INDEX
+    ref_loss, ref_grads = _loss_and_grads(m.use_kernels(False), idx, y, reduction, autocast)
+    loss, grads = _loss_and_grads(m.use_kernels(True), idx, y, reduction, autocast)
+    _assert_close_to_scale(loss, ref_loss, tol / 2, "loss")
+    for name, g_ref in ref_grads.items():
+        _assert_close_to_scale(grads[name], g_ref, tol, name)
+        assert F.cosine_similarity(grads[name].flatten(), g_ref.flatten(), dim=0) > 0.999, name
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_kernels_on_and_off_give_the_same_logits_full_and_decoding(dtype, tol):
+    m = _model(vocab_size=100).to(dtype)
+    idx = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = m.use_kernels(False)(idx)
+        _assert_close_to_scale(m.use_kernels(True)(idx), ref, tol, "logits")
+        # KV-cache decoding: few rows per step, where the head computes W @ x.T
+        for on in (False, True):
+            m.use_kernels(on)
+            cache = KVCache.for_model(m, batch_size=2)
+            steps = [m(idx[:, :4], kv_cache=cache)] + [m(idx[:, t : t + 1], kv_cache=cache) for t in range(4, 12)]
+            _assert_close_to_scale(torch.cat(steps, dim=1), ref, tol, f"decoded logits, kernels {on}")
+
+
+def test_rms_norm_kernel_equals_reference_forward_and_backward():
+    g = torch.Generator().manual_seed(3)
+    x0, grad = torch.randn(4, 7, 64, generator=g) * 3, torch.randn(4, 7, 64, generator=g)
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 2**-7)):  # bf16: within one unit in the last place
+        outs = []
+        for norm in (lambda t: F.rms_norm(t, (64,), eps=RMS_EPS), lambda t: kernels.rms_norm(t, RMS_EPS)):
+            x = x0.to(dtype, copy=True).requires_grad_()  # the kernel's own backward runs only where a gradient is needed
+            y = norm(x)
+            y.backward(grad.to(dtype))
+            outs.append((y.detach().float(), x.grad.float()))
+        (y_ref, dx_ref), (y, dx) = outs
+        assert ((y - y_ref).abs() <= tol * y_ref.abs() + 1e-6).all(), dtype
+        _assert_close_to_scale(dx, dx_ref, 4 * tol, f"{dtype} input gradient")
+    with torch.no_grad():  # without a gradient, the kernel is F.rms_norm itself
+        assert torch.equal(kernels.rms_norm(x0, RMS_EPS), F.rms_norm(x0, (64,), eps=RMS_EPS))
+
+
+def test_head_logits_kernel_equals_linear():
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(200, 16, generator=g)
+    for rows in (1, kernels.SMALL_BATCH_ROWS, kernels.SMALL_BATCH_ROWS + 1):
+        x = torch.randn(1, rows, 16, generator=g)
+        torch.testing.assert_close(kernels.head_logits(x, w), F.linear(x, w), rtol=1e-6, atol=1e-6)
+
+
+def test_fused_head_refuses_a_softcap_it_cannot_exponentiate():
+    x, w, y = torch.zeros(1, 2, 4), torch.zeros(8, 4), torch.zeros(1, 2, dtype=torch.long)
+    for softcap in (0.0, kernels.SAFE_EXP_CAP + 1):
+        with pytest.raises(ValueError, match="softcap"):
+            kernels.head_loss(x, w, y, softcap=softcap, vocab_size=8, reduction="mean", ignore_index=IGNORE_INDEX)
 
 
 def _head(x0, w0, y, dtype, threads):
@@ -14,7 +118,7 @@ def _head(x0, w0, y, dtype, threads):
     try:
         x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            loss = M.head_loss(x, w, y, softcap=15.0, vocab_size=w.size(0) - 3, reduction="sum")
+            loss = kernels.head_loss(x, w, y, softcap=15.0, vocab_size=w.size(0) - 3, reduction="sum", ignore_index=IGNORE_INDEX)
         loss.backward()
         return loss.detach(), x.grad, w.grad
     finally:
@@ -24,11 +128,11 @@ def _head(x0, w0, y, dtype, threads):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_threaded_head_blocks_match_one_thread(dtype):
     g = torch.Generator().manual_seed(0)
-    rows = 3 * M.HEAD_TILE_ROWS + 5  # several row blocks, the last one short
+    rows = 3 * kernels.HEAD_TILE_ROWS + 5  # several row blocks, the last one short
     x0 = torch.randn(1, rows, 16, generator=g)
     w0 = torch.randn(200, 16, generator=g) * 0.3
     y = torch.randint(0, 197, (1, rows), generator=g)
-    y[0, 7] = M.IGNORE_INDEX
+    y[0, 7] = IGNORE_INDEX
     one = _head(x0, w0, y, dtype, 1)
     two = _head(x0, w0, y, dtype, 2)
     for a, b in zip(one, two):
@@ -36,29 +140,12 @@ def test_threaded_head_blocks_match_one_thread(dtype):
     assert torch.isfinite(one[0]) and one[1].abs().sum() > 0
 
 
-def test_fused_adamw_matches_foreach_formula():
-    g = torch.Generator().manual_seed(1)
-    fused = torch.randn(64, 8, generator=g)
-    plain = fused.clone().to(torch.float64)  # fp64 takes the foreach path
-    grads = [torch.randn(64, 8, generator=g) for _ in range(3)]
-    p1, p2 = torch.nn.Parameter(fused), torch.nn.Parameter(plain)
-    o1 = AdamW([p1], lr=1e-2, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1)
-    o2 = AdamW([p2], lr=1e-2, betas=(0.8, 0.95), eps=1e-10, weight_decay=0.1)
-    for gr in grads:
-        p1.grad, p2.grad = gr.clone(), gr.to(torch.float64)
-        o1.step()
-        o2.step()
-    torch.testing.assert_close(p1.data, p2.data.float(), rtol=1e-5, atol=1e-6)
-
-
-def test_small_bf16_linear_follows_weight_updates():
-    g = torch.Generator().manual_seed(2)
-    w = torch.nn.Parameter((torch.randn(32, 16, generator=g) * 0.2).bfloat16())
-    x = torch.randn(2, 16, generator=g).bfloat16()
-    with torch.no_grad():
-        fast = M._linear(x, w)
-        torch.testing.assert_close(fast, torch.nn.functional.linear(x, w), rtol=1e-2, atol=1e-2)
-        w.add_(1.0)  # an optimizer step in place: the cached fp32 copy must not be reused
-        torch.testing.assert_close(M._linear(x, w), torch.nn.functional.linear(x, w), rtol=1e-2, atol=1e-2)
-        w.data = torch.zeros_like(w.data)  # new storage, as GPT.build's cast or a load does
-        assert torch.equal(M._linear(x, w), torch.zeros(2, 32, dtype=torch.bfloat16))
+def test_runtime_kernels_setting_is_checked_and_reaches_the_chat_model(tmp_path):
+    with pytest.raises(ConfigError, match="runtime.kernels"):
+        build_config(RuntimeConfig, {"kernels": "yes"}, where="runtime")
+    assert not RuntimeConfig().kernels
+    rt = init_runtime(RuntimeConfig(device="cpu", dtype="fp32", kernels=True))
+    assert rt.kernels and rt.describe()["kernels"] is True
+    ckpt, tok_dir = write_tiny_checkpoint(tmp_path)
+    assert load_backend(ckpt, tok_dir).engine.model.ops is REFERENCE_OPS
+    assert load_backend(ckpt, tok_dir, kernels=True).engine.model.ops is KERNEL_OPS

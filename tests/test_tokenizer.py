@@ -3,6 +3,9 @@ count, chat rendering masks (hand-checked), save/load identity and tamper refusa
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +19,6 @@ from lockstep.tokenizer import (
     load_tokenizer,
     train_tokenizer,
 )
-from lockstep.tokenizer.bpe import SPLIT_PATTERN
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. 12345 + 678 = 13023\n",
@@ -133,78 +135,20 @@ def test_special_strings_in_text_never_become_special_ids(kind: str, prefix: str
     assert len(ids) == len(mask)
 
 
-# Pieces that stress chunk ends at newlines: whitespace runs and punctuation before a newline,
-# CRLF, contractions, digit runs and non-ASCII after one.
-HEAD_PIECES = ["\n", "\r\n", "\n\n", " \n", "\t\n", " ", "  ", "\t", "a", "Word", " the", "'s", "'LL", "1", "12", "123",
-               "!", "?!\n", "...", "-", "_", "é", "🙂", "\u3000", "\u00a0", "\x1c", "漢"]  # fmt: skip
-
-
-def chunk_end_tokenizer(pattern_name: str) -> Tokenizer:
-    """A bpe tokenizer trained on HEAD_PIECES, so that it holds merges across whitespace and
-    newlines (a cut in the wrong place would split one of them), under its own split pattern or
-    GPT-4's (digit runs of 3, not 2)."""
-    import random
-
-    key = f"chunk_end_{pattern_name}"
-    if key not in _TOKENIZERS:
-        pattern = SPLIT_PATTERN if pattern_name == "bpe" else SPLIT_PATTERN.replace(r"\p{N}{1,2}", r"\p{N}{1,3}")
-        rng = random.Random(0)
-        corpus = ["".join(rng.choices(HEAD_PIECES, k=200)) for _ in range(200)] + CORPUS
-        _TOKENIZERS[key] = train_tokenizer("bpe", corpus, vocab_size=700, pattern=pattern)
-    return _TOKENIZERS[key]
-
-
-@pytest.mark.parametrize("kind", ["bpe", "bpe_gpt4_digits"])
-@settings(max_examples=300, deadline=None)
-@given(pieces=st.lists(st.sampled_from(HEAD_PIECES) | st.text(max_size=3), max_size=60))
-def test_bpe_text_cut_at_a_chunk_end_encodes_to_a_prefix(kind: str, pieces: list[str]) -> None:
-    """What bpe's encode_head rests on: the text up to any `_CHUNK_END` encodes to a prefix of
-    the whole text's ids, under its own split pattern and under GPT-4's."""
-    from lockstep.tokenizer.bpe import _CHUNK_END
-
-    tok = chunk_end_tokenizer(kind)
-    text = "".join(pieces)
-    whole = tok.encode(text)
-    for end in _CHUNK_END.finditer(text):
-        head = tok.encode(text[: end.end()])
-        assert head == whole[: len(head)], (text[: end.end()], text[end.end() :])
+# Text ends that could fuse with a neighbour: whitespace, newlines, digits, partial special
+# strings and special strings themselves.
+EDGE_PIECES = ["\n", "\r\n", " \n", " ", "\t", "a", " the", "'s", "1", "12", "!", "?!\n", "é", "🙂", "\u3000",
+               *SPECIAL_TOKENS, "<|bo", "s|>", "<|", "|>", "<", ">"]  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@settings(max_examples=40, deadline=None)
-@given(pieces=st.lists(st.sampled_from(HEAD_PIECES) | st.text(max_size=4), min_size=80, max_size=300), n=st.integers(0, 12))
-def test_encode_head_gives_the_first_ids_of_encode(kind: str, pieces: list[str], n: int) -> None:
-    """Texts of 80+ pieces, long enough that bpe takes its prefix path for these n."""
-    tok = tiny_tokenizer(kind)
-    text = "".join(pieces)
-    assert tok.encode_head(text, n) == tok.encode(text)[:n]
-
-
-def test_encode_head_encodes_only_a_prefix_of_a_long_bpe_text(monkeypatch: pytest.MonkeyPatch) -> None:
-    tok = tiny_tokenizer("bpe")
-    text = "".join(CORPUS) * 50
-    calls: list[int] = []
-    real = tok._enc.encode_ordinary
-    monkeypatch.setattr(tok._enc, "encode_ordinary", lambda t: calls.append(len(t)) or real(t))
-    assert tok.encode_head(text, 40) == tok.encode(text)[:40]
-    assert calls[0] < 1000 < len(text) == calls[-1]  # encode_head's call, then encode's
-    with pytest.raises(ValueError, match="n=-1"):
-        tok.encode_head(text, -1)
-
-
-# Text ends that could fuse with a neighbour: whitespace, newlines, digits, partial special
-# strings and special strings themselves (the BOS string too).
-EDGE_PIECES = [*HEAD_PIECES, *SPECIAL_TOKENS, "<|bo", "s|>", "<|", "|>", "<", ">"]
-
-
-@pytest.mark.parametrize("kind", [*KINDS, "bpe_merged_whitespace"])
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(texts=st.lists(st.lists(st.sampled_from(EDGE_PIECES) | st.text(max_size=3), max_size=12).map("".join), max_size=12))
-def test_count_tokens_counts_each_text_alone(kind: str, texts: list[str]) -> None:
-    """bpe counts a batch in one tiktoken call, the texts joined by the BOS string: the total
-    must still be that of encoding each text alone, whatever the texts start and end with."""
-    tok = chunk_end_tokenizer("bpe") if kind == "bpe_merged_whitespace" else tiny_tokenizer(kind)
-    assert tok.count_tokens(texts) == sum(len(tok.encode(t)) for t in texts)
+def test_batch_encode_on_threads_encodes_each_text_alone(kind: str, texts: list[str]) -> None:
+    """The tokenizer stage counts val tokens through the threaded batch call: each text must get
+    the ids it gets encoded alone, whatever the texts start and end with."""
+    tok = tiny_tokenizer(kind)
+    assert tok.encode(texts, num_threads=2) == [tok.encode(t) for t in texts]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -221,25 +165,10 @@ def test_count_unknown_bytes_is_what_decode_loses(kind: str, texts: list[str]) -
         assert lost == 0 and [tok.decode(ids) for ids in tok.encode(texts)] == texts
 
 
-def test_bpe_count_tokens_of_text_with_a_lone_surrogate() -> None:
-    tok = tiny_tokenizer("bpe")  # encodes it as U+FFFD, as tiktoken does; no joined call then
+def test_bpe_batch_encode_of_text_with_a_lone_surrogate() -> None:
+    tok = tiny_tokenizer("bpe")  # encodes it as U+FFFD, as tiktoken does
     texts = ["ab\ud800cd", "12 34", ""]
-    assert tok.count_tokens(texts) == sum(len(tok.encode(t)) for t in texts)
-
-
-def test_copy_encodes_the_same_with_its_own_encoder(tok: Tokenizer) -> None:
-    import threading
-
-    texts = [*CORPUS[:5], "<|bos|> and <|user_start|> as plain text"]
-    made: list[Tokenizer] = []
-    worker = threading.Thread(target=lambda: made.append(tok.copy()))
-    worker.start()
-    worker.join()
-    (twin,) = made
-    assert twin.encode(texts) == tok.encode(texts) and twin.sha256 == tok.sha256
-    assert twin.render_conversation(sample_conversation()) == tok.render_conversation(sample_conversation())
-    if tok.kind == "bpe":  # a new Encoding, owned by the thread that made the copy
-        assert twin._enc is not tok._enc and twin._enc_thread == worker.ident
+    assert tok.encode(texts, num_threads=2) == [tok.encode(t) for t in texts]
 
 
 def test_encode_arrays_match_encode(tok: Tokenizer) -> None:
@@ -252,9 +181,6 @@ def test_encode_arrays_match_encode(tok: Tokenizer) -> None:
 def test_bulk_encoding_from_other_threads(tok: Tokenizer) -> None:
     """Bulk calls from worker threads give the ids the building thread gives; for bpe each worker
     encodes with its own tiktoken Encoding, kept for its later calls, never the shared one."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
     docs = CORPUS[:5] + ["", "<|bos|><|bos|>", "héllo ☃ 12345"]
     want = tok.encode(docs, num_threads=1)
     seen: dict[int, list] = {}

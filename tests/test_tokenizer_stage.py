@@ -5,18 +5,33 @@ char alphabet loses, and the char reference rule without special tokens)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
+from lockstep.cache_build import build_sft_cache
 from lockstep.config import ConfigError, build_config
-from lockstep.tokenizer import train_tokenizer
-from lockstep.tokenizer.pipeline import CappedTexts, TokenCounter, TokenizerConfig, bytes_per_token, record_texts
+from lockstep.sources import SnapshotError, fetch_source, iter_records
+from lockstep.sources.roam import RoamConfig
+from lockstep.sources.synth_chat import SynthChatConfig
+from lockstep.sources.synth_math import SynthMathConfig
+from lockstep.tokenizer import load_tokenizer, pipeline, train_tokenizer
+from lockstep.tokenizer.base import NoSpecialTokensError
+from lockstep.tokenizer.pipeline import (
+    CappedTexts,
+    TokenizerConfig,
+    bytes_per_token,
+    capped_train_texts,
+    record_texts,
+    run_tokenizer_stage,
+    snapshot_texts,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,38 +55,18 @@ def test_bytes_per_token_hand_made() -> None:
         bytes_per_token(byte, [""])
 
 
-def test_bytes_per_token_on_threads_counts_every_text_once() -> None:
-    # Texts of very different sizes, more than one batch: the threaded count cuts each batch into
-    # runs by characters, and must neither drop nor repeat a text.
-    import threading
+@pytest.mark.parametrize("kind", ["bpe", "byte", "char"])
+def test_bytes_per_token_on_threads_counts_every_text_once(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Texts of very different sizes over several batches: the threaded batch call must neither
+    # drop nor repeat a text.
 
-    from lockstep.tokenizer import pipeline
-
-    tok = train_tokenizer("bpe", ["ab" * 50], vocab_size=256 + 1 + 9)
+    tok = train_tokenizer("bpe", ["ab" * 50], vocab_size=256 + 1 + 9) if kind == "bpe" else train_tokenizer(kind, ["abx"])
     texts = ["abab" * (i % 7) + "é" * (i % 3) + "x" for i in range(300)] + ["ab" * 5000]
     serial = bytes_per_token(tok, texts, num_threads=1)
     assert serial["tokens"] == sum(len(tok.encode(t)) for t in texts)
-    assert bytes_per_token(tok, texts, num_threads=3) == serial  # under parallel_min_chars: one thread
-    workers: set[int] = set()
-    real = tok._new_encoding
-
-    def new_encoding():  # called once per worker thread that encodes
-        workers.add(threading.get_ident())
-        return real()
-
-    tok._new_encoding = new_encoding
-    with TokenCounter(tok, 3, parallel_min_chars=0) as counter:
-        for _ in range(3):  # the same workers, with the Encodings they built, for every call
-            assert bytes_per_token(tok, texts, counter=counter) == serial
-        assert counter.count(["ab"]) == 1
-    assert 1 <= len(workers) <= 2 and threading.get_ident() not in workers
-    with pytest.raises(ValueError, match="another tokenizer"):
-        bytes_per_token(train_tokenizer("byte", []), texts, counter=TokenCounter(tok))
-    with pytest.raises(ValueError, match="num_threads=0"):
-        TokenCounter(tok, 0)
-
-    runs = pipeline._chunks_by_chars(texts, 8)
-    assert [t for run in runs for t in run] == texts and 1 < len(runs) <= 8
+    assert serial["bytes"] == sum(len(t.encode("utf-8")) for t in texts)
+    monkeypatch.setattr(pipeline, "METRIC_BATCH_TEXTS", 64)
+    assert bytes_per_token(tok, texts, num_threads=3) == serial
 
 
 def test_capped_texts_is_exact_and_ordered() -> None:
@@ -152,11 +147,6 @@ def test_char_alphabet_parity_case(shared_fixtures: Path) -> None:
 
 def _snapshots(tmp_path: Path) -> Path:
     """Tiny raw snapshots of three record kinds, written by the real fetch code."""
-    from lockstep.sources import fetch_source
-    from lockstep.sources.roam import RoamConfig
-    from lockstep.sources.synth_chat import SynthChatConfig
-    from lockstep.sources.synth_math import SynthMathConfig
-
     notes = tmp_path / "notes"
     notes.mkdir()
     for i in range(6):
@@ -170,9 +160,6 @@ def _snapshots(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("kind", ["bpe", "char"])
 def test_stage_end_to_end_is_reproducible(tmp_path: Path, kind: str) -> None:
-    from lockstep.tokenizer import load_tokenizer
-    from lockstep.tokenizer.pipeline import run_tokenizer_stage, snapshot_texts
-
     raw = _snapshots(tmp_path)
     cfg = TokenizerConfig(kind=kind, vocab_size=300, train_sources=("notes", "chat", "math"), max_chars=5000,
                           metric_sources=("notes", "math", "chat"))  # fmt: skip
@@ -195,26 +182,17 @@ def test_stage_end_to_end_is_reproducible(tmp_path: Path, kind: str) -> None:
         n_unknown = sum(b not in tok.alphabet for t in texts for b in t.encode("utf-8")) if kind == "char" else 0
         assert m1["val_unknown_bytes"][name] == n_unknown
         assert m1["kept_bytes_per_token"][name] == pytest.approx((n_bytes - n_unknown) / n_tokens)
-    # Sources are counted on two threads; the report keeps the order of params.
+    # The report keeps the order of params.
     assert list(m1["bytes_per_token"]) == list(m1["val_tokens"]) == list(cfg.metric_sources)
-    # Counting on a TokenCounter pool beside the helper, every batch split across 3 threads,
-    # changes nothing.
-    from lockstep.tokenizer import pipeline
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pipeline, "TokenCounter", functools.partial(pipeline.TokenCounter, parallel_min_chars=0))
-        threaded = dataclasses.replace(cfg, encode_threads=3)
-        assert run_tokenizer_stage(threaded, raw, tmp_path / "tok3", tmp_path / "m3.json", seed=3) == m1
+    # Counting on 3 encoder threads changes nothing.
+    threaded = dataclasses.replace(cfg, encode_threads=3)
+    assert run_tokenizer_stage(threaded, raw, tmp_path / "tok3", tmp_path / "m3.json", seed=3) == m1
 
 
 def test_stage_reports_the_bytes_a_char_alphabet_loses(tmp_path: Path) -> None:
     """A char alphabet learned from notes, cut to its 20 most frequent bytes, has no digits: the
     math source loses them to id 0 and still encodes one token per byte, so bytes/token reads 1.0;
     the stage says how many bytes were lost and counts only the survivors in kept_bytes_per_token."""
-    from collections import Counter
-
-    from lockstep.tokenizer.pipeline import capped_train_texts, run_tokenizer_stage, snapshot_texts
-
     raw = _snapshots(tmp_path)
     cfg = TokenizerConfig(kind="char", char_max_alphabet=20, train_sources=("notes",), metric_sources=("notes", "math"))
     m = run_tokenizer_stage(cfg, raw, tmp_path / "tok", tmp_path / "m.json", seed=3)
@@ -236,11 +214,6 @@ def test_stage_reference_rule_without_special_tokens(tmp_path: Path) -> None:
     """`char_order: sorted, char_specials: false`: the saved tokenizer gives the reference rule's
     ids on the train text, the artifact renders documents without BOS and leaves chat sources out,
     and a cache refuses the tokenizer at once."""
-    from lockstep.cache import build_sft_cache
-    from lockstep.tokenizer import load_tokenizer
-    from lockstep.tokenizer.base import NoSpecialTokensError
-    from lockstep.tokenizer.pipeline import capped_train_texts, run_tokenizer_stage, snapshot_texts
-
     raw = _snapshots(tmp_path)
     cfg = TokenizerConfig(kind="char", char_order="sorted", char_specials=False, char_max_alphabet=24,
                           train_sources=("notes", "chat"), metric_sources=("notes", "math", "chat"))  # fmt: skip
@@ -262,38 +235,9 @@ def test_stage_reference_rule_without_special_tokens(tmp_path: Path) -> None:
     first_doc = next(iter(snapshot_texts(raw / "notes", "train"))).encode("utf-8")
     assert rendered["samples"][0]["ids"] == [stoi.get(b, 0) for b in first_doc][: len(rendered["samples"][0]["ids"])]
 
-    from lockstep.sources import iter_records
-
     with pytest.raises(NoSpecialTokensError, match="tokenizer.char_specials: true"):
         build_sft_cache({"train": iter_records(raw / "chat", "train")}, tmp_path / "cache", tokenizer=tok, val_frac=None, seed=3)
     assert not (tmp_path / "cache").exists()
-
-
-def test_val_texts_read_ahead_and_the_metric_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from lockstep.tokenizer import pipeline
-    from lockstep.tokenizer.pipeline import ValTexts, snapshot_texts
-
-    raw = _snapshots(tmp_path)
-    val = {name: ValTexts(raw / name) for name in ("notes", "math", "chat")}
-    for name, texts in val.items():
-        assert texts.complete and texts.small and list(texts) == list(snapshot_texts(raw / name, "val"))
-    # Largest first from the front; small sources, smallest first, from the back.
-    by_size = sorted(val, key=lambda n: val[n].head_chars, reverse=True)
-    queue = pipeline._MetricQueue(val)
-    assert queue.take(small_only=True) == by_size[-1]
-    assert queue.take() == by_size[0]
-    assert queue.take() == by_size[1] and queue.take() is None and queue.take(small_only=True) is None
-
-    chat = ValTexts(raw / "chat")
-    monkeypatch.setattr(pipeline, "METRIC_BATCH_TEXTS", 2)  # a val split longer than one batch
-    long = ValTexts(raw / "math")
-    assert len(long.head) == 2 and not long.complete and not long.small
-    assert list(long) == list(snapshot_texts(raw / "math", "val"))
-    assert long.head_chars < chat.head_chars
-    queue = pipeline._MetricQueue({"math": long, "chat": chat})
-    assert queue.take() == "math"  # not read whole: taken first, by the thread with the counter
-    monkeypatch.setattr(pipeline, "PARALLEL_MIN_CHARS", 1)
-    assert queue.take(small_only=True) is None  # nothing left that one thread counts anyway
 
 
 def test_stage_cli_and_missing_snapshot(tmp_path: Path) -> None:
@@ -308,7 +252,6 @@ def test_stage_cli_and_missing_snapshot(tmp_path: Path) -> None:
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert set(metrics["bytes_per_token"]) == {"notes", "chat"} and metrics["vocab_size"] <= 280
-    from lockstep.tokenizer.pipeline import run_tokenizer_stage
 
     cfg = TokenizerConfig(train_sources=("notes",), metric_sources=("notes", "wikitext"))
     with pytest.raises(FileNotFoundError, match="dvc repro fetch@wikitext"):
@@ -317,14 +260,8 @@ def test_stage_cli_and_missing_snapshot(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["decodable", "undecodable", "val"])
 def test_stage_refuses_a_damaged_part_and_publishes_nothing(tmp_path: Path, damage: str) -> None:
-    """The train parts are hashed on a helper thread while they are decoded: a part that does
-    not match meta.json still fails with the sha256 error, whether it decodes or not, and no
-    tokenizer or metrics are written."""
-    import pyarrow.parquet as pq
-
-    from lockstep.sources import SnapshotError
-    from lockstep.tokenizer.pipeline import run_tokenizer_stage
-
+    """Every part is hashed before training: a part that does not match meta.json fails with the
+    sha256 error, whether it decodes or not, and no tokenizer or metrics are written."""
     raw = _snapshots(tmp_path)
     part = raw / "notes" / ("val" if damage == "val" else "train") / "part_00000.parquet"
     if damage == "undecodable":
@@ -340,11 +277,12 @@ def test_stage_refuses_a_damaged_part_and_publishes_nothing(tmp_path: Path, dama
 
 def test_tokenizer_stage_does_not_import_torch() -> None:
     # The stage reads snapshots, renders problems as chats and trains with rustbpe; torch is no
-    # part of that, and importing it tripled the stage's wall time on the offline preset.
+    # part of that, and importing it tripled the stage's wall time on the offline preset. It
+    # reads snapshots through lockstep.snapshot and loads no source loader either.
     code = (
-        "import sys, stages.tokenizer, lockstep.sources, lockstep.sources.gsm8k, lockstep.tokenizer.pipeline\n"
-        "from lockstep.sources import SOURCE_CONFIGS\n"
+        "import sys, stages.tokenizer, lockstep.tokenizer.pipeline\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "assert 'lockstep.sources' not in sys.modules, 'a source loader was imported'\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "lib")])}
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from lockstep.cache import build_pretrain_cache, build_sft_cache
+from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.checkpoint import load_checkpoint
 from lockstep.tokenizer import train_tokenizer
 

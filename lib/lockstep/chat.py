@@ -220,10 +220,10 @@ class EngineBackend:
                 close()
 
 
-def load_backend(ckpt_dir: Path, tokenizer_dir: Path, *, device: str = "cpu") -> EngineBackend:
+def load_backend(ckpt_dir: Path, tokenizer_dir: Path, *, device: str = "cpu", kernels: bool = False) -> EngineBackend:
     """Load a checkpoint and its tokenizer into an EngineBackend on `device` ("cpu", "cuda",
     "cuda:1", "mps"), refusing a device this machine lacks and a tokenizer other than the one the
-    checkpoint was trained with."""
+    checkpoint was trained with. `kernels` runs the model on lockstep.kernels (GPT.use_kernels)."""
     ckpt_dir, tokenizer_dir = Path(ckpt_dir), Path(tokenizer_dir)
     # Checked before anything loads: a device this machine lacks fails in seconds, not after the weights.
     torch_device = device_from_name(device, setting="--device")
@@ -233,6 +233,7 @@ def load_backend(ckpt_dir: Path, tokenizer_dir: Path, *, device: str = "cpu") ->
         raise FileNotFoundError(f"no tokenizer directory at {tokenizer_dir}: pass --tokenizer data/tokenizer")
     tokenizer = load_tokenizer(tokenizer_dir)
     model, _ = load_model(ckpt_dir, torch_device, tokenizer_sha256=tokenizer.sha256)
+    model.use_kernels(kernels)
     engine = Engine(model, tokenizer)
     model_id = f"lockstep-{ckpt_dir.name}"
     return EngineBackend(engine, tokenizer, model_id=model_id, context_tokens=model.config.sequence_len)

@@ -5,6 +5,8 @@ torch, dvc, FastAPI and uvicorn, about 4 s of imports against 0.3 s for `lockste
 
 from __future__ import annotations
 
+import logging
+import sys
 from pathlib import Path
 
 import typer
@@ -129,15 +131,14 @@ def chat(
     max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="new tokens per reply at most"),
     seed: int = typer.Option(0, min=0, help="seed of the first reply; each later reply adds its turn number"),
     device: str = typer.Option("cpu", help="torch device to run on: cpu, cuda, cuda:1, mps"),
+    kernels: bool = typer.Option(False, help="run the model on its CPU fast paths (lockstep.kernels; runtime.kernels)"),
 ) -> None:
     """Chat with a checkpoint in the terminal, replies streamed as they are sampled."""
-    import sys
-
     from lockstep.chat import ChatError, SamplingSettings, load_backend, run_chat
 
     try:
         settings = SamplingSettings(temperature=temperature, top_k=top_k, max_tokens=max_tokens, seed=seed)
-        backend = load_backend(ckpt, tokenizer, device=device)
+        backend = load_backend(ckpt, tokenizer, device=device, kernels=kernels)
     except (FileNotFoundError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
@@ -166,6 +167,7 @@ def serve(
     max_queued: int = typer.Option(4, "--max-queued", min=0, help="requests waiting for a worker before 503"),
     allow_origin: list[str] = typer.Option([], "--allow-origin", help="a web origin allowed to call the API (repeatable)"),
     device: str = typer.Option("cpu", help="torch device to run on: cpu, cuda, cuda:1, mps"),
+    kernels: bool = typer.Option(False, help="run the model on its CPU fast paths (lockstep.kernels; runtime.kernels)"),
 ) -> None:
     """Serve the chat UI and an OpenAI-compatible API (/v1/chat/completions) for a checkpoint."""
     import uvicorn
@@ -174,15 +176,13 @@ def serve(
     from lockstep.server import ServerConfig, create_app
 
     try:
-        backend = load_backend(ckpt, tokenizer, device=device)
+        backend = load_backend(ckpt, tokenizer, device=device, kernels=kernels)
         config = ServerConfig(workers=workers, max_queued=max_queued, allowed_origins=tuple(allow_origin))
     except (FileNotFoundError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     if host not in ("127.0.0.1", "localhost", "::1"):
         typer.echo(f"warning: binding {host}: the API has no authentication; anyone who can reach it can use it", err=True)
-    import logging
-
     # Request lines from lockstep.server (sizes and timings, never message text) next to uvicorn's.
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s %(message)s")
     typer.echo(f"serving {backend.model_id} on http://{host}:{port}/")

@@ -1,11 +1,11 @@
-"""The GPT: one config, one module, weights initialised in one place. It is not a trainer, a
-sampler or a checkpoint format; the KV cache it reads from lives in lockstep.engine."""
+"""The GPT: one config, one module, weights initialised in one place, written in stock PyTorch. It
+is not a trainer, a sampler or a checkpoint format; the KV cache it reads from lives in
+lockstep.engine, and the CPU fast paths it can switch to (`GPT.use_kernels`) in lockstep.kernels."""
 
 from __future__ import annotations
 
-import os
+import functools
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -13,10 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lockstep import kernels
 from lockstep.config import FieldError, build_config, check_range, config_to_dict
 
 IGNORE_INDEX = -100
 LossReduction = Literal["mean", "sum", "none"]
+RMS_EPS = 1e-6  # added to the mean square; fixed rather than finfo(dtype).eps so bf16 and fp32 agree
 
 
 @dataclass(frozen=True)
@@ -115,41 +117,9 @@ class KVCacheLike(Protocol):
     def advance(self, num_tokens: int) -> None: ...
 
 
-RMS_EPS = 1e-6  # added to the mean square; fixed rather than finfo(dtype).eps so bf16 and fp32 agree
-
-
-def _rms_scale(x: torch.Tensor) -> torch.Tensor:
-    """1 / sqrt(mean(x^2) + eps) over the last dim, in fp32 (fp64 for fp64 x), shape (..., 1);
-    the norm is accumulated in fp32 without materialising an fp32 copy of x."""
-    acc = torch.promote_types(x.dtype, torch.float32)
-    ss = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=acc)  # (..., 1)
-    return torch.rsqrt(ss.square_().div_(x.size(-1)).add_(RMS_EPS))
-
-
-class _RMSNorm(torch.autograd.Function):
-    """Parameter-free RMSNorm with a hand-written backward, dx = r * (g - y * mean(g * y)):
-    on CPU, fwd+bwd measured 2.5-3.5x faster than F.rms_norm's decomposed autograd for the
-    (8, 256, 256) fp32 and (8, 4, 256, 64) bf16 activations of the d4 benchmark."""
-
-    @staticmethod
-    def forward(ctx, x):  # type: ignore[override]
-        r = _rms_scale(x)
-        y = x * r.to(x.dtype)
-        ctx.save_for_backward(y, r)
-        return y
-
-    @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
-        y, r = ctx.saved_tensors
-        m = torch.linalg.vecdot(g, y, dim=-1).unsqueeze(-1).to(r.dtype).div_(y.size(-1))  # (..., 1)
-        return torch.addcmul(g, y, m.to(g.dtype), value=-1.0).mul_(r.to(g.dtype))
-
-
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
     """Parameter-free RMSNorm over the last dim: x / sqrt(mean(x^2) + 1e-6), in x's dtype."""
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _RMSNorm.apply(x)
-    return x * _rms_scale(x).to(x.dtype)
+    return F.rms_norm(x, (x.size(-1),), eps=RMS_EPS)
 
 
 def rotary_tables(seq_len: int, head_dim: int, theta: float, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,33 +149,36 @@ def attend(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
 
 
-def _fp32_weight(w: torch.Tensor) -> torch.Tensor:
-    """An fp32 copy of bf16 weight w, kept on the tensor itself and remade when its storage or
-    version counter changes, so an optimizer step or a state-dict load refreshes it."""
-    key = (w.data_ptr(), w._version)
-    hit = getattr(w, "_lockstep_fp32", None)
-    if hit is None or hit[:2] != key:
-        hit = (*key, w.detach().float())
-        w._lockstep_fp32 = hit
-    return hit[2]
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction: LossReduction) -> torch.Tensor:
+    """fp32 cross-entropy of logits (B, T, V) against targets (B, T), IGNORE_INDEX skipped: `mean`
+    over counted targets, `sum`, or `none` (B, T) with 0 at ignored positions. `mean` divides by
+    max(1, counted targets) instead of F.cross_entropy's mean, which is 0/0 = NaN when every
+    target is ignored (a fully masked SFT batch): such a batch gives loss 0 with all-zero, finite
+    gradients."""
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
+    flat = logits.reshape(-1, logits.size(-1)).float()  # (B*T, V)
+    y = targets.reshape(-1)  # (B*T,)
+    if reduction == "none":
+        return F.cross_entropy(flat, y, ignore_index=IGNORE_INDEX, reduction="none").view(targets.shape)
+    total = F.cross_entropy(flat, y, ignore_index=IGNORE_INDEX, reduction="sum")
+    if reduction == "sum":
+        return total
+    return total / (y != IGNORE_INDEX).sum().clamp(min=1)
 
 
-# Up to this many multiply-adds (rows x weight elements), a bf16 linear on CPU outside autograd
-# runs in fp32 instead: one-thread timings on this CPU, bf16 vs fp32 including the casts, were
-# 47 vs 15 us (1 row, 256x256), 80 vs 40 (1 row, 256x1024), 47 vs 30 (8 rows, 256x256), 79 vs 73
-# (4 rows, 256x1024) and 76 vs 98 (8 rows, 256x1024): bf16 small matmuls have a ~40 us floor.
-_FP32_LINEAR_MACS = 1 << 20
+@dataclass(frozen=True)
+class Ops:
+    """The primitives the network is written in, so that one switch swaps them all (see
+    GPT.use_kernels): REFERENCE_OPS is stock PyTorch, KERNEL_OPS lockstep.kernels' CPU fast paths,
+    equal to it to rounding."""
+
+    norm: Callable[[torch.Tensor], torch.Tensor]  # parameter-free RMSNorm over the last dim
+    head: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # x @ w.T: the padded logits
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w.T in x's dtype. For a small bf16 product on CPU (decoding: no grad, no autocast) the
-    product runs in fp32 on a cached fp32 copy of w and is rounded back to bf16; bf16 products are
-    exact in fp32, so only the summation order differs."""
-    if (w.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 and x.device.type == "cpu"
-            and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
-            and (x.numel() // x.size(-1)) * w.numel() <= _FP32_LINEAR_MACS):
-        return F.linear(x.float(), _fp32_weight(w)).to(torch.bfloat16)
-    return F.linear(x, w)
+REFERENCE_OPS = Ops(norm=rms_norm, head=F.linear)
+KERNEL_OPS = Ops(norm=functools.partial(kernels.rms_norm, eps=RMS_EPS), head=kernels.head_logits)
 
 
 class CausalSelfAttention(nn.Module):
@@ -221,15 +194,15 @@ class CausalSelfAttention(nn.Module):
         self.c_v = nn.Linear(C, config.n_kv_head * D, bias=False)
         self.c_proj = nn.Linear(config.n_head * D, C, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCacheLike | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCacheLike | None, ops: Ops) -> torch.Tensor:
         B, T, C = x.shape
         D = self.head_dim
-        q = _linear(x, self.c_q.weight).view(B, T, self.n_head, D).transpose(1, 2)  # (B, H, T, D)
-        k = _linear(x, self.c_k.weight).view(B, T, self.n_kv_head, D).transpose(1, 2)  # (B, Hkv, T, D)
-        v = _linear(x, self.c_v.weight).view(B, T, self.n_kv_head, D).transpose(1, 2)  # (B, Hkv, T, D)
+        q = self.c_q(x).view(B, T, self.n_head, D).transpose(1, 2)  # (B, H, T, D)
+        k = self.c_k(x).view(B, T, self.n_kv_head, D).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.c_v(x).view(B, T, self.n_kv_head, D).transpose(1, 2)  # (B, Hkv, T, D)
         # QK-norm after rotary keeps attention logits bounded whatever the residual scale
-        q = rms_norm(apply_rotary(q, cos, sin))
-        k = rms_norm(apply_rotary(k, cos, sin))
+        q = ops.norm(apply_rotary(q, cos, sin))
+        k = ops.norm(apply_rotary(k, cos, sin))
         if kv_cache is None:
             y = attend(q, k, v, None, is_causal=True)
         else:
@@ -238,7 +211,7 @@ class CausalSelfAttention(nn.Module):
             # (plain causal, Tk == Tq) or one new token that may see all cached keys.
             y = attend(q, k, v, mask, is_causal=mask is None and T > 1)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
-        return _linear(y, self.c_proj.weight)
+        return self.c_proj(y)
 
 
 class MLP(nn.Module):
@@ -249,7 +222,7 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _linear(F.relu(_linear(x, self.c_fc.weight)).square(), self.c_proj.weight)
+        return self.c_proj(F.relu(self.c_fc(x)).square())
 
 
 class Block(nn.Module):
@@ -258,9 +231,9 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, layer_idx)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCacheLike | None) -> torch.Tensor:
-        x = x + self.attn(rms_norm(x), cos, sin, kv_cache)
-        return x + self.mlp(rms_norm(x))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCacheLike | None, ops: Ops) -> torch.Tensor:
+        x = x + self.attn(ops.norm(x), cos, sin, kv_cache, ops)
+        return x + self.mlp(ops.norm(x))
 
 
 class GPT(nn.Module):
@@ -268,7 +241,7 @@ class GPT(nn.Module):
 
     Build with `GPT.build(config, device)`: parameters are created on the meta device (no
     memory, no init work), moved with `to_empty`, then `init_weights` fills every parameter and
-    the rotary tables exactly once."""
+    the rotary tables exactly once. It runs on REFERENCE_OPS until `use_kernels(True)`."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -280,6 +253,13 @@ class GPT(nn.Module):
         # Rotary tables are derived data, not weights: kept out of the state dict.
         self.register_buffer("rotary_cos", torch.empty(config.sequence_len, config.head_dim // 2), persistent=False)
         self.register_buffer("rotary_sin", torch.empty(config.sequence_len, config.head_dim // 2), persistent=False)
+        self.ops = REFERENCE_OPS
+
+    def use_kernels(self, on: bool = True) -> GPT:
+        """Run on lockstep.kernels' CPU fast paths (on) or on stock PyTorch (off, the default): the
+        same function to rounding, with the same parameters and state dict. Returns the model."""
+        self.ops = KERNEL_OPS if on else REFERENCE_OPS
+        return self
 
     @classmethod
     def build(
@@ -361,11 +341,10 @@ class GPT(nn.Module):
     ) -> torch.Tensor:
         """idx (B, T) int64. Without targets: logits (B, T, vocab_size), soft-capped, padded ids
         sliced off. With targets (B, T) (IGNORE_INDEX = -100 marks positions without a loss):
-        the fp32 cross-entropy, `mean` over non-ignored targets, `sum`, or `none` (B, T) with 0
-        at ignored positions; a batch whose every target is ignored gives 0 under `mean`, not NaN
-        (see head_loss). With a kv_cache, positions continue from the cache's."""
+        `cross_entropy` of those logits under `loss_reduction`. With a kv_cache, positions
+        continue from the cache's."""
         B, T = idx.shape
-        c = self.config
+        c, ops = self.config, self.ops
         if kv_cache is None:
             if T > c.sequence_len:
                 raise ValueError(f"sequence of {T} tokens exceeds the model's context sequence_len={c.sequence_len}")
@@ -379,24 +358,26 @@ class GPT(nn.Module):
         else:
             act_dtype = self.lm_head.weight.dtype
         cos, sin = cos.to(act_dtype), sin.to(act_dtype)
-        x = rms_norm(self.wte(idx))  # (B, T, C)
+        x = ops.norm(self.wte(idx))  # (B, T, C)
         for block in self.blocks:
-            x = block(x, cos, sin, kv_cache)
+            x = block(x, cos, sin, kv_cache, ops)
         if kv_cache is not None:
             kv_cache.advance(T)
-        x = rms_norm(x)
-        if targets is not None:
-            if targets.shape != idx.shape:
-                raise ValueError(f"targets shape {tuple(targets.shape)} must equal idx shape {tuple(idx.shape)}")
-            return head_loss(x, self.lm_head.weight, targets, softcap=c.softcap, vocab_size=c.vocab_size, reduction=loss_reduction)
-        if B * T <= _SMALL_BATCH_ROWS:
-            # decode: weight-on-the-left matmul, (V, C) @ (C, B*T)
-            logits = torch.mm(self.lm_head.weight, x.reshape(B * T, -1).t()).t().view(B, T, -1)  # (B, T, V_padded)
-        else:
-            logits = self.lm_head(x)  # (B, T, V_padded)
-        if c.padded_vocab_size != c.vocab_size:
-            logits = logits[..., : c.vocab_size]
-        logits = logits.float()
+        x = ops.norm(x)
+        if targets is None:
+            return self._logits(x)
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets shape {tuple(targets.shape)} must equal idx shape {tuple(idx.shape)}")
+        if ops is KERNEL_OPS and 0 < c.softcap <= kernels.SAFE_EXP_CAP:
+            # the same loss without ever holding the batch's (B, T, V) fp32 logits
+            return kernels.head_loss(x, self.lm_head.weight, targets, softcap=c.softcap, vocab_size=c.vocab_size,
+                                     reduction=loss_reduction, ignore_index=IGNORE_INDEX)
+        return cross_entropy(self._logits(x), targets, loss_reduction)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Soft-capped fp32 logits (B, T, vocab_size) of the final normed x (B, T, C)."""
+        c = self.config
+        logits = self.ops.head(x, self.lm_head.weight)[..., : c.vocab_size].float()  # (B, T, V)
         if c.softcap:
             logits = c.softcap * torch.tanh(logits / c.softcap)
         return logits
@@ -413,207 +394,3 @@ class GPT(nn.Module):
             raise ValueError(f"position {int(pos.max()) + T} exceeds the model's context sequence_len={limit}")
         at = pos.to(self.rotary_cos.device)[:, None] + torch.arange(T, device=self.rotary_cos.device)  # (B, T)
         return self.rotary_cos[at][:, None], self.rotary_sin[at][:, None]  # (B, 1, T, D/2)
-
-
-# Up to this many rows (decoding), logits are computed as W @ x.T rather than F.linear's x @ W.T:
-# with a bf16 32k-vocab head, whole-engine decode on this CPU measured 13% (batch 1) and 20%
-# (batch 8) faster, same process, interleaved runs; fp32 was within noise.
-_SMALL_BATCH_ROWS = 16
-# Fused-head tile: 128 rows x 1024 vocab columns is 128K elements, ~1.3 MB over its three
-# buffers, so the elementwise passes over a tile run from cache. Measured on the d4/32768 head
-# (fwd+bwd of 2048 rows, bf16 autocast, one thread, CPU time): 675 ms at 128x1024, 724 ms at
-# 128x2048, 863 ms at 32x8192, 784 ms with whole-vocab chunks of 128 rows.
-HEAD_TILE_ROWS = 128
-HEAD_TILE_COLS = 1024
-_ACCEL_CHUNK_ELEMENTS = 1 << 25  # 128 MB per fp32 tile buffer on a GPU: whole vocab rows
-# exp(softcap * tanh(.)) stays finite in fp32 up to ~88, so below this cap the softmax needs no
-# max-subtraction pass and the fused head applies.
-_SAFE_EXP_CAP = 80.0
-
-
-class _HeadLoss(torch.autograd.Function):
-    """Per-row cross-entropy of the soft-capped logits l = s * tanh(x @ W[:V].T / s), computed in
-    tiles of rows x vocab columns small enough to stay in cache, without ever holding the fp32
-    logits of the batch. Only the gradient's dense part is kept, in the matmul dtype.
-
-    With e = exp(l), S = sum(e) per row and t = tanh(z/s), the row loss is log S - l_target and
-    its gradient with respect to z is (e / S - onehot) * (1 - t^2). Both parts separate: the dense
-    E = e * (1 - t^2) needs nothing beyond its own tile (so a row's tiles need not meet: no
-    online softmax, no recompute), the row scale 1/S is applied in the backward, and the one-hot
-    part is one dot product per row (x . W[target]), also used for l_target. Requires
-    0 < softcap <= 80 so that exp(l) cannot overflow without a max shift."""
-
-    @staticmethod
-    def forward(ctx, x, weight, targets, softcap, vocab_size, compute_dtype, keep_grad):  # type: ignore[override]
-        N, C = x.shape
-        dev = x.device
-        s = float(softcap)
-        xc = x.to(compute_dtype)  # (N, C)
-        w = weight[:vocab_size].to(compute_dtype)  # (V, C)
-        w_in = w / s  # fold 1/softcap into the weights: a (V, C) pass, not N*V
-        valid = targets != IGNORE_INDEX  # (N,)
-        safe_t = torch.where(valid, targets, 0)  # (N,)
-        # logit at the target, from its own dot product (fp32 accumulation)
-        t_tgt = torch.linalg.vecdot(xc.float(), w_in[safe_t].float()).tanh_()  # (N,)
-        # fp16 cannot hold e up to e^softcap * V: shift every exponent down by softcap there
-        shift = s if torch.finfo(compute_dtype).max < 1e30 else 0.0
-        S = torch.zeros(N, dtype=torch.float32, device=dev)
-        E = torch.empty(N, vocab_size, dtype=compute_dtype, device=dev) if keep_grad else None
-        R, Vc = _tile_shape(N, vocab_size, dev)
-
-        # the weight's column tiles, sliced once and shared by every row block
-        col_tiles = [(j, min(j + Vc, vocab_size), w_in[j : j + Vc].t()) for j in range(0, vocab_size, Vc)]
-
-        def row_block(i: int) -> None:
-            # each call owns its buffers and its rows of S and E, so blocks may run concurrently
-            # and every row's result is the same whichever thread computes it
-            i2 = min(i + R, N)
-            x_blk, S_blk = xc[i:i2], S[i:i2]
-            E_blk = E[i:i2] if keep_grad else None
-            z_buf = torch.empty(i2 - i, Vc, dtype=compute_dtype, device=dev)
-            t_buf = z_buf if compute_dtype == torch.float32 else torch.empty(i2 - i, Vc, dtype=torch.float32, device=dev)
-            e_buf = torch.empty(i2 - i, Vc, dtype=torch.float32, device=dev)
-            for j, j2, w_t in col_tiles:
-                if j2 - j == Vc:
-                    z, t, e = z_buf, t_buf, e_buf
-                else:
-                    z, t, e = z_buf[:, : j2 - j], t_buf[:, : j2 - j], e_buf[:, : j2 - j]
-                torch.mm(x_blk, w_t, out=z)  # (r, v) logits / softcap
-                if t is not z:
-                    t.copy_(z)  # tanh of the bf16 values in fp32: torch.tanh(z, out=t) would round in bf16
-                t.tanh_()
-                torch.mul(t, s, out=e)
-                if shift:
-                    e.sub_(shift)
-                e.exp_()
-                S_blk.add_(e.sum(dim=1))
-                if keep_grad:
-                    # e * (1 - t^2) into E: computed in place in fp32 and then copied to a
-                    # bf16 E, which measured 7% faster for the whole forward on this CPU than
-                    # one addcmul writing bf16 (which makes an fp32 temporary and casts it anyway)
-                    if E.dtype == e.dtype:
-                        torch.addcmul(e, e, t.square_(), value=-1.0, out=E_blk[:, j:j2])
-                    else:
-                        E_blk[:, j:j2].copy_(e.addcmul_(e, t.square_(), value=-1.0))
-
-        _run_row_blocks(row_block, range(0, N, R), dev)
-        lse = S.log() + shift
-        losses = torch.where(valid, lse - s * t_tgt, 0.0)
-        if keep_grad:
-            # per-row weights of the two gradient parts; ignored rows weigh nothing
-            dense_scale = torch.where(valid, S.reciprocal(), 0.0)  # (N,)
-            onehot_scale = torch.where(valid, 1.0 - t_tgt.square(), 0.0)  # (N,)
-            ctx.save_for_backward(xc, w, E, dense_scale, onehot_scale, safe_t)
-            ctx.meta = (x.dtype, weight.dtype, weight.size(0))
-        return losses
-
-    @staticmethod
-    def backward(ctx, grad_losses):  # type: ignore[override]
-        xc, w, E, dense_scale, onehot_scale, safe_t = ctx.saved_tensors
-        x_dtype, w_dtype, v_padded = ctx.meta
-        go = grad_losses.float()
-        a = (go * dense_scale).to(E.dtype)[:, None]  # (N, 1)
-        b = (go * onehot_scale)[:, None]  # (N, 1) fp32
-        w_tgt = w[safe_t].float()  # (N, C)
-        dx = torch.mm(E, w).float().mul_(a).sub_(b * w_tgt)  # (N, C)
-        V, C = w.shape
-        # (x a)^T E as a (C, V) product, then one transposing copy into the fp32 gradient: on this
-        # CPU (bf16, d4/32k) 25 + 5 ms against 39 + 9 ms for E^T (x a) and a cast.
-        dw = torch.empty(v_padded, C, dtype=torch.float32, device=w.device)
-        dw[:V].copy_(torch.mm((xc * a).t().contiguous(), E).t())
-        dw[V:].zero_()  # padded ids: zero gradient
-        dw[:V].index_add_(0, safe_t, xc.float() * b, alpha=-1.0)
-        return dx.to(x_dtype), dw.to(w_dtype), None, None, None, None, None
-
-
-# keyed by (pid, workers): a forked child (data workers, test harnesses) must not reuse its parent's
-# pool, whose threads did not survive the fork
-_ROW_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
-
-
-def _single_thread_worker(fn: Callable[[int], None], i: int) -> None:
-    torch.set_num_threads(1)  # per OS thread: the caller's intra-op setting is left alone
-    # grad mode is per thread and on by default in a fresh one; the blocks are forward-only work
-    with torch.no_grad():
-        fn(i)
-
-
-def _run_row_blocks(fn: Callable[[int], None], starts: range, dev: torch.device) -> None:
-    """Call fn(i) for every row-block start. On a CPU with several intra-op threads the blocks go
-    to that many worker threads, each running single-threaded ops, instead of splitting each small
-    tile op across threads: a tile op takes ~0.1-1 ms, and when another process holds a core the
-    intra-op barrier stalls on every one. Measured on this 2-core CPU under load (head fwd+bwd, d4
-    32k vocab, bf16): 6-10 s with 2 intra-op threads, 1.15 s with 2 block workers, 0.9 s single-threaded."""
-    workers = torch.get_num_threads() if dev.type == "cpu" else 1
-    if workers <= 1 or len(starts) <= 1:
-        for i in starts:
-            fn(i)
-        return
-    key = (os.getpid(), workers)
-    pool = _ROW_POOLS.get(key)
-    if pool is None:
-        pool = _ROW_POOLS[key] = ThreadPoolExecutor(workers, thread_name_prefix="lockstep-head")
-    for f in [pool.submit(_single_thread_worker, fn, i) for i in starts]:
-        f.result()
-
-
-def _tile_shape(N: int, V: int, dev: torch.device) -> tuple[int, int]:
-    """(rows, vocab columns) per tile of the fused head."""
-    if dev.type == "cpu":
-        return min(HEAD_TILE_ROWS, N), min(HEAD_TILE_COLS, V)
-    return min(N, max(1, _ACCEL_CHUNK_ELEMENTS // V)), V
-
-
-def head_loss(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    softcap: float,
-    vocab_size: int,
-    reduction: LossReduction,
-) -> torch.Tensor:
-    """fp32 cross-entropy of the soft-capped logits `x @ weight[:vocab_size].T` against targets,
-    IGNORE_INDEX skipped. x (B, T, C), targets (B, T). Equal (to rounding) to `cross_entropy` on
-    the logits `forward` returns; with 0 < softcap <= 80 it runs fused and tiled (_HeadLoss),
-    otherwise through those plain logits.
-
-    `mean` divides the summed loss by max(1, number of counted targets) instead of F.cross_entropy's
-    mean, which is 0/0 = NaN when every target is ignored (a fully masked SFT batch): such a batch
-    gives loss 0 with all-zero, finite gradients."""
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
-    B, T, C = x.shape
-    if torch.is_autocast_enabled(x.device.type):
-        compute_dtype = torch.get_autocast_dtype(x.device.type)
-    else:
-        compute_dtype = weight.dtype
-    keep_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    if not 0 < softcap <= _SAFE_EXP_CAP:
-        logits = F.linear(x, weight[:vocab_size]).float()  # (B, T, V)
-        if softcap:
-            logits = softcap * torch.tanh(logits / softcap)
-        return cross_entropy(logits, targets, reduction)
-    losses = _HeadLoss.apply(x.reshape(B * T, C), weight, targets.reshape(B * T), float(softcap), vocab_size, compute_dtype, keep_grad)
-    if reduction == "none":
-        return losses.view(B, T)
-    total = losses.sum()
-    if reduction == "sum":
-        return total
-    return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction: LossReduction) -> torch.Tensor:
-    """Reference fp32 cross-entropy of logits (B, T, V) against targets (B, T), IGNORE_INDEX
-    skipped, with the same reductions and all-ignored behaviour as `head_loss`. For callers that
-    already hold logits (evaluation) and for tests."""
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
-    flat = logits.reshape(-1, logits.size(-1)).float()  # (B*T, V)
-    y = targets.reshape(-1)  # (B*T,)
-    if reduction == "none":
-        return F.cross_entropy(flat, y, ignore_index=IGNORE_INDEX, reduction="none").view(targets.shape)
-    total = F.cross_entropy(flat, y, ignore_index=IGNORE_INDEX, reduction="sum")
-    if reduction == "sum":
-        return total
-    return total / (y != IGNORE_INDEX).sum().clamp(min=1)

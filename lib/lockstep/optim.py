@@ -45,9 +45,11 @@ def orthogonalize(g: torch.Tensor, steps: int = 5, *, dtype: torch.dtype = torch
     return x.reshape(g.shape).to(g.dtype)
 
 
-class AdamW(torch.optim.Optimizer):
-    """Decoupled-weight-decay Adam (Loshchilov & Hutter 2019), with the same update formula as
-    torch.optim.AdamW so the two agree to rounding. State is replicated on every rank."""
+class AdamW(torch.optim.AdamW):
+    """torch.optim.AdamW (Loshchilov & Hutter 2019) on its fused kernel, refusing NaN settings and
+    the infinite ones torch accepts (lr, eps or weight_decay = inf), which give NaN or frozen
+    weights. The fused kernel steps the d4/32k embedding + lm_head 4.4x as fast as torch's
+    foreach one on a 2-core CPU (bench/bench_optim.py). State is replicated on every rank."""
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0):
@@ -56,51 +58,7 @@ class AdamW(torch.optim.Optimizer):
                 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1)):
             raise ValueError(f"AdamW needs finite lr >= 0, eps >= 0, weight_decay >= 0 and betas in [0, 1); got lr={lr}, "
                              f"betas={betas}, eps={eps}, weight_decay={weight_decay}")
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
-
-    @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        for group in self.param_groups:
-            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            for p in params:
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-            grads = [p.grad for p in params]
-            m = [self.state[p]["exp_avg"] for p in params]
-            v = [self.state[p]["exp_avg_sq"] for p in params]
-            if _fusable(params, grads):
-                # one vectorised pass per tensor instead of six foreach passes: on this 2-core CPU
-                # the d4/32k embedding + lm_head step went from 0.2-0.47 s to 0.03 s
-                torch._fused_adamw_(params, grads, m, v, [], [self.state[p]["step"] for p in params], lr=lr,
-                                    beta1=beta1, beta2=beta2, weight_decay=wd, eps=eps, amsgrad=False, maximize=False)
-                continue
-            step = self.state[params[0]]["step"].item()  # all params of a group step together
-            if wd:
-                torch._foreach_mul_(params, 1 - lr * wd)
-            torch._foreach_lerp_(m, grads, 1 - beta1)
-            torch._foreach_mul_(v, beta2)
-            torch._foreach_addcmul_(v, grads, grads, value=1 - beta2)
-            bias1 = 1 - beta1**step
-            bias2_sqrt = math.sqrt(1 - beta2**step)
-            # m / (sqrt(v) / b2 + eps) == b2 * m / (sqrt(v) + eps * b2): one pass fewer over v on
-            # the large embedding matrices; equal to torch's formula up to rounding.
-            denom = torch._foreach_sqrt(v)
-            torch._foreach_add_(denom, eps * bias2_sqrt)
-            torch._foreach_addcdiv_(params, m, denom, value=-lr * bias2_sqrt / bias1)
-        return None
-
-
-def _fusable(params: list[torch.Tensor], grads: list[torch.Tensor]) -> bool:
-    """Whether torch's fused AdamW kernel applies: dense fp32 CPU tensors (its step counters are
-    this optimizer's CPU scalars, which a CUDA kernel would not take)."""
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 and not t.is_sparse for t in (*params, *grads))
+        super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=True)
 
 
 class Muon(torch.optim.Optimizer):

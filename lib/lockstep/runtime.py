@@ -41,6 +41,9 @@ class RuntimeConfig:
     threads: int = 0  # torch intra-op threads per process on CPU; 0 = cores // nproc
     compile: Literal["auto", "on", "off"] = "auto"  # torch.compile: auto = on for CUDA only
     deterministic: bool = True  # torch.use_deterministic_algorithms (bit-exact CPU resume needs it)
+    # the model's CPU fast paths (lockstep.kernels: fused head loss, RMSNorm backward, decode
+    # head), switched on by GPT.use_kernels; false runs the stock-PyTorch reference
+    kernels: bool = False
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
@@ -64,6 +67,7 @@ class Runtime:
     local_rank: int = 0
     world_size: int = 1
     compile: bool = False
+    kernels: bool = False  # run models on lockstep.kernels (GPT.use_kernels)
 
     @property
     def distributed(self) -> bool:
@@ -95,6 +99,7 @@ class Runtime:
             "reason": self.reason,
             "world_size": self.world_size,
             "compile": self.compile,
+            "kernels": self.kernels,
         }
 
 
@@ -241,7 +246,7 @@ def init_runtime(cfg: RuntimeConfig) -> Runtime:
         dist.init_process_group(backend=backend, device_id=dev if dev.type == "cuda" else None)
     compile_on = cfg.compile == "on" or (cfg.compile == "auto" and dev.type == "cuda")
     return Runtime(device=dev, dtype=dt, reason=reason, rank=rank, local_rank=local_rank,
-                   world_size=world_size, compile=compile_on)
+                   world_size=world_size, compile=compile_on, kernels=cfg.kernels)
 
 
 def shutdown(rt: Runtime) -> None:

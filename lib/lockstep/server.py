@@ -1,6 +1,8 @@
 """HTTP serving of a chat backend: an OpenAI-compatible chat API (streaming SSE and not), model
 listing, health, and the single-page UI from lockstep/static. Not the sampling (lockstep.engine)
-and not the process runner (the `lockstep serve` command starts uvicorn)."""
+and not the process runner (the `lockstep serve` command starts uvicorn). Over 400 lines because
+the request schema, its limits and the error bodies a client sees are the API's contract and read
+best next to the two endpoints that apply them."""
 
 import asyncio
 import json

@@ -208,6 +208,7 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
         model, _ = ckpt.load_model(paths.init, rt.device, tokenizer_sha256=tok.sha256)
         gcfg = model.config
         init_identity = sha256_file(paths.init / ckpt.MANIFEST_FILE)
+    model.use_kernels(rt.kernels)
     if gcfg.vocab_size != tok.get_vocab_size():
         raise ConfigError(f"model vocab {gcfg.vocab_size} != tokenizer vocab {tok.get_vocab_size()}; re-run the earlier stages")
 

@@ -25,7 +25,7 @@ from lockstep.evaluate import chat, core
 from lockstep.evaluate.sandbox import SandboxLimits
 from lockstep.io import atomic_dir, canonical_json, write_json_atomic
 from lockstep.loaders import ShardedTokenLoader, open_sft_dataset
-from lockstep.sources import iter_records
+from lockstep.snapshot import iter_records
 from lockstep.tokenizer import load_tokenizer
 
 log = logging.getLogger("lockstep.eval")
@@ -188,6 +188,7 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, se
     t0 = time.monotonic()
     tokenizer = load_tokenizer(paths.tokenizer)
     model, meta = load_model(paths.ckpt, rt.device, tokenizer_sha256=tokenizer.sha256)
+    model.use_kernels(rt.kernels)
     fwd = _Autocast(model, rt.autocast)
     T = model.config.sequence_len
     bos = tokenizer.get_bos_token_id()

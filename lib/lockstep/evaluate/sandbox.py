@@ -1,6 +1,8 @@
 """Code sandbox: runs model-written Python in separate, resource-limited processes and reports what
 happened. `run_python` runs one program; `run_tests` judges a solution against trusted tests run in
-a second process, the two exchanging only plain data, so the solution cannot fake a pass.
+a second process, the two exchanging only plain data, so the solution cannot fake a pass. One
+module of over 400 lines on purpose: the containment is only as good as the order of its steps
+(namespaces, mounts, limits, uid drop, exec), which is easiest to audit in one place.
 
 It contains the mistakes and reward hacks of model-written code. It is not a boundary against a
 hostile human: same kernel, no seccomp filter, and everything below holds only as far as Linux does.

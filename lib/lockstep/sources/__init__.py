@@ -1,6 +1,7 @@
-"""Source loaders and the raw snapshot format behind the `fetch@<source>` stages: each source
-becomes `data/raw/<name>/{train,val}/part_NNNNN.parquet` + meta.json, published atomically.
-Knows nothing of tokenizers or caches; later stages read only these snapshots."""
+"""Source loaders behind the `fetch@<source>` stages: each source becomes a raw snapshot,
+`data/raw/<name>/{train,val}/part_NNNNN.parquet` + meta.json, published atomically, in the format
+lockstep.snapshot defines (and re-exports here). Knows nothing of tokenizers or caches; later
+stages read the snapshots through lockstep.snapshot, without loading any source loader."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from lockstep.sources.gutenberg import GutenbergConfig
 from lockstep.sources.oasst1 import Oasst1Config
 from lockstep.sources.roam import RoamConfig
 from lockstep.sources.shakespeare import ShakespeareConfig
-from lockstep.sources.snapshot import (
+from lockstep.snapshot import (
     DEFAULT_PART_BYTES,
     BadRecordError,
     SnapshotError,

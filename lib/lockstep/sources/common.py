@@ -10,17 +10,12 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
+
+import torch
 
 from lockstep.io import sha256_file, sha256_of_manifest
-from lockstep.sources.snapshot import SnapshotWriter, split_sizes
-
-if TYPE_CHECKING:
-    import torch
-
-# torch is imported where a generator is made, not at module level: the tokenizer stage reads
-# snapshots through this package and never needs torch, and importing it cost that stage
-# 1.2-1.3 s of a 2.2-2.4 s process.
+from lockstep.snapshot import SnapshotWriter, split_sizes
 
 T = TypeVar("T")
 log = logging.getLogger("lockstep.sources")
@@ -42,8 +37,6 @@ class SplitLayoutError(ValueError):
 
 def generator(seed: int, stream: int = 0) -> torch.Generator:
     """A torch.Generator for one purpose of one source; `stream` keeps purposes independent."""
-    import torch
-
     g = torch.Generator()
     g.manual_seed(int(seed) * 1_000_003 + stream)
     return g
@@ -57,8 +50,6 @@ class Draw:
 
     def int(self, lo: int, hi: int) -> int:
         """Uniform in [lo, hi]."""
-        import torch
-
         return lo + int(torch.randint(hi - lo + 1, (1,), generator=self.g).item())
 
     def pick(self, seq: Sequence[T]) -> T:
@@ -66,8 +57,6 @@ class Draw:
 
     def uniform(self) -> float:
         """Uniform in [0, 1)."""
-        import torch
-
         return float(torch.rand((), generator=self.g).item())
 
 
@@ -76,8 +65,6 @@ def val_indices(n: int, val_frac: float, seed: int) -> set[int]:
     n_val = split_sizes(n, val_frac)
     if n_val == 0:
         return set()
-    import torch
-
     perm = torch.randperm(n, generator=generator(seed, stream=1))
     return set(perm[:n_val].tolist())
 
@@ -237,7 +224,7 @@ def retrying_stream(
 
 def resolve_hub_revision(repo_id: str, revision: str, *, max_retries: int, backoff_s: float) -> str:
     """The commit sha of a hub dataset revision, so the snapshot records (and loads) a fixed one."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi  # heavy, and only the hub path needs it
 
     info = with_retries(
         lambda: HfApi().dataset_info(repo_id, revision=revision),
@@ -265,7 +252,7 @@ def dataset_rows(
     to a hidden cache. With `shuffle_seed`, the stream goes through `.shuffle(seed, buffer_size)`."""
 
     def open_stream() -> Iterable[dict[str, Any]]:
-        from datasets import load_dataset
+        from datasets import load_dataset  # heavy (about 2 s): loaded only when a stream opens
 
         if files is not None:
             ds = load_dataset("parquet", data_files=[str(f) for f in files], split="train", streaming=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lockstep.sources.hub import HubFields, rows_by_split
-from lockstep.sources.snapshot import SnapshotWriter
+from lockstep.snapshot import SnapshotWriter
 
 KIND = "conversation"
 EXTRA_FIELDS: tuple[str, ...] = ()

@@ -19,7 +19,7 @@ from lockstep.sources.common import (
     local_root,
 )
 from lockstep.sources.hub import HubFields, split_of
-from lockstep.sources.snapshot import SnapshotWriter
+from lockstep.snapshot import SnapshotWriter
 
 KIND = "document"
 EXTRA_FIELDS = ("id", "url", "dump")

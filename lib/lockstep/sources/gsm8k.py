@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lockstep.sources.hub import HubFields, rows_by_split
-from lockstep.sources.snapshot import SnapshotWriter
+from lockstep.snapshot import SnapshotWriter
 
 KIND = "problem"
 EXTRA_FIELDS: tuple[str, ...] = ()

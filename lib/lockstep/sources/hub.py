@@ -23,7 +23,7 @@ from lockstep.sources.common import (
     read_jsonl,
     write_split,
 )
-from lockstep.sources.snapshot import SnapshotWriter
+from lockstep.snapshot import SnapshotWriter
 
 log = logging.getLogger("lockstep.sources")
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from lockstep.sources.common import SourceFormatError, hub_revision
 from lockstep.sources.hub import HubFields, file_rows, hub_rows, local_splits
-from lockstep.sources.snapshot import SnapshotWriter
+from lockstep.snapshot import SnapshotWriter
 
 KIND = "conversation"
 EXTRA_FIELDS: tuple[str, ...] = ()

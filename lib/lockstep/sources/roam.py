@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lockstep.sources.common import files_revision, read_text, write_split
-from lockstep.sources.snapshot import SnapshotWriter
+from lockstep.snapshot import SnapshotWriter
 
 KIND = "document"
 EXTRA_FIELDS = ("id", "title")

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
+
 from lockstep.io import sha256_file, sha256_of_manifest
 from lockstep.sources.common import generator, write_split
-from lockstep.sources.snapshot import SnapshotWriter
+from lockstep.snapshot import SnapshotWriter
 
 KIND = "document"
 EXTRA_FIELDS = ("id", "play", "act", "scene")
@@ -157,8 +159,6 @@ def produce(cfg: ShakespeareConfig, sink: SnapshotWriter, *, seed: int) -> dict[
         for doc in split_scenes(text, rel.removesuffix(".md")):
             items.append((f"{rel} {doc['id']}", doc))
     if cfg.max_documents is not None and cfg.max_documents < len(items):
-        import torch  # only here: the package is imported by snapshot readers that never need torch
-
         keep = torch.randperm(len(items), generator=generator(seed, stream=2))[: cfg.max_documents]
         items = [items[i] for i in sorted(keep.tolist())]
     write_split(sink, items, cfg.val_frac, seed)

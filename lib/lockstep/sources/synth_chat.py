@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from lockstep.io import sha256_file
 from lockstep.sources.common import Draw, generator
-from lockstep.sources.snapshot import SnapshotWriter
+from lockstep.snapshot import SnapshotWriter
 
 KIND = "conversation"
 EXTRA_FIELDS: tuple[str, ...] = ()

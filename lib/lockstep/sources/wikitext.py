@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from lockstep.sources.common import SourceFormatError, dataset_rows, hub_revision
 from lockstep.sources.hub import HubFields, hub_rows, local_splits
-from lockstep.sources.snapshot import SnapshotWriter
+from lockstep.snapshot import SnapshotWriter
 
 KIND = "document"
 EXTRA_FIELDS = ("title",)

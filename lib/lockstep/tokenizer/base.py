@@ -1,5 +1,7 @@
 """The tokenizer interface shared by every kind, the special tokens, the on-disk layout (meta.json
-with per-file sha256) and chat rendering. Knows nothing about how any kind splits text.
+with per-file sha256) and chat rendering. Knows nothing about how any kind splits text. It runs
+past 400 lines because the chat template and the checks on the conversation records it renders
+belong with the special tokens they place; each kind's module stays small.
 
 Special tokens: every kind has the nine below, except a char tokenizer built without them (for id
 parity with plain character-level references). Such a tokenizer encodes, decodes and is measured
@@ -260,27 +262,6 @@ class Tokenizer(ABC):
             for ids in out:
                 ids.append(last)
         return out
-
-    def encode_head(self, text: str, n: int) -> list[int]:
-        """The first `n` ids of `encode(text)`: kinds that can tell where a prefix of the text
-        encodes the same as the whole (bpe) encode only as much as they need."""
-        if n < 0:
-            raise ValueError(f"n={n} must be >= 0")
-        return self._encode_head(text, n)
-
-    def _encode_head(self, text: str, n: int) -> list[int]:
-        return self._encode_ordinary(text)[:n]
-
-    def copy(self) -> Tokenizer:
-        """An equal tokenizer for another thread to encode with while this one is in use. Kinds
-        whose encoder keeps state that threads contend for (bpe) build a new encoder; the
-        others return self."""
-        return self
-
-    def count_tokens(self, texts: Sequence[str]) -> int:
-        """How many ids `encode(texts)` gives in all (each text encoded alone, no special ids),
-        on the calling thread. Kinds that can count without building every id list override it."""
-        return sum(len(ids) for ids in self._encode_ordinary_batch(list(texts), 1))
 
     def count_unknown_bytes(self, texts: Sequence[str]) -> int:
         """UTF-8 bytes of `texts` that this tokenizer cannot spell and encodes to its unknown-byte

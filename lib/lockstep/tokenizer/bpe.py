@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import re
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from lockstep.tokenizer.base import BOS, SPECIAL_TOKENS, Tokenizer, TokenizerFileError, register_kind
+from lockstep.tokenizer.base import SPECIAL_TOKENS, Tokenizer, TokenizerFileError, register_kind
 
 RANKS_FILE = "ranks.tiktoken"
 CONFIG_FILE = "bpe.json"
@@ -26,16 +25,6 @@ SPLIT_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
 TRAIN_BUFFER_TEXTS = 8192
-# Under SPLIT_PATTERN (and GPT-4's own, which differs only in the digit run), a newline followed
-# by a printable non-space ASCII character always ends a chunk, and the chunks before it do not
-# depend on what follows. A whitespace run holding a newline is taken by `\s*[\r\n]`, tried
-# before the other whitespace branches and ending at the run's last newline; the only other
-# branch that takes in a newline is the `[\r\n]*` tail of a punctuation run. Both stop at that
-# character exactly as they stop at the end of the text. Since BPE merges inside chunks only,
-# the text up to such a newline encodes to a prefix of the whole text's ids (tested with
-# hypothesis in tests/test_tokenizer.py).
-_CHUNK_END = re.compile(r"\n(?=[!-~])")
-_PREFIX_SAFE_PATTERNS = frozenset({SPLIT_PATTERN, SPLIT_PATTERN.replace(r"\p{N}{1,2}", r"\p{N}{1,3}")})
 
 
 def ranks_to_bytes(ranks: dict[bytes, int]) -> bytes:
@@ -157,47 +146,6 @@ class BPETokenizer(Tokenizer):
             encode = (self._bulk_encoding() if len(texts) > 1 else self._enc).encode_ordinary
             return [encode(t) for t in texts]
         return self._enc.encode_ordinary_batch(texts, num_threads=num_threads)
-
-    def copy(self) -> BPETokenizer:
-        # Threads encoding with one Encoding slow each other down, its owner too: in the
-        # tokenizer stage on 2 cores, counting the 254 KB Shakespeare val split beside a thread
-        # that rendered samples took 21-23 ms when both shared one Encoding, 15-16 ms (three
-        # runs of four; 20 in the fourth) when the renderer had its own.
-        return type(self)(self._ranks, self.pattern)
-
-    def count_tokens(self, texts: Sequence[str]) -> int:
-        # One tiktoken call for the lot, with the GIL released: the texts joined by the BOS
-        # string, which only this call reads as the special token. tiktoken cuts its input at
-        # each allowed special token and runs the split regex and the merges on each piece alone,
-        # so each text gets the ids it gets encoded alone, and each separator adds one id. The
-        # BOS string starts with "<" and ends with ">", so no occurrence can straddle a text and
-        # a separator; a text that holds the string itself is encoded on its own.
-        enc = self._bulk_encoding()
-        joinable = [t for t in texts if BOS not in t]
-        n = sum(len(enc.encode_ordinary(t)) for t in texts if BOS in t)
-        if joinable:
-            try:
-                ids = enc.encode_to_numpy(BOS.join(joinable), allowed_special={BOS}, disallowed_special=())
-            except UnicodeEncodeError:  # a lone surrogate: encode_ordinary replaces it, text by text
-                return n + sum(len(enc.encode_ordinary(t)) for t in joinable)
-            n += len(ids) - (len(joinable) - 1)
-        return n
-
-    def _encode_head(self, text: str, n: int) -> list[int]:
-        if self.pattern in _PREFIX_SAFE_PATTERNS:
-            # Prefixes ending at a chunk end (see _CHUNK_END), each about twice as long as the
-            # last, until one holds n ids: a document sample of 256 ids costs a few KB of text,
-            # not the whole document.
-            start = 8 * n + 64
-            while start < len(text):
-                end = _CHUNK_END.search(text, start)
-                if end is None:
-                    break
-                ids = self._enc.encode_ordinary(text[: end.end()])
-                if len(ids) >= n:
-                    return ids[:n]
-                start = 2 * end.end()
-        return self._enc.encode_ordinary(text)[:n]
 
     def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
         # tiktoken's buffer path: ids stay in Rust until one uint32 array per text, with the GIL

@@ -8,10 +8,8 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -20,22 +18,18 @@ from lockstep.config import ConfigError
 from lockstep.io import atomic_dir, write_json, write_json_atomic
 from lockstep.parity import RENDERED_FILE, RenderedSamples
 from lockstep.records import problem_to_conversation
+from lockstep.snapshot import first_records, iter_records, read_meta, verify_split
 from lockstep.tokenizer.base import Tokenizer, conversation_texts, train_tokenizer
 from lockstep.tokenizer.char import CharOrder
 
 log = logging.getLogger("lockstep.tokenizer")
 
-# Texts encoded per tiktoken batch call while measuring: large enough to use the threads,
-# small enough that a big val split is never held whole as token lists.
+# Texts encoded per batch call while measuring: large enough to use the encoder's threads, small
+# enough that a big val split is never held whole as token lists.
 METRIC_BATCH_TEXTS = 8192
-# Train text read into memory before the trainer starts: the whole text of the offline presets,
-# a bounded head of a large corpus (at most a few hundred MB of str).
-READ_AHEAD_CHARS = 1 << 28
 # A document sample keeps this many ids (BOS included): enough to see how prose splits, small
 # enough that the artifact stays readable.
 DOC_SAMPLE_TOKENS = 256
-# A metric batch with fewer characters is counted on one thread (see TokenCounter).
-PARALLEL_MIN_CHARS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -57,7 +51,7 @@ class TokenizerConfig:
     # parity with references that have none; such a tokenizer has no <|bos|> or chat template,
     # so the cache, training and chat stages refuse it.
     char_specials: bool = True
-    encode_threads: int = 1  # threads for batch encoding while measuring
+    encode_threads: int = 1  # the encoder's threads for counting val tokens (bpe, sentencepiece)
     artifact_records: int = 8  # records per source rendered into rendered_samples.json (parity artifact)
 
     def __post_init__(self) -> None:
@@ -111,7 +105,7 @@ def render_record(tokenizer: Tokenizer, kind: str, record: Mapping[str, Any]) ->
     A document's ids stop one past what the artifact keeps: enough to tell it was cut."""
     if kind == "document":
         bos = [tokenizer.get_bos_token_id()] if tokenizer.has_special_tokens else []
-        return [*bos, *tokenizer.encode_head(record["text"], DOC_SAMPLE_TOKENS)], None, DOC_SAMPLE_TOKENS
+        return [*bos, *tokenizer.encode(record["text"])[:DOC_SAMPLE_TOKENS]], None, DOC_SAMPLE_TOKENS
     if kind == "conversation":
         conversation = dict(record)
     elif kind == "problem":
@@ -125,16 +119,14 @@ def render_record(tokenizer: Tokenizer, kind: str, record: Mapping[str, Any]) ->
 @dataclass(frozen=True)
 class SampleRecords:
     """The first records of one split of each snapshot, with each snapshot's record kind: what
-    `rendered_samples` renders. Read without a tokenizer, so the stage reads them while it trains."""
+    `rendered_samples` renders. Read without a tokenizer, so the stage reads (and checks) them
+    before it trains."""
 
     split: str
     records: dict[str, tuple[str, list[dict[str, Any]]]]  # source name -> (record kind, records)
 
     @classmethod
     def read(cls, snapshots: Mapping[str, Path], n: int, *, split: str = "train") -> SampleRecords:
-        from lockstep.sources import read_meta
-        from lockstep.sources.snapshot import first_records
-
         return cls(split, {name: (read_meta(path)["kind"], first_records(path, split, n)) for name, path in snapshots.items()})
 
 
@@ -158,8 +150,6 @@ def rendered_samples(tokenizer: Tokenizer, samples: SampleRecords, n: int) -> di
 def snapshot_texts(snapshot_dir: Path, split: str, *, verify: bool = True) -> Iterator[str]:
     """Texts of one split of a raw snapshot, in stored order; part files are checked against
     meta.json first unless verify=False (then the caller runs `verify_split` itself)."""
-    from lockstep.sources import iter_records, read_meta
-
     kind = read_meta(snapshot_dir)["kind"]
     if kind == "document":
         for record in iter_records(snapshot_dir, split, verify=verify, columns=["text"]):
@@ -197,114 +187,19 @@ def capped_train_texts(cfg: TokenizerConfig, train_dirs: Iterable[Path], *, veri
     return CappedTexts((snapshot_texts(d, "train", verify=verify) for d in train_dirs), cfg.max_chars)
 
 
-def read_ahead(texts: Iterable[str], max_chars: int = READ_AHEAD_CHARS) -> Iterable[str]:
-    """The same texts, the first `max_chars` characters' worth of them read now, the rest on
-    demand: a list when everything was read. rustbpe's worker threads are already running while
-    it pulls texts, and on 2 cores they slowed the snapshot reading down: the d4 offline
-    tokenizer stage trained in 0.41 s fed lazily, 0.37 s from a list read beforehand (bare
-    rustbpe on that list: 0.36 s).
-
-    The caller should hold the result until training returns. A list that only the trainer's
-    iterator references is freed inside the training call when the iterator runs out, and that
-    call then took 1.13x as long on the offline corpus (bench/bench_tokenizer.py --in-process
-    --freed: 0.418 s against 0.368 s)."""
-    rest = iter(texts)
-    head: list[str] = []
-    n = 0
-    for text in rest:
-        head.append(text)
-        n += len(text)
-        if n >= max_chars:
-            return itertools.chain(head, rest)
-    return head
-
-
-def _chunks_by_chars(texts: list[str], n_chunks: int) -> list[list[str]]:
-    """`texts` cut into at most `n_chunks` consecutive runs of about equal character counts."""
-    target = max(1, sum(map(len, texts)) // n_chunks)
-    chunks: list[list[str]] = [[]]
-    size = 0
-    for text in texts:
-        if size >= target and len(chunks) < n_chunks:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(text)
-        size += len(text)
-    return chunks
-
-
-class TokenCounter:
-    """Counts the tokens of text batches, each text encoded on its own without special tokens, on
-    the calling thread and `num_threads - 1` worker threads kept for every batch it is given.
-
-    A bpe worker builds its own tiktoken Encoding on its first batch (a few ms for a 4k
-    vocabulary, about 30 ms for 65k, holding the GIL), so the workers outlive one batch and one
-    source; the thread that built the tokenizer encodes with the tokenizer's own. Each thread
-    counts a run of texts with one `count_tokens` call. Batches under `parallel_min_chars` stay
-    on the calling thread: they take a few ms, less than handing them over costs."""
-
-    def __init__(self, tokenizer: Tokenizer, num_threads: int = 1, *, parallel_min_chars: int = PARALLEL_MIN_CHARS) -> None:
-        if num_threads < 1:
-            raise ValueError(f"num_threads={num_threads} must be at least 1")
-        self.tokenizer = tokenizer
-        self.num_threads = num_threads
-        self.parallel_min_chars = parallel_min_chars
-        self._pool = ThreadPoolExecutor(num_threads - 1, thread_name_prefix="token-counter") if num_threads > 1 else None
-
-    def count(self, texts: list[str]) -> int:
-        if self._pool is None or len(texts) < 2 or sum(map(len, texts)) < self.parallel_min_chars:
-            return self.tokenizer.count_tokens(texts)
-        # Runs of about equal size, taken in order by whichever thread is free: a thread slowed
-        # by other work on a busy machine never holds back a fixed share of the batch.
-        runs = iter(_chunks_by_chars(texts, 4 * self.num_threads))
-        lock = threading.Lock()
-
-        def drain() -> int:
-            total = 0
-            while True:
-                with lock:
-                    run = next(runs, None)
-                if run is None:
-                    return total
-                total += self.tokenizer.count_tokens(run)
-
-        workers = [self._pool.submit(drain) for _ in range(self.num_threads - 1)]
-        total = drain()
-        return total + sum(w.result() for w in workers)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-
-    def __enter__(self) -> TokenCounter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def bytes_per_token(
-    tokenizer: Tokenizer, texts: Iterable[str], *, num_threads: int = 1, counter: TokenCounter | None = None
-) -> dict[str, float | int]:
+def bytes_per_token(tokenizer: Tokenizer, texts: Iterable[str], *, num_threads: int = 1) -> dict[str, float | int]:
     """UTF-8 bytes per token over `texts`, each encoded on its own without special tokens, in
-    batches of METRIC_BATCH_TEXTS texts. Counted by `counter` when given (to keep its threads for
-    several calls), else by a TokenCounter of `num_threads` threads made for this call.
+    batches of METRIC_BATCH_TEXTS texts on `num_threads` of the encoder's threads.
 
     `unknown_bytes` counts the bytes the tokenizer sent to its unknown-byte id (see
     Tokenizer.count_unknown_bytes); `kept_bytes_per_token` counts only the bytes that survive,
     so a char tokenizer that drops every digit does not look as good as one that keeps them."""
-    if counter is None:
-        with TokenCounter(tokenizer, num_threads) as own:
-            return bytes_per_token(tokenizer, texts, counter=own)
-    if counter.tokenizer is not tokenizer:
-        raise ValueError("the counter counts with another tokenizer than the one given")
     n_bytes = 0
     n_tokens = 0
     n_unknown = 0
     texts = iter(texts)
     while batch := list(itertools.islice(texts, METRIC_BATCH_TEXTS)):
-        n_tokens += counter.count(batch)
+        n_tokens += sum(map(len, tokenizer.encode(batch, num_threads=num_threads)))
         n_bytes += sum(len(t.encode("utf-8")) for t in batch)
         n_unknown += tokenizer.count_unknown_bytes(batch)
     if n_tokens == 0:
@@ -328,85 +223,6 @@ def _snapshot_dir(raw_dir: Path, name: str) -> Path:
     return path
 
 
-class ValTexts:
-    """A metric source's val texts, in stored order, to be iterated once: the first
-    METRIC_BATCH_TEXTS read ahead, the rest read on demand by whichever thread iterates."""
-
-    def __init__(self, snapshot_dir: Path) -> None:
-        """Read ahead now, after checking every val part against meta.json: a damaged one fails
-        before a reader has acted on any of it."""
-        from lockstep.sources import verify_split
-
-        verify_split(snapshot_dir, "val")
-        self._rest = snapshot_texts(snapshot_dir, "val", verify=False)
-        self.head = list(itertools.islice(self._rest, METRIC_BATCH_TEXTS))
-        self.complete = len(self.head) < METRIC_BATCH_TEXTS  # the head holds every text
-        self.head_chars = sum(map(len, self.head))
-
-    def __iter__(self) -> Iterator[str]:
-        return itertools.chain(self.head, self._rest)
-
-    @property
-    def small(self) -> bool:
-        """Few enough characters that a TokenCounter counts them on one thread anyway."""
-        return self.complete and self.head_chars < PARALLEL_MIN_CHARS
-
-
-class _MetricQueue:
-    """The metric sources, largest first, for two threads to take from: the stage's thread from
-    the front, with its TokenCounter; the helper thread, once it has saved, small sources from
-    the back (counted on one thread anyway)."""
-
-    def __init__(self, sources: Mapping[str, ValTexts]) -> None:
-        self._names = sorted(sources, key=lambda n: (not sources[n].complete, sources[n].head_chars), reverse=True)
-        self._sources = sources
-        self._lock = threading.Lock()
-
-    def take(self, *, small_only: bool = False) -> str | None:
-        with self._lock:
-            if not self._names or (small_only and not self._sources[self._names[-1]].small):
-                return None
-            return self._names.pop() if small_only else self._names.pop(0)
-
-
-def _save(tok: Tokenizer, out_dir: Path, samples: SampleRecords, n: int) -> tuple[dict[str, Any], float]:
-    """Render the parity artifact and publish the tokenizer with it; returns (meta, seconds)."""
-    t0 = time.perf_counter()
-    rendered = rendered_samples(tok, samples, n)
-    # The artifact sits beside the tokenizer files but is not one of them: meta.json lists only
-    # the tokenizer's own files, so the tokenizer's sha256 does not depend on it. atomic_dir
-    # fsyncs them all and publishes them together.
-    with atomic_dir(out_dir) as tmp:
-        meta = tok.write_files(tmp)
-        write_json(tmp / RENDERED_FILE, rendered)
-    return meta, time.perf_counter() - t0
-
-
-def _save_and_measure(
-    tok: Tokenizer, helper: ThreadPoolExecutor, out_dir: Path, samples: SampleRecords, val_texts: Mapping[str, ValTexts],
-    cfg: TokenizerConfig,
-) -> tuple[dict[str, Any], dict[str, dict[str, float | int]], float]:
-    """Save on the helper thread while this one counts val tokens; the helper, once saved, takes
-    small sources too. Returns (tokenizer meta, bytes/token per source in `val_texts` order,
-    seconds spent saving)."""
-    queue = _MetricQueue(val_texts)
-    counted: dict[str, dict[str, float | int]] = {}
-
-    def save_then_count_small() -> tuple[dict[str, Any], float]:
-        own = tok.copy()  # an encoder of this thread's own (see Tokenizer.copy)
-        saved = _save(own, out_dir, samples, cfg.artifact_records)
-        while (name := queue.take(small_only=True)) is not None:
-            counted[name] = bytes_per_token(own, val_texts[name])
-        return saved
-
-    saving = helper.submit(save_then_count_small)
-    with TokenCounter(tok, cfg.encode_threads) as counter:  # one set of encoder threads for every source
-        while (name := queue.take()) is not None:
-            counted[name] = bytes_per_token(tok, val_texts[name], counter=counter)
-    meta, save_s = saving.result()
-    return meta, {name: counted[name] for name in val_texts}, save_s
-
-
 def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metrics_path: Path, *, seed: int) -> dict[str, Any]:
     """Train on the capped train text of cfg.train_sources, save to `out_dir` (replaced whole),
     write bytes/token of each metric source's val split to `metrics_path`. Returns the metrics.
@@ -416,52 +232,40 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
     tokenizer has one, 0 for the other kinds) and `kept_bytes_per_token` (the bytes that survive
     over tokens).
 
-    A helper thread hashes the train parts while this thread decodes them, and reads what needs
-    no tokenizer (val texts, the records rendered into the artifact) while the train text is
-    read and trained on; after training it saves while this thread counts val tokens. On the
-    offline preset, in a fresh process, the stage's time beside rustbpe's training (about
-    430 ms) went from about 80 ms with all of it on one thread to about 50 ms."""
-    from lockstep.sources import verify_split
-
+    Every snapshot part the stage reads is checked against its meta.json before training, so a
+    damaged snapshot fails in seconds, before the long step, and nothing is published."""
     raw_dir, out_dir = Path(raw_dir), Path(out_dir)
     train_dirs = [_snapshot_dir(raw_dir, name) for name in cfg.train_sources]
     metric_dirs = {name: _snapshot_dir(raw_dir, name) for name in cfg.metric_sources}
     # Train sources first, then metric sources: the order a reader meets them in params.
     sample_dirs = {**dict(zip(cfg.train_sources, train_dirs)), **metric_dirs}
 
-    with ThreadPoolExecutor(1, thread_name_prefix="tokenizer-stage") as helper:
-        t0 = time.perf_counter()
-        # The train parts are hashed there (hashlib lets go of the GIL) while they are decoded here.
-        verified = [helper.submit(verify_split, d, "train") for d in train_dirs]
-        samples_read = helper.submit(SampleRecords.read, sample_dirs, cfg.artifact_records)
-        val_read = {name: helper.submit(ValTexts, path) for name, path in metric_dirs.items()}
-        train_texts = capped_train_texts(cfg, train_dirs, verify=False)
-        try:
-            ahead = read_ahead(train_texts)
-        except Exception:
-            for check in verified:
-                check.result()  # a damaged part says so, rather than how decoding it failed
-            raise
-        for check in verified:
-            check.result()  # nothing is trained on before its part matched meta.json
-        t_read = time.perf_counter()
-        for read in (samples_read, *val_read.values()):
-            if read.done():
-                read.result()  # a bad snapshot fails now, not after a long training
-        tok = train_tokenizer(cfg.kind, ahead, **cfg.train_options(seed))
-        del ahead  # held through training (see read_ahead), freed before the measuring
-        t_train = time.perf_counter()
-        log.info("trained %s tokenizer | vocab %d | %d texts | %d chars | %.2fs",
-                 cfg.kind, tok.get_vocab_size(), train_texts.texts, train_texts.chars, t_train - t0)  # fmt: skip
-        if not tok.has_special_tokens:
-            log.warning("the tokenizer has no special tokens (tokenizer.char_specials: false): it is for ids and metrics; "
-                        "the cache, training and chat stages will refuse it (no <|bos|>, no chat template)")  # fmt: skip
+    t0 = time.perf_counter()
+    for path in train_dirs:
+        verify_split(path, "train")
+    for path in metric_dirs.values():
+        verify_split(path, "val")
+    samples = SampleRecords.read(sample_dirs, cfg.artifact_records)
+    t_read = time.perf_counter()
+    train_texts = capped_train_texts(cfg, train_dirs, verify=False)
+    tok = train_tokenizer(cfg.kind, train_texts, **cfg.train_options(seed))
+    t_train = time.perf_counter()
+    log.info("trained %s tokenizer | vocab %d | %d texts | %d chars | %.2fs",
+             cfg.kind, tok.get_vocab_size(), train_texts.texts, train_texts.chars, t_train - t_read)  # fmt: skip
+    if not tok.has_special_tokens:
+        log.warning("the tokenizer has no special tokens (tokenizer.char_specials: false): it is for ids and metrics; "
+                    "the cache, training and chat stages will refuse it (no <|bos|>, no chat template)")  # fmt: skip
 
-        # Read (and every val part hashed) long before training ended: a bad snapshot fails here,
-        # before anything is saved.
-        samples = samples_read.result()
-        val_texts = {name: read.result() for name, read in val_read.items()}
-        meta, per_source, save_s = _save_and_measure(tok, helper, out_dir, samples, val_texts, cfg)
+    rendered = rendered_samples(tok, samples, cfg.artifact_records)
+    # The artifact sits beside the tokenizer files but is not one of them: meta.json lists only
+    # the tokenizer's own files, so the tokenizer's sha256 does not depend on it. atomic_dir
+    # fsyncs them all and publishes them together.
+    with atomic_dir(out_dir) as tmp:
+        meta = tok.write_files(tmp)
+        write_json(tmp / RENDERED_FILE, rendered)
+    t_save = time.perf_counter()
+    per_source = {name: bytes_per_token(tok, snapshot_texts(path, "val", verify=False), num_threads=cfg.encode_threads)
+                  for name, path in metric_dirs.items()}
     for name, m in per_source.items():
         log.info("bytes/token %-14s %.3f (%d bytes, %d unknown)", name, m["bytes_per_token"], m["bytes"], m["unknown_bytes"])
         if m["unknown_bytes"]:
@@ -481,6 +285,6 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
         "kept_bytes_per_token": {name: m["kept_bytes_per_token"] for name, m in per_source.items()},
     }
     write_json_atomic(os.fspath(metrics_path), metrics)
-    log.info("tokenizer stage | read %.3fs | train %.3fs | save+metrics %.3fs (render+save %.3fs alongside)",
-             t_read - t0, t_train - t_read, time.perf_counter() - t_train, save_s)  # fmt: skip
+    log.info("tokenizer stage | check+read %.3fs | train %.3fs | render+save %.3fs | metrics %.3fs",
+             t_read - t0, t_train - t_read, t_save - t_train, time.perf_counter() - t_save)  # fmt: skip
     return metrics

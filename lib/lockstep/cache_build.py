@@ -1,0 +1,496 @@
+"""Building token caches: a deterministic streaming shuffle, tokenizing documents (on worker
+threads with one tiktoken encoder each, where the tokenizer allows) into BOS-prefixed shards, SFT
+conversations into tokens + loss mask + offsets, the parity artifacts, and meta.json last, all
+published atomically in the format lockstep.cache defines and reads. Close to 500 lines: the
+pretrain and SFT builders share the shuffle, the shard writer, the parity artifacts and the
+meta.json rules, and each half alone would import most of the other."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import itertools
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from lockstep.cache import (
+    DEFAULT_SHARD_BYTES,
+    FORMAT_VERSION,
+    SPLITS,
+    CacheError,
+    _shard_name,
+    dtype_name,
+    token_dtype,
+)
+from lockstep.io import atomic_dir, atomic_open, sha256_file, write_json_atomic
+from lockstep.parity import MAX_SAMPLE_TOKENS, RenderedSamples, SnapshotCollector
+from lockstep.records import as_conversation
+
+log = logging.getLogger(__name__)
+
+_RANDOM_BLOCK = 4096
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """One `cache.<name>` params section."""
+
+    kind: Literal["pretrain", "sft"]
+    # Cap on train/val tokens written (pretrain only); applied after the streaming shuffle, the
+    # last document is cut at the cap and reading stops there. null = the whole split.
+    max_train_tokens: int | None = None
+    max_val_tokens: int | None = None
+    shard_bytes: int = DEFAULT_SHARD_BYTES  # bytes per pretrain shard (the last one may be smaller)
+    shuffle_buffer: int = 8192  # documents held by the streaming shuffle (pretrain); 1 = stored order
+    # SFT only: null = keep the snapshot's train/val split; a number = read only the snapshot's
+    # train split and carve this fraction of it out as val (gsm8k, whose val split is the eval set).
+    val_frac: float | None = None
+    artifact_records: int = 8  # records / samples kept in the parity artifacts
+    encode_batch_docs: int = 512  # documents per tokenizer.encode call (pretrain)
+    num_threads: int = 2  # tokenizer threads
+
+
+def to_token_array(ids: np.ndarray, vocab_size: int, dtype: np.dtype, where: str) -> np.ndarray:
+    """Checked narrowing: an id outside [0, vocab_size) is an error, never a wrap-around."""
+    if ids.size:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise CacheError(
+                f"{where}: token id {bad} is outside the vocabulary [0, {vocab_size}); "
+                "the tokenizer and its reported vocab size disagree"
+            )
+    return ids.astype(dtype, copy=False)
+
+
+def _tokenizer_identity(tokenizer: Any) -> dict[str, Any]:
+    specials = tokenizer.get_special_tokens() if hasattr(tokenizer, "get_special_tokens") else {}
+    return {
+        "tokenizer_sha256": str(tokenizer.sha256),
+        "vocab_size": int(tokenizer.get_vocab_size()),
+        "special_token_ids": {str(k): int(v) for k, v in sorted(specials.items())},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# deterministic streaming shuffle
+
+
+def _random_ints(generator: torch.Generator) -> Iterator[int]:
+    # Blocks amortise the per-call cost of torch's RNG; the stream is a pure function of the seed.
+    while True:
+        yield from torch.randint(0, 2**62, (_RANDOM_BLOCK,), generator=generator).tolist()
+
+
+def buffer_shuffle(items: Iterable[Any], buffer_size: int, generator: torch.Generator) -> Iterator[Any]:
+    """Shuffle a stream with a fixed-size buffer: each incoming item replaces a uniformly drawn
+    buffered one, which is emitted. Memory is `buffer_size` items; buffer_size <= 1 keeps order."""
+    if buffer_size <= 1:
+        yield from items
+        return
+    rand = _random_ints(generator)
+    buf: list[Any] = []
+    for item in items:
+        if len(buf) < buffer_size:
+            buf.append(item)
+            continue
+        j = next(rand) % buffer_size
+        yield buf[j]
+        buf[j] = item
+    # Drain in a random order: a Fisher-Yates pass over what is left.
+    for i in range(len(buf) - 1, 0, -1):
+        j = next(rand) % (i + 1)
+        buf[i], buf[j] = buf[j], buf[i]
+    yield from buf
+
+
+# ---------------------------------------------------------------------------------------------
+# writers
+
+
+class _ShardWriter:
+    """Appends token arrays to `shard_00000.bin, ...` in one folder. A shard is written under a
+    temp name and renamed only when complete, so a complete-looking shard is a complete one."""
+
+    def __init__(self, directory: Path, dtype: np.dtype, tokens_per_shard: int) -> None:
+        self.directory = directory
+        self.dtype = dtype
+        self.tokens_per_shard = tokens_per_shard
+        self.shards: list[dict[str, Any]] = []
+        self._f: Any = None
+        self._hash: Any = None
+        self._count = 0
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def _name(self) -> str:
+        return _shard_name(len(self.shards))
+
+    def _open(self) -> None:
+        self._f = open(self.directory / f".{self._name()}.tmp", "wb")
+        self._hash = hashlib.sha256()
+        self._count = 0
+
+    def _finish(self) -> None:
+        name = self._name()
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        os.replace(self.directory / f".{name}.tmp", self.directory / name)
+        self.shards.append({"name": name, "tokens": self._count, "sha256": self._hash.hexdigest()})
+        self._f = None
+
+    def write(self, tokens: np.ndarray) -> None:
+        pos = 0
+        while pos < tokens.size:
+            if self._f is None:
+                self._open()
+            take = min(self.tokens_per_shard - self._count, tokens.size - pos)
+            data = memoryview(tokens[pos : pos + take]).cast("B")
+            self._f.write(data)
+            self._hash.update(data)
+            self._count += take
+            pos += take
+            if self._count == self.tokens_per_shard:
+                self._finish()
+
+    def close(self) -> list[dict[str, Any]]:
+        if self._f is not None:
+            self._finish()
+        return self.shards
+
+
+def _batched(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
+    it = iter(items)
+    while batch := list(itertools.islice(it, n)):
+        yield batch
+
+
+def _bos_join(ids_lists: list[list[int]], bos_id: int, vocab_size: int, dtype: np.dtype, where: str) -> np.ndarray:
+    """Concatenate documents, each prefixed with BOS, straight into the token dtype: one pass over
+    the ids, no int64 copy and no insertion. Returns tokens (N,) of `dtype`."""
+    bos = (bos_id,)
+    n_tokens = len(ids_lists) + sum(map(len, ids_lists))
+    parts = itertools.chain.from_iterable(zip(itertools.repeat(bos), ids_lists))
+    try:
+        # numpy refuses a Python int that does not fit the dtype, so negatives and ids past the
+        # dtype fail here; ids that fit the dtype but not the vocabulary fail the max check.
+        flat = np.fromiter(itertools.chain.from_iterable(parts), dtype=dtype, count=n_tokens)
+    except OverflowError:
+        wide = np.fromiter(itertools.chain.from_iterable(ids_lists), dtype=object)
+        return to_token_array(wide, vocab_size, dtype, where)  # raises, naming the id
+    if flat.size and int(flat.max()) >= vocab_size:
+        return to_token_array(flat, vocab_size, dtype, where)  # raises, naming the id
+    return flat
+
+
+def _checked_batches(docs: Iterable[Any], n: int, split: str) -> Iterator[list[str]]:
+    n_seen = 0
+    for batch in _batched(docs, n):
+        for t in batch:
+            if not isinstance(t, str):
+                raise TypeError(f"{split} document {n_seen} is {type(t).__name__}, expected str")
+            n_seen += 1
+        yield batch
+
+
+# Documents per encoding task: small enough that the tasks of one batch spread evenly over the
+# threads, large enough that submitting them costs nothing next to encoding them.
+_TASK_DOCS = 16
+
+
+def _encode_join(
+    texts: list[str], tokenizer: Any, bos_id: int, vocab_size: int, dtype: np.dtype, where: str
+) -> tuple[np.ndarray, np.ndarray]:
+    encode_arrays = getattr(tokenizer, "encode_arrays", None)
+    arrays = None
+    if encode_arrays is not None:
+        try:
+            arrays = encode_arrays(texts)
+        except OverflowError:  # an id that fits no unsigned array: the list path names it
+            arrays = None
+    if arrays is None:  # a tokenizer that only gives id lists
+        ids_lists = tokenizer.encode(texts, num_threads=1)
+        lengths = np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists)) + 1
+        return _bos_join(ids_lists, bos_id, vocab_size, dtype, where), lengths
+    # Ids as arrays, never as Python ints: converting int lists holds the GIL that the other
+    # encoder thread needs (bench/bench_cache.py --lists runs both paths: 2.9 s by lists, 2.3 s
+    # by arrays for 64 MB on a 2-core CPU).
+    lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays)) + 1
+    if not arrays:
+        return np.empty(0, dtype=dtype), lengths
+    parts = [part for a in arrays for part in (np.array([bos_id], dtype=np.uint32), a)]
+    top = max(int(a.max()) for a in parts if a.size)
+    if top >= vocab_size:
+        return to_token_array(np.concatenate(parts, dtype=np.int64), vocab_size, dtype, where), lengths  # raises, naming the id
+    # every id is checked to fit, so the narrowing cast straight into the token dtype is exact
+    return np.concatenate(parts, dtype=dtype, casting="unsafe"), lengths
+
+
+def _joined(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def _encode_ahead(
+    batches: Iterable[list[str]], tokenizer: Any, num_threads: int, bos_id: int, vocab_size: int, dtype: np.dtype, where: str
+) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
+    """(texts, BOS-joined tokens (N,) of `dtype`, document lengths counting BOS (D,)) per batch, in
+    order. `num_threads` threads each encode small runs of documents and turn the id lists into
+    tokens themselves: tokenizers release the GIL while encoding, so one thread's conversion
+    overlaps another's encoding, and the next batch is queued while this one is hashed and
+    written (measured in bench/bench_cache.py)."""
+    pool = ThreadPoolExecutor(max_workers=max(1, num_threads))
+    pending: collections.deque[tuple[list[str], list[Any]]] = collections.deque()
+    try:
+        for batch in batches:
+            tasks = [
+                pool.submit(_encode_join, batch[i : i + _TASK_DOCS], tokenizer, bos_id, vocab_size, dtype, where)
+                for i in range(0, len(batch), _TASK_DOCS)
+            ]
+            pending.append((batch, tasks))
+            if len(pending) > 1:
+                texts, done = pending.popleft()
+                yield texts, *_joined([t.result() for t in done])
+        while pending:
+            texts, done = pending.popleft()
+            yield texts, *_joined([t.result() for t in done])
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def build_pretrain_cache(
+    texts: Iterable[str] | Mapping[str, Iterable[str]],
+    out_dir: str | os.PathLike[str],
+    *,
+    tokenizer: Any,
+    max_train_tokens: int | None,
+    max_val_tokens: int | None,
+    shard_bytes: int,
+    seed: int,
+    shuffle_buffer: int,
+    dataset_name: str = "",
+    dataset_config: Any = None,
+    artifact_records: int = 8,
+    encode_batch_docs: int = 512,
+    num_threads: int = 2,
+    split: str = "train",
+) -> dict[str, Any]:
+    """Tokenize documents into BOS-prefixed token shards, streaming. `texts` is either a mapping
+    from split name to an iterable of documents ({"train": ..., "val": ...}; "val" may be left
+    out), or one iterable of documents (a list, a generator), which all go to the split named by
+    `split` while the other split stays empty. Every iterable is read once. Each split is
+    shuffled with a `shuffle_buffer`-document buffer from its own generator (seed for train,
+    seed + 1 for val), then written until its token cap; the document at the cap is cut. Writes
+    `{train,val}/shard_NNNNN.bin`, the parity artifacts and `meta.json` (last), all into a temp
+    folder that replaces `out_dir` only when everything is written."""
+    if isinstance(texts, Mapping):
+        if not set(texts) <= set(SPLITS) or "train" not in texts:
+            raise TypeError(
+                f'texts must map "train" (and optionally "val") to iterables of documents, got keys {sorted(texts)}'
+            )
+        split_rule = "snapshot train split -> train shards, snapshot val split -> val shards"
+    elif isinstance(texts, (str, bytes)) or not isinstance(texts, Iterable):
+        raise TypeError(f"texts is a {type(texts).__name__}; pass an iterable of documents (e.g. a list of str) "
+                        'or a mapping {"train": docs, "val": docs}')
+    else:
+        if split not in SPLITS:
+            raise TypeError(f"split={split!r} must be one of {SPLITS}")
+        texts = {split: texts}
+        split_rule = f"all documents -> {split} shards"
+    ident = _tokenizer_identity(tokenizer)
+    dtype = token_dtype(ident["vocab_size"])
+    tokens_per_shard = shard_bytes // dtype.itemsize
+    if tokens_per_shard < 1:
+        raise CacheError(f"shard_bytes={shard_bytes} holds no {dtype_name(dtype)} token; raise it")
+    caps = {"train": max_train_tokens, "val": max_val_tokens}
+    for split, cap in caps.items():
+        if cap is not None and cap < 0:
+            raise CacheError(f"max_{split}_tokens={cap} must be >= 0 or null (no cap)")
+    bos_id = int(tokenizer.get_bos_token_id())
+    meta: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "kind": "pretrain",
+        "dataset_name": dataset_name,
+        "dataset_config": dataset_config,
+        "split_rule": split_rule,
+        "seed": seed,
+        "shuffle_buffer": shuffle_buffer,
+        "token_dtype": dtype_name(dtype),
+        "shard_bytes": shard_bytes,
+        "max_train_tokens": max_train_tokens,
+        "max_val_tokens": max_val_tokens,
+        "bos_id": bos_id,
+        **ident,
+        "shards": {},
+    }
+    snapshot = SnapshotCollector(artifact_records)
+    rendered = RenderedSamples(tokenizer, artifact_records, bos_id=bos_id)
+    with atomic_dir(out_dir) as tmp:
+        for offset, split_name in enumerate(SPLITS):
+            gen = torch.Generator().manual_seed(seed + offset)
+            writer = _ShardWriter(tmp / split_name, dtype, tokens_per_shard)
+            cap = caps[split_name]
+            n_tokens = n_docs = n_cut = 0
+            docs = buffer_shuffle(texts.get(split_name, ()), shuffle_buffer, gen)
+            batches = _checked_batches(docs, encode_batch_docs if cap != 0 else 1, split_name)
+            where = f"{split_name} documents"
+            encoded = _encode_ahead(batches, tokenizer, num_threads, bos_id, ident["vocab_size"], dtype, where)
+            # closing: a loop left at the cap stops the encoding threads before the next split.
+            with contextlib.closing(encoded):
+                for batch, flat, lengths in encoded:
+                    if cap is not None and n_tokens >= cap:
+                        break
+                    if cap is not None and n_tokens + flat.size > cap:
+                        ends = np.cumsum(lengths)
+                        keep_docs = int(np.searchsorted(ends, cap - n_tokens, side="left")) + 1
+                        n_cut = int(ends[keep_docs - 1] > cap - n_tokens)
+                        batch, lengths = batch[:keep_docs], lengths[:keep_docs]
+                    if rendered.wants(split_name):
+                        # Whole documents, also the one cut at the cap; `add` keeps the first ids.
+                        doc_ends = np.cumsum(lengths[:artifact_records]).tolist()
+                        for a, b in zip([0, *doc_ends], doc_ends):
+                            rendered.add(split_name, flat[a : min(b, a + MAX_SAMPLE_TOKENS + 1)].tolist())
+                    if cap is not None:
+                        flat = flat[: cap - n_tokens]
+                    snapshot.add_texts(split_name, batch)
+                    writer.write(flat)
+                    n_tokens += flat.size
+                    n_docs += len(batch)
+                    if cap is not None and n_tokens >= cap:
+                        break  # stop reading: a capped split never streams the rest of a large source
+            meta["shards"][split_name] = writer.close()
+            meta[f"{split_name}_tokens"] = n_tokens
+            meta[f"{split_name}_docs"] = n_docs
+            meta[f"{split_name}_docs_cut_at_cap"] = n_cut
+            n_shards = len(meta["shards"][split_name])
+            log.info("cache %s: %s docs, %s tokens, %s shards", split_name, n_docs, n_tokens, n_shards)
+        meta["artifacts"] = _write_artifacts(tmp, snapshot, rendered)
+        write_json_atomic(tmp / "meta.json", meta)
+    return meta
+
+
+def _write_artifacts(tmp: Path, snapshot: Any, rendered: Any) -> dict[str, str]:
+    write_json_atomic(tmp / "dataset_snapshot.json", snapshot.to_json())
+    write_json_atomic(tmp / "rendered_samples.json", rendered.to_json())
+    return {name: sha256_file(tmp / name) for name in ("dataset_snapshot.json", "rendered_samples.json")}
+
+
+def _split_by_frac(examples: Iterable[Any], val_frac: float, seed: int) -> dict[str, list[Any]]:
+    items = list(examples)
+    n_val = int(round(val_frac * len(items)))
+    if val_frac > 0 and len(items) >= 2:
+        n_val = min(max(n_val, 1), len(items) - 1)
+    perm = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed))
+    is_val = torch.zeros(len(items), dtype=torch.bool)
+    is_val[perm[:n_val]] = True
+    # Each split keeps the stored order, so the artifacts read like the snapshot.
+    return {
+        "train": [x for x, v in zip(items, is_val.tolist()) if not v],
+        "val": [x for x, v in zip(items, is_val.tolist()) if v],
+    }
+
+
+def build_sft_cache(
+    examples: Iterable[Any] | Mapping[str, Iterable[Any]],
+    out_dir: str | os.PathLike[str],
+    *,
+    tokenizer: Any,
+    val_frac: float | None,
+    seed: int,
+    dataset_name: str = "",
+    dataset_config: Any = None,
+    artifact_records: int = 8,
+    split: str = "train",
+) -> dict[str, Any]:
+    """Render conversations (or GSM8K-format problems, converted to conversations) with the
+    tokenizer's chat template and write `{train,val}_tokens.bin`, `{train,val}_mask.bin` (uint8
+    loss mask, one byte per token), `{train,val}_idx.npy` (int64 start offsets), the parity
+    artifacts and `meta.json` (last). An example is a conversation `{"messages": [...]}`, its bare
+    list of messages `[{"role": ..., "content": ...}, ...]`, or a problem `{"question", "answer"}`.
+    `examples` is either a mapping split -> examples (then val_frac must be None) or one iterable
+    of examples: with a `val_frac` it is split by a seeded permutation, without one (None) every
+    example goes to the split named by `split` and the other split stays empty."""
+    if isinstance(examples, Mapping):
+        if val_frac is not None:
+            raise CacheError("val_frac must be null when examples already come split into train/val")
+        if not set(examples) <= set(SPLITS):
+            raise TypeError(f"example splits must be among {SPLITS}, got {sorted(examples)}")
+        splits: Mapping[str, Iterable[Any]] = examples
+        split_rule = "snapshot train split -> train, snapshot val split -> val"
+    elif isinstance(examples, (str, bytes)) or not isinstance(examples, Iterable):
+        raise TypeError(f"examples is a {type(examples).__name__}; pass an iterable of examples "
+                        'or a mapping {"train": examples, "val": examples}')
+    elif val_frac is None:
+        if split not in SPLITS:
+            raise TypeError(f"split={split!r} must be one of {SPLITS}")
+        splits = {split: examples}
+        split_rule = f"all examples -> {split}"
+    else:
+        if not 0.0 <= val_frac < 1.0:
+            raise CacheError(f"val_frac={val_frac} must be in [0, 1) when examples come as one stream")
+        if split != "train":
+            raise TypeError(f"split={split!r} applies only without val_frac; val_frac={val_frac} makes both splits")
+        splits = _split_by_frac(examples, val_frac, seed)
+        split_rule = f"snapshot train split -> seeded permutation, val_frac={val_frac} -> val"
+    ident = _tokenizer_identity(tokenizer)
+    dtype = token_dtype(ident["vocab_size"])
+    bos_id = int(tokenizer.get_bos_token_id())
+    meta: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "kind": "sft",
+        "dataset_name": dataset_name,
+        "dataset_config": dataset_config,
+        "split_rule": split_rule,
+        "seed": seed,
+        "val_frac": val_frac,
+        "token_dtype": dtype_name(dtype),
+        "shard_bytes": None,
+        "bos_id": bos_id,
+        **ident,
+        "files": {},
+    }
+    snapshot = SnapshotCollector(artifact_records)
+    rendered = RenderedSamples(tokenizer, artifact_records, bos_id=bos_id)
+    with atomic_dir(out_dir) as tmp:
+        for split_name in SPLITS:
+            offsets: list[int] = []
+            n_tokens = n_supervised = 0
+            tokens_file, mask_file = tmp / f"{split_name}_tokens.bin", tmp / f"{split_name}_mask.bin"
+            with atomic_open(tokens_file) as ft, atomic_open(mask_file) as fm:
+                for i, example in enumerate(splits.get(split_name, ())):
+                    where = f"{split_name} example {i}"
+                    conv = as_conversation(example, where)
+                    ids, mask = tokenizer.render_conversation(conv)
+                    ids_arr = to_token_array(np.asarray(ids, dtype=np.int64), ident["vocab_size"], dtype, where)
+                    mask_arr = np.asarray(mask, dtype=np.int64)
+                    if mask_arr.shape != ids_arr.shape or not np.isin(mask_arr, (0, 1)).all():
+                        raise CacheError(f"{where}: render_conversation returned a mask that is not 0/1 per token")
+                    if not mask_arr.any():
+                        raise CacheError(f"{where}: no supervised token; a conversation must end with an assistant turn")
+                    offsets.append(n_tokens)
+                    ft.write(ids_arr.tobytes())
+                    fm.write(mask_arr.astype(np.uint8).tobytes())
+                    n_tokens += ids_arr.size
+                    n_supervised += int(mask_arr.sum())
+                    snapshot.add(split_name, conv)
+                    rendered.add(split_name, [int(t) for t in ids], [int(m) for m in mask])
+            with atomic_open(tmp / f"{split_name}_idx.npy") as fi:
+                np.save(fi, np.asarray(offsets, dtype=np.int64), allow_pickle=False)
+            meta[f"{split_name}_examples"] = len(offsets)
+            meta[f"{split_name}_tokens"] = n_tokens
+            meta[f"{split_name}_supervised_tokens"] = n_supervised
+            for suffix in ("tokens.bin", "mask.bin", "idx.npy"):
+                name = f"{split_name}_{suffix}"
+                meta["files"][name] = {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+            log.info("cache %s: %s examples, %s tokens", split_name, len(offsets), n_tokens)
+        meta["artifacts"] = _write_artifacts(tmp, snapshot, rendered)
+        write_json_atomic(tmp / "meta.json", meta)
+    return meta
