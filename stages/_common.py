@@ -1,5 +1,5 @@
 """Shared plumbing for stage entry points: the preamble every stage that reads params starts with
-(logging, the params file, the seed, one params section at a time into its dataclass), the command
+(logging, the params file, its two seeds, one params section at a time into its dataclass), the command
 line the three training stages share, and the entry point that ends the process with one line on
 Ctrl-C or a known error. Stages are the only
 code that reads params.yaml. Imports no torch, so the data stages stay light: the runtime half of
@@ -36,11 +36,12 @@ def load_params(path: Path = PARAMS_FILE) -> dict[str, Any]:
     return params
 
 
-def seed_of(params: dict[str, Any]) -> int:
-    """The params' top-level `seed`, refused unless it is an integer (a missing seed is not 0)."""
-    seed = params.get("seed")
+def seed_of(params: dict[str, Any], key: str = "seed") -> int:
+    """The params' top-level `seed` (or `data_seed`), refused unless it is an integer (a missing
+    seed is not 0)."""
+    seed = params.get(key)
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"params.yaml `seed` must be an integer, got {seed!r}; set it or switch preset with `lockstep preset`")
+        raise ConfigError(f"params.yaml `{key}` must be an integer, got {seed!r}; set it or switch preset with `lockstep preset`")
     return seed
 
 
@@ -66,12 +67,19 @@ def setup(stage: str) -> logging.Logger:
 
 @dataclass(frozen=True)
 class Preamble:
-    """What a stage knows once its preamble ran: its logger, the params and their seed, and when
-    it started (time.perf_counter), for its wall time."""
+    """What a stage knows once its preamble ran: its logger, the params and their seeds, and when
+    it started (time.perf_counter), for its wall time.
+
+    The two seeds mean one thing each. `data_seed` fixes the data: the train/val splits of every
+    source, the tokenizer, the caches, and which validation windows and few-shot examples the
+    measurements use. `seed` is the training seed: initialisation, batch order, and sampling in RL.
+    So `dvc exp run -S seed=43` re-draws training and nothing else, and every run is measured on
+    the same validation bytes."""
 
     log: logging.Logger
     params: dict[str, Any]
     seed: int
+    data_seed: int
     started_s: float
 
     def section(self, dotted: str, cls: type[T]) -> T:
@@ -81,11 +89,12 @@ class Preamble:
 
 def preamble(stage: str, params_path: Path = PARAMS_FILE) -> Preamble:
     """The start of every stage that reads params: logging set up under `lockstep.<stage>`, the
-    params file read, its seed checked."""
+    params file read, its seeds checked."""
     started_s = time.perf_counter()
     log = setup(stage)
     params = load_params(params_path)
-    return Preamble(log=log, params=params, seed=seed_of(params), started_s=started_s)
+    return Preamble(log=log, params=params, seed=seed_of(params), data_seed=seed_of(params, "data_seed"),
+                    started_s=started_s)
 
 
 def parse_training_args(stage: str, argv: list[str] | None, *, init: bool, description: str) -> argparse.Namespace:
@@ -95,7 +104,8 @@ def parse_training_args(stage: str, argv: list[str] | None, *, init: bool, descr
     p.add_argument("--cache", type=Path, required=True, help="token caches root (pretrain/<name>/, sft/<name>/)")
     p.add_argument("--tokenizer", type=Path, required=True, help="tokenizer folder (data/tokenizer)")
     p.add_argument("--out", type=Path, required=True, help=f"final checkpoint folder (data/ckpt/{stage})")
-    p.add_argument("--metrics", type=Path, required=True, help=f"metrics JSON (data/metrics/{stage}.json)")
+    p.add_argument("--metrics", type=Path, required=True, help=f"metrics JSON, results only (data/metrics/{stage}.json)")
+    p.add_argument("--runinfo", type=Path, required=True, help=f"run facts JSON: timings, device (data/runinfo/{stage}.json)")
     p.add_argument("--plots", type=Path, required=True, help=f"per-step series folder (data/plots/{stage})")
     p.add_argument("--runs", type=Path, required=True, help="git-ignored folder for intermediate checkpoints")
     p.add_argument("--params", type=Path, default=PARAMS_FILE)

@@ -4,6 +4,7 @@ torchrun when asked, call lockstep.evaluate.run. No scoring logic lives here."""
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from lockstep.cache import CacheError
@@ -27,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", type=Path, required=True, help="tokenizer folder (data/tokenizer)")
     parser.add_argument("--raw", type=Path, required=True, help="raw snapshots (data/raw); chat items come from val splits")
     parser.add_argument("--evalsets", type=Path, required=True, help="eval sets folder (evalsets)")
-    parser.add_argument("--out", type=Path, required=True, help="metrics JSON (data/metrics/eval_STAGE.json)")
+    parser.add_argument("--out", type=Path, required=True, help="metrics JSON, results only (data/metrics/eval_STAGE.json)")
+    parser.add_argument("--runinfo", type=Path, required=True, help="run facts JSON: device, time (data/runinfo/eval_STAGE.json)")
     parser.add_argument("--predictions", type=Path, required=True, help="per-item predictions folder (data/eval/STAGE)")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = parser.parse_args(argv)
@@ -37,12 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(rt, int):  # ran under torchrun: its exit status
         return rt
     paths = EvalPaths(ckpt=args.ckpt, cache=args.cache, tokenizer=args.tokenizer, raw=args.raw,
-                      evalsets=args.evalsets, out=args.out, predictions=args.predictions)
+                      evalsets=args.evalsets, out=args.out, predictions=args.predictions, runinfo=args.runinfo)
     try:
-        metrics = run_eval_stage(args.stage, cfg, paths, rt=rt, seed=pre.seed)
+        metrics = run_eval_stage(args.stage, cfg, paths, rt=rt, data_seed=pre.data_seed)
     finally:
         shutdown(rt)
-    pre.log.info("eval %s done in %.1fs: core=%s chatcore=%s", args.stage, metrics["eval_time_s"],
+    pre.log.info("eval %s done in %.1fs: core=%s chatcore=%s", args.stage, time.perf_counter() - pre.started_s,
                  metrics.get("core"), metrics.get("chatcore"))
     return 0
 

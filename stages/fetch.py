@@ -1,4 +1,4 @@
-"""Stage `fetch@<name>`: read params `fetch.<name>` and `seed`, write the raw snapshot of that
+"""Stage `fetch@<name>`: read params `fetch.<name>` and `data_seed`, write the raw snapshot of that
 source to --out. Parsing and params only; the work is lockstep.sources.fetch_source."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     if source not in SOURCE_CONFIGS:
         raise ConfigError(f"fetch.{args.name}.source={source!r} must be one of {', '.join(sorted(SOURCE_CONFIGS))}")
     cfg = pre.section(f"fetch.{args.name}", SOURCE_CONFIGS[source])
-    meta = fetch_source(args.name, cfg, args.out, seed=pre.seed)
+    meta = fetch_source(args.name, cfg, args.out, seed=pre.data_seed)
     c = meta["counts"]
     pre.log.info("fetch %s (%s, %s): train %d | val %d | skipped %d -> %s",
              args.name, source, meta["kind"], c["train"], c["val"], c["skipped"], args.out)

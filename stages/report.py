@@ -1,5 +1,5 @@
-"""Stage `report`: parse paths, call lockstep.report to rebuild the report card from metrics and
-per-step series. Reads no params and runs no model."""
+"""Stage `report`: parse paths, call lockstep.report to rebuild the report card from metrics, run
+facts, eval records and per-step series. Reads no params and runs no model."""
 
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ from stages._common import entry, setup
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stages.report", description=__doc__)
     parser.add_argument("--metrics", type=Path, required=True, help="metrics folder (data/metrics)")
+    parser.add_argument("--runinfo", type=Path, required=True, help="run facts folder (data/runinfo)")
+    parser.add_argument("--predictions", type=Path, required=True, help="eval records folder (data/eval), for intervals")
     parser.add_argument("--plots", type=Path, required=True, help="per-step TSV series (data/plots)")
     parser.add_argument("--out", type=Path, required=True, help="report folder (data/report)")
     args = parser.parse_args(argv)
     log = setup("report")
-    path = build_report(args.metrics, args.plots, args.out, environment=environment_info(Path.cwd()))
+    path = build_report(args.metrics, args.plots, args.out, environment=environment_info(Path.cwd()),
+                        runinfo_dir=args.runinfo, predictions_dir=args.predictions)
     log.info("wrote %s", path)
     return 0
 

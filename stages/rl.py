@@ -15,6 +15,7 @@ from lockstep.codeid import code_revision
 from lockstep.config import ConfigError, config_to_dict
 from lockstep.io import sha256_file, write_json_atomic
 from lockstep.rl import RLConfig, series_columns, train_rl
+from lockstep.runinfo import git_commit
 from lockstep.runtime import RuntimeConfig
 from lockstep.series import SeriesWriter
 from lockstep.snapshot import iter_records, read_meta
@@ -33,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raw", type=Path, required=True, help="raw snapshots folder (data/raw)")
     ap.add_argument("--tokenizer", type=Path, required=True, help="tokenizer folder (data/tokenizer)")
     ap.add_argument("--out", type=Path, required=True, help="final checkpoint folder (data/ckpt/rl)")
-    ap.add_argument("--metrics", type=Path, required=True, help="metrics JSON (data/metrics/rl.json)")
+    ap.add_argument("--metrics", type=Path, required=True, help="metrics JSON, results only (data/metrics/rl.json)")
+    ap.add_argument("--runinfo", type=Path, required=True, help="run facts JSON: timings, device (data/runinfo/rl.json)")
     ap.add_argument("--plots", type=Path, required=True, help="per-step series folder (data/plots/rl)")
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
     args = ap.parse_args(argv)
@@ -73,15 +75,20 @@ def main(argv: list[str] | None = None) -> int:
     ckpt.save_checkpoint(args.out, state, {0: result.optimizer_state}, meta)
     series.write()
     k = cfg.pass_k
-    metrics = {
+    results = {
         "pass@1_before": result.before["pass@1"], "pass@1": result.after["pass@1"],
         f"pass@{k}_before": result.before[f"pass@{k}"], f"pass@{k}": result.after[f"pass@{k}"],
         "greedy_acc_before": result.before["greedy"], "greedy_acc": result.after["greedy"],
+    }
+    n_problems = min(cfg.eval_problems, len(val_problems))
+    metrics = {
+        **results, **{f"{name}.n": n_problems for name in results},  # each rate with the problems it is over
         "completion_len": result.after["completion_len"], "reward_first_step": result.mean_reward_first,
         "reward_last_step": result.mean_reward_last, "steps": result.steps, "rollout_tokens": result.rollout_tokens,
-        "eval_problems": min(cfg.eval_problems, len(val_problems)), "train_time_s": result.train_time_s,
-        "wall_time_s": wall_s, "device": rt.describe(),
     }
+    runinfo = {"train_time_s": result.train_time_s, "wall_time_s": wall_s, "device": rt.describe(),
+               "git_commit": git_commit()}
+    write_json_atomic(args.runinfo, runinfo)
     write_json_atomic(args.metrics, metrics)
     log.info("done: held-out pass@1 %.3f -> %.3f, pass@%d %.3f -> %.3f", result.before["pass@1"],
              result.after["pass@1"], k, result.before[f"pass@{k}"], result.after[f"pass@{k}"])

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = pre.section("tokenizer", TokenizerConfig)
     if cfg.kind in ("char", "byte"):
         pre.log.info("tokenizer.kind=%s fixes its own vocabulary; tokenizer.vocab_size=%d is not used", cfg.kind, cfg.vocab_size)
-    run_tokenizer_stage(cfg, args.raw, args.out, args.metrics, seed=pre.seed)
+    run_tokenizer_stage(cfg, args.raw, args.out, args.metrics, seed=pre.data_seed)
     return 0
 
 

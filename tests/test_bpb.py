@@ -9,7 +9,9 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
+from lockstep.bpb import measure_bpb
 from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.evaluate.run import EvalConfig, EvalPaths, run_eval_stage
 from lockstep.optim import OptimConfig
@@ -55,9 +57,10 @@ def trained(tmp_path_factory) -> Path:
         ("sft", TrainConfig(mixture={"sft/chat": 1.0}, loss="assistant", **common), root / "pretrain", None),
     ):
         paths = TrainStagePaths(cache=root / "cache", tokenizer=root / "tokenizer", out=root / stage,
-                                metrics=root / f"metrics/{stage}.json", plots=root / f"plots/{stage}", runs=root / "runs",
+                                metrics=root / f"metrics/{stage}.json",
+                                runinfo=root / f"runinfo/{stage}.json", plots=root / f"plots/{stage}", runs=root / "runs",
                                 init=init)
-        run_training_stage(stage, cfg=cfg, paths=paths, rt=rt, seed=3, runtime_config=rt_cfg, code_revision="test",
+        run_training_stage(stage, cfg=cfg, paths=paths, rt=rt, seed=3, data_seed=5, runtime_config=rt_cfg, code_revision="test",
                            started_s=0.0, model_params=model)
     return root
 
@@ -68,7 +71,33 @@ def test_training_and_eval_report_the_same_bpb(trained: Path, stage: str, eval_k
     cfg = EvalConfig(bpb_max_tokens=T, bpb_batch_rows=1, core_stages=(), chat_stages=())
     paths = EvalPaths(ckpt=trained / stage, cache=trained / "cache", tokenizer=trained / "tokenizer", raw=trained / "raw",
                       evalsets=ROOT / "evalsets", out=trained / f"metrics/eval_{stage}.json",
-                      predictions=trained / f"eval/{stage}")
-    metrics = run_eval_stage(stage, cfg, paths, rt=init_runtime(RuntimeConfig(device="cpu", dtype="fp32")), seed=5)
+                      predictions=trained / f"eval/{stage}", runinfo=trained / f"runinfo/eval_{stage}.json")
+    metrics = run_eval_stage(stage, cfg, paths, rt=init_runtime(RuntimeConfig(device="cpu", dtype="fp32")), data_seed=5)
     assert math.isfinite(train_bpb) and train_bpb > 0
     assert metrics[eval_key] == train_bpb
+
+
+def test_per_document_sums_add_up_and_split_at_each_document_start() -> None:
+    """Documents open at <|bos|> (id 0 here), continue across rows, and their (nats, bytes) sum to
+    the totals; positions that count no byte (ignored or special targets) belong to no document."""
+    torch.manual_seed(0)
+    V, bos = 6, 0
+    token_bytes = torch.tensor([0, 1, 2, 3, 1, 2])
+
+    def model(x, targets, loss_reduction):  # a fixed, position-dependent loss
+        return (targets.clamp(min=0).float() + 1) * 0.1 + torch.arange(x.shape[1]).float() * 0.01
+
+    x1 = torch.tensor([[0, 1, 2, 3], [4, 0, 5, 1]])  # doc 0 = row 0 + row 1's first position
+    y1 = torch.tensor([[1, 2, 3, 4], [0, 5, 1, -1]])
+    x2 = torch.tensor([[2, 3, 0, 4]])  # doc 1 continues, then doc 2 opens
+    y2 = torch.tensor([[3, 0, 4, 5]])
+    sums = measure_bpb(model, [(x1, y1), (x2, y2)], token_bytes, doc_start_id=bos)
+    assert len(sums.documents) == 3
+    assert sum(d[0] for d in sums.documents) == pytest.approx(sums.nats)
+    assert sum(d[1] for d in sums.documents) == sums.bytes
+    # Bytes per document by hand: doc 0 targets 1,2,3,4 then (row 1) 4 -> 0 is special: 1+2+3+1;
+    # doc 1 targets 5,1 (then -1 ignored), 3 (then 0 special); doc 2 targets 4,5.
+    assert [d[1] for d in sums.documents] == [7, 2 + 1 + 3, 1 + 2]
+    # Without doc_start_id nothing per document is kept, and the totals do not move.
+    plain = measure_bpb(model, [(x1, y1), (x2, y2)], token_bytes)
+    assert plain.documents == () and plain.nats == pytest.approx(sums.nats) and plain.bytes == sums.bytes

@@ -35,6 +35,7 @@ def workdir(tmp_path, monkeypatch, repo_root):
     train_tokenizer("byte", []).save(tmp_path / "tok")
     params = {
         "seed": 3,
+        "data_seed": 4,
         "cache": {
             "notes": {"kind": "pretrain", "shard_bytes": 512, "shuffle_buffer": 4, "max_val_tokens": 100},
             "math": {"kind": "sft", "val_frac": 0.1},
@@ -51,7 +52,7 @@ def test_cache_stage_pretrain_and_sft(workdir):
     meta = main(["notes", "--raw", "raw/notes", "--tokenizer", "tok", "--out", "cache/pretrain/notes"])
     split = open_pretrain_split(workdir / "cache/pretrain/notes/train", tokenizer_sha256=meta["tokenizer_sha256"])
     assert split.tokens == meta["train_tokens"] > 0 and len(split.shards) > 1
-    assert meta["val_tokens"] == 100 and meta["dataset_name"] == "notes" and meta["seed"] == 3
+    assert meta["val_tokens"] == 100 and meta["dataset_name"] == "notes" and meta["seed"] == 4  # the data seed
     assert (workdir / "cache/pretrain/notes/rendered_samples.json").is_file()
     first = _hashes(workdir / "cache/pretrain/notes")
     main(["notes", "--raw", "raw/notes", "--tokenizer", "tok", "--out", "cache/pretrain/notes"])

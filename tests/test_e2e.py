@@ -106,12 +106,12 @@ def test_smoke_pipeline_end_to_end(tmp_path: Path) -> None:
     assert "up to date" in _run([dvc, "status"], work, 120).stdout
 
     # From scratch (no run folders to resume, no DVC cache to restore from), identical params and
-    # code rewrite every output byte for byte. The report card and the metrics JSON are left out:
-    # they carry the run's timings, which is what they are for.
+    # code rewrite every output byte for byte, the metrics included. The run facts and the report
+    # card are left out: they carry the run's timings, which is what they are for.
     def outputs() -> dict[str, str]:
         entries = yaml.safe_load((work / "dvc.lock").read_text())["stages"].values()
         return {o["path"]: o.get("md5", "") for e in entries for o in e.get("outs", [])
-                if not o["path"].startswith(("data/metrics", "data/report"))}
+                if not o["path"].startswith(("data/runinfo", "data/report"))}
 
     def results(name: str) -> dict:
         m = json.loads((metrics_dir / f"{name}.json").read_text())
@@ -126,3 +126,21 @@ def test_smoke_pipeline_end_to_end(tmp_path: Path) -> None:
     differ = sorted(p for p in first.keys() | second.keys() if first.get(p) != second.get(p))
     assert not differ, f"a rerun from scratch changed these outputs: {differ}"
     assert {n: results(n) for n in first_results} == first_results
+
+    # Another training seed re-draws training only: no data stage reruns, and every eval measures
+    # the same documents (the same bytes per document) with the new checkpoints.
+    def val_bytes() -> dict[str, list[int]]:
+        return {str(p.relative_to(work)): [json.loads(line)["bytes"] for line in p.read_text().splitlines()]
+                for p in sorted((work / "data" / "eval").glob("*/bpb_*.jsonl"))}
+
+    before = val_bytes()
+    params = yaml.safe_load((work / "params.yaml").read_text())
+    params["seed"] += 1
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    stale = set(json.loads(_run([dvc, "status", "--json"], work, 120).stdout))
+    assert not {s for s in stale if s.startswith(("fetch", "tokenizer", "cache"))}, sorted(stale)
+    reseeded = _run([dvc, "repro"], work, 1500)
+    ran = re.findall(r"Running stage '([^']+)'", reseeded.stdout)
+    assert ran[0] == "pretrain" and not [s for s in ran if s.startswith(("fetch", "tokenizer", "cache"))], ran
+    assert before and val_bytes() == before
+    assert results("pretrain") != first_results["pretrain"], "a new training seed left pretraining unchanged"

@@ -1,6 +1,7 @@
 """Engine tests against references: greedy decoding through the KV cache equals argmax decoding
-by full forward passes; batched rows equal single-row runs; per-row positions and chunked
-prefill equal full forwards; tool calls are answered by forced tokens; limits are refused."""
+by full forward passes; batched rows equal single-row runs; many prompts decoded together equal
+each decoded alone, tool calls included; per-row positions, rows swapped in and dropped, and
+chunked prefill equal full forwards; tool calls are answered by forced tokens; limits are refused."""
 
 from __future__ import annotations
 
@@ -264,3 +265,124 @@ def test_cache_allocates_lazily_in_the_model_dtype():
     assert cache.kv.dtype == torch.bfloat16 and cache.kv.size(4) >= 5
     assert cache.row_positions() == [5]
     assert torch.isfinite(logits).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# many prompts decoded together (Engine.generate_greedy) against one prompt at a time
+
+
+class Planted(torch.nn.Module):
+    """A random GPT plus a bigram bias the test plants (after token a, say b), so greedy replies
+    make tool calls and stop where the test wants; every other token is the GPT's own."""
+
+    def __init__(self, gpt: GPT, plants: dict[int, int]):
+        super().__init__()
+        self.gpt, self.config, self.rotary_cos = gpt, gpt.config, gpt.rotary_cos
+        bias = torch.zeros(gpt.config.vocab_size, gpt.config.vocab_size)
+        for a, b in plants.items():
+            bias[a, b] = 100.0  # past the soft cap of 15: the planted token always wins
+        self.register_buffer("bias", bias)
+        self.calls = 0
+
+    def forward(self, idx, targets=None, kv_cache=None, loss_reduction="mean"):
+        self.calls += 1
+        return self.gpt(idx, kv_cache=kv_cache) + self.bias[idx]  # (B, T, V)
+
+
+def planted_tool_model(tok, seed: int = 7) -> Planted:
+    sp = tok.encode_special
+    o = ord
+    # "?" opens a call to 7*6, "." ends the reply: the engine must force "42" into the row.
+    plants = {o("?"): sp("<|python_start|>"), sp("<|python_start|>"): o("7"), o("7"): o("*"), o("*"): o("6"),
+              o("6"): sp("<|python_end|>"), o("."): sp("<|assistant_end|>")}
+    return Planted(random_model(seed), plants).eval()
+
+
+def test_generate_greedy_equals_one_prompt_at_a_time(tok, determinism):
+    model = planted_tool_model(tok)
+    engine = Engine(model, tok)
+    texts = ["how much?", "q", "stop here.", "a longer prompt that runs on and on?", "x", "why?", "tell me more", "z" * 50]
+    prompts = [tok.encode(t) for t in texts]
+    budgets = [30, 12, 9, 20, 40, 3, 25, 14]  # the last prompt fills the 64-token context exactly
+    one_by_one = [engine.generate_batch(p, max_tokens=m, temperature=0.0)[0][0] for p, m in zip(prompts, budgets)]
+    for batch_rows in (1, 3, 8, 16):
+        assert engine.generate_greedy(prompts, max_tokens=budgets, batch_rows=batch_rows) == one_by_one, batch_rows
+    # What the comparison covered: tool calls answered, a stop on the first token, replies cut by
+    # their budgets and replies that stop before it.
+    sp = tok.encode_special
+    forced = [sp("<|output_start|>"), *tok.encode("42"), sp("<|output_end|>")]
+    with_tool = [r for r in one_by_one if any(r[i : i + len(forced)] == forced for i in range(len(r)))]
+    assert len(with_tool) >= 2  # "why?" has a budget of 3: its call is cut before the tool answers
+    assert one_by_one[2] == [sp("<|assistant_end|>")]
+    assert sum(len(r) == m for r, m in zip(one_by_one, budgets)) >= 2
+    assert any(len(r) < m for r, m in zip(one_by_one, budgets))
+    tools_off = [engine.generate_batch(p, max_tokens=m, temperature=0.0, use_tools=False)[0][0] for p, m in zip(prompts, budgets)]
+    assert engine.generate_greedy(prompts, max_tokens=budgets, batch_rows=3, use_tools=False) == tools_off != one_by_one
+
+
+def test_generate_greedy_refuses_bad_requests_before_any_work(tok):
+    model = planted_tool_model(tok)
+    engine = Engine(model, tok)
+    with pytest.raises(ValueError, match="2 budgets for 3 prompts"):
+        engine.generate_greedy([[1], [2], [3]], max_tokens=[4, 4], batch_rows=2)
+    with pytest.raises(ValueError, match="batch_rows=0 must be >= 1"):
+        engine.generate_greedy([[1]], max_tokens=4, batch_rows=0)
+    with pytest.raises(ValueError, match="exceeds the model's context of 64 tokens"):
+        engine.generate_greedy([[1], [2] * 60], max_tokens=8, batch_rows=2)
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate_greedy([[1], []], max_tokens=8, batch_rows=2)
+    assert model.calls == 0
+    assert engine.generate_greedy([], max_tokens=8, batch_rows=4) == []
+
+
+def test_put_row_and_keep_rows_equal_full_forward(determinism):
+    model = random_model(4)
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16, 17], [20, 21]]
+    with torch.no_grad():
+        heads, last = [], []
+        for p in prompts:
+            c = KVCache.for_model(model, 1, capacity_tokens=len(p))
+            last.append(model(torch.tensor([p]), kv_cache=c)[:, -1])
+            heads.append(c)
+        cache = KVCache.for_model(model, 2, capacity_tokens=4)  # too small for prompt 1: put_row grows it
+        cache.put_row(0, heads[0])
+        cache.put_row(1, heads[1])
+        seqs, logits = [list(prompts[0]), list(prompts[1])], torch.cat(last[:2])  # (2, V)
+        for step in range(5):
+            if step == 2:  # row 0 is done; prompt 2 takes its place, then row 1 leaves
+                cache.put_row(0, heads[2])
+                seqs[0], logits[0] = list(prompts[2]), last[2][0]
+            if step == 4:
+                cache.keep_rows([0])
+                seqs, logits = seqs[:1], logits[:1]
+            nxt = logits.argmax(-1)  # (B,)
+            for s, t in zip(seqs, nxt.tolist()):
+                s.append(t)
+            logits = model(nxt[:, None], kv_cache=cache)[:, -1]
+            for row, s in enumerate(seqs):
+                torch.testing.assert_close(logits[row], model(torch.tensor([s]))[0, -1], rtol=1e-4, atol=1e-4)
+    assert cache.row_positions() == [len(prompts[2]) + 3]
+    with pytest.raises(ValueError, match="single-row source"):
+        cache.put_row(0, KVCache.for_model(model, 2))
+    with pytest.raises(ValueError, match="outside this cache of 1 rows"):
+        cache.put_row(1, heads[0])
+
+
+@pytest.mark.parametrize("keep", [[0, 2], [2, 0], [1], [2, 1, 0]], ids=["moved-in-place", "reordered", "one", "reversed"])
+def test_keep_rows_in_any_order_equals_full_forward(keep):
+    model = random_model(6)
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
+    with torch.no_grad():
+        cache = KVCache.for_model(model, 3)
+        for row, p in enumerate(prompts):
+            head = KVCache.for_model(model, 1)
+            model(torch.tensor([p]), kv_cache=head)
+            cache.put_row(row, head)
+        cache.keep_rows(keep)
+        nxt = torch.tensor([[30 + r] for r in keep])  # (B, 1)
+        logits = model(nxt, kv_cache=cache)[:, -1]
+        for i, r in enumerate(keep):
+            torch.testing.assert_close(logits[i], model(torch.tensor([prompts[r] + [30 + r]]))[0, -1], rtol=1e-4, atol=1e-4)
+    assert cache.row_positions() == [len(prompts[r]) + 1 for r in keep]
+    with pytest.raises(ValueError, match="distinct rows"):
+        cache.keep_rows([0, 0])

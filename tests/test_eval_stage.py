@@ -1,5 +1,6 @@
 """The eval pipeline wired end to end on a tiny random model: byte tokenizer, a pretrain cache,
-a checkpoint, the shipped eval sets; metrics are flat and predictions carry their inputs."""
+a checkpoint, the shipped eval sets; metrics are flat and predictions carry their inputs; chat
+replies decoded together are the tokens of replies decoded one at a time."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import torch
 from lockstep.cache import CacheError
 from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.checkpoint import save_checkpoint
-from lockstep.evaluate.run import EvalConfig, EvalPaths, run_eval_stage
+from lockstep.engine import Engine
+from lockstep.evaluate.run import EvalConfig, EvalPaths, make_generate, run_eval_stage
 from lockstep.model import GPT, GPTConfig
 from lockstep.runtime import RuntimeConfig, init_runtime
 from lockstep.tokenizer import train_tokenizer
@@ -39,9 +41,9 @@ def test_run_eval_stage_tiny(tmp_path: Path) -> None:
                      max_new_tokens=8, sandbox_timeout_s=3.0)
     paths = EvalPaths(ckpt=tmp_path / "ckpt", cache=tmp_path / "cache", tokenizer=tmp_path / "tokenizer",
                       raw=tmp_path / "raw", evalsets=ROOT / "evalsets", out=tmp_path / "metrics" / "eval_midtrain.json",
-                      predictions=tmp_path / "eval" / "midtrain")
+                      predictions=tmp_path / "eval" / "midtrain", runinfo=tmp_path / "runinfo" / "eval_midtrain.json")
     rt = init_runtime(RuntimeConfig(device="cpu", dtype="fp32"))
-    metrics = run_eval_stage("midtrain", cfg, paths, rt=rt, seed=1)
+    metrics = run_eval_stage("midtrain", cfg, paths, rt=rt, data_seed=1)
     on_disk = json.loads(paths.out.read_text())
     assert on_disk == json.loads(json.dumps(metrics))
     assert all(not isinstance(v, dict) for v in on_disk.values())  # flat keys for `dvc metrics diff`
@@ -49,8 +51,18 @@ def test_run_eval_stage_tiny(tmp_path: Path) -> None:
     assert 4.0 < on_disk["bpb.bard"] < 12.0
     assert {"core", "chatcore", "core.bard_choice.accuracy", "chat.arc_own.accuracy", "chat.code_own.accuracy"} <= set(on_disk)
     assert math.isfinite(on_disk["core"])
+    # Each accuracy with the number of items behind it, and no run facts among the results.
+    assert on_disk["core.bard_choice.accuracy.n"] == 2 and on_disk["chat.arc_own.accuracy.n"] == 2
+    assert not {"device", "dtype", "world_size", "eval_time_s"} & set(on_disk)
+    info = json.loads(paths.runinfo.read_text())
+    assert info["device"] == "cpu" and info["world_size"] == 1 and info["eval_time_s"] > 0
     names = sorted(p.name for p in paths.predictions.iterdir())
-    assert names == ["chat_arc_own.jsonl", "chat_code_own.jsonl", "core_bard_choice.jsonl", "core_bard_cloze.jsonl", "core_bard_schema.jsonl"]
+    assert names == ["bpb_bard.jsonl", "chat_arc_own.jsonl", "chat_code_own.jsonl", "core_bard_choice.jsonl",
+                     "core_bard_cloze.jsonl", "core_bard_schema.jsonl"]
+    # bpb per document scored (the first 1024 tokens: one document here), whose sums give the metric back.
+    docs = [json.loads(line) for line in (paths.predictions / "bpb_bard.jsonl").read_text().splitlines()]
+    assert docs and all(d["bytes"] > 0 for d in docs)
+    assert sum(d["nats"] for d in docs) / (math.log(2) * sum(d["bytes"] for d in docs)) == pytest.approx(on_disk["bpb.bard"])
     first = json.loads((paths.predictions / "core_bard_choice.jsonl").read_text().splitlines()[0])
     assert "query" in first["input"] and isinstance(first["correct"], bool)
 
@@ -78,7 +90,7 @@ def bpb_only(tmp_path: Path):
     cfg = EvalConfig(bpb_max_tokens=512, bpb_batch_rows=2, core_stages=(), chat_stages=())
     paths = EvalPaths(ckpt=tmp_path / "ckpt", cache=tmp_path / "cache", tokenizer=tmp_path / "tokenizer",
                       raw=tmp_path / "raw", evalsets=ROOT / "evalsets", out=tmp_path / "metrics" / "eval_pretrain.json",
-                      predictions=tmp_path / "eval" / "pretrain")
+                      predictions=tmp_path / "eval" / "pretrain", runinfo=tmp_path / "runinfo" / "eval_pretrain.json")
     rt = init_runtime(RuntimeConfig(device="cpu", dtype="fp32"))
     return tok, cfg, paths, rt
 
@@ -99,7 +111,7 @@ def test_a_damaged_val_cache_fails_eval(bpb_only) -> None:
     data[10] ^= 1
     shard.write_bytes(bytes(data))
     with pytest.raises(CacheError, match=r"val/shard_00000\.bin fails its sha256 check"):
-        run_eval_stage("pretrain", cfg, paths, rt=rt, seed=0)
+        run_eval_stage("pretrain", cfg, paths, rt=rt, data_seed=0)
     assert not paths.out.exists()
 
 
@@ -107,7 +119,7 @@ def test_a_cache_folder_without_meta_fails_eval(bpb_only) -> None:
     _tok, cfg, paths, rt = bpb_only
     (paths.cache / "pretrain" / "bard" / "meta.json").unlink()
     with pytest.raises(CacheError, match=r"bard/meta\.json is missing"):
-        run_eval_stage("pretrain", cfg, paths, rt=rt, seed=0)
+        run_eval_stage("pretrain", cfg, paths, rt=rt, data_seed=0)
 
 
 def test_a_too_small_val_split_is_skipped_with_its_size(bpb_only, caplog) -> None:
@@ -115,7 +127,7 @@ def test_a_too_small_val_split_is_skipped_with_its_size(bpb_only, caplog) -> Non
     _pretrain(tok, paths.cache / "pretrain" / "small", max_val_tokens=T_BPB)  # one token short of a row
     _pretrain(tok, paths.cache / "pretrain" / "narrow", max_val_tokens=T_BPB + 1)  # one row, fewer than bpb_batch_rows
     with caplog.at_level(logging.WARNING, logger="lockstep.eval"):
-        metrics = run_eval_stage("pretrain", cfg, paths, rt=rt, seed=0)
+        metrics = run_eval_stage("pretrain", cfg, paths, rt=rt, data_seed=0)
     assert _bpb_keys(metrics) == ["bpb.bard", "bpb.narrow"]
     assert 4.0 < metrics["bpb.narrow"] < 12.0
     skipped = [r.getMessage() for r in caplog.records if "left out of bpb" in r.getMessage()]
@@ -131,7 +143,7 @@ def test_work_folders_of_interrupted_builds_are_not_read(bpb_only) -> None:
     sft.mkdir(parents=True)
     (sft / "val_tokens.bin").write_bytes(b"\0\0" * 8)
     (paths.cache / "sft" / ".gitignore").write_text("/chat\n")
-    metrics = run_eval_stage("pretrain", cfg, paths, rt=rt, seed=0)
+    metrics = run_eval_stage("pretrain", cfg, paths, rt=rt, data_seed=0)
     assert _bpb_keys(metrics) == ["bpb.bard"]
 
 
@@ -141,8 +153,36 @@ def test_sft_val_splits_scored_and_an_empty_one_skipped(bpb_only, caplog) -> Non
     build_sft_cache({"train": convs[:4], "val": convs[4:]}, paths.cache / "sft" / "chat", tokenizer=tok, val_frac=None, seed=0)
     build_sft_cache({"train": convs}, paths.cache / "sft" / "trainonly", tokenizer=tok, val_frac=None, seed=0)
     with caplog.at_level(logging.WARNING, logger="lockstep.eval"):
-        metrics = run_eval_stage("pretrain", cfg, paths, rt=rt, seed=0)
+        metrics = run_eval_stage("pretrain", cfg, paths, rt=rt, data_seed=0)
     assert _bpb_keys(metrics) == ["bpb.bard", "bpb.sft_chat"]
     assert math.isfinite(metrics["bpb.sft_chat"])
     skipped = [r.getMessage() for r in caplog.records if "left out of bpb" in r.getMessage()]
     assert len(skipped) == 1 and "none of the 0 examples in" in skipped[0] and "trainonly" in skipped[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# chat replies: the batched path gives the reference path's tokens
+
+
+def test_make_generate_batched_equals_one_at_a_time(tok) -> None:
+    config = GPTConfig(sequence_len=48, vocab_size=tok.get_vocab_size(), n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
+    model = GPT.build(config, torch.device("cpu"), seed=0)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    engine = Engine(model.eval(), tok)
+    # A stop id the engine does not know (the letter "e") cuts replies the way <|assistant_end|> does.
+    stop_ids = {*engine.stop_ids, ord("e")}
+    prompts = [tok.encode(t) for t in ("one", "two words", "x" * 47, "x" * 48, "three more words here", "z")]
+    kw = dict(stop_ids=stop_ids, max_new_tokens=20, context_tokens=48)
+    reference = make_generate(engine, **kw)(prompts)
+    assert reference[3] == [] and len(reference[2]) <= 1  # no room, one token of room
+    assert any(0 < len(r) < 20 for r in reference) and any(len(r) == 20 for r in reference)
+    for batch_rows in (2, 4, 8):
+        assert make_generate(engine, batch_rows=batch_rows, **kw)(prompts) == reference, batch_rows
+
+
+def test_generate_batch_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="eval.generate_batch=0 must be positive"):
+        EvalConfig(generate_batch=0)

@@ -158,7 +158,7 @@ def test_training_stage_refuses_a_bad_shape_or_process_count(tmp_path, section, 
     params = yaml.safe_load((ROOT / "presets" / "tiny.yaml").read_text())
     params[section][key] = value
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    paths = [f"--{name}={tmp_path / name}" for name in ("cache", "tokenizer", "out", "metrics", "plots", "runs")]
+    paths = [f"--{name}={tmp_path / name}" for name in ("cache", "tokenizer", "out", "metrics", "runinfo", "plots", "runs")]
     proc = run_stage("stages.pretrain", *paths, f"--params={tmp_path / 'params.yaml'}")
     assert proc.returncode != 0
     assert expected in the_error_line(proc.stderr)
@@ -170,7 +170,7 @@ def test_training_stage_asked_for_cuda_on_a_machine_without_it(tmp_path):
     params = yaml.safe_load((ROOT / "presets" / "tiny.yaml").read_text())
     params["runtime"]["device"] = "cuda"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    paths = [f"--{name}={tmp_path / name}" for name in ("cache", "tokenizer", "out", "metrics", "plots", "runs")]
+    paths = [f"--{name}={tmp_path / name}" for name in ("cache", "tokenizer", "out", "metrics", "runinfo", "plots", "runs")]
     proc = run_stage("stages.pretrain", *paths, f"--params={tmp_path / 'params.yaml'}")
     assert proc.returncode != 0
     line = the_error_line(proc.stderr)
@@ -195,7 +195,7 @@ def test_fetch_stage_with_a_source_file_in_the_wrong_format_says_so_in_one_line(
     prompts = tmp_path / "prompts.jsonl"  # OASST prompt lists, not the message trees oasst1 reads
     prompts.write_text('{"prompt": "Write a haiku"}\n{"prompt": "Explain DVC"}\n', encoding="utf-8")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(
-        {"seed": 1, "fetch": {"chats": {"source": "oasst1", "path": str(prompts), "val_frac": 0.5}}}))
+        {"seed": 1, "data_seed": 1, "fetch": {"chats": {"source": "oasst1", "path": str(prompts), "val_frac": 0.5}}}))
     proc = run_stage("stages.fetch", "chats", f"--out={tmp_path / 'raw'}", f"--params={tmp_path / 'params.yaml'}")
     assert proc.returncode == 1
     line = the_error_line(proc.stderr)
@@ -203,9 +203,9 @@ def test_fetch_stage_with_a_source_file_in_the_wrong_format_says_so_in_one_line(
     assert not (tmp_path / "raw").exists()
 
 
-def test_cache_stage_without_a_seed_refuses_instead_of_using_zero(tmp_path):
+def test_cache_stage_without_a_data_seed_refuses_instead_of_using_zero(tmp_path):
     params = yaml.safe_load((ROOT / "presets" / "tiny.yaml").read_text())
-    del params["seed"]
+    del params["data_seed"]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "lib"), str(ROOT)])}
     # The cache stage reads params.yaml from its working folder, as under `dvc repro`.
@@ -213,5 +213,5 @@ def test_cache_stage_without_a_seed_refuses_instead_of_using_zero(tmp_path):
                            "--tokenizer", str(tmp_path / "tok"), "--out", str(tmp_path / "out")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
-    assert "params.yaml `seed` must be an integer, got None" in the_error_line(proc.stderr)
+    assert "params.yaml `data_seed` must be an integer, got None" in the_error_line(proc.stderr)
     assert not (tmp_path / "out").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zlib
 from pathlib import Path
@@ -111,3 +112,32 @@ def test_tsv_without_step_is_refused(tmp_path: Path) -> None:
 
 def test_flatten() -> None:
     assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": 3}) == {"a.b": 1, "a.c.d": 2, "e": 3}
+
+
+def test_results_carry_intervals_and_run_facts_stay_apart(tmp_path: Path) -> None:
+    metrics, runinfo, preds, plots = (tmp_path / d for d in ("metrics", "runinfo", "eval", "plots"))
+    for d in (metrics, runinfo, preds / "sft", plots):
+        d.mkdir(parents=True)
+    (metrics / "eval_sft.json").write_text(json.dumps({
+        "chat.synth_math.accuracy": 0.8, "chat.synth_math.accuracy.n": 10, "bpb.shakespeare": 2.0, "step": 5}))
+    (metrics / "rl.json").write_text(json.dumps({"pass@1": 0.715, "pass@1.n": 100, "steps": 20}))
+    (runinfo / "eval_sft.json").write_text(json.dumps({"eval_time_s": 12.5, "device": "cpu"}))
+    (runinfo / "pretrain.json").write_text(json.dumps({"tok_per_s": 5000.0, "git_commit": "feedbeef"}))
+    # Three documents whose bits per byte are 1.0, 2.0 and 3.0.
+    docs = [{"index": i, "nats": b * (i + 1) * math.log(2), "bytes": b} for i, b in enumerate((100, 100, 100))]
+    (preds / "sft" / "bpb_shakespeare.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    text = build_report(metrics, plots, tmp_path / "report", environment=ENV, runinfo_dir=runinfo,
+                        predictions_dir=preds).read_text()
+    # Wilson for 8 of 10 is (0.490, 0.943); the count is shown, not listed as a metric of its own.
+    assert "| chat.synth_math.accuracy | - | - | 0.8000 [0.490, 0.943] n=10 | - |" in text
+    assert "accuracy.n" not in text
+    # A bootstrap over the three documents: inside the range of their own values.
+    row = next(line for line in text.splitlines() if line.startswith("| bpb.shakespeare |"))
+    lo, hi = (float(x) for x in row.split("[")[1].split("]")[0].split(","))
+    assert 1.0 <= lo < 2.0 < hi <= 3.0 and "n=3" in row
+    assert "0.7150 [" in text and "n=100" in text  # rl's pass@1 in its own section
+    # Run facts in their own table and the environment, not among the results.
+    facts = text[text.index("## Run facts"):]
+    assert "| tok_per_s | 5000.0000 |" in facts and "| eval_time_s |" in facts
+    assert "tok_per_s" not in text[:text.index("## Run facts")]
+    assert "pretrain: git_commit | feedbeef" in text

@@ -26,6 +26,7 @@ def rl_workspace(tmp_path: Path) -> Path:
     fetch_source("synth_math", SOURCE_CONFIGS["synth_math"](n_train=8, n_val=2), tmp_path / "raw/synth_math", seed=1)
     params = {
         "seed": 3,
+        "data_seed": 4,
         "runtime": {"device": "cpu", "dtype": "fp32", "nproc": 1, "threads": 1},
         "rl": {"problems": "synth_math", "num_steps": 2, "problems_per_step": 1, "group_size": 2, "max_new_tokens": 4,
                "device_batch_rows": 2, "eval_every_steps": 0, "eval_problems": 1, "pass_k": 1},
@@ -36,7 +37,8 @@ def rl_workspace(tmp_path: Path) -> Path:
 
 def _args(root: Path) -> list[str]:
     return ["--init", str(root / "sft"), "--raw", str(root / "raw"), "--tokenizer", str(root / "tokenizer"),
-            "--out", str(root / "rl"), "--metrics", str(root / "metrics/rl.json"), "--plots", str(root / "plots/rl"),
+            "--out", str(root / "rl"), "--metrics", str(root / "metrics/rl.json"),
+            "--runinfo", str(root / "runinfo/rl.json"), "--plots", str(root / "plots/rl"),
             "--params", str(root / "params.yaml")]
 
 
@@ -95,7 +97,8 @@ def test_outputs_and_series_repeat_byte_for_byte(rl_workspace: Path, repo_root: 
     for run in ("a", "b"):
         args = _args(root)
         for flag, value in (("--out", root / f"rl_{run}"), ("--plots", root / f"plots/rl_{run}"),
-                            ("--metrics", root / f"metrics/rl_{run}.json")):
+                            ("--metrics", root / f"metrics/rl_{run}.json"),
+                            ("--runinfo", root / f"runinfo/rl_{run}.json")):
             args[args.index(flag) + 1] = str(value)
         assert rl.main(args) == 0
         outs[run] = {p.name: p.read_bytes() for d in (root / f"rl_{run}", root / f"plots/rl_{run}") for p in d.iterdir()}

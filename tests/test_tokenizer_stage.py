@@ -244,7 +244,7 @@ def test_stage_cli_and_missing_snapshot(tmp_path: Path) -> None:
     raw = _snapshots(tmp_path)
     params = tmp_path / "params.yaml"
     params.write_text(
-        "seed: 3\ntokenizer:\n  kind: bpe\n  vocab_size: 280\n  train_sources: [notes]\n  max_chars: 100000\n"
+        "seed: 3\ndata_seed: 3\ntokenizer:\n  kind: bpe\n  vocab_size: 280\n  train_sources: [notes]\n  max_chars: 100000\n"
         "  metric_sources: [notes, chat]\n"
     )
     cmd = [sys.executable, "-m", "stages.tokenizer", "--raw", str(raw), "--out", str(tmp_path / "tok"),

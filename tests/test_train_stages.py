@@ -41,6 +41,7 @@ def workspace(tmp_path_factory) -> Path:
                   checkpoint_every_steps=2, peak_flops=1e12)
     params = {
         "seed": 7,
+        "data_seed": 8,
         "runtime": {"device": "cpu", "dtype": "fp32", "nproc": 1, "threads": 1},
         "model": {"depth": 1, "sequence_len": 64, "head_dim": 32},
         "pretrain": {**common, "mixture": {"prose": 1.0}, "num_steps": 4},
@@ -53,7 +54,8 @@ def workspace(tmp_path_factory) -> Path:
 
 def _args(root: Path, stage: str, out: str, runs: str = "runs") -> list[str]:
     args = ["--cache", str(root / "cache"), "--tokenizer", str(root / "tokenizer"), "--out", str(root / out),
-            "--metrics", str(root / f"metrics/{out}.json"), "--plots", str(root / f"plots/{out}"),
+            "--metrics", str(root / f"metrics/{out}.json"), "--runinfo", str(root / f"runinfo/{out}.json"),
+            "--plots", str(root / f"plots/{out}"),
             "--runs", str(root / runs), "--params", str(root / "params.yaml")]
     if stage == "midtrain":
         args += ["--init", str(root / "pretrain")]
@@ -76,7 +78,11 @@ def test_stage_chain(workspace: Path, repo_root: Path, monkeypatch: pytest.Monke
         ck = load_checkpoint(root / stage)
         assert ck.meta["stage"] == stage
         m = json.loads((root / f"metrics/{stage}.json").read_text())
-        assert m["val_bpb"] > 0 and m["steps"] == ck.step and len(m["samples"]) == 3
+        assert m["val_bpb"] > 0 and m["steps"] == ck.step
+        # Results apart from run facts: no timing, device or commit in the metrics DVC diffs.
+        assert set(m) == {"val_bpb", "unigram_bpb", "steps", "tokens", "params"}
+        info = json.loads((root / f"runinfo/{stage}.json").read_text())
+        assert info["tok_per_s"] > 0 and info["device"]["device"] == "cpu" and len(info["samples"]) == 3
         first = json.loads((root / f"plots/{stage}/first_batch.json").read_text())
         assert first["shape"] == [2, 64] and len(first["rows"]) == 2
         # Per-step series of results only (no throughput), one row per step and evaluation.
@@ -92,15 +98,16 @@ def test_stage_chain(workspace: Path, repo_root: Path, monkeypatch: pytest.Monke
         assert (root / "pretrain" / name).read_bytes() == (root / "pretrain_again" / name).read_bytes(), name
     for name in ("train.tsv", "val.tsv"):
         assert (root / "plots/pretrain" / name).read_bytes() == (root / "plots/pretrain_again" / name).read_bytes(), name
+    assert (root / "metrics/pretrain.json").read_bytes() == (root / "metrics/pretrain_again.json").read_bytes()
     # Re-running a finished run resumes at its last step: nothing retrained, same output.
     assert pretrain.main(_args(root, "pretrain", "pretrain_third", runs="runs2")) == 0
-    third = json.loads((root / "metrics/pretrain_third.json").read_text())
+    third = json.loads((root / "runinfo/pretrain_third.json").read_text())
     assert third["resumed_from_step"] == 4 and third["tok_per_s"] > 0
     assert (root / "pretrain/model.safetensors").read_bytes() == (root / "pretrain_third/model.safetensors").read_bytes()
     # Changed code never resumes (or re-publishes) what the old code trained.
     monkeypatch.setattr("stages.pretrain.code_revision", lambda entry: "sha256:changed")
     assert pretrain.main(_args(root, "pretrain", "pretrain_new_code", runs="runs2")) == 0
-    assert json.loads((root / "metrics/pretrain_new_code.json").read_text())["resumed_from_step"] == 0
+    assert json.loads((root / "runinfo/pretrain_new_code.json").read_text())["resumed_from_step"] == 0
 
 
 def test_sigkilled_stage_resumes_to_the_same_bytes(workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -141,7 +148,7 @@ def test_sigkilled_stage_resumes_to_the_same_bytes(workspace: Path, repo_root: P
     proc.wait()
     assert not (root / "killed").exists()
     assert pretrain.main(args("killed", "runs_kill")) == 0
-    resumed = json.loads((root / "metrics/killed.json").read_text())["resumed_from_step"]
+    resumed = json.loads((root / "runinfo/killed.json").read_text())["resumed_from_step"]
     assert 2 <= resumed < 12
     assert pretrain.main(args("straight", "runs_straight")) == 0
     for name in ("model.safetensors", "optim_rank0.pt", "meta.json", "manifest.json"):

@@ -121,6 +121,37 @@ def exp_summary(
         typer.echo(render_text(summary, width=shutil.get_terminal_size((100, 24)).columns), nl=False)
 
 
+@dev_app.command("evalsets")
+def dev_evalsets(
+    evalsets: Path = typer.Option(Path("evalsets"), "--evalsets", help="the eval sets folder whose generated files to check"),
+    write: bool = typer.Option(False, "--write", help="regenerate the files from lockstep.evaluate.evalsets_build"),
+) -> None:
+    """Check that the generated eval set files are exactly the generator's output (exit 1 if not);
+    with --write, regenerate them."""
+    from lockstep.evaluate.evalsets_build import EvalsetBuildError, drifted, write_evalsets
+
+    if not evalsets.is_dir():
+        typer.echo(f"error: {evalsets} is not a folder; pass the eval sets folder with --evalsets", err=True)
+        raise typer.Exit(2)
+    try:
+        if write:
+            changed = write_evalsets(evalsets)
+            typer.echo(f"rewrote {', '.join(changed)} under {evalsets}" if changed
+                       else f"already right: the generated files under {evalsets}")
+            return
+        found = drifted(evalsets)
+    except (EvalsetBuildError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    if not found:
+        typer.echo(f"{evalsets}: every generated eval set file is the generator's output")
+        return
+    for rel in found:
+        typer.echo(f"{evalsets / rel}: differs from the generator's output")
+    typer.echo(f"fix: lockstep dev evalsets --write --evalsets {evalsets}", err=True)
+    raise typer.Exit(1)
+
+
 @app.command()
 def parity(
     run_a: str = typer.Argument(..., help="run A: a folder of artifacts, or a git/DVC experiment ref"),

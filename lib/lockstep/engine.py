@@ -1,6 +1,9 @@
 """KV-cache engine: batched sampling from a GPT with the calculator tool's output forced into
-the stream. Token ids in, token ids out; it knows nothing about chat templates or text beyond
-decoding a tool call and encoding its result."""
+the stream, either one prompt sampled many ways (`Engine.generate`) or many prompts decoded
+greedily together (`Engine.generate_greedy`, for evaluation). Token ids in, token ids out; it
+knows nothing about chat templates or text beyond decoding a tool call and encoding its result.
+A little over 400 lines: the cache and the two decoding loops share the row state and the tool
+handling, which are easiest to check side by side."""
 
 from __future__ import annotations
 
@@ -82,10 +85,16 @@ class KVCache:
                 q_pos = pos + torch.arange(T, device=k.device)  # (T,)
                 mask = (torch.arange(end, device=k.device)[None, :] <= q_pos[:, None])[None, None]  # (1, 1, T, Tk)
         else:
-            for b, p in enumerate(self._pos):
-                kv[layer_idx, 0, b, :, p : p + T] = k[b]
-                kv[layer_idx, 1, b, :, p : p + T] = v[b]
-            q_pos = pos.to(k.device)[:, None] + torch.arange(T, device=k.device)  # (B, T)
+            pos = pos.to(k.device)
+            if T == 1:  # decoding: one scatter per layer rather than a copy per row
+                rows = torch.arange(B, device=k.device)
+                kv[layer_idx, 0, rows, :, pos] = k[:, :, 0]  # (B, Hkv, D) at (row, pos[row])
+                kv[layer_idx, 1, rows, :, pos] = v[:, :, 0]
+            else:
+                for b, p in enumerate(self._pos):
+                    kv[layer_idx, 0, b, :, p : p + T] = k[b]
+                    kv[layer_idx, 1, b, :, p : p + T] = v[b]
+            q_pos = pos[:, None] + torch.arange(T, device=k.device)  # (B, T)
             mask = (torch.arange(end, device=k.device)[None, None, :] <= q_pos[:, :, None])[:, None]  # (B, 1, T, Tk)
         return kv[layer_idx, 0, :, :, :end], kv[layer_idx, 1, :, :, :end], mask
 
@@ -122,6 +131,44 @@ class KVCache:
         if self.batch_size != 1:
             raise ValueError(f"replicate() needs a single-row cache, this one has {self.batch_size} rows")
         return KVCache.stack([self] * num_rows, capacity_tokens)
+
+    def put_row(self, row: int, source: KVCache) -> None:
+        """Make row `row` a copy of the single-row cache `source` (a prompt prefilled on its own),
+        position included, growing this cache when `source` is longer. Whatever the row held
+        before stays in memory past the new position, where the attention mask hides it."""
+        if source.batch_size != 1:
+            raise ValueError(f"put_row() needs a single-row source, this one has {source.batch_size} rows")
+        if not 0 <= row < self.batch_size:
+            raise ValueError(f"row {row} is outside this cache of {self.batch_size} rows")
+        n = source._pos[0]
+        if source.kv is not None and n:
+            if self.kv is None or n > self.kv.size(4):
+                self._reserve(n, source.kv)
+            assert self.kv is not None
+            self.kv[:, :, row, :, :n] = source.kv[:, :, 0, :, :n]
+        self._pos[row] = n
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Keep only `rows`, in the order given, so finished rows stop costing work. When each
+        kept row either stays where it is or comes from past the kept range (the engine fills a
+        finished row's place with the last row), the rest moves in place, one row copy per moved
+        row, and the cache shrinks to a view; any other order copies the whole cache."""
+        rows = list(rows)
+        if not rows:
+            raise ValueError("keep_rows() needs at least one row to keep")
+        if len(set(rows)) != len(rows) or not all(0 <= r < self.batch_size for r in rows):
+            raise ValueError(f"keep_rows() needs distinct rows in 0..{self.batch_size - 1}, got {rows}")
+        n = len(rows)
+        if self.kv is not None:
+            if all(r == i or r >= n for i, r in enumerate(rows)):
+                for i, r in enumerate(rows):
+                    if r != i:
+                        self.kv[:, :, i] = self.kv[:, :, r]
+                self.kv = self.kv[:, :, :n]
+            else:
+                self.kv = self.kv.index_select(2, torch.tensor(rows, dtype=torch.long, device=self.kv.device))
+        self._pos = [self._pos[r] for r in rows]
+        self.batch_size = n
 
     @classmethod
     def stack(cls, caches: Sequence[KVCache], capacity_tokens: int = 0) -> KVCache:
@@ -166,6 +213,16 @@ class _Row:
     done: bool = False
 
 
+@dataclass
+class _Reply(_Row):
+    """One prompt of `Engine.generate_greedy` while it decodes in a cache row."""
+
+    index: int = 0          # the prompt's place in the caller's list
+    budget: int = 0         # max_tokens of this prompt
+    feed: int = 0           # the token the next forward pass reads for this row
+    ids: list[int] = field(default_factory=list)
+
+
 def sample_next(
     logits: torch.Tensor, *, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator
 ) -> torch.Tensor:
@@ -188,10 +245,20 @@ def sample_next(
     return idx.gather(-1, choice).squeeze(-1)
 
 
+def _fill_from_the_end(alive: Sequence[bool]) -> list[int]:
+    """The rows to keep, ordered so that each finished row's place goes to the last live row
+    (KVCache.keep_rows then moves rows in place): alive [T, F, T, T] -> [0, 3, 2]."""
+    keep = [i for i, a in enumerate(alive) if a]
+    n = len(keep)
+    tail = [i for i in keep if i >= n]
+    return [i if i in keep else tail.pop() for i in range(n)]
+
+
 class Engine:
     """Samples completions of one prompt from a GPT: the prompt is prefilled once, its cache
-    copied to `num_samples` rows, and the rows decoded together. The tokenizer-like object
-    supplies the special ids (`encode_special`) and, for tool calls, `decode` and `encode`."""
+    copied to `num_samples` rows, and the rows decoded together; or decodes many prompts greedily
+    in one batch (`generate_greedy`). The tokenizer-like object supplies the special ids
+    (`encode_special`) and, for tool calls, `decode` and `encode`."""
 
     STOP_TOKENS = ("<|assistant_end|>", "<|bos|>")
 
@@ -310,6 +377,70 @@ class Engine:
             row.forced.extend([self.output_start_id, *self.tokenizer.encode(text), self.output_end_id])
         elif row.in_python:
             row.python_ids.append(tok)
+
+    def generate_greedy(
+        self, prompts: Sequence[Sequence[int]], *, max_tokens: int | Sequence[int], batch_rows: int, use_tools: bool = True
+    ) -> list[list[int]]:
+        """Greedy completions of many different prompts, up to `batch_rows` of them decoding
+        together: per prompt, the tokens `generate(prompt, max_tokens=m, temperature=0.0)` yields
+        for its one row (tool results forced the same way), up to and including the stop token
+        when one comes; equal to rounding, which in low precision can tip a near tie. `max_tokens`
+        is one budget for all or one per prompt.
+
+        Each prompt but its last token is prefilled on its own and copied into a free row of one
+        shared cache, rows keeping their own positions; every step then reads one token per row
+        (a fresh row's last prompt token, else its previous token) in a single forward pass. A
+        row that finishes hands its place to the next waiting prompt, and once none waits the
+        finished rows are dropped from the cache, so they stop costing work."""
+        budgets = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
+        if len(budgets) != len(prompts):
+            raise ValueError(f"max_tokens has {len(budgets)} budgets for {len(prompts)} prompts; pass one per prompt or one int")
+        if batch_rows < 1:
+            raise ValueError(f"batch_rows={batch_rows} must be >= 1")
+        waiting: deque[tuple[int, list[int], int]] = deque()
+        for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
+            self._check(list(prompt), 1, budget, 0.0, None, None)
+            waiting.append((i, list(prompt), budget))
+        out: list[list[int]] = [[] for _ in prompts]
+        if not waiting:
+            return out
+        with torch.inference_mode():
+            device = self._device()
+            first = list(waiting)[:batch_rows]
+            # Room for the first rows' whole replies up front; a longer prompt later grows the cache.
+            cache = KVCache.for_model(self.model, len(first), capacity_tokens=max(len(p) + b for _, p, b in first))
+            rows: list[_Reply] = [self._start_reply(cache, r, *waiting.popleft()) for r in range(cache.batch_size)]
+            while rows:
+                col = torch.tensor([r.feed for r in rows], dtype=torch.long, device=device)[:, None]  # (B, 1)
+                picks = self.model(col, kv_cache=cache)[:, -1, :].argmax(dim=-1).tolist()  # (B,)
+                for slot, (row, pick) in enumerate(zip(rows, picks)):
+                    tok = row.forced.popleft() if row.forced else pick
+                    row.ids.append(tok)
+                    if tok in self.stop_ids:
+                        row.done = True
+                    elif use_tools:
+                        self._tool_state(row, tok)
+                    row.done = row.done or len(row.ids) == row.budget
+                    row.feed = tok
+                    if row.done:
+                        out[row.index] = row.ids
+                        if waiting:
+                            rows[slot] = self._start_reply(cache, slot, *waiting.popleft())
+                if any(r.done for r in rows):
+                    keep = _fill_from_the_end([not r.done for r in rows])
+                    if keep:
+                        cache.keep_rows(keep)
+                    rows = [rows[slot] for slot in keep]
+        return out
+
+    def _start_reply(self, cache: KVCache, slot: int, index: int, prompt: list[int], budget: int) -> _Reply:
+        """Prefill all of `prompt` but its last token into row `slot` of `cache`; the last token
+        is the row's first feed, so its logits come from the shared decode step."""
+        head = KVCache.for_model(self.model, 1, capacity_tokens=len(prompt))
+        if len(prompt) > 1:
+            self.model(torch.tensor([prompt[:-1]], dtype=torch.long, device=self._device()), kv_cache=head)  # (1, T - 1)
+        cache.put_row(slot, head)
+        return _Reply(index=index, budget=budget, feed=prompt[-1])
 
     def generate_batch(self, prompt_ids: Sequence[int], **kwargs: Any) -> tuple[list[list[int]], list[list[int]]]:
         """Run `generate` to the end; return per row the completion ids (prompt excluded, the

@@ -1,8 +1,14 @@
-"""The run's report card: a markdown page and PNG charts rebuilt from metrics JSON and the per-step
-series (lockstep.series) alone (seconds, no model). It does not run or evaluate anything itself."""
+"""The run's report card: a markdown page and PNG charts rebuilt from the metrics JSON (results),
+the run facts JSON (lockstep.runinfo), the eval stages' per-item records and the per-step series
+(lockstep.series) alone (seconds, no model). It does not run or evaluate anything itself.
+
+Every result that has items behind it is shown with a 95% interval (lockstep.stats): a Wilson
+interval for a rate written with its item count `<metric>.n`, a bootstrap over documents for an
+eval's bits per byte (`bpb_<cache>.jsonl` in the predictions folder)."""
 
 from __future__ import annotations
 
+import json
 import math
 import platform
 import re
@@ -15,11 +21,13 @@ from typing import Any
 from lockstep.io import atomic_dir, read_json
 from lockstep.series import SUFFIX as SERIES_SUFFIX
 from lockstep.series import read_series_file
+from lockstep.stats import bootstrap_ratio_interval, wilson_interval
 
 # Report columns as nanochat's card names them, with the pipeline stage behind each.
 STAGE_COLUMNS: tuple[tuple[str, str], ...] = (("BASE", "pretrain"), ("MID", "midtrain"), ("SFT", "sft"), ("RL", "rl"))
 HEADLINE_KEYS = ("core", "chatcore")
-_TRAIN_KEY_HINTS = ("time_s", "tokens", "steps", "step", "flops", "mfu", "tok_per_s", "params")
+COUNT_SUFFIX = ".n"  # `<metric>.n`: the number of items a rate is over
+Interval = tuple[float, float, int, str]  # low, high, items, how
 
 
 def flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -35,10 +43,10 @@ def flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def load_metrics(metrics_dir: Path) -> dict[str, dict[str, Any]]:
-    """Every `*.json` in `metrics_dir` as {file stem: flat dict}."""
+    """Every `*.json` in `metrics_dir` as {file stem: flat dict} (the metrics or the run facts)."""
     metrics_dir = Path(metrics_dir)
     if not metrics_dir.is_dir():
-        raise FileNotFoundError(f"metrics folder {metrics_dir} does not exist; run the pipeline (dvc repro) first")
+        raise FileNotFoundError(f"folder {metrics_dir} does not exist; run the pipeline (dvc repro) first")
     out = {}
     for path in sorted(metrics_dir.glob("*.json")):
         data = read_json(path, what="metrics file")
@@ -140,45 +148,85 @@ def environment_info(repo_root: Path) -> dict[str, str]:
     }
 
 
-def render_markdown(metrics: Mapping[str, Mapping[str, Any]], charts: list[Path], environment: Mapping[str, str]) -> str:
-    """The report card text."""
+def intervals(metrics: Mapping[str, Mapping[str, Any]], predictions_dir: Path | None) -> dict[tuple[str, str], Interval]:
+    """95% intervals by (file stem, metric). A rate with a count `<metric>.n` gets the Wilson
+    interval; for a mean of per-item rates (pass@1 over k samples per problem) the same interval
+    is conservative, since p(1-p)/n bounds the variance of any mean of n values in [0, 1]. An
+    eval's `bpb.<cache>` gets a bootstrap over the documents in `<predictions>/<stage>/bpb_<cache>.jsonl`
+    (2000 resamples, seed 0: the same records always give the same interval)."""
+    out: dict[tuple[str, str], Interval] = {}
+    for stem, flat in metrics.items():
+        for key, value in flat.items():
+            n = flat.get(key + COUNT_SUFFIX)
+            if isinstance(n, int) and n > 0 and isinstance(value, (int, float)) and 0 <= value <= 1:
+                lo, hi = wilson_interval(value * n, n)
+                out[(stem, key)] = (lo, hi, n, "Wilson")
+            elif stem.startswith("eval_") and key.startswith("bpb.") and predictions_dir is not None:
+                path = Path(predictions_dir) / stem.removeprefix("eval_") / f"{key.replace('.', '_')}.jsonl"
+                if path.is_file():
+                    docs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+                    lo, hi = bootstrap_ratio_interval([d["nats"] / math.log(2) for d in docs], [d["bytes"] for d in docs])
+                    out[(stem, key)] = (lo, hi, len(docs), "bootstrap over documents")
+    return out
+
+
+def _with_interval(value: Any, iv: Interval | None) -> str:
+    if iv is None or value is None or math.isnan(iv[0]):
+        return _fmt(value)
+    return f"{_fmt(value)} [{iv[0]:.3f}, {iv[1]:.3f}] n={iv[2]:,}"
+
+
+def _numeric(flat: Mapping[str, Any]) -> list[str]:
+    return [k for k, v in flat.items() if not isinstance(v, str) and not k.endswith(COUNT_SUFFIX)]
+
+
+def _stage_table(title: str, stems: list[tuple[str, str]], source: Mapping[str, Mapping[str, Any]],
+                 ivs: Mapping[tuple[str, str], Interval], first: tuple[str, ...] = ()) -> list[str]:
+    present = [(c, s) for c, s in stems if s in source]
+    if not present:
+        return []
+    keys = sorted({k for _, s in present for k in _numeric(source[s])}, key=lambda k: (k not in first, k))
+    rows = [[k, *[_with_interval(source[s].get(k), ivs.get((s, k))) if s in source else "-" for _, s in stems]]
+            for k in keys]
+    return [f"## {title}", "", *_table(["metric", *[c for c, _ in stems]], rows), ""]
+
+
+def render_markdown(metrics: Mapping[str, Mapping[str, Any]], charts: list[Path], environment: Mapping[str, str],
+                    runinfo: Mapping[str, Mapping[str, Any]] | None = None,
+                    ivs: Mapping[tuple[str, str], Interval] | None = None) -> str:
+    """The report card text: results (with 95% intervals where items stand behind them), then
+    the run facts, then the charts."""
+    runinfo, ivs = runinfo or {}, ivs or {}
     lines = ["# lockstep report card", ""]
-    lines += ["Rebuilt from `data/metrics` and `data/plots` by the `report` stage.", ""]
+    lines += ["Rebuilt from `data/metrics` (results), `data/runinfo` (run facts), the eval records in `data/eval` "
+              "and `data/plots` by the `report` stage. Intervals are 95%: Wilson for rates over n items, a "
+              "bootstrap over n documents for bits per byte.", ""]
 
     lines += ["## Environment", ""]
     env_rows = [[k, v] for k, v in environment.items()]
-    for stem in sorted(metrics):
-        for k, v in sorted(metrics[stem].items()):
-            if isinstance(v, str):
-                env_rows.append([f"{stem}: {k}", v])
+    for source in (metrics, runinfo):
+        for stem in sorted(source):
+            for k, v in sorted(source[stem].items()):
+                if isinstance(v, str):
+                    env_rows.append([f"{stem}: {k}", v])
     lines += _table(["", "value"], env_rows) + [""]
 
-    train_stages = [(col, st) for col, st in STAGE_COLUMNS if st in metrics]
-    if train_stages:
-        keys = sorted({k for _, st in train_stages for k, v in metrics[st].items()
-                       if not isinstance(v, str) and any(h in k for h in _TRAIN_KEY_HINTS)})
-        lines += ["## Training: wall time and tokens", ""]
-        lines += _table(["metric", *[c for c, _ in train_stages]],
-                        [[k, *[metrics[st].get(k) for _, st in train_stages]] for k in keys]) + [""]
+    lines += _stage_table("Training results", list(STAGE_COLUMNS), metrics, ivs, first=("val_bpb",))
+    eval_cols = [(col, f"eval_{st}") for col, st in STAGE_COLUMNS]
+    lines += _stage_table("Evaluation", eval_cols, metrics, ivs, first=HEADLINE_KEYS)
 
     if "tokenizer" in metrics:
         lines += ["## Tokenizer", ""]
-        lines += _table(["metric", "value"], [[k, v] for k, v in sorted(metrics["tokenizer"].items()) if not isinstance(v, str)]) + [""]
-
-    eval_cols = [(col, f"eval_{st}") for col, st in STAGE_COLUMNS]
-    present = [(c, s) for c, s in eval_cols if s in metrics]
-    if present:
-        keys = sorted({k for _, s in present for k, v in metrics[s].items() if not isinstance(v, str)},
-                      key=lambda k: (k not in HEADLINE_KEYS, k))
-        lines += ["## Evaluation", ""]
-        lines += _table(["metric", *[c for c, _ in eval_cols]],
-                        [[k, *[metrics[s].get(k) if s in metrics else None for _, s in eval_cols]] for k in keys]) + [""]
+        lines += _table(["metric", "value"], [[k, metrics["tokenizer"][k]] for k in sorted(_numeric(metrics["tokenizer"]))]) + [""]
 
     known = {"tokenizer"} | {st for _, st in STAGE_COLUMNS} | {s for _, s in eval_cols}
-    others = sorted(set(metrics) - known)
-    for stem in others:
+    for stem in sorted(set(metrics) - known):
         lines += [f"## {stem}", ""]
-        lines += _table(["metric", "value"], [[k, v] for k, v in sorted(metrics[stem].items()) if not isinstance(v, str)]) + [""]
+        lines += _table(["metric", "value"], [[k, _with_interval(metrics[stem][k], ivs.get((stem, k)))]
+                                              for k in sorted(_numeric(metrics[stem]))]) + [""]
+
+    facts = [(c, s) for c, s in STAGE_COLUMNS] + [(f"eval {c}", s) for c, s in eval_cols]
+    lines += _stage_table("Run facts: time, throughput, compute", facts, runinfo, {})
 
     if charts:
         lines += ["## Charts", ""]
@@ -187,11 +235,15 @@ def render_markdown(metrics: Mapping[str, Mapping[str, Any]], charts: list[Path]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def build_report(metrics_dir: Path, plots_dir: Path, out_dir: Path, *, environment: Mapping[str, str]) -> Path:
-    """Write `out_dir/report.md` and its charts atomically (the folder is replaced whole)."""
+def build_report(metrics_dir: Path, plots_dir: Path, out_dir: Path, *, environment: Mapping[str, str],
+                 runinfo_dir: Path | None = None, predictions_dir: Path | None = None) -> Path:
+    """Write `out_dir/report.md` and its charts atomically (the folder is replaced whole). The run
+    facts and the eval records are optional: without them the card shows results without them."""
     metrics = load_metrics(metrics_dir)
+    runinfo = load_metrics(runinfo_dir) if runinfo_dir is not None and Path(runinfo_dir).is_dir() else {}
+    ivs = intervals(metrics, predictions_dir)
     series = read_series(plots_dir)
     with atomic_dir(out_dir) as tmp:
         charts = draw_charts(series, tmp)
-        (tmp / "report.md").write_text(render_markdown(metrics, charts, environment), encoding="utf-8")
+        (tmp / "report.md").write_text(render_markdown(metrics, charts, environment, runinfo, ivs), encoding="utf-8")
     return Path(out_dir) / "report.md"

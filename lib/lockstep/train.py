@@ -309,7 +309,7 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
           token_bytes: torch.Tensor | None, run_dir: Path, seed: int, meta: dict[str, Any],
           sample_prompts: Sequence[Sequence[int]] = (), decode: Callable[[list[int]], str] | None = None,
           on_step: Callable[[dict[str, float]], None] | None = None, stop_at_step: int | None = None,
-          params_section: str = "") -> TrainResult:
+          params_section: str = "", val_seed: int | None = None) -> TrainResult:
     """Train `model` (already on rt.device, fp32 master weights) in place, resuming from the
     latest complete checkpoint in `run_dir` if there is one. `meta` (model config, stage config,
     tokenizer sha256, ...) goes into every checkpoint. `stop_at_step` ends early after that step,
@@ -318,6 +318,8 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
     A step whose loss or gradient norm is NaN or inf is not applied; more of them in a row than
     `cfg.nonfinite_patience` raise NonFiniteError, as do non-finite weights at a checkpoint.
     `params_section` names where `cfg` came from (`pretrain`), for the keys that error names.
+    `val_seed` picks the validation windows (the stages pass the data seed, so that runs with
+    different training seeds are measured on the same text); by default it is `seed`.
 
     `on_step` gets each result row on rank 0, as SERIES_COLUMNS names them: `{step, train_loss,
     lr_mult}` after an applied step, `{step, val_bpb}` after an evaluation. A resumed run replays
@@ -398,7 +400,7 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
         if val_data is None or token_bytes is None:
             return {}
         r = validation_bpb(model, val_data, token_bytes, rt, rows=rows, seq_len=seq_len, eval_tokens=cfg.eval_tokens,
-                           seed=seed, loss=cfg.loss)
+                           seed=seed if val_seed is None else val_seed, loss=cfg.loss)
         if rt.is_main:
             log.info("step %d/%d | val bpb %.4f | unigram bpb %.4f", step, total_steps, r["val_bpb"], r["unigram_bpb"])
             record({"step": step, "val_bpb": r["val_bpb"]})

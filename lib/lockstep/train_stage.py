@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ from lockstep.loaders import Mixture, PretrainTokenStreamDataset, open_sft_datas
 from lockstep.model import GPT, GPTConfig
 from lockstep.parity import FIRST_BATCH_FILE, dump_first_batch
 from lockstep.records import user_prompt
+from lockstep.runinfo import git_commit, nan_to_null
 from lockstep.runtime import Runtime, RuntimeConfig, barrier
 from lockstep.series import SeriesWriter
 from lockstep.tokenizer import load_tokenizer
@@ -55,7 +54,8 @@ class TrainStagePaths:
     cache: Path  # token caches root: pretrain/<name>/, sft/<name>/
     tokenizer: Path
     out: Path  # the final checkpoint folder
-    metrics: Path  # the metrics JSON
+    metrics: Path  # the metrics JSON: results
+    runinfo: Path  # the run facts JSON: timings, throughput, device, commit
     plots: Path  # per-step series and the first-batch parity artifact
     runs: Path  # git-ignored run folders holding the intermediate checkpoints
     init: Path | None = None  # the checkpoint to start from; None for a fresh model (pretrain)
@@ -151,15 +151,6 @@ def stage_meta(*, model_config: GPTConfig, cfg: TrainConfig, stage: str, tokeniz
             "tokenizer_sha256": tokenizer_sha256, "seed": seed, **(extra or {})}
 
 
-def git_commit(root: Path | None = None) -> str:
-    """The git commit checked out (for metrics, which people read), or "unknown"."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "unknown"
-
-
 def publish_checkpoint(source: Path, out: Path) -> None:
     """Copy the run's last checkpoint to the stage output, verified before and after: a
     byte-identical copy for identical runs, replaced whole or not at all."""
@@ -170,25 +161,35 @@ def publish_checkpoint(source: Path, out: Path) -> None:
     ckpt.verify_checkpoint(out)
 
 
-def stage_metrics(result: TrainResult, model: GPT, rt: Runtime, *, started_s: float) -> dict[str, Any]:
-    """The stage's metrics JSON: final bits per byte, horizon, throughput, samples, provenance.
-    NaN (a figure with nothing to measure) becomes null."""
+def stage_metrics(result: TrainResult, model: GPT) -> dict[str, Any]:
+    """The stage's metrics JSON: results only (final bits per byte, horizon, size), the same for
+    equal runs, so `dvc metrics diff` of two runs shows what changed in what they learned. NaN (a
+    figure with nothing to measure) becomes null."""
     metrics = {
         "val_bpb": result.final_eval.get("val_bpb"), "unigram_bpb": result.final_eval.get("unigram_bpb"),
-        "steps": result.step, "tokens": result.tokens, "flops": result.flops, "tok_per_s": result.tok_per_s,
-        "mfu": result.mfu, "train_time_s": result.train_time_s, "params": model.num_params(),
-        "device": rt.describe(), "peak_flops": result.peak, "samples": result.samples,
-        "resumed_from_step": result.resumed_from, "git_commit": git_commit(),
-        "stage_wall_time_s": time.perf_counter() - started_s,
+        "steps": result.step, "tokens": result.tokens, "params": model.num_params(),
     }
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
+    return nan_to_null(metrics)
+
+
+def stage_runinfo(result: TrainResult, rt: Runtime, *, started_s: float) -> dict[str, Any]:
+    """The stage's run facts, kept apart from its metrics: throughput, compute, device, the commit,
+    where it resumed, the samples it wrote. They differ between equal runs on other hosts or
+    loads; the report card shows them and DVC does not diff them."""
+    info = {
+        "flops": result.flops, "tok_per_s": result.tok_per_s, "mfu": result.mfu, "train_time_s": result.train_time_s,
+        "stage_wall_time_s": time.perf_counter() - started_s, "peak_flops": result.peak, "device": rt.describe(),
+        "resumed_from_step": result.resumed_from, "git_commit": git_commit(), "samples": result.samples,
+    }
+    return nan_to_null(info)
 
 
 def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, rt: Runtime, seed: int,
-                       runtime_config: RuntimeConfig, code_revision: str, started_s: float,
+                       data_seed: int, runtime_config: RuntimeConfig, code_revision: str, started_s: float,
                        model_params: ModelParams | None = None) -> dict[str, Any] | None:
     """Run the training stage `stage` (`cfg` is its params section) end to end and return its
-    metrics on rank 0 (None on the other ranks). A fresh model is built from `model_params` when
+    metrics on rank 0 (None on the other ranks). `seed` draws the initialisation and the batches;
+    `data_seed` the validation windows, the same for every training seed. A fresh model is built from `model_params` when
     `paths.init` is None (pretrain); otherwise the model is the init checkpoint's, refused if it
     was trained with another tokenizer. `code_revision` names the run folder and goes into the
     checkpoints; `started_s` (time.perf_counter) is when the stage began, for its wall time.
@@ -218,7 +219,7 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
     val_data, _ = build_mixture(paths.cache, cfg, split="val", seq_len=seq_len, device=rt.device, tok=tok, stage=stage)
     token_bytes = torch.from_numpy(tok.token_bytes().astype("int64"))
 
-    identity = {"seed": seed, "runtime": config_to_dict(runtime_config), "model": gcfg.to_dict(),
+    identity = {"seed": seed, "data_seed": data_seed, "runtime": config_to_dict(runtime_config), "model": gcfg.to_dict(),
                 stage: config_to_dict(cfg), "tokenizer_sha256": tok.sha256, "caches": train_ids, "init": init_identity,
                 "code": code_revision}
     run_dir = paths.runs / f"{stage}-{run_key(stage, identity)}"
@@ -235,7 +236,8 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
     try:
         result = train(model, cfg=cfg, rt=rt, train_data=train_data, val_data=val_data, token_bytes=token_bytes,
                        run_dir=run_dir, seed=seed, meta=meta, sample_prompts=sample_prompts(stage, tok),
-                       decode=tok.decode, on_step=series.add if series is not None else None, params_section=stage)
+                       decode=tok.decode, on_step=series.add if series is not None else None, params_section=stage,
+                       val_seed=data_seed)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(resume_note(stage, run_dir)) from None
     metrics = None
@@ -243,7 +245,8 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
         assert series is not None
         publish_checkpoint(result.checkpoint, paths.out)
         series.write()
-        metrics = stage_metrics(result, model, rt, started_s=started_s)
+        metrics = stage_metrics(result, model)
+        write_json_atomic(paths.runinfo, stage_runinfo(result, rt, started_s=started_s))
         write_json_atomic(paths.metrics, metrics)
         log.info("done: val bpb %.4f (unigram %.4f), %d steps, %s", metrics["val_bpb"] or float("nan"),
                  metrics["unigram_bpb"] or float("nan"), result.step, paths.out)

@@ -229,10 +229,11 @@ def _shard(seq: Sequence[Any], rank: int, world_size: int) -> list[tuple[int, An
     return [(i, seq[i]) for i in range(rank, len(seq), world_size)]
 
 
-def _generate_in_batches(generate: Generate, prompts: list[list[int]], batch_size: int) -> list[list[int]]:
+def _generate_in_batches(generate: Generate, prompts: list[list[int]], batch_size: int | None) -> list[list[int]]:
     out: list[list[int]] = []
-    for s in range(0, len(prompts), batch_size):
-        out.extend(generate(prompts[s : s + batch_size]))
+    step = batch_size or max(len(prompts), 1)
+    for s in range(0, len(prompts), step):
+        out.extend(generate(prompts[s : s + step]))
     if len(out) != len(prompts):
         raise ValueError(f"generate returned {len(out)} completions for {len(prompts)} prompts")
     return out
@@ -243,11 +244,13 @@ def evaluate_generative(
     *,
     tokenizer: ChatTokenizer,
     generate: Generate,
-    batch_size: int = 8,
+    batch_size: int | None = None,
     rank: int = 0,
     world_size: int = 1,
 ) -> TaskResult:
-    """Exact match of the final answer of each generated reply (tool calls included in the reply)."""
+    """Exact match of the final answer of each generated reply (tool calls included in the reply).
+    `generate` gets `batch_size` prompts a call, or all of this rank's at once when None (then it
+    batches as it likes: see evaluate.run.make_generate)."""
     mine = _shard(items, rank, world_size)
     prompts = [tokenizer.render_for_completion(item.conversation) for _, item in mine]
     completions = _generate_in_batches(generate, prompts, batch_size)
@@ -310,12 +313,13 @@ def evaluate_code(
     tokenizer: ChatTokenizer,
     generate: Generate,
     limits: SandboxLimits,
-    batch_size: int = 8,
+    batch_size: int | None = None,
     rank: int = 0,
     world_size: int = 1,
 ) -> TaskResult:
     """pass@1: the item's tests, run apart from the generated code and calling it through the
-    sandbox's proxy, reach their last line (see `sandbox.run_tests`)."""
+    sandbox's proxy, reach their last line (see `sandbox.run_tests`). `batch_size` as for
+    `evaluate_generative`."""
     mine = _shard(items, rank, world_size)
     convs = [{"messages": [text_message("user", it.prompt), text_message("assistant", "")]} for _, it in mine]
     completions = _generate_in_batches(generate, [tokenizer.render_for_completion(c) for c in convs], batch_size)

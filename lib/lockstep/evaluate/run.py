@@ -47,11 +47,12 @@ class EvalConfig:
     categorical_files: tuple[str, ...] = ("chat/arc_own.jsonl",)  # under --evalsets
     code_files: tuple[str, ...] = ("chat/code_own.jsonl",)  # under --evalsets
     max_new_tokens: int = 96  # per generated reply
+    generate_batch: int = 1  # chat replies decoded together (Engine.generate_greedy); 1 = one at a time, the reference
     sandbox_timeout_s: float = 5.0
     sandbox_memory_mb: int = 512
 
     def __post_init__(self) -> None:
-        for name in ("bpb_max_tokens", "bpb_batch_rows", "max_new_tokens", "sandbox_memory_mb"):
+        for name in ("bpb_max_tokens", "bpb_batch_rows", "max_new_tokens", "generate_batch", "sandbox_memory_mb"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"eval.{name}={getattr(self, name)} must be positive")
         for name in ("core_max_items", "chat_max_items"):
@@ -70,8 +71,9 @@ class EvalPaths:
     tokenizer: Path
     raw: Path
     evalsets: Path
-    out: Path  # metrics JSON
-    predictions: Path  # folder of <task>.jsonl
+    out: Path  # metrics JSON: results, each accuracy with its item count `<metric>.n`
+    predictions: Path  # folder of <task>.jsonl: per-item records (bpb_<cache>.jsonl: per document)
+    runinfo: Path  # run facts JSON: device, dtype, world size, time
 
 
 class _Autocast:
@@ -136,9 +138,14 @@ def _sft_draws(ds: Any, *, rows: int, T: int, max_tokens: int, rt: Any,
         yield x, y_masked  # assistant tokens only: the part a chat model is trained to produce
 
 
-def _record_bpb(metrics: dict[str, Any], key: str, sums: BpbSums, cache_dir: Path) -> None:
+def _record_bpb(metrics: dict[str, Any], predictions: dict[str, list[dict[str, Any]]], key: str, sums: BpbSums,
+                cache_dir: Path, rt: Any) -> None:
+    """The bits per byte under `key`, and its documents' (nats, bytes) as per-item records, the
+    items a bootstrap interval resamples (numbered so that ranks interleave)."""
     if sums.bytes:
         metrics[key] = sums.bpb
+        predictions[key.replace(".", "_")] = [{"index": i * rt.world_size + rt.rank, "nats": nats, "bytes": n_bytes}
+                                              for i, (nats, n_bytes) in enumerate(sums.documents)]
     else:  # every target a special token: no text to measure, and the log says so
         log.warning("%s: the val targets scored hold no text bytes; %s left out", cache_dir, key)
 
@@ -150,11 +157,15 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def make_generate(engine: Any, *, stop_ids: set[int], max_new_tokens: int, context_tokens: int) -> chat.Generate:
-    """Greedy replies from lockstep.engine (calculator tool on), one prompt at a time, cut at the
-    first stop token."""
+def make_generate(engine: Any, *, stop_ids: set[int], max_new_tokens: int, context_tokens: int,
+                  batch_rows: int = 1) -> chat.Generate:
+    """Greedy replies from lockstep.engine (calculator tool on), cut at the first stop token: one
+    prompt at a time (`batch_rows` 1, the reference), or up to `batch_rows` prompts decoding
+    together through `Engine.generate_greedy`: the same tokens in fp32; under bf16 another batch
+    shape rounds differently and a near tie may go the other way (4 of 607 replies of the tiny
+    preset's SFT checkpoint)."""
 
-    def generate(prompts: list[list[int]]) -> list[list[int]]:
+    def one_at_a_time(prompts: list[list[int]]) -> list[list[int]]:
         out = []
         for prompt in prompts:
             room = context_tokens - len(prompt)
@@ -177,12 +188,24 @@ def make_generate(engine: Any, *, stop_ids: set[int], max_new_tokens: int, conte
             out.append(ids)
         return out
 
-    return generate
+    def batched(prompts: list[list[int]]) -> list[list[int]]:
+        fits = [i for i, p in enumerate(prompts) if len(p) < context_tokens]  # a prompt filling the context gets no reply
+        replies = engine.generate_greedy([prompts[i] for i in fits], batch_rows=batch_rows, use_tools=True,
+                                         max_tokens=[min(max_new_tokens, context_tokens - len(prompts[i])) for i in fits])
+        out: list[list[int]] = [[] for _ in prompts]
+        for i, ids in zip(fits, replies):
+            cut = next((k for k, t in enumerate(ids) if t in stop_ids), len(ids))
+            out[i] = ids[:cut]
+        return out
+
+    return one_at_a_time if batch_rows == 1 else batched
 
 
-def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, seed: int) -> dict[str, Any]:
+def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, data_seed: int) -> dict[str, Any]:
     """Evaluate the `stage` checkpoint; rank 0 writes the metrics JSON and the predictions folder.
-    `rt` is a lockstep.runtime.Runtime. Returns the metrics."""
+    `rt` is a lockstep.runtime.Runtime. `data_seed` picks the SFT examples measured and the
+    few-shot examples: the same items for every training seed (replies are greedy, so nothing else
+    is drawn). Returns the metrics."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; evaluate one of {list(STAGES)}")
     t0 = time.monotonic()
@@ -192,8 +215,7 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, se
     fwd = _Autocast(model, rt.autocast)
     T = model.config.sequence_len
     bos = tokenizer.get_bos_token_id()
-    metrics: dict[str, Any] = {"step": int(meta["step"]), "device": str(rt.device),
-                               "dtype": str(rt.dtype).removeprefix("torch."), "world_size": rt.world_size}
+    metrics: dict[str, Any] = {"step": int(meta["step"])}
     predictions: dict[str, list[dict[str, Any]]] = {}
 
     # Bits per byte on every val cache present.
@@ -203,14 +225,14 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, se
         batches = _pretrain_batches(cache_dir / "val", rows=cfg.bpb_batch_rows, T=T, max_tokens=cfg.bpb_max_tokens,
                                     rt=rt, tokenizer_sha256=tokenizer.sha256)
         if batches is not None:
-            _record_bpb(metrics, f"bpb.{cache_dir.name}",
-                        measure_bpb(model, batches, token_bytes, device=rt.device, autocast=rt.autocast), cache_dir)
+            sums = measure_bpb(model, batches, token_bytes, device=rt.device, autocast=rt.autocast, doc_start_id=bos)
+            _record_bpb(metrics, predictions, f"bpb.{cache_dir.name}", sums, cache_dir, rt)
     for cache_dir in list_caches(paths.cache / "sft"):
         batches = _sft_batches(cache_dir, rows=cfg.bpb_batch_rows, T=T, max_tokens=cfg.bpb_max_tokens, rt=rt,
-                               pad_id=bos, tokenizer_sha256=tokenizer.sha256, seed=seed)
+                               pad_id=bos, tokenizer_sha256=tokenizer.sha256, seed=data_seed)
         if batches is not None:
-            _record_bpb(metrics, f"bpb.sft_{cache_dir.name}",
-                        measure_bpb(model, batches, token_bytes, device=rt.device, autocast=rt.autocast), cache_dir)
+            sums = measure_bpb(model, batches, token_bytes, device=rt.device, autocast=rt.autocast, doc_start_id=bos)
+            _record_bpb(metrics, predictions, f"bpb.sft_{cache_dir.name}", sums, cache_dir, rt)
     log.info("bpb done: %s", {k: round(v, 4) for k, v in metrics.items() if k.startswith("bpb.")})
 
     if stage in cfg.core_stages:
@@ -223,8 +245,9 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, se
                               "scored_text": [tokenizer.decode(r[s:e]) for r, (s, e) in zip(scored.rows, scored.spans)]})
 
             res = core.evaluate_task(fwd, task, encode=tokenizer.encode, bos_id=bos, max_seq_len=T, device=rt.device,
-                                     seed=seed, rank=rt.rank, world_size=rt.world_size, on_item=on_item)
+                                     seed=data_seed, rank=rt.rank, world_size=rt.world_size, on_item=on_item)
             metrics[f"core.{task.label}.accuracy"] = res["accuracy"]
+            metrics[f"core.{task.label}.accuracy.n"] = res["items"]
             metrics[f"core.{task.label}.centered"] = res["centered"]
             centered_by_task[task.label] = res["centered"]
             predictions[f"core_{task.label}"] = recs
@@ -234,7 +257,7 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, se
     if stage in cfg.chat_stages:
         stop_ids = {tokenizer.encode_special("<|assistant_end|>"), bos}
         generate = make_generate(Engine(model, tokenizer), stop_ids=stop_ids, max_new_tokens=cfg.max_new_tokens,
-                                 context_tokens=T)
+                                 context_tokens=T, batch_rows=cfg.generate_batch)
         per_task: dict[str, tuple[float, float]] = {}
         results: dict[str, tuple[chat.TaskResult, float]] = {}
         for src in cfg.math_sources:
@@ -265,17 +288,20 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, se
                 log.warning("chat task %s has no items; left out", name)
                 continue
             metrics[f"chat.{name}.accuracy"] = res.accuracy
+            metrics[f"chat.{name}.accuracy.n"] = res.total
             per_task[name] = (res.accuracy, baseline)
             predictions[f"chat_{name}"] = res.records
             log.info("chat %s: accuracy %.4f (%d items)", name, res.accuracy, res.total)
         metrics["chatcore"] = chat.chatcore(per_task)
 
-    metrics["eval_time_s"] = time.monotonic() - t0
+    runinfo = {"device": str(rt.device), "dtype": str(rt.dtype).removeprefix("torch."), "world_size": rt.world_size,
+               "eval_time_s": time.monotonic() - t0}
     gathered = {name: _gather(recs, rt.world_size) for name, recs in sorted(predictions.items())}
     if rt.is_main:
         metrics = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
         with atomic_dir(paths.predictions) as tmp:
             for name, recs in gathered.items():
                 (tmp / f"{name}.jsonl").write_text("".join(canonical_json(r) for r in recs), encoding="utf-8")
+        write_json_atomic(paths.runinfo, runinfo)
         write_json_atomic(paths.out, metrics)
     return metrics

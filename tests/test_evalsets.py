@@ -1,0 +1,152 @@
+"""The shipped eval sets: exactly the generator's output, big enough to measure something (>= 200
+items per accuracy), gold answers spread over the positions, no repeats, every code item's
+reference solution passing its tests in the sandbox while a near miss fails, and no stage
+importing the generator."""
+
+from __future__ import annotations
+
+import collections
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from lockstep.cli import app
+from lockstep.codeid import module_files
+from lockstep.evaluate import chat, evalsets_build
+from lockstep.evaluate.core import load_core_tasks
+from lockstep.evaluate.sandbox import SandboxLimits, run_tests
+
+ROOT = Path(__file__).resolve().parents[1]
+EVALSETS = ROOT / "evalsets"
+MIN_ITEMS = 200
+FILES = (evalsets_build.BARD_CHOICE, evalsets_build.BARD_SCHEMA, evalsets_build.BARD_CLOZE,
+         evalsets_build.ARC_OWN, evalsets_build.CODE_OWN)
+LIMITS = SandboxLimits(timeout_s=10.0, memory_bytes=512 << 20)
+
+
+def _read(rel: str) -> list[dict]:
+    return [json.loads(line) for line in (EVALSETS / rel).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def test_committed_files_are_the_generators_output() -> None:
+    assert evalsets_build.drifted(EVALSETS) == [], "fix: lockstep dev evalsets --write"
+    assert set(evalsets_build.build_evalsets()) == set(FILES)
+
+
+def test_hand_written_items_come_first_in_order() -> None:
+    for rel, hand in ((evalsets_build.BARD_CHOICE, evalsets_build.BARD_CHOICE_HAND),
+                      (evalsets_build.BARD_SCHEMA, evalsets_build.BARD_SCHEMA_HAND),
+                      (evalsets_build.BARD_CLOZE, evalsets_build.BARD_CLOZE_HAND),
+                      (evalsets_build.ARC_OWN, evalsets_build.ARC_HAND)):
+        assert _read(rel)[: len(hand)] == list(hand), rel
+    code = _read(evalsets_build.CODE_OWN)
+    assert [{k: r[k] for k in ("task_id", "prompt", "entry_point", "test")} for r in code[:5]] == list(evalsets_build.CODE_HAND)
+
+
+@pytest.mark.parametrize("rel", FILES)
+def test_every_task_has_enough_items_and_no_repeats(rel: str) -> None:
+    items = _read(rel)
+    assert len(items) >= MIN_ITEMS, f"{rel} holds {len(items)} items; one item would move its accuracy by more than 0.5 points"
+    seen = [json.dumps({k: v for k, v in it.items() if k != "task_id"}, sort_keys=True) for it in items]
+    assert len(set(seen)) == len(seen), f"{rel} repeats an item"
+
+
+@pytest.mark.parametrize(("rel", "options_key", "gold_of"), [
+    (evalsets_build.BARD_CHOICE, "choices", lambda it: it["gold"]),
+    (evalsets_build.BARD_SCHEMA, "context_options", lambda it: it["gold"]),
+    (evalsets_build.ARC_OWN, "choices", lambda it: "ABCD".index(it["answer"])),
+])
+def test_gold_answers_are_spread_over_the_positions(rel: str, options_key: str, gold_of) -> None:
+    items = _read(rel)
+    widths = {len(it[options_key]) for it in items}
+    assert len(widths) == 1, f"{rel} mixes {sorted(widths)}-way items"
+    n = widths.pop()
+    counts = collections.Counter(gold_of(it) for it in items)
+    share = max(counts.values()) / len(items)
+    # A model always picking one position scores chance, not more: at most ~35% of 4-way golds
+    # (chance 25%) or ~60% of 2-way golds (chance 50%) sit in any one position.
+    assert share <= {4: 0.35, 2: 0.60}[n], f"{rel}: {dict(counts)}"
+    for it in items:
+        options = it[options_key]
+        assert len(set(options)) == n, f"{rel}: repeated option in {options}"
+
+
+def test_the_files_load_through_the_evaluators() -> None:
+    tasks = {t.label: t for t in load_core_tasks(EVALSETS / "core")}
+    assert all(len(t.items) >= MIN_ITEMS for t in tasks.values())
+    assert all(it["continuation"] and not it["context"].endswith(" ") for it in tasks["bard_cloze"].items)
+    arc = chat.categorical_items(_read(evalsets_build.ARC_OWN))
+    assert len(arc) >= MIN_ITEMS and all(len(it.choices) == 4 for it in arc)
+    code = chat.code_items(_read(evalsets_build.CODE_OWN))
+    assert len({it.entry_point for it in code}) == len(code), "two code items share an entry point"
+
+
+def _judge(record: dict, body: str):
+    item = chat.code_items([record])[0]
+    return run_tests(chat.code_program(item, body), chat.code_tests(item), entry_point=item.entry_point,
+                     setup=chat.code_context(item), limits=LIMITS)
+
+
+def _code_sample() -> list[tuple[dict, str]]:
+    pairs = evalsets_build.code_items_with_wrong()
+    # A hand-written item, one of a parametrised family, and two written out one by one.
+    by_entry = {r["entry_point"]: (r, w) for r, w in pairs}
+    return [by_entry[name] for name in ("count_letter", "caesar_shift_three", "merge_sorted", "letter_counts")]
+
+
+@pytest.mark.parametrize("pair", _code_sample(), ids=lambda p: p[0]["entry_point"])
+def test_code_reference_passes_and_a_near_miss_fails_in_the_sandbox(pair) -> None:
+    record, wrong = pair
+    assert _judge(record, record["canonical_solution"]).passed
+    assert not _judge(record, wrong).passed
+    assert not _judge(record, "    return None\n").passed
+
+
+@pytest.mark.slow
+def test_every_code_reference_passes_and_its_near_miss_fails_in_the_sandbox() -> None:
+    committed = _read(evalsets_build.CODE_OWN)
+    pairs = evalsets_build.code_items_with_wrong()
+    assert [r for r, _ in pairs] == committed
+    failed = [r["task_id"] for r, _ in pairs if not _judge(r, r["canonical_solution"]).passed]
+    caught = [r["task_id"] for r, w in pairs if _judge(r, w).passed]
+    assert failed == [] and caught == [], f"references failing: {failed}; near misses passing: {caught}"
+
+
+def test_a_wrong_solution_that_passes_is_refused_at_generation() -> None:
+    spec = evalsets_build.CodeSpec("twice", "n", "Return 2 * n.", "    return 2 * n\n", "    return n + n\n", ((3,), (0,)))
+    with pytest.raises(evalsets_build.EvalsetBuildError, match="twice: the wrong solution passes every case"):
+        evalsets_build._code_record("own/x", spec)
+
+
+def test_no_stage_imports_the_generator() -> None:
+    generator = Path(evalsets_build.__file__).resolve()
+    for stage in sorted(p.stem for p in (ROOT / "stages").glob("*.py") if not p.stem.startswith("_")):
+        assert generator not in {Path(f).resolve() for f in module_files(f"stages.{stage}")}, stage
+
+
+def test_cli_check_names_a_drifted_file_and_write_fixes_it(tmp_path: Path) -> None:
+    copy = tmp_path / "evalsets"
+    shutil.copytree(EVALSETS, copy)
+    runner = CliRunner()
+    ok = runner.invoke(app, ["dev", "evalsets", "--evalsets", str(copy)])
+    assert ok.exit_code == 0, ok.output
+    target = copy / evalsets_build.ARC_OWN
+    target.write_text(target.read_text(encoding="utf-8").replace('"answer": "B"', '"answer": "A"', 1), encoding="utf-8")
+    bad = runner.invoke(app, ["dev", "evalsets", "--evalsets", str(copy)])
+    assert bad.exit_code == 1
+    assert str(target) in bad.output and "lockstep dev evalsets --write" in bad.output
+    fixed = runner.invoke(app, ["dev", "evalsets", "--write", "--evalsets", str(copy)])
+    assert fixed.exit_code == 0 and evalsets_build.ARC_OWN in fixed.output
+    assert target.read_bytes() == (EVALSETS / evalsets_build.ARC_OWN).read_bytes()
+    missing = runner.invoke(app, ["dev", "evalsets", "--evalsets", str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and "is not a folder" in missing.output
+
+
+def test_the_readme_gives_each_files_item_count() -> None:
+    readme = (EVALSETS / "README.md").read_text(encoding="utf-8").splitlines()
+    for rel in FILES:
+        row = next(line for line in readme if line.startswith(f"| `{rel}` |"))
+        assert f"| {len(_read(rel))} |" in row, f"evalsets/README.md gives another count for {rel}: {row[:120]}"
