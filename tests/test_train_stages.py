@@ -230,7 +230,10 @@ def test_ctrl_c_ends_with_one_line_naming_the_checkpoint_to_resume_from(workspac
     with open(stderr_path, "w") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "stages.pretrain", *_args_with(root, "interrupted", "runs_int", params)],
                                 cwd=repo_root, stdout=subprocess.DEVNULL, stderr=stderr,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                # A shell starts background jobs with SIGINT ignored, and Python then
+                                # leaves it ignored: give the stage the default a terminal gives it.
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 120
             while not list((root / "runs_int").glob("pretrain-*/step_*/manifest.json")):
