@@ -27,7 +27,7 @@ from lockstep.stats import bootstrap_ratio_interval, wilson_interval
 STAGE_COLUMNS: tuple[tuple[str, str], ...] = (("BASE", "pretrain"), ("MID", "midtrain"), ("SFT", "sft"), ("RL", "rl"))
 HEADLINE_KEYS = ("core", "chatcore")
 COUNT_SUFFIX = ".n"  # `<metric>.n`: the number of items a rate is over
-Interval = tuple[float, float, int, str]  # low, high, items, how
+Interval = tuple[float, float, int]  # low, high, items
 
 
 def flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -160,13 +160,13 @@ def intervals(metrics: Mapping[str, Mapping[str, Any]], predictions_dir: Path | 
             n = flat.get(key + COUNT_SUFFIX)
             if isinstance(n, int) and n > 0 and isinstance(value, (int, float)) and 0 <= value <= 1:
                 lo, hi = wilson_interval(value * n, n)
-                out[(stem, key)] = (lo, hi, n, "Wilson")
+                out[(stem, key)] = (lo, hi, n)
             elif stem.startswith("eval_") and key.startswith("bpb.") and predictions_dir is not None:
                 path = Path(predictions_dir) / stem.removeprefix("eval_") / f"{key.replace('.', '_')}.jsonl"
                 if path.is_file():
                     docs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
                     lo, hi = bootstrap_ratio_interval([d["nats"] / math.log(2) for d in docs], [d["bytes"] for d in docs])
-                    out[(stem, key)] = (lo, hi, len(docs), "bootstrap over documents")
+                    out[(stem, key)] = (lo, hi, len(docs))
     return out
 
 
