@@ -11,6 +11,7 @@ from typing import Any
 from lockstep.cache import CacheError
 from lockstep.cache_build import CacheConfig, build_pretrain_cache, build_sft_cache
 from lockstep.config import ConfigError
+from lockstep.encode import available_cores
 from lockstep.snapshot import SnapshotError, iter_records, read_meta
 from lockstep.tokenizer import load_tokenizer
 from lockstep.tokenizer.base import NoSpecialTokensError, TokenizerFileError
@@ -44,6 +45,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise CacheError(f"cache.{args.name}: kind pretrain needs a document snapshot, {args.raw} holds {kind}s; set kind: sft")
         if cfg.val_frac is not None:
             raise CacheError(f"cache.{args.name}.val_frac applies to SFT caches only; remove it (pretrain keeps the snapshot's split)")
+        if cfg.num_workers is not None and cfg.num_workers < 1:
+            raise ConfigError(f"cache.{args.name}.num_workers={cfg.num_workers} must be >= 1, or null for every core")
+        workers = available_cores() if cfg.num_workers is None else cfg.num_workers
+        pre.log.info("cache %s: encoding %s", args.name,
+                     f"in {workers} worker processes" if workers > 1 else f"in this process on {cfg.num_threads} thread(s)")
         meta = build_pretrain_cache(
             {"train": _texts(args.raw, "train"), "val": _texts(args.raw, "val")},
             args.out,
@@ -55,6 +61,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             shuffle_buffer=cfg.shuffle_buffer,
             encode_batch_docs=cfg.encode_batch_docs,
             num_threads=cfg.num_threads,
+            num_workers=workers,
+            tokenizer_dir=args.tokenizer,
+            text_bytes=raw_meta.get("text_bytes"),
             **common,
         )
     else:
@@ -62,6 +71,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise CacheError(f"cache.{args.name}: kind sft needs a conversation or problem snapshot, {args.raw} holds {kind}s")
         if cfg.max_train_tokens is not None or cfg.max_val_tokens is not None:
             raise CacheError(f"cache.{args.name}: max_train_tokens/max_val_tokens apply to pretrain caches only; remove them")
+        if cfg.num_workers is not None:
+            raise CacheError(f"cache.{args.name}.num_workers applies to pretrain caches only (SFT rendering runs in "
+                             "the stage's process); remove it")
         if cfg.val_frac is None:
             examples: Any = {"train": iter_records(args.raw, "train"), "val": iter_records(args.raw, "val")}
         else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from lockstep.codeid import code_revision
 from lockstep.runtime import RuntimeConfig, shutdown
-from lockstep.train import TrainConfig
+from lockstep.train import MidtrainConfig
 from lockstep.train_stage import ERRORS, TrainStagePaths, run_training_stage
 from stages._common import entry, parse_training_args, preamble
 from stages._runtime import start_runtime
@@ -17,7 +17,7 @@ STAGE_ERRORS = ERRORS
 def main(argv: list[str] | None = None) -> int:
     args = parse_training_args("midtrain", argv, init=True, description=__doc__)
     pre = preamble("midtrain", args.params)
-    cfg = pre.section("midtrain", TrainConfig)
+    cfg = pre.section("midtrain", MidtrainConfig)
     rt_cfg = pre.section("runtime", RuntimeConfig)
     rt = start_runtime(pre, rt_cfg, module="stages.midtrain", argv=argv)
     if isinstance(rt, int):  # ran under torchrun: its exit status

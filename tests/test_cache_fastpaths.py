@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lockstep.cache import CacheError
-from lockstep.cache_build import _bos_join
+from lockstep.encode import _bos_join
 from lockstep.parity import SnapshotCollector, _text_lines
 
 

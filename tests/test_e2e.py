@@ -1,48 +1,22 @@
 """End to end: the whole DVC DAG on the `smoke` preset in a scratch copy of the checkout; a second
 `dvc repro` that must do nothing; a comment edit that reruns only the stage importing the file and
-a docs edit that reruns nothing; then a run from scratch that must rewrite every output byte for byte."""
+a docs edit that reruns nothing; then a run from scratch that must rewrite every output byte for
+byte; last, the team workflow: commit, `dvc push` to a local remote, `git clone` + `dvc pull`
+elsewhere, where `dvc status` is clean and `dvc repro` runs no stage."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from _scratch_repo import BIN, checkout_copy, run_in, git_commit_all
 from lockstep.report import read_series
-
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-
-
-def _run(cmd: list[str], cwd: Path, timeout_s: int) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "DVC_"))}
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = str(cwd / "lib")  # the copy's library runs, not the installed checkout's
-    env.pop("OMP_NUM_THREADS", None)  # the stages set their own thread count from params
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
-    return proc
-
-
-def _checkout_copy(dst: Path) -> None:
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT, capture_output=True, check=True,
-    ).stdout.decode().split("\0")
-    for rel in filter(None, files):
-        src = ROOT / rel
-        if not src.is_file() or rel.startswith("data/"):
-            continue
-        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst / rel)
 
 
 @pytest.mark.e2e
@@ -50,16 +24,13 @@ def _checkout_copy(dst: Path) -> None:
 def test_smoke_pipeline_end_to_end(tmp_path: Path) -> None:
     work = tmp_path / "repo"
     work.mkdir()
-    _checkout_copy(work)
+    checkout_copy(work)
     (work / "dvc.lock").unlink(missing_ok=True)  # the committed lock is for the tiny preset
-    _run([str(BIN / "lockstep"), "preset", "smoke"], work, 60)
-    # A repository with a first commit, as a user's clone has (the training metrics record its commit).
+    run_in([str(BIN / "lockstep"), "preset", "smoke"], work, 60)
+    git_commit_all(work)  # a first commit, as a user's clone has (the training metrics record it)
     git = ["git", "-c", "user.name=lockstep-test", "-c", "user.email=test@lockstep.invalid"]
-    subprocess.run(["git", "init", "-q"], cwd=work, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=work, check=True, capture_output=True)
-    subprocess.run([*git, "commit", "-qm", "scratch copy"], cwd=work, check=True)
 
-    _run([str(BIN / "dvc"), "repro"], work, 1500)
+    run_in([str(BIN / "dvc"), "repro"], work, 1500)
 
     lock = yaml.safe_load((work / "dvc.lock").read_text())
     for stage, entry in lock["stages"].items():
@@ -88,22 +59,22 @@ def test_smoke_pipeline_end_to_end(tmp_path: Path) -> None:
         assert f"({png.name})" in card, f"{png.name} is not linked from report.md"
 
     dvc = str(BIN / "dvc")
-    again = _run([dvc, "repro"], work, 300)
+    again = run_in([dvc, "repro"], work, 300)
     assert "Running stage" not in again.stdout, f"second dvc repro re-ran stages:\n{again.stdout}"
-    status = _run([dvc, "status"], work, 120)
+    status = run_in([dvc, "status"], work, 120)
     assert "up to date" in status.stdout, status.stdout
 
     # A comment in a module only the tokenizer stage imports reruns that stage alone, and the
     # DAG stops there: the tokenizer it writes is byte-identical, so nothing downstream changed.
     pipeline = work / "lib" / "lockstep" / "tokenizer" / "pipeline.py"
     pipeline.write_text(pipeline.read_text() + "\n# A comment changes no result.\n")
-    assert set(json.loads(_run([dvc, "status", "--json"], work, 120).stdout)) == {"tokenizer"}
-    edited = _run([dvc, "repro"], work, 600)
+    assert set(json.loads(run_in([dvc, "status", "--json"], work, 120).stdout)) == {"tokenizer"}
+    edited = run_in([dvc, "repro"], work, 600)
     assert re.findall(r"Running stage '([^']+)'", edited.stdout) == ["tokenizer"], edited.stdout
     # Docs are neither code nor data.
     doc = work / "docs" / "internals.md"
     doc.write_text(doc.read_text() + "\nA new paragraph.\n")
-    assert "up to date" in _run([dvc, "status"], work, 120).stdout
+    assert "up to date" in run_in([dvc, "status"], work, 120).stdout
 
     # From scratch (no run folders to resume, no DVC cache to restore from), identical params and
     # code rewrite every output byte for byte, the metrics included. The run facts and the report
@@ -121,7 +92,7 @@ def test_smoke_pipeline_end_to_end(tmp_path: Path) -> None:
     first_results = {n: results(n) for n in ("pretrain", "midtrain", "sft", "rl")}
     for folder in ("data", "runs", ".dvc/cache", ".dvc/tmp"):
         shutil.rmtree(work / folder, ignore_errors=True)
-    _run([dvc, "repro"], work, 1500)
+    run_in([dvc, "repro"], work, 1500)
     second = outputs()
     differ = sorted(p for p in first.keys() | second.keys() if first.get(p) != second.get(p))
     assert not differ, f"a rerun from scratch changed these outputs: {differ}"
@@ -137,10 +108,28 @@ def test_smoke_pipeline_end_to_end(tmp_path: Path) -> None:
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["seed"] += 1
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    stale = set(json.loads(_run([dvc, "status", "--json"], work, 120).stdout))
+    stale = set(json.loads(run_in([dvc, "status", "--json"], work, 120).stdout))
     assert not {s for s in stale if s.startswith(("fetch", "tokenizer", "cache"))}, sorted(stale)
-    reseeded = _run([dvc, "repro"], work, 1500)
+    reseeded = run_in([dvc, "repro"], work, 1500)
     ran = re.findall(r"Running stage '([^']+)'", reseeded.stdout)
     assert ran[0] == "pretrain" and not [s for s in ran if s.startswith(("fetch", "tokenizer", "cache"))], ran
     assert before and val_bytes() == before
     assert results("pretrain") != first_results["pretrain"], "a new training seed left pretraining unchanged"
+
+    # A teammate's machine: what git shows is committed (dvc.lock, the remote in .dvc/config, the
+    # uncached metrics, run facts, plots and report), the cached outputs go to the remote, and a
+    # fresh clone that pulls them has every stage up to date: nothing is recomputed there.
+    run_in([dvc, "remote", "add", "-d", "store", str(tmp_path / "remote")], work, 60)
+    subprocess.run(["git", "add", "-A"], cwd=work, check=True, capture_output=True)
+    subprocess.run([*git, "commit", "-qm", "pipeline run"], cwd=work, check=True)
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=work, capture_output=True, text=True,
+                          check=True).stdout == ""
+    run_in([dvc, "push"], work, 300)
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(work), str(clone)], check=True, capture_output=True)
+    run_in([dvc, "pull"], clone, 300)
+    assert "up to date" in run_in([dvc, "status"], clone, 120).stdout
+    lock = (clone / "dvc.lock").read_bytes()
+    pulled = run_in([dvc, "repro"], clone, 600)
+    assert re.findall(r"Running stage '([^']+)'", pulled.stdout) == [], pulled.stdout
+    assert (clone / "dvc.lock").read_bytes() == lock

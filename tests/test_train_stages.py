@@ -224,8 +224,10 @@ def test_ctrl_c_ends_with_one_line_naming_the_checkpoint_to_resume_from(workspac
     from lockstep.checkpoint import latest_checkpoint, load_checkpoint
 
     root = workspace
-    # Far more steps than run before the signal lands: the process is still training when it does.
-    params = _params_file(root, "params_int.yaml", num_steps=5000, checkpoint_every_steps=2, eval_every_steps=0)
+    # Far more steps than run before the signal lands: the process is still training when it does
+    # (a horizon that would read the small cache hundreds of times, so without an epoch limit).
+    params = _params_file(root, "params_int.yaml", num_steps=5000, checkpoint_every_steps=2, eval_every_steps=0,
+                          max_epochs=None)
     stderr_path = root / "interrupted_stderr.txt"
     with open(stderr_path, "w") as stderr:
         proc = subprocess.Popen([sys.executable, "-m", "stages.pretrain", *_args_with(root, "interrupted", "runs_int", params)],

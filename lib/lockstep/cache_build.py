@@ -1,9 +1,10 @@
-"""Building token caches: a deterministic streaming shuffle, tokenizing documents (on worker
-threads with one tiktoken encoder each, where the tokenizer allows) into BOS-prefixed shards, SFT
-conversations into tokens + loss mask + offsets, the parity artifacts, and meta.json last, all
-published atomically in the format lockstep.cache defines and reads. Close to 500 lines: the
-pretrain and SFT builders share the shuffle, the shard writer, the parity artifacts and the
-meta.json rules, and each half alone would import most of the other."""
+"""Building token caches: a deterministic streaming shuffle, tokenizing documents into
+BOS-prefixed shards (on threads of this process with one tiktoken encoder each, the reference
+path, or in worker processes of lockstep.encode, which give the same bytes), SFT conversations
+into tokens + loss mask + offsets, the parity artifacts, and meta.json last, all published
+atomically in the format lockstep.cache defines and reads, with a progress line every few
+seconds. Over 400 lines: the pretrain and SFT builders share the shuffle, the shard writer, the
+parity artifacts and the meta.json rules, and each half alone would import most of the other."""
 
 from __future__ import annotations
 
@@ -31,13 +32,16 @@ from lockstep.cache import (
     dtype_name,
     token_dtype,
 )
+from lockstep.encode import EncodePool, encode_join, to_token_array
 from lockstep.io import atomic_dir, atomic_open, sha256_file, write_json_atomic
 from lockstep.parity import MAX_SAMPLE_TOKENS, RenderedSamples, SnapshotCollector
+from lockstep.progress import Progress
 from lockstep.records import as_conversation
 
 log = logging.getLogger(__name__)
 
 _RANDOM_BLOCK = 4096
+PROGRESS_INTERVAL_S = 5.0  # seconds between progress lines
 
 
 @dataclass(frozen=True)
@@ -56,20 +60,11 @@ class CacheConfig:
     val_frac: float | None = None
     artifact_records: int = 8  # records / samples kept in the parity artifacts
     encode_batch_docs: int = 512  # documents per tokenizer.encode call (pretrain)
-    num_threads: int = 2  # tokenizer threads
-
-
-def to_token_array(ids: np.ndarray, vocab_size: int, dtype: np.dtype, where: str) -> np.ndarray:
-    """Checked narrowing: an id outside [0, vocab_size) is an error, never a wrap-around."""
-    if ids.size:
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= vocab_size:
-            bad = lo if lo < 0 else hi
-            raise CacheError(
-                f"{where}: token id {bad} is outside the vocabulary [0, {vocab_size}); "
-                "the tokenizer and its reported vocab size disagree"
-            )
-    return ids.astype(dtype, copy=False)
+    num_threads: int = 2  # tokenizer threads of the in-process path (num_workers: 1)
+    # Pretrain only: tokenizer worker processes, each loading the tokenizer from its files; null =
+    # every core this process may use, 1 = encode in this process on `num_threads` threads. Every
+    # value gives the same bytes.
+    num_workers: int | None = None
 
 
 def _tokenizer_identity(tokenizer: Any) -> dict[str, Any]:
@@ -174,24 +169,6 @@ def _batched(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
         yield batch
 
 
-def _bos_join(ids_lists: list[list[int]], bos_id: int, vocab_size: int, dtype: np.dtype, where: str) -> np.ndarray:
-    """Concatenate documents, each prefixed with BOS, straight into the token dtype: one pass over
-    the ids, no int64 copy and no insertion. Returns tokens (N,) of `dtype`."""
-    bos = (bos_id,)
-    n_tokens = len(ids_lists) + sum(map(len, ids_lists))
-    parts = itertools.chain.from_iterable(zip(itertools.repeat(bos), ids_lists))
-    try:
-        # numpy refuses a Python int that does not fit the dtype, so negatives and ids past the
-        # dtype fail here; ids that fit the dtype but not the vocabulary fail the max check.
-        flat = np.fromiter(itertools.chain.from_iterable(parts), dtype=dtype, count=n_tokens)
-    except OverflowError:
-        wide = np.fromiter(itertools.chain.from_iterable(ids_lists), dtype=object)
-        return to_token_array(wide, vocab_size, dtype, where)  # raises, naming the id
-    if flat.size and int(flat.max()) >= vocab_size:
-        return to_token_array(flat, vocab_size, dtype, where)  # raises, naming the id
-    return flat
-
-
 def _checked_batches(docs: Iterable[Any], n: int, split: str) -> Iterator[list[str]]:
     n_seen = 0
     for batch in _batched(docs, n):
@@ -205,34 +182,6 @@ def _checked_batches(docs: Iterable[Any], n: int, split: str) -> Iterator[list[s
 # Documents per encoding task: small enough that the tasks of one batch spread evenly over the
 # threads, large enough that submitting them costs nothing next to encoding them.
 _TASK_DOCS = 16
-
-
-def _encode_join(
-    texts: list[str], tokenizer: Any, bos_id: int, vocab_size: int, dtype: np.dtype, where: str
-) -> tuple[np.ndarray, np.ndarray]:
-    encode_arrays = getattr(tokenizer, "encode_arrays", None)
-    arrays = None
-    if encode_arrays is not None:
-        try:
-            arrays = encode_arrays(texts)
-        except OverflowError:  # an id that fits no unsigned array: the list path names it
-            arrays = None
-    if arrays is None:  # a tokenizer that only gives id lists
-        ids_lists = tokenizer.encode(texts, num_threads=1)
-        lengths = np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists)) + 1
-        return _bos_join(ids_lists, bos_id, vocab_size, dtype, where), lengths
-    # Ids as arrays, never as Python ints: converting int lists holds the GIL that the other
-    # encoder thread needs (bench/bench_cache.py --lists runs both paths: 2.9 s by lists, 2.3 s
-    # by arrays for 64 MB on a 2-core CPU).
-    lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays)) + 1
-    if not arrays:
-        return np.empty(0, dtype=dtype), lengths
-    parts = [part for a in arrays for part in (np.array([bos_id], dtype=np.uint32), a)]
-    top = max(int(a.max()) for a in parts if a.size)
-    if top >= vocab_size:
-        return to_token_array(np.concatenate(parts, dtype=np.int64), vocab_size, dtype, where), lengths  # raises, naming the id
-    # every id is checked to fit, so the narrowing cast straight into the token dtype is exact
-    return np.concatenate(parts, dtype=dtype, casting="unsafe"), lengths
 
 
 def _joined(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -252,7 +201,7 @@ def _encode_ahead(
     try:
         for batch in batches:
             tasks = [
-                pool.submit(_encode_join, batch[i : i + _TASK_DOCS], tokenizer, bos_id, vocab_size, dtype, where)
+                pool.submit(encode_join, batch[i : i + _TASK_DOCS], tokenizer, bos_id, vocab_size, dtype, where)
                 for i in range(0, len(batch), _TASK_DOCS)
             ]
             pending.append((batch, tasks))
@@ -282,6 +231,9 @@ def build_pretrain_cache(
     encode_batch_docs: int = 512,
     num_threads: int = 2,
     split: str = "train",
+    num_workers: int = 1,
+    tokenizer_dir: str | os.PathLike[str] | None = None,
+    text_bytes: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Tokenize documents into BOS-prefixed token shards, streaming. `texts` is either a mapping
     from split name to an iterable of documents ({"train": ..., "val": ...}; "val" may be left
@@ -290,7 +242,13 @@ def build_pretrain_cache(
     shuffled with a `shuffle_buffer`-document buffer from its own generator (seed for train,
     seed + 1 for val), then written until its token cap; the document at the cap is cut. Writes
     `{train,val}/shard_NNNNN.bin`, the parity artifacts and `meta.json` (last), all into a temp
-    folder that replaces `out_dir` only when everything is written."""
+    folder that replaces `out_dir` only when everything is written.
+
+    `num_workers` > 1 encodes in that many worker processes, each loading the tokenizer from
+    `tokenizer_dir` (whose files must hash to `tokenizer.sha256`); 1 encodes here on
+    `num_threads` threads. Both give the same bytes. `text_bytes` (split -> UTF-8 bytes of its
+    documents, as a snapshot's meta.json has them) lets the progress line show an ETA for an
+    uncapped split."""
     if isinstance(texts, Mapping):
         if not set(texts) <= set(SPLITS) or "train" not in texts:
             raise TypeError(
@@ -314,6 +272,10 @@ def build_pretrain_cache(
     for split, cap in caps.items():
         if cap is not None and cap < 0:
             raise CacheError(f"max_{split}_tokens={cap} must be >= 0 or null (no cap)")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+        raise CacheError(f"num_workers={num_workers!r} must be an integer >= 1 (1: encode in this process)")
+    if num_workers > 1 and tokenizer_dir is None:
+        raise CacheError(f"num_workers={num_workers} needs tokenizer_dir: worker processes load the tokenizer from its files")
     bos_id = int(tokenizer.get_bos_token_id())
     meta: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
@@ -333,7 +295,12 @@ def build_pretrain_cache(
     }
     snapshot = SnapshotCollector(artifact_records)
     rendered = RenderedSamples(tokenizer, artifact_records, bos_id=bos_id)
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir) as tmp, contextlib.ExitStack() as stack:
+        pool = None
+        if num_workers > 1:
+            assert tokenizer_dir is not None
+            pool = stack.enter_context(EncodePool(tokenizer_dir, tokenizer, num_workers=num_workers, bos_id=bos_id,
+                                                  vocab_size=ident["vocab_size"], dtype=dtype))
         for offset, split_name in enumerate(SPLITS):
             gen = torch.Generator().manual_seed(seed + offset)
             writer = _ShardWriter(tmp / split_name, dtype, tokens_per_shard)
@@ -342,7 +309,16 @@ def build_pretrain_cache(
             docs = buffer_shuffle(texts.get(split_name, ()), shuffle_buffer, gen)
             batches = _checked_batches(docs, encode_batch_docs if cap != 0 else 1, split_name)
             where = f"{split_name} documents"
-            encoded = _encode_ahead(batches, tokenizer, num_threads, bos_id, ident["vocab_size"], dtype, where)
+            if pool is not None:
+                encoded = pool.encode(batches, where)
+            else:
+                encoded = _encode_ahead(batches, tokenizer, num_threads, bos_id, ident["vocab_size"], dtype, where)
+            # ETA against the token cap when there is one, else against the split's text bytes.
+            total_bytes = (text_bytes or {}).get(split_name)
+            progress = Progress(
+                f"cache {dataset_name or 'pretrain'} {split_name}", log, budget=cap if cap is not None else total_bytes,
+                budget_unit="tokens" if cap is not None else "bytes", interval_s=PROGRESS_INTERVAL_S,
+            )  # fmt: skip
             # closing: a loop left at the cap stops the encoding threads before the next split.
             with contextlib.closing(encoded):
                 for batch, flat, lengths in encoded:
@@ -364,8 +340,12 @@ def build_pretrain_cache(
                     writer.write(flat)
                     n_tokens += flat.size
                     n_docs += len(batch)
+                    batch_bytes = len("".join(batch).encode("utf-8"))
+                    progress.update(items=len(batch), text_bytes=batch_bytes,
+                                    done=flat.size if cap is not None else batch_bytes, tokens=flat.size)
                     if cap is not None and n_tokens >= cap:
                         break  # stop reading: a capped split never streams the rest of a large source
+            progress.finish()
             meta["shards"][split_name] = writer.close()
             meta[f"{split_name}_tokens"] = n_tokens
             meta[f"{split_name}_docs"] = n_docs

@@ -52,7 +52,8 @@ def partial_dir(final_dir: str | os.PathLike[str]) -> Path:
 
 def begin_checkpoint(final_dir: str | os.PathLike[str]) -> Path:
     """A fresh, empty staging folder for `final_dir` (a leftover from a crash is discarded).
-    Call on one rank, then barrier, then every rank writes its optimizer state into it."""
+    Call on the one writing rank, then write every rank's optimizer state into it
+    (write_optim_state), then finish_checkpoint."""
     staging = partial_dir(final_dir)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

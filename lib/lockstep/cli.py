@@ -1,13 +1,14 @@
-"""The `lockstep` command line: presets, data inspection, parity checks, seed-sweep summaries of
-DVC experiments, chat, serving and the dev tools. Each command imports the library modules it
-needs when it runs: together they bring torch, dvc, FastAPI and uvicorn, about 4 s of imports
-against 0.3 s for `lockstep --help` (measured on a 2-core CPU), which help, completion and the
-light commands should not pay."""
+"""The `lockstep` command line: presets, the cost plan of a params file, data inspection, parity
+checks, seed-sweep summaries of DVC experiments, chat, serving and the dev tools. Each command
+imports the library modules it needs when it runs: together they bring torch, dvc, FastAPI and
+uvicorn, about 4 s of imports against 0.3 s for `lockstep --help` (measured on a 2-core CPU),
+which help, completion and the light commands should not pay."""
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -22,7 +23,7 @@ def main() -> None:
 
 @app.command()
 def preset(
-    name: str = typer.Argument(..., help="preset name: a file presets/NAME.yaml (tiny, smoke, d12, d20)"),
+    name: str = typer.Argument(..., help="preset name: a file presets/NAME.yaml (tiny, smoke, d12, d20, rehearsal)"),
     presets_dir: Path = typer.Option(Path("presets"), help="folder of versioned preset files"),
     params_file: Path = typer.Option(Path("params.yaml"), help="params file to write"),
 ) -> None:
@@ -37,12 +38,93 @@ def preset(
     typer.echo(f"wrote {params_file} from preset {name!r}; run `dvc repro`")
 
 
+@app.command()
+def plan(
+    preset_name: str = typer.Option(None, "--preset", help="plan presets/NAME.yaml instead of the params file"),
+    params_file: Path = typer.Option(Path("params.yaml"), "--params", help="params file to plan"),
+    presets_dir: Path = typer.Option(Path("presets"), help="folder of versioned preset files"),
+    gpus: int = typer.Option(1, "--gpus", min=1, help="devices training runs on (ranks scale linearly)"),
+    device: str = typer.Option(None, "--device", help="h100, h200, a100 or cpu (default: cpu without CUDA, else h100)"),
+    mfu: float = typer.Option(None, "--mfu", min=0.001, max=1.0, help="assumed model FLOPs utilisation"),
+    peak_tflops: float = typer.Option(None, "--peak-tflops", min=0.0, help="per-device peak, overriding the table"),
+    calibrate: bool = typer.Option(False, "--calibrate", help="time a few real training steps of the pretrain "
+                                   "shape on this machine for the throughput (a few seconds on CPU for tiny)"),
+    calibrate_steps: int = typer.Option(3, "--calibrate-steps", min=1, help="timed steps (after one untimed warm-up step)"),
+    cache: Path = typer.Option(Path("data/cache"), help="where built caches are read from when they exist"),
+    raw: Path = typer.Option(Path("data/raw"), help="where raw snapshots are measured when they exist"),
+    as_json: bool = typer.Option(False, "--json", help="JSON, for scripts"),
+) -> None:
+    """What the params will cost, without training or data: parameters, FLOPs per token, tokens
+    and wall time per stage, epochs per data source, disk and memory per device. Figures over
+    a limit are flagged (!!)."""
+    import json
+
+    import torch
+    import yaml
+
+    from lockstep.config import ConfigError, build_config
+    from lockstep.plan import FLAG, calibrate_tok_per_s, make_plan, render_text
+    from lockstep.runtime import RuntimeConfig
+    from lockstep.train import ModelParams, TrainConfig
+
+    source = presets_dir / f"{preset_name}.yaml" if preset_name else params_file
+    try:
+        params = yaml.safe_load(source.read_text(encoding="utf-8"))
+        if not isinstance(params, dict):
+            raise ConfigError(f"{source} must hold a mapping of params sections")
+        device = device or ("h100" if torch.cuda.is_available() else "cpu")
+        tok_per_s = None
+        if calibrate:
+            if device != "cpu" and not torch.cuda.is_available():
+                raise ConfigError(f"--calibrate times this machine, which has no CUDA device; use --device cpu, "
+                                  f"or drop --calibrate to plan for {device}")
+            pre = build_config(TrainConfig, params.get("pretrain") or {}, where="pretrain")
+            gcfg = build_config(ModelParams, params.get("model") or {}, where="model").gpt_config(
+                params["tokenizer"]["vocab_size"])
+            rt_cfg = build_config(RuntimeConfig, params.get("runtime") or {}, where="runtime")
+            tok_per_s = calibrate_tok_per_s(gcfg, rows=pre.device_batch_rows, batch_tokens=pre.batch_tokens,
+                                            optim=pre.optim, runtime=rt_cfg, steps=calibrate_steps,
+                                            configure_process=True)
+        result = make_plan(params, device=device, gpus=gpus, mfu=mfu, peak_tflops=peak_tflops, tok_per_s=tok_per_s,
+                           cache_root=cache, raw_root=raw, root=Path.cwd())
+    except (OSError, ValueError, KeyError, yaml.YAMLError) as e:
+        typer.echo(f"error: {source}: {e}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, allow_nan=False))
+        return
+    for line in render_text(result).splitlines():
+        typer.echo(typer.style(line, fg="red") if FLAG in line else line)
+
+
 data_app = typer.Typer(no_args_is_help=True, help="Look inside token caches.")
 app.add_typer(data_app, name="data")
 
 
 dev_app = typer.Typer(no_args_is_help=True, help="Tools for working on lockstep itself.")
 app.add_typer(dev_app, name="dev")
+
+
+def _check_or_write(*, write: bool, regenerate: Callable[[], str], check: Callable[[], list[str]],
+                    errors: tuple[type[Exception], ...], ok: str, fix: str) -> None:
+    """The shape every `lockstep dev` checker shares: with --write, regenerate and print what
+    changed; otherwise print each difference and the command that fixes it (exit 1), or `ok`.
+    An error of `errors` is one `error:` line (exit 2)."""
+    try:
+        if write:
+            typer.echo(regenerate())
+            return
+        found = check()
+    except errors as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    if not found:
+        typer.echo(ok)
+        return
+    for line in found:
+        typer.echo(line)
+    typer.echo(f"fix: {fix}", err=True)
+    raise typer.Exit(1)
 
 
 @dev_app.command("deps")
@@ -55,25 +137,17 @@ def dev_deps(
     from lockstep.codeid import CodeScanError
     from lockstep.dvcdeps import DepsError, problems, rewrite
 
-    try:
-        if write:
-            text = rewrite(dvc_yaml)
-            changed = text != dvc_yaml.read_text(encoding="utf-8")
-            if changed:
-                dvc_yaml.write_text(text, encoding="utf-8")
-            typer.echo(f"{'rewrote' if changed else 'already right:'} the code deps in {dvc_yaml}")
-            return
-        found = problems(dvc_yaml)
-    except (DepsError, CodeScanError, FileNotFoundError, SyntaxError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
-    if not found:
-        typer.echo(f"{dvc_yaml}: every stage lists exactly the code it imports")
-        return
-    for line in found:
-        typer.echo(line)
-    typer.echo(f"fix: lockstep dev deps --write --dvc-yaml {dvc_yaml}", err=True)
-    raise typer.Exit(1)
+    def regenerate() -> str:
+        text = rewrite(dvc_yaml)
+        changed = text != dvc_yaml.read_text(encoding="utf-8")
+        if changed:
+            dvc_yaml.write_text(text, encoding="utf-8")
+        return f"{'rewrote' if changed else 'already right:'} the code deps in {dvc_yaml}"
+
+    _check_or_write(write=write, regenerate=regenerate, check=lambda: problems(dvc_yaml),
+                    errors=(DepsError, CodeScanError, FileNotFoundError, SyntaxError),
+                    ok=f"{dvc_yaml}: every stage lists exactly the code it imports",
+                    fix=f"lockstep dev deps --write --dvc-yaml {dvc_yaml}")
 
 
 exp_app = typer.Typer(no_args_is_help=True, help="Summaries of DVC experiments.")
@@ -133,23 +207,54 @@ def dev_evalsets(
     if not evalsets.is_dir():
         typer.echo(f"error: {evalsets} is not a folder; pass the eval sets folder with --evalsets", err=True)
         raise typer.Exit(2)
-    try:
-        if write:
-            changed = write_evalsets(evalsets)
-            typer.echo(f"rewrote {', '.join(changed)} under {evalsets}" if changed
-                       else f"already right: the generated files under {evalsets}")
-            return
-        found = drifted(evalsets)
-    except (EvalsetBuildError, OSError) as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
-    if not found:
-        typer.echo(f"{evalsets}: every generated eval set file is the generator's output")
-        return
-    for rel in found:
-        typer.echo(f"{evalsets / rel}: differs from the generator's output")
-    typer.echo(f"fix: lockstep dev evalsets --write --evalsets {evalsets}", err=True)
-    raise typer.Exit(1)
+
+    def regenerate() -> str:
+        changed = write_evalsets(evalsets)
+        return f"rewrote {', '.join(changed)} under {evalsets}" if changed else f"already right: the generated files under {evalsets}"
+
+    _check_or_write(write=write, regenerate=regenerate,
+                    check=lambda: [f"{evalsets / rel}: differs from the generator's output" for rel in drifted(evalsets)],
+                    errors=(EvalsetBuildError, OSError),
+                    ok=f"{evalsets}: every generated eval set file is the generator's output",
+                    fix=f"lockstep dev evalsets --write --evalsets {evalsets}")
+
+
+@dev_app.command("hub-samples")
+def dev_hub_samples(
+    root: Path = typer.Option(Path("corpus/hub"), "--root", help="the folder of hub-layout samples to check"),
+    write: bool = typer.Option(False, "--write", help="regenerate the files from lockstep.hub_samples"),
+) -> None:
+    """Check that the hub-layout sample files (the rehearsal's data) hold exactly the generator's
+    rows (exit 1 if not); with --write, regenerate them."""
+    from lockstep.hub_samples import HubSampleError, drifted, write_samples
+
+    def regenerate() -> str:
+        changed = write_samples(root)
+        return f"rewrote {', '.join(changed)} under {root}" if changed else f"already right: the samples under {root}"
+
+    _check_or_write(write=write, regenerate=regenerate,
+                    check=lambda: [f"{root / rel}: differs from the generator's output (or is not one of its files)"
+                                   for rel in drifted(root)],
+                    errors=(HubSampleError, OSError), ok=f"{root}: every sample file holds the generator's rows",
+                    fix=f"lockstep dev hub-samples --write --root {root}")
+
+
+@dev_app.command("rehearsal")
+def dev_rehearsal(
+    presets_dir: Path = typer.Option(Path("presets"), "--presets-dir", help="folder holding d12.yaml and rehearsal.yaml"),
+    write: bool = typer.Option(False, "--write", help="regenerate rehearsal.yaml from d12.yaml and lockstep.rehearsal"),
+) -> None:
+    """Check that presets/rehearsal.yaml is d12.yaml with the rehearsal's sample paths and sizes
+    (exit 1 if not); with --write, regenerate it."""
+    from lockstep.rehearsal import RehearsalError, is_stale, write_rehearsal
+
+    target = presets_dir / "rehearsal.yaml"
+    _check_or_write(write=write,
+                    regenerate=lambda: f"rewrote {target}" if write_rehearsal(presets_dir) else f"already right: {target}",
+                    check=lambda: ([f"{target}: differs from what {presets_dir / 'd12.yaml'} and lockstep.rehearsal give"]
+                                   if is_stale(presets_dir) else []),
+                    errors=(RehearsalError, OSError), ok=f"{target}: generated from {presets_dir / 'd12.yaml'} as it is now",
+                    fix=f"lockstep dev rehearsal --write --presets-dir {presets_dir}")
 
 
 @app.command()

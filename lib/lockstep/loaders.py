@@ -214,6 +214,10 @@ class SFTExampleDataset:
     def __len__(self) -> int:
         return int(self.eligible.size)
 
+    def example_lengths(self) -> np.ndarray:
+        """(E,) int64 token lengths of the examples the draw picks from, before the cut to T+1."""
+        return self._ends[self.eligible] - self.split.offsets[self.eligible]
+
     def get_batch(self, *, B: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x, y, y_masked: (B, T) int64 on the device."""
         draw = torch.randint(0, self.eligible.size, (B,), generator=generator).tolist()

@@ -48,6 +48,17 @@ def _text_lines(texts: Sequence[str]) -> bytes:
     return b'{"text":"' + joined.replace(b"\x00", b'"}\n{"text":"') + b'"}\n'
 
 
+def json_string_literals(joined: bytes, n: int) -> list[bytes] | None:
+    """The UTF-8 JSON literals (quotes included) that json.dumps(ensure_ascii=False) gives for `n`
+    strings, from their UTF-8 joined by NUL, escaped with whole-buffer byte replacements as in
+    `_text_lines`; None when a string holds NUL or a rarer control character (json's path then)."""
+    if joined.count(b"\x00") != n - 1 or len(joined.translate(None, _OTHER_CONTROL_BYTES)) != len(joined) - (n - 1):
+        return None
+    for raw, escaped in _JSON_ESCAPES:
+        joined = joined.replace(raw, escaped)
+    return [b'"' + v + b'"' for v in joined.split(b"\x00")]
+
+
 class SnapshotCollector:
     """Streams records per split: keeps the first `n` and a sha256 over the canonical JSON of all,
     so memory stays flat however many records pass."""
@@ -92,6 +103,22 @@ class SnapshotCollector:
         if keep > 0:
             s["records"].extend({"text": t} for t in texts[:keep])
         s["count"] += len(texts)
+
+    def wanted(self, split: str) -> int:
+        """How many more records `split` keeps whole (the first `n`)."""
+        self.begin(split)
+        return max(0, self.n - len(self._splits[split]["records"]))
+
+    def add_lines(self, split: str, lines: bytes, head: Sequence[Any], count: int) -> None:
+        """`add` for `count` records given already serialized: `lines` is the concatenation of
+        their canonical JSON lines (lockstep.io.canonical_json), `head` at least their first
+        `wanted(split)` records. For writers that serialize a whole batch at once."""
+        self.begin(split)
+        s = self._splits[split]
+        self._flush(s)
+        s["hash"].update(lines)
+        s["records"].extend(head[: self.wanted(split)][:count])
+        s["count"] += count
 
     @staticmethod
     def _flush(s: dict[str, Any]) -> None:

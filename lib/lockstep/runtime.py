@@ -1,15 +1,17 @@
 """Runtime: device and dtype choice (once, with a reason), device names checked against this
-machine, distributed detection, determinism settings and peak-FLOPs. Knows nothing about models,
-data or training."""
+machine, distributed detection, the torchrun command for one node or several (c10d rendezvous),
+determinism settings and peak-FLOPs. Knows nothing about models, data or training."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import platform
+import re
+import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
@@ -38,6 +40,11 @@ class RuntimeConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "fp32", "bf16"] = "auto"
     nproc: int = 1  # processes on this node; >1 makes the stage re-run itself under torchrun
+    # Nodes in the job; >1: the same stage command, started on every node, joins one torchrun job
+    # of nnodes * nproc ranks through the c10d rendezvous at `rdzv_endpoint`.
+    nnodes: int = 1
+    rdzv_endpoint: str = ""  # HOST:PORT on one node that every node reaches; empty = torchrun --standalone
+    rdzv_id: str = "lockstep"  # job id that every node of one job passes; a new id starts a new job
     threads: int = 0  # torch intra-op threads per process on CPU; 0 = cores // nproc
     compile: Literal["auto", "on", "off"] = "auto"  # torch.compile: auto = on for CUDA only
     deterministic: bool = True  # torch.use_deterministic_algorithms (bit-exact CPU resume needs it)
@@ -50,6 +57,46 @@ class RuntimeConfig:
             raise FieldError("nproc", self.nproc, "must be >= 1: processes on this node, 1 for a single process without torchrun")
         if self.threads < 0:
             raise FieldError("threads", self.threads, "must be >= 0: torch threads per process, 0 = cores // nproc")
+        if self.nnodes < 1:
+            raise FieldError("nnodes", self.nnodes, "must be >= 1: nodes in the job, 1 for a single machine")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise FieldError("rdzv_endpoint", self.rdzv_endpoint, f"must be HOST:PORT when nnodes={self.nnodes}: a "
+                             "free port on one of the nodes that all of them reach, e.g. node0.cluster:29400")
+        if self.rdzv_endpoint:
+            split_endpoint(self.rdzv_endpoint)
+        if not _RDZV_ID.fullmatch(self.rdzv_id):
+            raise FieldError("rdzv_id", self.rdzv_id, "must be 1-64 letters, digits, '.', '_' or '-': the job id "
+                             "every node passes to the rendezvous")
+
+    def identity(self) -> dict:
+        """The fields that can change a run's results, for naming its run folder: where the
+        nodes meet (`rdzv_endpoint`, `rdzv_id`) is left out, so a job restarted under a new id
+        or on another rendezvous host resumes its run."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("rdzv_endpoint", "rdzv_id")}
+
+    @property
+    def multi_process(self) -> bool:
+        """Whether the stage runs under torchrun (several processes, or a rendezvous to join)."""
+        return self.nproc > 1 or self.nnodes > 1
+
+
+_RDZV_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """HOST and PORT of a rendezvous endpoint `HOST:PORT` (`[v6addr]:PORT` for IPv6), or a
+    FieldError for `rdzv_endpoint` that says what is wrong."""
+    host, sep, port = endpoint.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
+        host = host[1:-1]
+    if not sep or not host or (":" in host and not bracketed) or any(c.isspace() for c in host):
+        raise FieldError("rdzv_endpoint", endpoint, "must be HOST:PORT (IPv6 as [ADDR]:PORT), e.g. "
+                         "node0.cluster:29400: the node that hosts the rendezvous and a free port on it")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise FieldError("rdzv_endpoint", endpoint, f"has port {port!r}; give a TCP port in 1..65535 after the last "
+                         "':', e.g. node0.cluster:29400")
+    return host, int(port)
 
 
 class DeviceError(ConfigError):
@@ -63,9 +110,10 @@ class Runtime:
     device: torch.device
     dtype: torch.dtype  # compute dtype of matmuls: float32, or bfloat16 under autocast
     reason: str  # why this device and dtype, for the log
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
+    rank: int = 0  # global rank: data shards and which process writes outputs (rank 0)
+    local_rank: int = 0  # rank on this node: which CUDA device
+    world_size: int = 1  # processes in the job, all nodes together
+    nodes: int = 1  # nodes in the job (torchrun's GROUP_WORLD_SIZE)
     compile: bool = False
     kernels: bool = False  # run models on lockstep.kernels (GPT.use_kernels)
 
@@ -182,12 +230,30 @@ def device_from_name(name: str, *, setting: str) -> torch.device:
 
 
 def under_torchrun() -> bool:
+    """Whether this process was started by torchrun (or a launcher that sets the same variables):
+    then its rank, world size and rendezvous come from the environment, whatever params say."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
 
 
-def torchrun_argv(nproc: int, module: str, args: list[str]) -> list[str]:
-    """The command that re-runs `python -m module args` under torchrun on this node."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", module, *args]
+def local_processes(cfg: RuntimeConfig) -> int:
+    """Processes on this node: torchrun's LOCAL_WORLD_SIZE under torchrun, else `cfg.nproc`."""
+    if under_torchrun() and os.environ.get("LOCAL_WORLD_SIZE", "").isdigit():
+        return max(1, int(os.environ["LOCAL_WORLD_SIZE"]))
+    return cfg.nproc
+
+
+def torchrun_argv(nproc: int, module: str, args: list[str], *, nnodes: int = 1, rdzv_endpoint: str = "",
+                  rdzv_id: str = "lockstep") -> list[str]:
+    """The command that re-runs `python -m module args` under torchrun: `nproc` processes on this
+    node, alone (`--standalone`) without `rdzv_endpoint`, else joining the `nnodes`-node job
+    `rdzv_id` through the c10d rendezvous at `rdzv_endpoint`. Every node runs the same command."""
+    launcher = [sys.executable, "-m", "torch.distributed.run"]
+    if not rdzv_endpoint:
+        if nnodes != 1:
+            raise ValueError(f"runtime.nnodes={nnodes} needs runtime.rdzv_endpoint (HOST:PORT of the rendezvous)")
+        return [*launcher, "--standalone", f"--nproc_per_node={nproc}", "-m", module, *args]
+    return [*launcher, f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}", "-m", module, *args]
 
 
 def configure_threads(threads: int, nproc: int) -> int:
@@ -231,11 +297,12 @@ def keep_heap_memory() -> bool:
 
 def init_runtime(cfg: RuntimeConfig) -> Runtime:
     """Detect torchrun from the environment, join the process group, choose device and dtype."""
-    rank, local_rank, world_size = 0, 0, 1
+    rank, local_rank, world_size, nodes = 0, 0, 1, 1
     if under_torchrun():
         rank = int(os.environ["RANK"])
         local_rank = int(os.environ["LOCAL_RANK"])
         world_size = int(os.environ["WORLD_SIZE"])
+        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
     dev, dt, reason = choose_device_dtype(cfg.device, cfg.dtype, local_rank=local_rank)
     if dev.type == "cpu" and keep_heap_memory():
         reason += "; large CPU blocks reused from the heap (glibc mallopt), not re-mapped every step"
@@ -246,7 +313,33 @@ def init_runtime(cfg: RuntimeConfig) -> Runtime:
         dist.init_process_group(backend=backend, device_id=dev if dev.type == "cuda" else None)
     compile_on = cfg.compile == "on" or (cfg.compile == "auto" and dev.type == "cuda")
     return Runtime(device=dev, dtype=dt, reason=reason, rank=rank, local_rank=local_rank,
-                   world_size=world_size, compile=compile_on, kernels=cfg.kernels)
+                   world_size=world_size, nodes=nodes, compile=compile_on, kernels=cfg.kernels)
+
+
+class NodeOrderError(ConfigError):
+    """Rank 0, which writes a stage's outputs, landed on another node than the one DVC runs on."""
+
+
+def writer_host(rt: Runtime, *, launched_by_dvc: bool) -> str:
+    """The host name of global rank 0, the one process that writes the stage's outputs (a
+    collective: call it on every rank). torchrun's c10d rendezvous numbers the nodes by their
+    sorted addresses, not by who hosts the rendezvous, so this is known only once the job has
+    formed. `launched_by_dvc`: whether DVC started the stage on this node; if it did on some node
+    and rank 0 is elsewhere, DVC would look for the outputs on a disk that never gets them, so
+    every rank raises NodeOrderError before any training."""
+    mine = (socket.gethostname(), launched_by_dvc)
+    everyone = [mine]
+    if rt.distributed:
+        everyone = [None] * rt.world_size
+        dist.all_gather_object(everyone, mine)
+    host0, dvc0 = everyone[0]
+    dvc_hosts = sorted({host for host, dvc in everyone if dvc})
+    if dvc_hosts and not dvc0:
+        raise NodeOrderError(
+            f"rank 0, which writes this stage's outputs, runs on host {host0}, but DVC started the stage on "
+            f"{', '.join(dvc_hosts)}: torchrun's c10d rendezvous gives rank 0 to the node whose address sorts first. "
+            f"Run `dvc repro` on {host0} and the stage command alone on the other nodes (docs/team.md)")
+    return host0
 
 
 def shutdown(rt: Runtime) -> None:

@@ -1,19 +1,26 @@
 """The raw snapshot format: a streaming parquet writer that validates each record against its
 kind (lockstep.records) and writes meta.json last, and checked readers. Knows nothing about where
-records come from."""
+records come from. A writer can also stop at a finished part and carry on in a later process
+(`state` / `restore`), which is how a long fetch resumes, and take documents as whole Arrow
+tables (`add_documents`, validated with `documents_ok`) with the same bytes as record by record.
+Over 400 lines: the batch path shares the part and row-group rules and the parity artifact with
+the record path, and must stay beside it to keep their bytes equal."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from lockstep.io import read_json, sha256_file, write_json_atomic
-from lockstep.parity import SNAPSHOT_FILE, SnapshotCollector
+from lockstep.io import canonical_json, read_json, sha256_file, write_json_atomic
+from lockstep.parity import SNAPSHOT_FILE, SnapshotCollector, json_string_literals
 from lockstep.records import KINDS, BadRecord, validate_record
 
 FORMAT_VERSION = 1
@@ -52,12 +59,16 @@ class _SplitWriter:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.schema = schema
         self.part_bytes = part_bytes
+        # Buffered rows of the current row group: whole tables from `add_table`, then the dicts
+        # from `add` that came after them.
+        self.tables: list[pa.Table] = []
         self.rows: list[dict[str, Any]] = []
         self.writer: pq.ParquetWriter | None = None
         self.part_index = -1
         self.part_text_bytes = 0
         self.count = 0
         self.text_bytes = 0
+        self.closed: list[str] = []  # names of the finished part files, in order
 
     def _open_part(self) -> None:
         self.part_index += 1
@@ -68,34 +79,73 @@ class _SplitWriter:
         self.writer = pq.ParquetWriter(
             path, self.schema, compression="zstd", compression_level=3, write_statistics=False, use_dictionary=False
         )
-        self.part_text_bytes = 0
+
+    def buffered(self) -> int:
+        return sum(t.num_rows for t in self.tables) + len(self.rows)
 
     def add(self, record: dict[str, Any], size_bytes: int) -> None:
         self.rows.append(record)
         self.count += 1
         self.text_bytes += size_bytes
         self.part_text_bytes += size_bytes
-        if len(self.rows) >= ROW_GROUP_RECORDS or self.part_text_bytes >= self.part_bytes:
+        if self.buffered() >= ROW_GROUP_RECORDS or self.part_text_bytes >= self.part_bytes:
             self.flush()
 
-    def flush(self) -> None:
+    def add_table(self, table: pa.Table, size_bytes: np.ndarray) -> int:
+        """`add` for each row of `table` in order, cut into the same row groups and parts, but
+        stopping right after a row that closes a part: returns the rows taken."""
         if self.rows:
+            self.tables.append(pa.Table.from_pylist(self.rows, schema=self.schema))
+            self.rows = []
+        cum = np.cumsum(size_bytes, dtype=np.int64)
+        taken, n = 0, table.num_rows
+        while taken < n:
+            before = int(cum[taken - 1]) if taken else 0
+            # The first row at which the part reaches part_bytes, and the row that fills the group.
+            full_part = int(np.searchsorted(cum, before + self.part_bytes - self.part_text_bytes, side="left"))
+            end = min(n, full_part + 1, taken + ROW_GROUP_RECORDS - self.buffered())
+            self.tables.append(table.slice(taken, end - taken))
+            added = int(cum[end - 1]) - before
+            self.count += end - taken
+            self.text_bytes += added
+            self.part_text_bytes += added
+            taken = end
+            if self.buffered() >= ROW_GROUP_RECORDS or self.part_text_bytes >= self.part_bytes:
+                closed = len(self.closed)
+                self.flush()
+                if len(self.closed) > closed:
+                    break
+        return taken
+
+    def flush(self) -> None:
+        if self.tables or self.rows:
             if self.writer is None:
                 self._open_part()
             assert self.writer is not None
-            self.writer.write_table(pa.Table.from_pylist(self.rows, schema=self.schema))
-            self.rows = []
+            if self.rows:
+                self.tables.append(pa.Table.from_pylist(self.rows, schema=self.schema))
+            # One chunk per column, as from_pylist gives: the bytes then do not depend on how
+            # the rows arrived.
+            self.writer.write_table(pa.concat_tables(self.tables).combine_chunks())
+            self.tables, self.rows = [], []
         if self.writer is not None and self.part_text_bytes >= self.part_bytes:
-            self.writer.close()
-            self.writer = None
+            self._close_part()
+
+    def _close_part(self) -> None:
+        assert self.writer is not None
+        self.writer.close()
+        self.writer = None
+        self.closed.append(f"part_{self.part_index:05d}.parquet")
+        # Reset on close, not on open: a part opens lazily at its first flush, after its first
+        # rows were already counted towards it.
+        self.part_text_bytes = 0
 
     def close(self) -> None:
         self.flush()
         if self.writer is None and self.part_index < 0:
             self._open_part()  # an empty split still gets one (empty) part, so readers need no special case
         if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+            self._close_part()
 
 
 def _record_bytes(record: dict[str, Any]) -> int:
@@ -104,6 +154,37 @@ def _record_bytes(record: dict[str, Any]) -> int:
     if "messages" in record:
         return sum(len(p["text"].encode("utf-8")) for m in record["messages"] for p in m["content"])
     return len(record["question"].encode("utf-8")) + len(record["answer"].encode("utf-8"))
+
+
+def documents_ok(table: pa.Table) -> np.ndarray:
+    """Per row of a document table, True when `validate_record` surely keeps it: a string `text`
+    holding a printable ASCII character, so it is neither missing nor empty after `str.strip`.
+    False rows (no text, blank, or non-ASCII text only) need `SnapshotWriter.check`, row by row."""
+    text = table.column("text")
+    if not (pa.types.is_string(text.type) or pa.types.is_large_string(text.type)):
+        return np.zeros(table.num_rows, dtype=bool)
+    return pc.fill_null(pc.match_substring_regex(text, "[!-~]"), False).to_numpy(zero_copy_only=False)
+
+
+def document_lines(table: pa.Table) -> bytes:
+    """The canonical JSON lines (lockstep.io.canonical_json) of the rows of a document table of
+    string fields, concatenated. Each column is escaped in one buffer (parity.json_string_literals);
+    a table holding a NUL or rarer control character takes json's own path, row by row."""
+    n = table.num_rows
+    if n == 0:
+        return b""
+    names = sorted(table.schema.names)
+    literals = []
+    for name in names:
+        col = table.column(name).combine_chunks()
+        joined = pc.binary_join(pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), pc.fill_null(col, "")), "\x00")
+        found = json_string_literals(joined[0].as_buffer().to_pybytes(), n)
+        if found is None:
+            return "".join(canonical_json(r) for r in table.to_pylist()).encode("utf-8")
+        valid = col.is_valid().to_numpy(zero_copy_only=False)
+        literals.append([v if ok else b"null" for v, ok in zip(found, valid.tolist(), strict=True)])
+    keys = [("{" if i == 0 else ",").encode() + json.dumps(name).encode() + b":" for i, name in enumerate(names)]
+    return b"".join(b"".join(k + v for k, v in zip(keys, row, strict=True)) + b"}\n" for row in zip(*literals, strict=True))
 
 
 class SnapshotWriter:
@@ -165,11 +246,75 @@ class SnapshotWriter:
         self.snapshot.add(split, clean)
         return True
 
+    def add_documents(self, split: str, table: pa.Table) -> int:
+        """Append document rows that `documents_ok` or `check` passed, as a table in this
+        snapshot's schema, to `split`: the same parts, row groups and parity artifact as `add`
+        row by row, with no Python object per row. Stops right after a row that closes a part
+        file (so that a resumable caller can save its state there) and returns the rows taken;
+        the caller passes the rest again."""
+        if split not in self.splits:
+            raise ValueError(f"split {split!r} must be one of {SPLITS}")
+        if self.kind != "document" or not table.schema.equals(self.schema):
+            raise ValueError(f"add_documents takes a table in the document schema {self.schema}, got {table.schema} for a {self.kind} snapshot")
+        taken = self.splits[split].add_table(table, pc.binary_length(table.column("text")).to_numpy(zero_copy_only=False))
+        done = table.slice(0, taken)
+        self.snapshot.add_lines(split, document_lines(done), done.slice(0, self.snapshot.wanted(split)).to_pylist(), taken)
+        return taken
+
     def count(self, split: str) -> int:
         return self.splits[split].count
 
     def text_bytes(self, split: str) -> int:
         return self.splits[split].text_bytes
+
+    def parts_closed(self) -> int:
+        """Finished part files over both splits: a caller that keeps resume state saves it when
+        this grows, since only then is everything written so far in finished files."""
+        return sum(len(w.closed) for w in self.splits.values())
+
+    def finish_split(self, split: str) -> None:
+        """Close `split`'s last part now (no record may follow), so that its data is in finished
+        files before the other split is written. The files are the same as closing at the end."""
+        self.splits[split].close()
+
+    def state(self) -> dict[str, Any]:
+        """Everything `restore` needs to carry on after the last finished part: per split the
+        finished parts (name, sha256), counts and text bytes, and the bad-record tallies. Only
+        valid between parts, when no split holds buffered rows or an open part file."""
+        out: dict[str, Any] = {"splits": {}, "skipped": self.skipped, "bad_examples": self.bad_examples, "last_bad": self.last_bad}
+        for split, w in self.splits.items():
+            assert w.writer is None and not w.buffered(), f"state() taken with {split} part {w.part_index} still open"
+            out["splits"][split] = {
+                "parts": {name: sha256_file(w.dir / name) for name in w.closed},
+                "count": w.count,
+                "text_bytes": w.text_bytes,
+            }
+        return out
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from `state` (from `state()` of an earlier writer on the same folder): check
+        the finished parts against their sha256, delete any other part file (the one being written
+        when the earlier process stopped), and replay the finished parts' records into the parity
+        artifact's running hash, so that the result equals one uninterrupted write."""
+        for split, w in self.splits.items():
+            saved = state["splits"][split]
+            for name, digest in saved["parts"].items():
+                if not (w.dir / name).is_file() or sha256_file(w.dir / name) != digest:
+                    raise SnapshotError(f"{w.dir / name} is missing or does not match the resume state; "
+                                        f"delete the resume folder {self.root.parent} to fetch from zero")
+            for extra in sorted(set(p.name for p in w.dir.glob("*.parquet")) - set(saved["parts"])):
+                (w.dir / extra).unlink()
+            w.closed = list(saved["parts"])
+            w.part_index = len(w.closed) - 1
+            w.count, w.text_bytes = int(saved["count"]), int(saved["text_bytes"])
+            for name in w.closed:
+                pf = pq.ParquetFile(w.dir / name)
+                for batch in pf.iter_batches(batch_size=ROW_GROUP_RECORDS, use_threads=False):
+                    for record in batch.to_pylist():
+                        self.snapshot.add(split, record)
+        self.skipped = int(state["skipped"])
+        self.bad_examples = list(state["bad_examples"])
+        self.last_bad = state["last_bad"]
 
     def abort(self) -> None:
         """Close the open parquet files without finishing the snapshot (no dataset_snapshot.json,
@@ -178,7 +323,7 @@ class SnapshotWriter:
             if w.writer is not None:
                 w.writer.close()
                 w.writer = None
-            w.rows = []
+            w.tables, w.rows = [], []
 
     def close(self, **meta_fields: Any) -> dict[str, Any]:
         """Finish the parquet parts, write dataset_snapshot.json, then meta.json (last). Returns

@@ -3,8 +3,9 @@ accumulation, clipping, the stop on NaN/inf, val bits per byte (lockstep.bpb), s
 checkpoints and resume. It does not know where batches come from (any object with
 `get_batch(*, B, generator)`) or how text is encoded; finding caches, building the model and
 publishing a stage's outputs is lockstep.train_stage. Over 400 lines because the loop and the
-pieces only it uses (its config, horizon, schedule, NaN guard, checkpoint save) read best
-side by side."""
+pieces only it uses (its config, horizon, schedule, NaN guard, checkpoint save and resume) read
+best side by side. Under torch.distributed rank 0 alone reads and writes the run folder; the
+other ranks exchange their state with it over the process group, so nodes need no shared disk."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ class ModelParams:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """A training stage's params section (`pretrain`, `midtrain`, `sft`)."""
+    """A training stage's params section: `pretrain`'s, and the base of MidtrainConfig and
+    SFTConfig, which differ only in their default `max_epochs`."""
 
     mixture: dict[str, float] = field(default_factory=dict)  # cache name -> sampling weight
     batch_tokens: int = 8192  # tokens per optimizer step, all ranks and micro-batches together
@@ -84,6 +86,11 @@ class TrainConfig:
     # Consecutive steps with a NaN/inf loss or gradient norm whose update is skipped before the
     # run stops with NonFiniteError; 0 = stop at the first.
     nonfinite_patience: int = 0
+    # The most times the stage may read any mixture component's train data (lockstep.budget),
+    # checked before the first step; null = no limit. One pass is the default for pretraining:
+    # repeated tokens are worth less than fresh ones (Muennighoff et al. 2023, "Scaling
+    # Data-Constrained Language Models": up to ~4 epochs cost little, beyond that value decays).
+    max_epochs: float | None = 1.0
 
     def __post_init__(self) -> None:
         check_range("batch_tokens", self.batch_tokens, ge=1, why="tokens per optimizer step")
@@ -99,6 +106,30 @@ class TrainConfig:
         check_schedule(self.warmdown_frac, self.final_lr_frac)
         check_range("eval_tokens", self.eval_tokens, ge=1, why="val tokens per evaluation; the final one always runs")
         check_range("keep_last", self.keep_last, ge=2, why="so a crash mid-save still leaves a complete checkpoint")
+        if self.max_epochs is not None:
+            check_range("max_epochs", self.max_epochs, gt=0, why="passes over a component's train data; null = no limit")
+
+
+@dataclass(frozen=True)
+class MidtrainConfig(TrainConfig):
+    """The `midtrain` section. Its chat and math sets are small next to the pretraining text it
+    mixes in, and midtraining exists to teach their formats, so two passes are allowed by default;
+    more would start memorising the few thousand conversations SFT still has to generalise from."""
+
+    max_epochs: float | None = 2.0
+
+
+@dataclass(frozen=True)
+class SFTConfig(TrainConfig):
+    """The `sft` section. Small instruction sets are normally trained for a few epochs (Alpaca 3,
+    LIMA 15, InstructGPT 16, whose paper notes validation loss rising after the first); 4 allows
+    the usual practice and stops a horizon that silently loops a set dozens of times."""
+
+    max_epochs: float | None = 4.0
+
+
+# Each training stage's params section and the dataclass it builds into.
+STAGE_CONFIGS: dict[str, type[TrainConfig]] = {"pretrain": TrainConfig, "midtrain": MidtrainConfig, "sft": SFTConfig}
 
 
 class NonFiniteError(RuntimeError):
@@ -162,6 +193,14 @@ def horizon_steps(cfg: TrainConfig, *, flops_per_token: int, num_params: int) ->
         steps = max(1, round(cfg.tokens_params_ratio * num_params / cfg.batch_tokens))
         return steps, f"tokens_params_ratio={cfg.tokens_params_ratio} x {num_params} params"
     raise ConfigError("no training horizon: set one of num_steps, target_flops or tokens_params_ratio (> 0)")
+
+
+def horizon_key(cfg: TrainConfig) -> str:
+    """The params key that sets the horizon, in horizon_steps' order."""
+    for key in ("num_steps", "target_flops", "tokens_params_ratio"):
+        if getattr(cfg, key) > 0:
+            return key
+    return "num_steps"
 
 
 def check_schedule(warmdown_frac: float, final_lr_frac: float) -> None:
@@ -269,14 +308,33 @@ def _gather_objects(obj: Any, rt: Runtime) -> list[Any]:
     return out
 
 
+def _cpu(obj: Any) -> Any:
+    """`obj` with every tensor in it moved to the CPU, for sending over the process group."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu(v) for v in obj)
+    return obj
+
+
 def _save(model: nn.Module, optimizers: list[torch.optim.Optimizer], rt: Runtime, run_dir: Path, step: int,
           meta: dict[str, Any], keep_last: int) -> Path:
+    """Checkpoint the run. Rank 0 alone touches the run folder: the other ranks send it their
+    optimizer state (Muon's is sharded, one owner rank per matrix) one rank at a time, so that a
+    job spread over nodes with separate disks still leaves every file on rank 0's disk."""
     final = ckpt.step_dir(run_dir, step)
+    state = {"optimizers": [o.state_dict() for o in optimizers]}
     if rt.is_main:
-        ckpt.begin_checkpoint(final)
-    barrier(rt)
-    ckpt.write_optim_state(ckpt.partial_dir(final), rt.rank, {"optimizers": [o.state_dict() for o in optimizers]})
-    barrier(rt)
+        ckpt.write_optim_state(ckpt.begin_checkpoint(final), 0, state)
+    for sender in range(1, rt.world_size):
+        if rt.rank == sender:
+            dist.send_object_list([_cpu(state)], dst=0)
+        elif rt.is_main:
+            received: list[Any] = [None]
+            dist.recv_object_list(received, src=sender)
+            ckpt.write_optim_state(ckpt.partial_dir(final), sender, received[0])
     if rt.is_main:
         # The global RNG is unused by the loop (batches come from per-step generators) but is
         # stored so code that draws from it (dropout, say) resumes exactly too.
@@ -288,6 +346,63 @@ def _save(model: nn.Module, optimizers: list[torch.optim.Optimizer], rt: Runtime
         ckpt.prune_checkpoints(run_dir, keep_last)
     barrier(rt)
     return final
+
+
+@dataclass
+class _Resume:
+    """What a rank resumes from: rank 0 reads it from the run folder, the others receive it."""
+
+    path: Path
+    step: int
+    world_size: int  # ranks that wrote the checkpoint
+    rng_states: dict[str, torch.Tensor]
+    progress: dict[str, Any]  # the run's progress.json ({} without one)
+    stored: ckpt.Checkpoint | None = None  # rank 0 only: the others get weights and optimizer state from it
+
+
+def _find_resume(run_dir: Path, rt: Runtime) -> _Resume | None:
+    """The latest complete checkpoint in `run_dir`, as rank 0 finds it on its disk, told to every
+    rank (a collective under torch.distributed). The other ranks never look at the run folder:
+    on a multi-node job it exists on rank 0's node only."""
+    found: _Resume | None = None
+    if rt.is_main:
+        latest = ckpt.latest_checkpoint(run_dir)
+        if latest is not None:
+            state = ckpt.load_checkpoint(latest)
+            progress_file = run_dir / PROGRESS_FILE
+            progress = read_json(progress_file, what="run progress") if progress_file.is_file() else {}
+            found = _Resume(path=latest, step=state.step, world_size=state.meta.get("world_size"),
+                            rng_states=state.rng_states, progress=progress, stored=state)
+    if rt.distributed:
+        header = [None if found is None else {**vars(found), "stored": None}]
+        dist.broadcast_object_list(header, src=0)
+        if not rt.is_main:
+            found = None if header[0] is None else _Resume(**header[0])
+    return found
+
+
+def _resume_into(resume: _Resume, model: nn.Module, optimizers: list[torch.optim.Optimizer], rt: Runtime) -> None:
+    """Load `resume` into `model` and this rank's `optimizers` (a collective under
+    torch.distributed: rank 0 broadcasts the weights and sends each rank its optimizer state)."""
+    stored = resume.stored
+    if rt.is_main:
+        assert stored is not None
+        model.load_state_dict({k: v.to(rt.device) for k, v in stored.model_state.items()})
+    if rt.distributed:
+        with torch.no_grad():
+            for tensor in model.state_dict().values():
+                dist.broadcast(tensor, src=0)
+    if rt.is_main:
+        assert stored is not None
+        mine = stored.optim_state(0)
+        for receiver in range(1, rt.world_size):
+            dist.send_object_list([stored.optim_state(receiver)], dst=receiver)
+    else:
+        received: list[Any] = [None]
+        dist.recv_object_list(received, src=0)
+        mine = received[0]
+    for opt, sd in zip(optimizers, mine["optimizers"], strict=True):
+        opt.load_state_dict(sd)
 
 
 def _fmt_count(x: float) -> str:
@@ -352,25 +467,21 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
     start_step, train_time_s = 0, 0.0
     series: list[dict[str, float]] = []  # results only: what `on_step` sees and the plots hold
     rates: list[tuple[int, float]] = []  # (step, tokens/s): timings stay out of the series
-    latest = ckpt.latest_checkpoint(run_dir)
-    if latest is not None:
-        state = ckpt.load_checkpoint(latest)
-        if state.meta.get("world_size") != rt.world_size:
-            raise ckpt.CheckpointError(f"{latest} was written by {state.meta.get('world_size')} ranks, this run has "
-                                       f"{rt.world_size}; set runtime.nproc back or delete {run_dir}")
-        model.load_state_dict({k: v.to(rt.device) for k, v in state.model_state.items()})
-        for opt, sd in zip(optimizers, state.optim_state(rt.rank)["optimizers"], strict=True):
-            opt.load_state_dict(sd)
-        start_step = state.step
-        if "torch_cpu" in state.rng_states:
-            torch.set_rng_state(state.rng_states["torch_cpu"])
-        progress = run_dir / PROGRESS_FILE
-        if progress.is_file():
-            saved = read_json(progress, what="run progress")
-            train_time_s = float(saved.get("train_time_s", 0.0))
+    resume = _find_resume(run_dir, rt)
+    latest = None if resume is None else resume.path
+    if resume is not None:
+        if resume.world_size != rt.world_size:
+            raise ckpt.CheckpointError(f"{latest} was written by {resume.world_size} ranks, this run has "
+                                       f"{rt.world_size}; set runtime.nproc and runtime.nnodes back or delete {run_dir}")
+        _resume_into(resume, model, optimizers, rt)
+        start_step = resume.step
+        if "torch_cpu" in resume.rng_states:
+            torch.set_rng_state(resume.rng_states["torch_cpu"])
+        if resume.progress:
+            train_time_s = float(resume.progress.get("train_time_s", 0.0))
             # Replay the series up to the checkpoint so per-step plots cover the whole run.
-            series = [row for row in saved.get("series", []) if row["step"] <= start_step]
-            rates = [(step, rate) for step, rate in saved.get("tok_per_s", []) if step <= start_step]
+            series = [row for row in resume.progress.get("series", []) if row["step"] <= start_step]
+            rates = [(step, rate) for step, rate in resume.progress.get("tok_per_s", []) if step <= start_step]
         if rt.is_main:
             log.info("resuming from %s (step %d/%d)", latest, start_step, total_steps)
     if rt.is_main:

@@ -1,6 +1,7 @@
 """A training stage's work around lockstep.train.train, shared by pretrain, midtrain and SFT: find
 the caches a mixture names and build the train/val mixtures, build the model (fresh, or from the
 checkpoint the stage starts from), name the run folder, write the first-batch parity artifact,
+check that no mixture component is read more than `max_epochs` times (lockstep.budget),
 train, then publish the final checkpoint, the per-step series and the metrics. Typed configs,
 paths and the code revision come from the caller (stages/pretrain.py, midtrain.py, sft.py);
 nothing here reads params.yaml or argv."""
@@ -18,9 +19,11 @@ from typing import Any
 import torch
 
 from lockstep import checkpoint as ckpt
+from lockstep.budget import (ComponentEpochs, Holding, check_epochs, epoch_line, epochs_facts, mixture_epochs,
+                             sft_holding)
 from lockstep.config import ConfigError, config_to_dict
 from lockstep.io import atomic_dir, canonical_json, sha256_file, write_json_atomic
-from lockstep.loaders import Mixture, PretrainTokenStreamDataset, open_sft_dataset
+from lockstep.loaders import Mixture, PretrainTokenStreamDataset, SFTExampleDataset, open_sft_dataset
 from lockstep.model import GPT, GPTConfig
 from lockstep.parity import FIRST_BATCH_FILE, dump_first_batch
 from lockstep.records import user_prompt
@@ -36,6 +39,8 @@ from lockstep.train import (
     TrainConfig,
     TrainResult,
     batch_generator,
+    horizon_key,
+    horizon_steps,
     train,
 )
 
@@ -118,6 +123,32 @@ def build_mixture(root: Path, cfg: TrainConfig, *, split: str, seq_len: int, dev
     return Mixture(parts, names=names), identities
 
 
+def holding_of(ds: Any) -> Holding:
+    """What a mixture part built by build_mixture holds, read from the open dataset: a
+    pretraining stream's train tokens, or the SFT examples the loader draws and their lengths as
+    it cuts them."""
+    if isinstance(ds, AllTargets):
+        ds = ds.source
+    if isinstance(ds, PretrainTokenStreamDataset):
+        return Holding("pretrain", tokens=ds.split.tokens, examples=None, origin="cache")
+    if isinstance(ds, SFTExampleDataset):
+        return sft_holding(ds.example_lengths().tolist(), seq_len=ds.T)
+    raise TypeError(f"no data budget for a mixture part of type {type(ds).__name__}")
+
+
+def stage_epochs(stage: str, cfg: TrainConfig, train_data: Mixture, *, total_steps: int,
+                 seq_len: int) -> list[ComponentEpochs]:
+    """Epochs per component of the train mixture over the whole horizon, logged one line each;
+    raises lockstep.budget.EpochBudgetError, before any step, when one is above cfg.max_epochs."""
+    holdings = {name: holding_of(ds) for name, ds in zip(train_data.names, train_data.datasets, strict=True)}
+    components = mixture_epochs(cfg.mixture, holdings, total_tokens=total_steps * cfg.batch_tokens, seq_len=seq_len)
+    log = logging.getLogger(f"lockstep.{stage}")
+    for c in components:
+        log.info("%s", epoch_line(c, cfg.max_epochs))
+    check_epochs(components, stage=stage, max_epochs=cfg.max_epochs, num_steps=total_steps, horizon=horizon_key(cfg))
+    return components
+
+
 def sample_prompts(stage: str, tok: Any) -> list[list[int]]:
     """The prompts sampled at the end of training: text openings for pretraining, chat questions
     for the stages that train on conversations."""
@@ -172,14 +203,17 @@ def stage_metrics(result: TrainResult, model: GPT) -> dict[str, Any]:
     return nan_to_null(metrics)
 
 
-def stage_runinfo(result: TrainResult, rt: Runtime, *, started_s: float) -> dict[str, Any]:
+def stage_runinfo(result: TrainResult, rt: Runtime, *, started_s: float,
+                  epochs: dict[str, Any] | None = None) -> dict[str, Any]:
     """The stage's run facts, kept apart from its metrics: throughput, compute, device, the commit,
-    where it resumed, the samples it wrote. They differ between equal runs on other hosts or
+    where it resumed, the samples it wrote, the epochs over each mixture component
+    (lockstep.budget.epochs_facts). They differ between equal runs on other hosts or
     loads; the report card shows them and DVC does not diff them."""
     info = {
         "flops": result.flops, "tok_per_s": result.tok_per_s, "mfu": result.mfu, "train_time_s": result.train_time_s,
         "stage_wall_time_s": time.perf_counter() - started_s, "peak_flops": result.peak, "device": rt.describe(),
         "resumed_from_step": result.resumed_from, "git_commit": git_commit(), "samples": result.samples,
+        "epochs": epochs,
     }
     return nan_to_null(info)
 
@@ -216,10 +250,13 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
     seq_len = gcfg.sequence_len
     train_data, train_ids = build_mixture(paths.cache, cfg, split="train", seq_len=seq_len, device=rt.device, tok=tok,
                                           stage=stage)
+    total_steps, _ = horizon_steps(cfg, flops_per_token=model.flops_per_token(),
+                                   num_params=model.num_params(exclude_embedding=True))
+    epochs = stage_epochs(stage, cfg, train_data, total_steps=total_steps, seq_len=seq_len)
     val_data, _ = build_mixture(paths.cache, cfg, split="val", seq_len=seq_len, device=rt.device, tok=tok, stage=stage)
     token_bytes = torch.from_numpy(tok.token_bytes().astype("int64"))
 
-    identity = {"seed": seed, "data_seed": data_seed, "runtime": config_to_dict(runtime_config), "model": gcfg.to_dict(),
+    identity = {"seed": seed, "data_seed": data_seed, "runtime": runtime_config.identity(), "model": gcfg.to_dict(),
                 stage: config_to_dict(cfg), "tokenizer_sha256": tok.sha256, "caches": train_ids, "init": init_identity,
                 "code": code_revision}
     run_dir = paths.runs / f"{stage}-{run_key(stage, identity)}"
@@ -246,7 +283,8 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
         publish_checkpoint(result.checkpoint, paths.out)
         series.write()
         metrics = stage_metrics(result, model)
-        write_json_atomic(paths.runinfo, stage_runinfo(result, rt, started_s=started_s))
+        write_json_atomic(paths.runinfo, stage_runinfo(result, rt, started_s=started_s,
+                                                        epochs=epochs_facts(epochs, cfg.max_epochs)))
         write_json_atomic(paths.metrics, metrics)
         log.info("done: val bpb %.4f (unigram %.4f), %d steps, %s", metrics["val_bpb"] or float("nan"),
                  metrics["unigram_bpb"] or float("nan"), result.step, paths.out)

@@ -1,7 +1,9 @@
 """Source loaders behind the `fetch@<source>` stages: each source becomes a raw snapshot,
 `data/raw/<name>/{train,val}/part_NNNNN.parquet` + meta.json, published atomically, in the format
-lockstep.snapshot defines (and re-exports here). Knows nothing of tokenizers or caches; later
-stages read the snapshots through lockstep.snapshot, without loading any source loader."""
+lockstep.snapshot defines (and re-exports here). A source whose module sets RESUMABLE (FineWeb-Edu)
+can also be fetched through a resume folder, so that an interrupted fetch carries on where it
+stopped. Knows nothing of tokenizers or caches; later stages read the snapshots through
+lockstep.snapshot, without loading any source loader."""
 
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ from lockstep.sources.gsm8k import Gsm8kConfig
 from lockstep.sources.gutenberg import GutenbergConfig
 from lockstep.sources.oasst1 import Oasst1Config
 from lockstep.sources.roam import RoamConfig
+from lockstep.sources.shards import ResumeFolder
 from lockstep.sources.shakespeare import ShakespeareConfig
 from lockstep.snapshot import (
     DEFAULT_PART_BYTES,
+    FORMAT_VERSION,
     BadRecordError,
     SnapshotError,
     SnapshotWriter,
@@ -34,7 +38,8 @@ from lockstep.sources.synth_math import SynthMathConfig
 from lockstep.sources.wikitext import WikitextConfig
 
 # `source:` value in params -> its config class; the loader lives in lockstep.sources.<source>,
-# which defines KIND, EXTRA_FIELDS, EXPECTED (its input format, for errors) and produce().
+# which defines KIND, EXTRA_FIELDS, EXPECTED (its input format, for errors) and produce(); a module
+# with RESUMABLE = True takes produce(..., resume=ResumeFolder | None) and saves its position there.
 SOURCE_CONFIGS: dict[str, type] = {
     "fineweb_edu": FinewebEduConfig,
     "wikitext": WikitextConfig,
@@ -54,12 +59,18 @@ __all__ = [
     "SnapshotError",
     "SourceFormatError",
     "SplitLayoutError",
+    "RESUME_IGNORED_FIELDS",
     "fetch_source",
     "iter_records",
     "read_meta",
     "source_kind",
     "verify_split",
 ]
+
+
+# Config fields that do not change a snapshot's bytes: a fetch that failed on the network resumes
+# after these are raised.
+RESUME_IGNORED_FIELDS = ("max_retries", "backoff_s")
 
 
 def _module(source: str) -> Any:
@@ -73,31 +84,68 @@ def source_kind(source: str) -> str:
     return _module(source).KIND
 
 
-def fetch_source(name: str, cfg: Any, out_dir: str | Path, *, seed: int, part_bytes: int = DEFAULT_PART_BYTES) -> dict[str, Any]:
+def fetch_source(
+    name: str,
+    cfg: Any,
+    out_dir: str | Path,
+    *,
+    seed: int,
+    part_bytes: int = DEFAULT_PART_BYTES,
+    resume_dir: str | Path | None = None,
+    arrow_batches: bool = False,
+) -> dict[str, Any]:
     """Read the source described by `cfg` (one of SOURCE_CONFIGS' classes) and publish its
     snapshot, parity artifact dataset_snapshot.json included, at `out_dir` atomically: on any
     error the previous snapshot, if any, is untouched and nothing half-written appears. A source
     that keeps no record at all fails with SourceFormatError rather than publish an empty
-    snapshot. Returns the meta dict also written to meta.json."""
+    snapshot. Returns the meta dict also written to meta.json.
+
+    With `resume_dir`, a resumable source (FineWeb-Edu) writes its snapshot there and saves its
+    position after each finished part, so an interrupted fetch run again with the same params
+    resumes and publishes the same bytes as an uninterrupted one; the folder is removed once the
+    snapshot is published. Other sources ignore `resume_dir` (they take seconds to minutes).
+
+    `arrow_batches` switches a source that can (`ARROW_BATCHES`: FineWeb-Edu) from adding one
+    dict per record, the reference, to validating and writing whole Arrow tables; the snapshot,
+    meta.json and resume state are the same bytes either way, so a fetch may resume on the other
+    path. Other sources ignore it."""
     if not dataclasses.is_dataclass(cfg) or type(cfg) not in SOURCE_CONFIGS.values():
         raise TypeError(f"cfg must be one of the source configs ({', '.join(c.__name__ for c in SOURCE_CONFIGS.values())}), got {type(cfg).__name__}")
     source = cfg.source
     mod = _module(source)
+    config = config_to_dict(cfg)
+    if resume_dir is not None and getattr(mod, "RESUMABLE", False):
+        decisive = {k: v for k, v in config.items() if k not in RESUME_IGNORED_FIELDS}
+        resume = ResumeFolder(resume_dir, base_fields={"snapshot_format": FORMAT_VERSION, "name": name, "source": source,
+                                                       "config": decisive, "seed": seed, "part_bytes": part_bytes})
+        meta = _write(name, cfg, mod, resume.work, seed=seed, part_bytes=part_bytes, config=config, resume=resume,
+                      arrow_batches=arrow_batches)
+        resume.publish(out_dir)
+        return meta
     with atomic_dir(out_dir) as tmp:
-        sink = SnapshotWriter(
-            tmp, kind=mod.KIND, extra_fields=mod.EXTRA_FIELDS, strict=cfg.strict, part_bytes=part_bytes,
-            artifact_records=cfg.artifact_records,
-        )  # fmt: skip
-        try:
-            extra = mod.produce(cfg, sink, seed=seed)
-            if sink.count("train") + sink.count("val") == 0:
-                raise _nothing_usable(name, source, mod.EXPECTED, sink, extra)
-        except BaseException:
-            sink.abort()
-            raise
-        fields = {"shuffle_seed": None, "shuffle_buffer": None, **extra}
-        meta = sink.close(name=name, source=source, config=config_to_dict(cfg), seed=seed, **fields)
-    return meta
+        return _write(name, cfg, mod, tmp, seed=seed, part_bytes=part_bytes, config=config, resume=None,
+                      arrow_batches=arrow_batches)
+
+
+def _write(name: str, cfg: Any, mod: Any, root: Path, *, seed: int, part_bytes: int, config: dict[str, Any],
+           resume: ResumeFolder | None, arrow_batches: bool) -> dict[str, Any]:
+    """Run the source's loader into a SnapshotWriter at `root` and finish the snapshot there."""
+    sink = SnapshotWriter(
+        root, kind=mod.KIND, extra_fields=mod.EXTRA_FIELDS, strict=cfg.strict, part_bytes=part_bytes,
+        artifact_records=cfg.artifact_records,
+    )  # fmt: skip
+    try:
+        kwargs: dict[str, Any] = {"resume": resume} if resume is not None else {}
+        if arrow_batches and getattr(mod, "ARROW_BATCHES", False):
+            kwargs["arrow_batches"] = True
+        extra = mod.produce(cfg, sink, seed=seed, **kwargs)
+        if sink.count("train") + sink.count("val") == 0:
+            raise _nothing_usable(name, cfg.source, mod.EXPECTED, sink, extra)
+    except BaseException:
+        sink.abort()
+        raise
+    fields = {"shuffle_seed": None, "shuffle_buffer": None, **extra}
+    return sink.close(name=name, source=cfg.source, config=config, seed=seed, **fields)
 
 
 def _nothing_usable(name: str, source: str, expected: str, sink: SnapshotWriter, extra: dict[str, Any]) -> SourceFormatError:

@@ -1,17 +1,21 @@
 """Helpers shared by the source loaders: their error types, seeded splits, JSON-lines reading
-with line numbers, local-file fingerprints, and bounded retries for network reads. No loader
-logic lives here."""
+with line numbers, local-file fingerprints, parquet streams as rows (through `datasets`) or as
+Arrow tables (through pyarrow), and bounded retries for network reads. No loader logic lives here."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import re
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
 from lockstep.io import sha256_file, sha256_of_manifest
@@ -19,6 +23,7 @@ from lockstep.snapshot import SnapshotWriter, split_sizes
 
 T = TypeVar("T")
 log = logging.getLogger("lockstep.sources")
+STREAM_BATCH_ROWS = 1000  # rows per batch of a stream (converted to Python at a time by dataset_rows)
 
 
 class SourceUnavailableError(RuntimeError):
@@ -108,10 +113,12 @@ def files_revision(files: Iterable[Path]) -> tuple[str, dict[str, str]]:
 
 
 def read_jsonl(path: Path, sink: SnapshotWriter) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(`file:line`, object) for each line of a JSON-lines file; lines that are not UTF-8, not
-    JSON or not an object are reported to `sink` as bad records."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+    """(`file:line`, object) for each line of a JSON-lines file, gzipped when its name ends in
+    `.gz` (as OpenAssistant's exports ship); lines that are not UTF-8, not JSON or not an object
+    are reported to `sink` as bad records."""
+    gzipped = path.name.endswith(".gz")
+    with gzip.open(path, "rb") if gzipped else open(path, "rb") as f:
+        for lineno, raw in enumerate(_gzip_checked(f, path) if gzipped else f, start=1):
             where = f"{path}:{lineno}"
             if not raw.strip():
                 continue
@@ -129,6 +136,14 @@ def read_jsonl(path: Path, sink: SnapshotWriter) -> Iterator[tuple[str, dict[str
                 sink.bad(where, f"expected a JSON object, got {type(obj).__name__}")
                 continue
             yield where, obj
+
+
+def _gzip_checked(lines: Iterable[bytes], path: Path) -> Iterator[bytes]:
+    """The lines of a gzip stream; a damaged or truncated one fails naming the file."""
+    try:
+        yield from lines
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise SourceFormatError(f"{path}: not a readable gzip file ({e}); download it again or unpack it to .jsonl") from None
 
 
 def read_text(path: Path, sink: SnapshotWriter) -> str | None:
@@ -241,15 +256,13 @@ def dataset_rows(
     hub_config: str | None,
     hub_split: str,
     revision: str,
-    files: Sequence[Path] | None,
+    files: Sequence[Path | str] | None,
     max_retries: int,
     backoff_s: float,
-    shuffle_seed: int | None = None,
-    shuffle_buffer: int = 0,
 ) -> Iterator[dict[str, Any]]:
-    """Rows of a hub dataset split, or of local parquet `files` in the same layout, always through
-    `datasets.load_dataset(..., streaming=True)`: nothing is materialised and nothing is written
-    to a hidden cache. With `shuffle_seed`, the stream goes through `.shuffle(seed, buffer_size)`."""
+    """Rows of a hub dataset split, or of local parquet `files` in the same layout (or `hf://`
+    addresses of a hub dataset's parquet files), always through `datasets.load_dataset(...,
+    streaming=True)`: nothing is materialised and nothing is written to a hidden cache."""
 
     def open_stream() -> Iterable[dict[str, Any]]:
         from datasets import load_dataset  # heavy (about 2 s): loaded only when a stream opens
@@ -258,12 +271,43 @@ def dataset_rows(
             ds = load_dataset("parquet", data_files=[str(f) for f in files], split="train", streaming=True)
         else:
             ds = load_dataset(hub_id, hub_config, split=hub_split, revision=revision, streaming=True)
-        if shuffle_seed is not None:
-            ds = ds.shuffle(seed=shuffle_seed, buffer_size=shuffle_buffer)
-        return ds
+        return _rows_by_batch(ds)
 
     what = f"{'/'.join(str(f) for f in files[:1]) + ('...' if len(files) > 1 else '')}" if files else f"hub {hub_id}@{revision} {hub_split}"
     return retrying_stream(open_stream, what=what, max_retries=max_retries, backoff_s=backoff_s)
+
+
+def parquet_tables(files: Sequence[Path | str], *, max_retries: int, backoff_s: float) -> Iterator[pa.Table]:
+    """The rows of parquet `files` (local paths, or `hf://` addresses of a hub dataset's files) as
+    Arrow tables of up to STREAM_BATCH_ROWS rows, read by pyarrow alone: the rows `dataset_rows`
+    gives for the same files (tested), for readers that validate and write whole batches, without
+    `datasets`' start-up (about 1 s to import, 20 ms per file opened). Same retries."""
+
+    def open_stream() -> Iterator[pa.Table]:
+        for f in files:
+            with _open_binary(str(f)) as fh:
+                for batch in pq.ParquetFile(fh).iter_batches(batch_size=STREAM_BATCH_ROWS, use_threads=False):
+                    yield pa.Table.from_batches([batch])
+
+    return retrying_stream(open_stream, what="/".join(str(f) for f in files[:1]) + ("..." if len(files) > 1 else ""),
+                           max_retries=max_retries, backoff_s=backoff_s)
+
+
+def _open_binary(ref: str) -> Any:
+    if ref.startswith("hf://"):
+        from huggingface_hub import HfFileSystem  # heavy, and only the hub path needs it
+
+        return HfFileSystem().open(ref, "rb")
+    return open(ref, "rb")
+
+
+def _rows_by_batch(ds: Any) -> Iterator[dict[str, Any]]:
+    """The rows of a `datasets` IterableDataset, converted a batch at a time: its row iterator
+    formats each row on its own (0.68 s of a 1.7 s fetch of 20 MB of local parquet under
+    cProfile, against 0.33 s by batches)."""
+    for batch in ds.iter(batch_size=STREAM_BATCH_ROWS):
+        names = list(batch)
+        yield from (dict(zip(names, values)) for values in zip(*batch.values()))
 
 
 def hub_revision(hub_id: str, revision: str, *, max_retries: int, backoff_s: float) -> str:

@@ -65,7 +65,7 @@ def split_of(f: Path, root: Path, *, dataset: str) -> str | None:
     name and from its folders below `root`; None when neither names a split."""
     rel = Path(_rel(f, root))
     found = {_SPLIT_NAMES[p.lower()] for p in rel.parts[:-1] if p.lower() in _SPLIT_NAMES}
-    m = _SPLIT_STEM.fullmatch(rel.stem.lower())
+    m = _SPLIT_STEM.fullmatch(Path(rel.name.removesuffix(".gz")).stem.lower())
     if m is not None:
         found.add(_SPLIT_NAMES[m.group(1)])
     if len(found) > 1:
@@ -208,8 +208,8 @@ def _no_val_split(dataset: str) -> ConfigError:
 
 
 def file_rows(f: Path, cfg: HubFields, sink: SnapshotWriter) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(where, row) for each row of one local .jsonl or .parquet file; unreadable JSON lines are
-    reported to `sink`."""
+    """(where, row) for each row of one local .jsonl, .jsonl.gz or .parquet file; unreadable JSON
+    lines are reported to `sink`."""
     if f.suffix == ".parquet":
         stream = dataset_rows(
             hub_id="", hub_config=None, hub_split="train", revision="", files=[f],
@@ -258,7 +258,7 @@ def rows_by_split(
     if "val" not in hub_splits and cfg.val_frac is None:
         raise _no_val_split(dataset)
     if cfg.path is not None:
-        plan = local_splits(cfg, dataset=dataset, hub_splits=hub_splits, suffixes=(".jsonl", ".parquet"),
+        plan = local_splits(cfg, dataset=dataset, hub_splits=hub_splits, suffixes=(".jsonl", ".jsonl.gz", ".parquet"),
                             config=config)
         for split, files in plan.files.items():
             kept: list[tuple[str, dict[str, Any]]] = []

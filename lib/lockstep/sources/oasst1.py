@@ -1,6 +1,7 @@
 """OpenAssistant oasst1 as conversation records: one conversation per message tree, following the
 best-ranked non-deleted reply in the chosen language at each turn. Reads the hub's flat rows
-(`parent_id` links) and the `*.trees.jsonl` export alike; both give the same conversations."""
+(`parent_id` links) and the `*.trees.jsonl` export (gzipped as published, or not) alike; both give
+the same conversations."""
 
 from __future__ import annotations
 
@@ -179,7 +180,7 @@ def _local_rows(f: Path, cfg: Oasst1Config, sink: SnapshotWriter) -> list[tuple[
 def produce(cfg: Oasst1Config, sink: SnapshotWriter, *, seed: int) -> dict[str, Any]:
     filtered = 0
     if cfg.path is not None:
-        plan = local_splits(cfg, dataset=cfg.dataset, hub_splits=HUB_SPLITS, suffixes=(".jsonl", ".parquet"))
+        plan = local_splits(cfg, dataset=cfg.dataset, hub_splits=HUB_SPLITS, suffixes=(".jsonl", ".jsonl.gz", ".parquet"))
         for split, files in plan.files.items():
             # Trees are built per split, as on the hub: a reply never links across splits.
             rows = [r for f in files for r in _local_rows(f, cfg, sink)]

