@@ -120,6 +120,16 @@ def test_gsm8k_whole_hub_download_reads_only_the_configured_config(tmp_path):
     assert meta["local_splits"]["train"] == ["socratic/train-00000-of-00001.parquet"]
 
 
+def test_gsm8k_download_without_the_configured_config_is_refused(tmp_path):
+    # Only `main/` was downloaded but the params ask for `socratic`: reading main's files would
+    # train on the other config's answers without a word.
+    d = tmp_path / "openai_gsm8k"
+    parquet(d / "main" / "train-00000-of-00001.parquet", TRAIN_PROBLEMS)
+    parquet(d / "main" / "test-00000-of-00001.parquet", HELD_OUT)
+    with pytest.raises(FileNotFoundError, match=r"config folder\(s\) main but not `socratic`"):
+        run(tmp_path, {"source": "gsm8k", "path": str(d), "config": "socratic"})
+
+
 def test_gsm8k_split_folders_and_hashed_shard_names(tmp_path):
     d = tmp_path / "g"
     jsonl(d / "train" / "part-a.jsonl", TRAIN_PROBLEMS[:2])

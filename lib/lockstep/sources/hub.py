@@ -133,6 +133,18 @@ def local_splits(
     root = local_root(cfg.path)
     files = local_files(cfg.path, suffixes, what=dataset)
     other_configs: list[Path] = []
+    if config is not None and Path(cfg.path).is_dir() and not (root / config).is_dir():
+        # Folders that hold split-named files but are neither a split nor `data/` are other
+        # configs of the dataset (`main/` beside a wanted `socratic/`): reading them would train
+        # on the wrong config without a word.
+        configs = sorted({f.relative_to(root).parts[0] for f in files if len(f.relative_to(root).parts) > 1
+                          and f.relative_to(root).parts[0].lower() not in {*_SPLIT_NAMES, "data"}
+                          and _SPLIT_STEM.fullmatch(f.stem.split(".")[0].lower()) is not None})
+        if configs:
+            raise FileNotFoundError(
+                f"{dataset}: {root} holds the config folder(s) {', '.join(configs)} but not `{config}`; set "
+                "`fetch.<name>.config` to one of them, or point `path` at the folder of the files to read"
+            )
     if config is not None and Path(cfg.path).is_dir() and (root / config).is_dir():
         other_configs = [f for f in files if not f.is_relative_to(root / config)]
         files = [f for f in files if f.is_relative_to(root / config)]
