@@ -1,0 +1,93 @@
+"""Benchmark of the prefix-smoothed loss against plain cross-entropy in the bare training step
+(forward + backward of the GPT, no optimizer) at the tiny preset's shape: tok/s of the two forms
+in lockstep.objectives with the bpe ancestor chains, `prefix_smooth` (prefix_smooth_loss of the
+model's logits) and `prefix_fused` (model_prefix_smooth_loss, which keeps the fused head), against
+two baselines measured in the same run, interleaved: the model's own loss (`ce`, what training
+runs: the fused head under lockstep.kernels) and cross-entropy of the same logits (`ce-logits`).
+Target: prefix_fused >= 0.9x ce. Targets are real text encoded by a bpe tokenizer, so the chains have
+their real depths. Not a test.
+
+    .venv/bin/python bench/bench_objective.py [--tokenizer data/tokenizer] [--steps 6 --rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from lockstep.model import GPT, GPTConfig, cross_entropy
+from lockstep.objectives import model_prefix_smooth_loss, prefix_smooth_loss
+from lockstep.tokenizer import load_tokenizer, train_tokenizer
+from lockstep.tokenizer.prefix_tree import bpe_prefix_tree
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TEXT = ROOT.parent / "shared" / "fixtures" / "tinyshakespeare" / "input.txt"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--rows", type=int, default=16, help="sequences per step (the tiny preset's device_batch_rows)")
+    ap.add_argument("--vocab", type=int, default=4096, help="vocab of the bpe trained when --tokenizer is not given")
+    ap.add_argument("--tokenizer", type=Path, default=None, help="a saved bpe tokenizer (default: train one on --text)")
+    ap.add_argument("--text", type=Path, default=DEFAULT_TEXT)
+    ap.add_argument("--weight", type=float, default=0.1, help="prefix_weight")
+    ap.add_argument("--kernels", choices=("on", "off"), default="on", help="lockstep.kernels (the tiny preset: on)")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of the three losses")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    text = args.text.read_text(encoding="utf-8")
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = args.tokenizer
+        if directory is None:
+            directory = Path(tmp) / "tok"
+            train_tokenizer("bpe", [text], vocab_size=args.vocab).save(directory)
+        tok = load_tokenizer(directory)
+        tree = bpe_prefix_tree(directory)
+    V, T, B = tok.get_vocab_size(), args.seq, args.rows
+    ids = torch.tensor(tok.encode(text[:2_000_000]), dtype=torch.long)
+    g = torch.Generator().manual_seed(0)
+    starts = torch.randint(0, ids.numel() - T - 1, (B,), generator=g)
+    rows = ids[starts[:, None] + torch.arange(T + 1)]  # (B, T+1)
+    x, y = rows[:, :-1], rows[:, 1:]
+    ancestors, depths = torch.from_numpy(tree.ancestors), torch.from_numpy(tree.depths)
+    print(f"d{args.depth} T={T} rows={B} vocab={V} kernels={args.kernels} threads={torch.get_num_threads()} "
+          f"w={args.weight}; chains: max depth {ancestors.size(1)}, mean depth of the targets {depths[y].float().mean():.2f}")
+
+    model = GPT.build(GPTConfig.from_depth(args.depth, V, T), "cpu", seed=0).use_kernels(args.kernels == "on")
+    losses = {
+        "ce": lambda: model(x, y),
+        "ce-logits": lambda: cross_entropy(model(x), y, "mean"),
+        "prefix_smooth": lambda: prefix_smooth_loss(model(x), y, ancestors, depths, args.weight),
+        "prefix_fused": lambda: model_prefix_smooth_loss(model, x, y, ancestors, depths, args.weight),
+    }
+    times: dict[str, list[float]] = {name: [] for name in losses}
+    for _ in range(args.rounds):
+        for name, loss_fn in losses.items():
+            for i in range(args.warmup + args.steps):
+                t0 = time.perf_counter()
+                loss_fn().backward()
+                model.zero_grad(set_to_none=True)
+                if i >= args.warmup:
+                    times[name].append(time.perf_counter() - t0)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    for name, dt in med.items():
+        print(f"{name:14s} {B * T / dt:9.0f} tok/s  (median step {dt * 1e3:.0f} ms over {len(times[name])})")
+    print(f"prefix_smooth / ce        = {med['ce'] / med['prefix_smooth']:.2f}x tok/s")
+    print(f"prefix_smooth / ce-logits = {med['ce-logits'] / med['prefix_smooth']:.2f}x tok/s")
+    print(f"prefix_fused  / ce        = {med['ce'] / med['prefix_fused']:.2f}x tok/s (target >= 0.9x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Training objectives on a model's logits: the prefix-smoothed loss, whose target spreads weight
+from the true next token to its ancestors in the vocabulary's prefix tree, beside the plain
+cross-entropy it reduces to at weight 0. Pure tensor functions: they know nothing of params,
+stages, or which tokenizer kind produced the ancestor table (lockstep.tokenizer.prefix_tree builds
+it for bpe).
+
+The ancestor table is two tensors: `ancestors` (V, max_depth) int64, row i the ids of token i's
+proper ancestors, nearest first, and `depths` (V,) int64, how many entries of row i are real.
+Entries past a row's depth are padding (PAD_ID by convention) and are never read as ids: the loss
+masks them by depth, whatever they hold. A token is not its own ancestor, and a reserved root that
+is never a target (LZ78's id 0) is not listed either."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lockstep.model import GPT, IGNORE_INDEX, LossReduction, cross_entropy
+
+PAD_ID = -1  # ancestor-table padding past a row's depth
+
+
+class AncestorTableError(ValueError):
+    """An ancestor table does not fit the vocabulary or breaks the layout in the module docstring."""
+
+
+def check_ancestor_table(ancestors: torch.Tensor, depths: torch.Tensor, vocab_size: int, *, where: str = "ancestor table") -> None:
+    """Raise AncestorTableError unless `ancestors` (vocab_size, D) and `depths` (vocab_size,) are
+    integer tensors, every depth lies in [0, D], and every entry within a row's depth is an id in
+    [0, vocab_size) other than the row's own. Reads every entry (a host sync on a GPU), so call it
+    once when the table is loaded, not per step."""
+    if ancestors.dtype.is_floating_point or ancestors.dtype == torch.bool or ancestors.ndim != 2:
+        raise AncestorTableError(f"{where}: ancestors must be a 2-D integer tensor (vocab, max_depth), got "
+                                 f"{ancestors.dtype} of shape {tuple(ancestors.shape)}")
+    if depths.dtype.is_floating_point or depths.dtype == torch.bool or depths.ndim != 1:
+        raise AncestorTableError(f"{where}: depths must be a 1-D integer tensor (vocab,), got {depths.dtype} of "
+                                 f"shape {tuple(depths.shape)}")
+    V, D = ancestors.shape
+    if V != vocab_size or depths.numel() != vocab_size:
+        raise AncestorTableError(f"{where}: has {V} ancestor rows and {depths.numel()} depths for a vocabulary of "
+                                 f"{vocab_size}; rebuild it from the tokenizer the model was trained with")
+    bad = ((depths < 0) | (depths > D)).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise AncestorTableError(f"{where}: token {i} has depth {int(depths[i])}, outside [0, {D}] (the table's width)")
+    real = torch.arange(D, device=depths.device) < depths[:, None]  # (V, D)
+    own = torch.arange(V, device=ancestors.device)[:, None]
+    bad = (real & ((ancestors < 0) | (ancestors >= V) | (ancestors == own))).nonzero()
+    if bad.numel():
+        i, k = int(bad[0, 0]), int(bad[0, 1])
+        raise AncestorTableError(f"{where}: token {i}'s ancestor {k} is {int(ancestors[i, k])}, which is not "
+                                 f"another id in [0, {V}); padding belongs past the depth {int(depths[i])} only")
+
+
+def _reduce(rows: torch.Tensor, targets: torch.Tensor, counted: torch.Tensor, reduction: str) -> torch.Tensor:
+    """Per-position losses (0 at ignored positions) reduced as model.cross_entropy reduces them:
+    the mean over counted positions (0 when none is), their sum, or the positions in `targets`' shape."""
+    if reduction == "none":
+        return rows.view(targets.shape)
+    total = rows.sum()
+    if reduction == "sum":
+        return total
+    return total / counted.sum().clamp(min=1)
+
+
+def prefix_smooth_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    ancestors: torch.Tensor,
+    depths: torch.Tensor,
+    weight: float,
+    ignore_index: int = IGNORE_INDEX,
+    reduction: LossReduction = "mean",
+) -> torch.Tensor:
+    """Cross-entropy of logits (B, T, V) against a smoothed target per position, computed in fp32
+    (fp64 for fp64 logits): weight 1 on the true next token y and `weight` (w) on each of its
+    d = depths[y] ancestors, normalised to sum 1. With lse the log-sum-exp of a row and l its
+    logits, a counted position's loss is
+
+        lse - (l[y] + w * sum_k l[ancestors[y, k]]) / (1 + w * d)
+
+    which is plain cross-entropy for a token without ancestors. Positions whose target is
+    `ignore_index` give 0 and no gradient. Reductions as lockstep.model.cross_entropy: `mean`
+    over counted targets (0 when none is counted), `sum`, or `none` (B, T).
+
+    Memory: beyond the fp32 logits, one log-sum-exp per row and the (B*T, 1 + max_depth) gathered
+    logits; never a (B*T, V) one-hot or log-softmax copy. w = 0 runs lockstep.model's
+    cross-entropy itself, so it equals the model's loss bit for bit."""
+    if not (math.isfinite(weight) and weight >= 0):
+        raise ValueError(f"prefix_weight={weight!r} must be a finite number >= 0 (0 is plain cross-entropy)")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
+    V = logits.size(-1)
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets shape {tuple(targets.shape)} must equal the logits' leading shape {tuple(logits.shape[:-1])}")
+    if ancestors.ndim != 2 or ancestors.size(0) != V or depths.shape != (V,):
+        raise AncestorTableError(f"ancestor table of shape {tuple(ancestors.shape)} with depths {tuple(depths.shape)} "
+                                 f"does not fit logits over {V} ids; it must be (V, max_depth) and (V,)")
+    if weight == 0:
+        if ignore_index != IGNORE_INDEX:
+            targets = targets.masked_fill(targets == ignore_index, IGNORE_INDEX)
+        return cross_entropy(logits, targets, reduction)
+    # fp32 for fp32/bf16/fp16 logits (as the model's loss); fp64 logits stay fp64 for gradcheck
+    flat = logits.reshape(-1, V).to(torch.promote_types(logits.dtype, torch.float32))  # (N, V)
+    y = targets.reshape(-1)  # (N,)
+    counted = y != ignore_index  # (N,)
+    safe_y = torch.where(counted, y, 0)  # (N,)
+    D = ancestors.size(1)
+    chain = ancestors[safe_y]  # (N, D)
+    d = depths[safe_y]  # (N,)
+    real = torch.arange(D, device=flat.device) < d[:, None]  # (N, D)
+    # padding is pointed at the target itself, a valid column with a finite logit whenever the
+    # loss is finite, and then masked out of the sum: whatever the padding holds never reaches it
+    cols = torch.where(real, chain, safe_y[:, None])  # (N, D)
+    l_tgt = flat.gather(1, safe_y[:, None]).squeeze(1)  # (N,)
+    l_anc = torch.where(real, flat.gather(1, cols), 0.0).sum(1)  # (N,)
+    lse = torch.logsumexp(flat, dim=1)  # (N,)
+    rows = lse - (l_tgt + weight * l_anc) / (1.0 + weight * d.to(flat.dtype))
+    rows = torch.where(counted, rows, 0.0)  # ignored rows: 0, and where() sends them no gradient
+    return _reduce(rows, targets, counted, reduction)
+
+
+
+def model_prefix_smooth_loss(
+    model: GPT,
+    idx: torch.Tensor,
+    targets: torch.Tensor,
+    ancestors: torch.Tensor,
+    depths: torch.Tensor,
+    weight: float,
+    reduction: LossReduction = "mean",
+) -> torch.Tensor:
+    """`prefix_smooth_loss(model(idx), targets, ...)` without the model's (B, T, V) logits where
+    the model has a fused head: the fast path, for training. The loss splits as
+
+        lse - sum_k c_k l_k = (lse - l_y) + sum_{k>=1} c_k (l_y - l_{a_k})
+
+    (c the normalised target weights, c_0 on y): the first part is the model's own cross-entropy,
+    `model(idx, targets)` (lockstep.kernels' fused head when the model uses kernels), and the second
+    needs only the logits of y and its ancestors, each one dot product of the final hidden state
+    with an lm_head row. The hidden state is read with a forward hook on the last block, so the
+    model runs its own forward once. Targets use lockstep.model.IGNORE_INDEX. Equal to the plain
+    path to rounding (tests/test_objectives.py); weight 0 returns the model's loss itself. Beyond
+    the model's loss it holds the lm_head rows of the targets and of their real ancestors, in fp32;
+    listing those pairs (`nonzero`) waits for the device once per call."""
+    if not (math.isfinite(weight) and weight >= 0):
+        raise ValueError(f"prefix_weight={weight!r} must be a finite number >= 0 (0 is plain cross-entropy)")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
+    c = model.config
+    if ancestors.ndim != 2 or ancestors.size(0) != c.vocab_size or depths.shape != (c.vocab_size,):
+        raise AncestorTableError(f"ancestor table of shape {tuple(ancestors.shape)} with depths {tuple(depths.shape)} "
+                                 f"does not fit the model's {c.vocab_size} ids; it must be (V, max_depth) and (V,)")
+    if weight == 0:
+        return model(idx, targets, loss_reduction=reduction)
+    captured: list[torch.Tensor] = []
+    hook = model.blocks[-1].register_forward_hook(lambda _module, _args, out: captured.append(out))
+    try:
+        ce_rows = model(idx, targets, loss_reduction="none")  # (B, T), 0 at ignored targets
+    finally:
+        hook.remove()
+    hidden = model.ops.norm(captured[0]).reshape(-1, c.n_embd).float()  # (N, C): what the head reads
+    y = targets.reshape(-1)  # (N,)
+    counted = y != IGNORE_INDEX
+    safe_y = torch.where(counted, y, 0)
+    d = depths[safe_y]  # (N,)
+    real = counted[:, None] & (torch.arange(ancestors.size(1), device=idx.device) < d[:, None])  # (N, D)
+    # only the real (position, ancestor) pairs: ~N * mean depth of them rather than N * max depth
+    pos, k = real.nonzero(as_tuple=True)  # (P,), (P,)
+    w_head = model.lm_head.weight
+    z_tgt = torch.linalg.vecdot(w_head[safe_y].float(), hidden)  # (N,) logits before the cap
+    z_anc = torch.linalg.vecdot(w_head[ancestors[safe_y[pos], k]].float(), hidden[pos])  # (P,)
+    if c.softcap:
+        z_tgt, z_anc = c.softcap * torch.tanh(z_tgt / c.softcap), c.softcap * torch.tanh(z_anc / c.softcap)
+    coef = (weight / (1.0 + weight * d.float()))[pos]  # (P,): c_k of each pair
+    correction = torch.zeros_like(z_tgt).index_add(0, pos, coef * (z_tgt[pos] - z_anc))  # (N,)
+    rows = ce_rows.reshape(-1) + correction
+    return _reduce(rows, targets, counted, reduction)
