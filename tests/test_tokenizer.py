@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _text_corpus import CORPUS
 from lockstep.tokenizer import (
     SPECIAL_TOKENS,
     ConversationError,
@@ -20,13 +21,6 @@ from lockstep.tokenizer import (
     train_tokenizer,
 )
 
-CORPUS = [
-    "The quick brown fox jumps over the lazy dog. 12345 + 678 = 13023\n",
-    "To be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n",
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.\n",
-    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
-    "Héllo wörld — ünïcödé text, emoji 🙂 and CJK 漢字 too.\n",
-] * 4
 
 # name -> (kind, vocab_size, kind options): every kind, sentencepiece in both model types.
 SPECS: dict[str, tuple[str, int | None, dict]] = {

@@ -32,6 +32,7 @@ import numpy as np
 
 from lockstep.tokenizer.base import SPECIAL_TOKENS, Tokenizer, TokenizerFileError, register_kind
 from lockstep.tokenizer.bpe import N_BYTES, SPLIT_PATTERN
+from lockstep.tokenizer.unicode import without_lone_surrogates
 
 TOKENIZER_FILE = "tokenizer.json"
 # Joins a text's chunks for the trainer. Byte 0xFF never occurs in UTF-8, so as a Latin-1
@@ -63,12 +64,6 @@ def from_byte_level(token: str, where: Path) -> bytes:
         return bytes(CHAR_TO_BYTE[c] for c in token)
     except KeyError as e:
         raise TokenizerFileError(f"{where}: token {token!r} has {e.args[0]!r}, outside the ByteLevel alphabet; re-run the tokenizer stage") from None
-
-
-def without_lone_surrogates(text: str) -> str:
-    """`text` with each unpaired surrogate replaced by U+FFFD (and surrogate pairs joined), as
-    tiktoken encodes such text for `bpe`."""
-    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _hf() -> Any:

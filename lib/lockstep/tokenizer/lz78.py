@@ -1,0 +1,283 @@
+"""The `lz78` tokenizer: an LZ78 dictionary (a prefix tree of byte strings, `lz78_trie`) with byte
+fallback and the special tokens, encoded by greedy longest match over UTF-8 bytes. Saved as plain
+.npy arrays and a JSON config; never pickled. Does not read corpora from disk, and knows nothing
+about how a model embeds its ids (it only exposes the per-id tree metadata).
+
+Vocab layout, with N dictionary codes and V = N + 257 + 9 ids in all:
+
+    [0]                 the trie root; padding. Never emitted by encoding; decodes to nothing.
+    [1 .. N]            dictionary codes, in creation order (a code's parent is a smaller id)
+    [N+1 .. N+256]      byte fallback: id N+1+b stands for the single byte b
+    [N+257 .. V-1]      special tokens in SPECIAL_TOKENS order, `<|bos|>` first
+
+Per-id metadata over the whole vocab (`token_parents`, `token_last_bytes`, `ancestor_chains`):
+a code's parent and last byte come from the trie; a fallback id has parent 0 and its byte; the
+root and the special ids have parent 0 and last byte -1 (they spell no byte). Every id's parent is
+a smaller id, so ancestor chains end at the root for every id.
+
+Text with lone surrogates (not encodable as UTF-8) is encoded with each one replaced by U+FFFD,
+as `bpe` does; decoding replaces invalid UTF-8 with U+FFFD, as `bpe` does.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import regex
+
+from lockstep.tokenizer import lz78_trie
+from lockstep.tokenizer.base import SPECIAL_TOKENS, Tokenizer, TokenizerFileError, decode_with_specials, register_kind
+from lockstep.tokenizer.bpe import N_BYTES, SPLIT_PATTERN
+from lockstep.tokenizer.unicode import without_lone_surrogates
+from lockstep.tokenizer.lz78_trie import LZ78Trie, LZ78TrieError
+
+CONFIG_FILE = "lz78.json"
+PARENT_FILE = "lz78_parent.npy"
+LAST_BYTE_FILE = "lz78_last_byte.npy"
+# Ids that are not dictionary codes: the root, the 256 fallback bytes and the special tokens.
+N_RESERVED = 1 + N_BYTES + len(SPECIAL_TOKENS)
+NO_BYTE = -1
+TRAINING_OPTIONS = ("strategy", "gate_period_phrases", "gate_min_count", "round_factor")
+
+
+class LZ78VocabError(ValueError):
+    """A vocab size the LZ78 layout cannot fill: too small for one code, or more codes than the
+    training text yields."""
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array, dtype=np.int32), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _utf8(text: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return without_lone_surrogates(text).encode("utf-8")
+
+
+@register_kind
+class LZ78Tokenizer(Tokenizer):
+    """Greedy longest-match LZ78 tokenizer. `fast` picks the compiled encoder (numba) over the
+    plain reference; both give the same ids (tests/test_tokenizer_lz78.py). `chunking` splits
+    text with bpe's split pattern first, so no token spans two chunks. `training` records the
+    options the dictionary was learned with (saved in the config, for provenance only)."""
+
+    kind = "lz78"
+
+    def __init__(self, trie: LZ78Trie, *, chunking: bool = False, fast: bool = True,
+                 training: Mapping[str, Any] | None = None) -> None:
+        if trie.n_codes < 1:
+            raise LZ78VocabError("an lz78 tokenizer needs at least one dictionary code; train on more text")
+        self.trie = trie
+        self.n_codes = trie.n_codes
+        super().__init__({name: self.n_codes + 1 + N_BYTES + i for i, name in enumerate(SPECIAL_TOKENS)})
+        self.chunking = bool(chunking)
+        self.fast = bool(fast)
+        self.training = dict(training) if training is not None else None
+        self._split = regex.compile(SPLIT_PATTERN) if self.chunking else None
+        v = self.get_vocab_size()
+        n = self.n_codes
+        parents = np.zeros(v, np.int32)
+        parents[: n + 1] = trie.parent
+        last = np.full(v, NO_BYTE, np.int32)
+        last[1 : n + 1] = trie.last_byte[1:]
+        last[n + 1 : n + 1 + N_BYTES] = np.arange(N_BYTES)
+        parents.setflags(write=False)
+        last.setflags(write=False)
+        self._parents = parents
+        self._last_bytes = last
+        # Bytes each id spells, built parent-first (creation order guarantees the parent is done).
+        pieces = [b""] * v
+        for c in range(1, n + 1):
+            pieces[c] = pieces[parents[c]] + bytes([int(last[c])])
+        for b in range(N_BYTES):
+            pieces[n + 1 + b] = bytes([b])
+        self._pieces = pieces
+        self._chains: tuple[np.ndarray, np.ndarray] | None = None
+
+    # ---- training and files ---------------------------------------------------------------
+
+    @classmethod
+    def train_from_iterator(
+        cls,
+        texts: Iterable[str],
+        *,
+        vocab_size: int | None = None,
+        chunking: bool = False,
+        fast: bool = True,
+        **options: Any,
+    ) -> LZ78Tokenizer:
+        """Learn the dictionary from the UTF-8 bytes of `texts` (each text, or each chunk when
+        `chunking`, is one document: the parse restarts at its start). `vocab_size` is the total,
+        so the dictionary gets vocab_size - 266 codes. Options: `strategy` ("standard",
+        "frequency_gated", "multi_round") and its parameters, see `lz78_trie.train_lz78`."""
+        unknown = sorted(set(options) - set(TRAINING_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown lz78 tokenizer option(s) {unknown}; the options are chunking, fast, "
+                             f"{', '.join(TRAINING_OPTIONS)}")
+        if not isinstance(vocab_size, int) or vocab_size <= N_RESERVED:
+            raise LZ78VocabError(f"lz78 vocab_size={vocab_size} must be at least {N_RESERVED + 1}: the root, "
+                                 f"{N_BYTES} fallback bytes and {len(SPECIAL_TOKENS)} special tokens take {N_RESERVED} ids")
+        split = regex.compile(SPLIT_PATTERN) if chunking else None
+        docs: list[bytes] = []
+        for text in texts:
+            if not isinstance(text, str):
+                raise TypeError(f"lz78 trains on str texts, got {type(text).__name__}")
+            if split is None:
+                docs.append(_utf8(text))
+            else:
+                docs.extend(_utf8(chunk) for chunk in split.findall(text))
+        max_codes = vocab_size - N_RESERVED
+        trained = lz78_trie.train_lz78(docs, max_codes, fast=fast, **options)
+        if trained.trie.n_codes < max_codes:
+            raise LZ78VocabError(
+                f"the training text yields {trained.trie.n_codes} LZ78 codes, short of the {max_codes} that "
+                f"vocab_size={vocab_size} needs; lower vocab_size to at most {trained.trie.n_codes + N_RESERVED} "
+                "or train on more text"
+            )
+        training = {"strategy": "standard", **options}
+        return cls(trained.trie, chunking=chunking, fast=fast, training=training)
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "n_codes": self.n_codes,
+            "chunking": self.chunking,
+            "pattern": SPLIT_PATTERN if self.chunking else None,
+            "special_token_ids": self.get_special_tokens(),
+            "training": self.training,
+        }
+
+    def _files(self) -> dict[str, bytes]:
+        config = json.dumps(self._config(), ensure_ascii=False, sort_keys=True, separators=(",", ":")) + "\n"
+        return {
+            CONFIG_FILE: config.encode("utf-8"),
+            PARENT_FILE: _npy(self._parents),
+            LAST_BYTE_FILE: _npy(self._last_bytes),
+        }
+
+    @classmethod
+    def _from_files(cls, directory: Path, meta: dict[str, Any]) -> LZ78Tokenizer:
+        where = directory / CONFIG_FILE
+        config = json.loads(where.read_text(encoding="utf-8"))
+        if not isinstance(config, dict) or not isinstance(config.get("n_codes"), int) or not isinstance(config.get("chunking"), bool):
+            raise TokenizerFileError(f"{where} lacks n_codes or chunking; re-run the tokenizer stage")
+        if config["chunking"] and config.get("pattern") != SPLIT_PATTERN:
+            raise TokenizerFileError(f"{where} was chunked with a split pattern this code does not use; re-run the tokenizer stage")
+        parents = _load_ids(directory / PARENT_FILE)
+        last = _load_ids(directory / LAST_BYTE_FILE)
+        n = config["n_codes"]
+        v = n + N_RESERVED
+        if parents.shape != (v,) or last.shape != (v,):
+            raise TokenizerFileError(f"{directory}: {PARENT_FILE} {parents.shape} and {LAST_BYTE_FILE} {last.shape} must "
+                                     f"both have {v} entries (n_codes={n} + {N_RESERVED}); re-run the tokenizer stage")
+        want_last = np.full(v - n - 1, NO_BYTE, np.int32)
+        want_last[:N_BYTES] = np.arange(N_BYTES)
+        if parents[n + 1 :].any() or not np.array_equal(last[n + 1 :], want_last) or last[0] != NO_BYTE:
+            raise TokenizerFileError(f"{directory}: the fallback and special rows of {PARENT_FILE}/{LAST_BYTE_FILE} do not "
+                                     "follow the lz78 layout; re-run the tokenizer stage")
+        if ((last[1 : n + 1] < 0) | (last[1 : n + 1] >= N_BYTES)).any():
+            raise TokenizerFileError(f"{directory / LAST_BYTE_FILE}: a dictionary code's last byte is outside 0..255; "
+                                     "re-run the tokenizer stage")
+        trie_last = last[: n + 1].copy()
+        trie_last[0] = 0
+        try:
+            trie = LZ78Trie(parents[: n + 1], trie_last)
+        except LZ78TrieError as e:
+            raise TokenizerFileError(f"{directory}: {e}; re-run the tokenizer stage") from None
+        return cls(trie, chunking=config["chunking"], training=config.get("training"))
+
+    # ---- encoding -------------------------------------------------------------------------
+
+    def _codes_to_ids(self, codes: np.ndarray) -> np.ndarray:
+        # A fallback marker -1 - b becomes N + 1 + b, which is N - marker.
+        return np.where(codes > 0, codes, self.n_codes - codes).astype(np.uint32)
+
+    def _encode_arrays(self, texts: Sequence[str], num_threads: int) -> list[np.ndarray]:
+        if self._split is None:
+            codes = lz78_trie.encode_batch(self.trie, [_utf8(t) for t in texts], num_threads=num_threads, fast=self.fast)
+            return [self._codes_to_ids(c) for c in codes]
+        # Chunks are matched as separate documents, then joined back per text.
+        chunks = [self._split.findall(t) for t in texts]
+        flat = lz78_trie.encode_batch(self.trie, [_utf8(c) for cs in chunks for c in cs],
+                                      num_threads=num_threads, fast=self.fast)
+        out, k = [], 0
+        for cs in chunks:
+            out.append(self._codes_to_ids(np.concatenate([np.zeros(0, np.int32), *flat[k : k + len(cs)]])))
+            k += len(cs)
+        return out
+
+    def _encode_ordinary(self, text: str) -> list[int]:
+        return self._encode_arrays([text], 1)[0].tolist()
+
+    def _encode_ordinary_batch(self, texts: Sequence[str], num_threads: int) -> list[list[int]]:
+        return [a.tolist() for a in self._encode_arrays(texts, max(1, num_threads))]
+
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return self._encode_arrays(list(texts), 1)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.get_vocab_size()]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.get_vocab_size()})")
+        pieces = self._pieces
+        return decode_with_specials(ids, self._id_to_special, lambda run: b"".join([pieces[i] for i in run]))
+
+    def id_to_token(self, token_id: int) -> str:
+        if token_id in self._id_to_special:
+            return self._id_to_special[token_id]
+        if not 0 <= token_id < self.get_vocab_size():
+            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self.get_vocab_size()})")
+        return self._pieces[token_id].decode("utf-8", errors="replace")
+
+    def get_vocab_size(self) -> int:
+        return self.n_codes + N_RESERVED
+
+    def _compute_token_bytes(self) -> np.ndarray:
+        return np.array([len(p) for p in self._pieces], dtype=np.int32)
+
+    # ---- per-id tree metadata -------------------------------------------------------------
+
+    def fallback_id(self, byte: int) -> int:
+        """The id that stands for the single byte `byte` when no code starts with it."""
+        if not 0 <= byte < N_BYTES:
+            raise ValueError(f"byte {byte} is outside 0..255")
+        return self.n_codes + 1 + byte
+
+    def token_parents(self) -> np.ndarray:
+        """int32 (V,), read-only: each id's parent id (0 for the root, fallback and special ids)."""
+        return self._parents
+
+    def token_last_bytes(self) -> np.ndarray:
+        """int32 (V,), read-only: the last byte each id spells; -1 for the root and special ids."""
+        return self._last_bytes
+
+    def ancestor_chains(self) -> tuple[np.ndarray, np.ndarray]:
+        """(chains, depths) over the whole vocab: row i of the int32 (V, D) matrix is i, its parent,
+        grandparent, ... padded with 0; depths (V,) counts the non-padding entries (a code's byte
+        length, 1 for fallback and special ids, 0 for the root). Read-only, computed once."""
+        if self._chains is None:
+            chains, depths = lz78_trie.ancestor_chains(self._parents)
+            chains.setflags(write=False)
+            depths.setflags(write=False)
+            self._chains = (chains, depths)
+        return self._chains
+
+
+def _load_ids(path: Path) -> np.ndarray:
+    try:
+        array = np.load(path, allow_pickle=False)
+    except ValueError as e:
+        raise TokenizerFileError(f"{path} is not a plain .npy array ({e}); re-run the tokenizer stage") from None
+    if array.dtype != np.int32 or array.ndim != 1:
+        raise TokenizerFileError(f"{path} holds {array.dtype} {array.shape}, expected a 1-d int32 array; re-run the tokenizer stage")
+    return array

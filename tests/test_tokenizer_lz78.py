@@ -1,0 +1,238 @@
+"""The `lz78` tokenizer kind: vocab layout ids, round trips (unseen bytes, emoji, lone
+surrogates), special strings in text, compiled encoder equal to the reference, chunking, per-id
+tree metadata, save/load identity, determinism across processes, chat rendering."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from _text_corpus import CORPUS
+from lockstep.tokenizer.base import SPECIAL_TOKENS, TokenizerFileError, load_tokenizer
+from lockstep.tokenizer.lz78 import N_RESERVED, LZ78Tokenizer, LZ78VocabError
+
+VOCAB = 320
+_TOKS: dict[tuple[bool, str], LZ78Tokenizer] = {}
+
+
+def tiny(chunking: bool = False, strategy: str = "standard") -> LZ78Tokenizer:
+    key = (chunking, strategy)
+    if key not in _TOKS:
+        _TOKS[key] = LZ78Tokenizer.train_from_iterator(CORPUS, vocab_size=VOCAB, chunking=chunking, strategy=strategy)
+    return _TOKS[key]
+
+
+KINDS = [(False, "standard"), (True, "standard"), (False, "frequency_gated"), (True, "multi_round")]
+
+
+def test_vocab_layout_ids() -> None:
+    tok = tiny()
+    n = VOCAB - 257 - len(SPECIAL_TOKENS)
+    assert tok.n_codes == n and tok.get_vocab_size() == VOCAB
+    assert tok.get_special_tokens() == {name: n + 257 + i for i, name in enumerate(SPECIAL_TOKENS)}
+    assert tok.get_bos_token_id() == n + 257
+    assert [tok.fallback_id(b) for b in (0, 255)] == [n + 1, n + 256]
+    # A byte no code starts with (DEL is not in the corpus) falls back to its own id; text never
+    # yields the root id 0.
+    assert tok.encode("\x7f") == [tok.fallback_id(0x7F)]
+    ids = tok.encode("".join(CORPUS))
+    assert 0 not in ids and max(ids) <= n + 256
+    # Codes spell the trie's bytes; the fallback ids spell one byte each.
+    for code in range(1, n + 1):
+        assert tok.id_to_token(code) == tok.trie.token_bytes(code).decode("utf-8", "replace")
+        assert tok.token_bytes()[code] == len(tok.trie.token_bytes(code))
+    assert tok.decode([tok.fallback_id(ord("A"))]) == "A" and tok.decode([0]) == ""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(max_size=200) | st.lists(st.sampled_from(["🙂", "漢字", "\x00", "\x7f", "é", " the", "\n"])).map("".join))
+def test_roundtrip(kind: tuple[bool, str], text: str) -> None:
+    tok = tiny(*kind)
+    ids = tok.encode(text)
+    assert all(0 < i < tok.get_vocab_size() and not tok.is_special(i) for i in ids)
+    assert tok.decode(ids) == text
+    assert int(tok.token_bytes()[ids].sum()) == len(text.encode("utf-8"))
+
+
+def test_lone_surrogate_encodes_as_replacement_char_like_bpe() -> None:
+    tok = tiny()
+    assert tok.encode("ab\ud800cd") == tok.encode("ab\ufffdcd")
+    assert tok.decode(tok.encode("ab\ud800cd")) == "ab\ufffdcd"
+    texts = ["ab\ud800cd", "12 34", ""]
+    assert tok.encode(texts, num_threads=2) == [tok.encode(t) for t in texts]
+
+
+def test_decode_replaces_invalid_utf8_and_rejects_unknown_ids() -> None:
+    tok = tiny()
+    assert tok.decode([tok.fallback_id(0xE6), tok.fallback_id(ord("a"))]) == "\ufffda"
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tok.decode([VOCAB])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=40, deadline=None)
+@given(prefix=st.text(max_size=8), suffix=st.text(max_size=8), order=st.permutations(SPECIAL_TOKENS),
+       sep=st.sampled_from(["", " ", "\n", "<", "|"]))
+def test_special_strings_in_text_never_become_special_ids(kind: tuple[bool, str], prefix: str, suffix: str, order, sep: str) -> None:
+    tok = tiny(*kind)
+    text = prefix + sep.join(order) + suffix
+    ids = tok.encode(text)
+    assert not set(tok.get_special_tokens().values()) & set(ids)
+    (arr,) = tok.encode_arrays([text])
+    assert arr.dtype == np.uint32 and arr.tolist() == ids
+    assert tok.decode(ids) == text
+
+
+@pytest.mark.parametrize("chunking", [False, True])
+@settings(max_examples=40, deadline=None)
+@given(texts=st.lists(st.text(max_size=60), max_size=6))
+def test_fast_encoder_and_threads_equal_the_reference(chunking: bool, texts: list[str]) -> None:
+    fast = tiny(chunking)
+    ref = LZ78Tokenizer(fast.trie, chunking=chunking, fast=False)
+    want = [ref.encode(t) for t in texts]
+    assert fast.encode(texts, num_threads=2) == want
+    assert [a.tolist() for a in fast.encode_arrays(texts)] == want
+
+
+def test_reference_training_gives_the_same_files() -> None:
+    for chunking, strategy in KINDS:
+        ref = LZ78Tokenizer.train_from_iterator(CORPUS, vocab_size=VOCAB, chunking=chunking, strategy=strategy, fast=False)
+        assert ref.sha256 == tiny(chunking, strategy).sha256, (chunking, strategy)
+
+
+def test_chunking_keeps_tokens_inside_chunks() -> None:
+    tok = tiny(chunking=True)
+    text = "".join(CORPUS)
+    chunks = tok._split.findall(text)
+    assert "".join(chunks) == text
+    assert tok.encode(text) == [i for c in chunks for i in tok.encode(c)]
+    # The dictionary was learned per chunk too, so no code spans a split boundary ("x y" etc.).
+    for code in range(1, tok.n_codes + 1):
+        piece = tok.trie.token_bytes(code).decode("utf-8", "ignore")
+        assert len(tok._split.findall(piece)) <= 1, piece
+
+
+def test_tree_metadata_over_the_whole_vocab() -> None:
+    tok = tiny()
+    n, v = tok.n_codes, tok.get_vocab_size()
+    parents, last = tok.token_parents(), tok.token_last_bytes()
+    assert parents.shape == last.shape == (v,) and parents.dtype == last.dtype == np.int32
+    assert np.array_equal(parents[: n + 1], tok.trie.parent) and np.array_equal(last[1 : n + 1], tok.trie.last_byte[1:])
+    assert not parents[n + 1 :].any() and last[0] == -1
+    assert last[n + 1 : n + 257].tolist() == list(range(256)) and (last[n + 257 :] == -1).all()
+    chains, depths = tok.ancestor_chains()
+    assert chains.shape == (v, int(depths.max())) and not chains[0].any() and depths[0] == 0
+    tb = tok.token_bytes()
+    for i in range(1, v):
+        chain = chains[i, : depths[i]].tolist()
+        assert chain[0] == i and (chains[i, depths[i] :] == 0).all()
+        assert all(parents[a] == b for a, b in zip(chain, chain[1:])) and parents[chain[-1]] == 0
+        if i <= n + 256:  # codes and fallback bytes: chain length is byte length
+            assert depths[i] == tb[i]
+            assert bytes(last[chain[::-1]].tolist()) == tok._pieces[i]
+        else:
+            assert depths[i] == 1 and tb[i] == 0
+    with pytest.raises(ValueError):
+        chains[1, 0] = 5  # read-only
+
+
+def test_save_load_roundtrip_is_byte_identical(tmp_path) -> None:
+    for chunking, strategy in KINDS:
+        tok = tiny(chunking, strategy)
+        a, b = tmp_path / f"{chunking}{strategy}a", tmp_path / f"{chunking}{strategy}b"
+        meta = tok.save(a)
+        assert sorted(meta["files"]) == ["lz78.json", "lz78_last_byte.npy", "lz78_parent.npy", "token_bytes.npy"]
+        loaded = load_tokenizer(a)
+        assert isinstance(loaded, LZ78Tokenizer) and loaded.sha256 == tok.sha256 == meta["sha256"]
+        assert loaded.chunking == chunking and loaded.training == {"strategy": strategy}
+        loaded.save(b)
+        for p in a.iterdir():
+            assert p.read_bytes() == (b / p.name).read_bytes(), p.name
+        assert loaded.encode(CORPUS[4]) == tok.encode(CORPUS[4])
+        assert np.array_equal(loaded.ancestor_chains()[0], tok.ancestor_chains()[0])
+
+
+def test_inconsistent_files_are_refused(tmp_path) -> None:
+    tok = tiny()
+    n = tok.n_codes
+    bad_parent = tok.token_parents().copy()
+    bad_parent[3] = 5  # a parent after its child
+    bad_last = tok.token_last_bytes().copy()
+    bad_last[n + 1] = 7  # fallback id for byte 0 claims byte 7
+    for parents, last, match in ((bad_parent, tok.token_last_bytes(), "smaller code"),
+                                 (tok.token_parents(), bad_last, "lz78 layout")):
+        forged = LZ78Tokenizer(tok.trie)
+        forged._parents, forged._last_bytes = parents, last
+        # Written with a consistent meta.json, so only the layout checks can catch it.
+        forged.save(tmp_path / match)
+        with pytest.raises(TokenizerFileError, match=match):
+            load_tokenizer(tmp_path / match)
+
+
+def test_bad_vocab_and_options() -> None:
+    with pytest.raises(LZ78VocabError, match=f"at least {N_RESERVED + 1}"):
+        LZ78Tokenizer.train_from_iterator(CORPUS, vocab_size=N_RESERVED)
+    with pytest.raises(LZ78VocabError, match="lower vocab_size"):
+        LZ78Tokenizer.train_from_iterator(["abc"], vocab_size=N_RESERVED + 50)
+    with pytest.raises(ValueError, match="unknown lz78 tokenizer option"):
+        LZ78Tokenizer.train_from_iterator(CORPUS, vocab_size=VOCAB, max_codes=5)
+    with pytest.raises(ValueError, match="strategy"):
+        LZ78Tokenizer.train_from_iterator(CORPUS, vocab_size=VOCAB, strategy="greedy")
+
+
+def test_chat_rendering() -> None:
+    tok = tiny()
+    sp = tok.get_special_tokens()
+    conv = {"messages": [{"role": "user", "content": "What is 2+3? 🙂"},
+                         {"role": "assistant", "content": [{"type": "text", "text": "It is "},
+                                                           {"type": "python", "text": "2+3"},
+                                                           {"type": "python_output", "text": "5"}]}]}
+    ids, mask = tok.render_conversation(conv)
+    want = ([sp["<|bos|>"], sp["<|user_start|>"], *tok.encode("What is 2+3? 🙂"), sp["<|user_end|>"],
+             sp["<|assistant_start|>"], *tok.encode("It is "), sp["<|python_start|>"], *tok.encode("2+3"),
+             sp["<|python_end|>"], sp["<|output_start|>"], *tok.encode("5"), sp["<|output_end|>"], sp["<|assistant_end|>"]])
+    assert ids == want and len(mask) == len(ids)
+    assert tok.decode(ids).startswith("<|bos|><|user_start|>What is 2+3? 🙂<|user_end|>")
+    prompt = tok.render_for_completion(conv)
+    assert prompt[-1] == sp["<|assistant_start|>"] and prompt[0] == tok.get_bos_token_id()
+
+
+_TRAIN_AND_SAVE = textwrap.dedent("""
+    import sys
+    from lockstep.tokenizer.lz78 import LZ78Tokenizer
+    texts = [f"doc {i}: " + " ".join(f"w{(i * 7 + j) % 23} x{j % 5}" for j in range(40)) + " 🙂 é\\n" for i in range(60)]
+    LZ78Tokenizer.train_from_iterator(texts, vocab_size=370, strategy="frequency_gated",
+                                      gate_period_phrases=16).save(f"{sys.argv[1]}/frequency_gated")
+    LZ78Tokenizer.train_from_iterator(texts, vocab_size=340, chunking=True,
+                                      strategy="multi_round").save(f"{sys.argv[1]}/multi_round")
+""")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="PYTHONHASHSEED subprocesses")
+def test_two_processes_with_different_hash_seeds_write_identical_files(tmp_path) -> None:
+    outs = []
+    procs = []
+    for seed in ("1", "2"):
+        out = tmp_path / seed
+        out.mkdir()
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        procs.append(subprocess.Popen([sys.executable, "-c", _TRAIN_AND_SAVE, str(out)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        outs.append(out)
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+    for strategy in ("frequency_gated", "multi_round"):
+        a, b = outs[0] / strategy, outs[1] / strategy
+        names = sorted(p.name for p in a.iterdir())
+        assert names == sorted(p.name for p in b.iterdir()) and len(names) == 5
+        for name in names:
+            assert (a / name).read_bytes() == (b / name).read_bytes(), (strategy, name)
