@@ -11,6 +11,7 @@ they make read best side by side; each part is short."""
 from __future__ import annotations
 
 import math
+import dataclasses
 import os
 import statistics
 import time
@@ -18,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from lockstep.budget import ASSUMED_CHARS_PER_TOKEN, Holding, mixture_epochs, over_limit, sft_holding
+from lockstep.budget import ASSUMED_CHARS_PER_TOKEN, Holding, mixture_epochs, over_limit
 from lockstep.config import build_config
 from lockstep.io import read_json
+from lockstep.loaders import PretrainTokenStreamDataset, open_sft_dataset
 from lockstep.model import GPT, GPTConfig
 from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, split_params
 from lockstep.rl import RLConfig
@@ -37,6 +38,7 @@ from lockstep.runtime import (
 )
 from lockstep.sources import SOURCE_CONFIGS
 from lockstep.train import STAGE_CONFIGS, ModelParams, horizon_steps
+from lockstep.train_stage import holding_of
 
 FLAG = "!!"  # marks a figure over its limit in the text output
 
@@ -175,19 +177,21 @@ def estimated_holding(name: str, params: dict[str, Any], *, seq_len: int, root: 
 
 
 def cache_holding(name: str, cache_root: Path, *, seq_len: int) -> Holding | None:
-    """A component's Holding from its built cache's meta.json (SFT: the index too), or None."""
+    """A component's Holding from its built cache, opened as the training stage opens it and
+    counted by the stage's own rule (lockstep.train_stage.holding_of), or None when not built.
+    Shard hashes are not checked: only counts are read."""
     kinds = [name.split("/")[0]] if "/" in name else ["pretrain", "sft"]
     bare = name.split("/")[-1]
     for kind in kinds:
-        meta_path = cache_root / kind / bare / "meta.json"
-        if not meta_path.is_file():
+        folder = cache_root / kind / bare
+        if not (folder / "meta.json").is_file():
             continue
-        meta = read_json(meta_path, what="cache meta")
         if kind == "pretrain":
-            return Holding("pretrain", tokens=int(meta["train_tokens"]), examples=None, origin=f"cache {meta_path}")
-        offsets = np.load(cache_root / kind / bare / "train_idx.npy")
-        lengths = np.diff(np.append(offsets, int(meta["train_tokens"])))
-        return sft_holding(lengths.tolist(), seq_len=seq_len, origin=f"cache {meta_path}")
+            ds: Any = PretrainTokenStreamDataset(folder / "train", T=seq_len, verify=False)
+        else:
+            bos = read_json(folder / "meta.json", what="cache meta")["bos_id"]
+            ds = open_sft_dataset(folder, "train", T=seq_len, pad_id=bos, verify=False)
+        return dataclasses.replace(holding_of(ds), origin=f"cache {folder / 'meta.json'}")
     return None
 
 
