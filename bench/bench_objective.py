@@ -23,7 +23,6 @@ import torch
 from lockstep.model import GPT, GPTConfig, cross_entropy
 from lockstep.objectives import model_prefix_smooth_loss, prefix_smooth_loss
 from lockstep.tokenizer import load_tokenizer, train_tokenizer
-from lockstep.tokenizer.prefix_tree import bpe_prefix_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TEXT = ROOT.parent / "shared" / "fixtures" / "tinyshakespeare" / "input.txt"
@@ -54,7 +53,7 @@ def main() -> None:
             directory = Path(tmp) / "tok"
             train_tokenizer("bpe", [text], vocab_size=args.vocab).save(directory)
         tok = load_tokenizer(directory)
-        tree = bpe_prefix_tree(directory)
+        tree = tok.prefix_tree()
     V, T, B = tok.get_vocab_size(), args.seq, args.rows
     ids = torch.tensor(tok.encode(text[:2_000_000]), dtype=torch.long)
     g = torch.Generator().manual_seed(0)

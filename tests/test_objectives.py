@@ -238,3 +238,22 @@ def test_model_fast_path_equals_the_loss_of_the_logits(kernels):
     assert torch.equal(model_prefix_smooth_loss(model, idx, targets, ancestors, depths, 0.0), model(idx, targets))
     with pytest.raises(AncestorTableError, match="model's 90 ids"):
         model_prefix_smooth_loss(model, idx, targets, ancestors[:50], depths[:50], 0.3)
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+def test_model_fast_path_under_bf16_autocast_is_fp32_and_close(kernels):
+    # what a CPU with native bf16 trains under (runtime dtype bfloat16): the correction is still
+    # computed in fp32, and the loss stays within bf16 rounding of the fp32 one
+    g = torch.Generator().manual_seed(7)
+    V = 90
+    ancestors, depths = random_table(V, g)
+    model = GPT.build(GPTConfig.from_depth(1, V, 16, head_dim=32), "cpu", seed=0).use_kernels(kernels)
+    idx = torch.randint(0, V, (3, 16), generator=g)
+    targets = torch.randint(0, V, (3, 16), generator=g)
+    exact = model_prefix_smooth_loss(model, idx, targets, ancestors, depths, 0.3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model_prefix_smooth_loss(model, idx, targets, ancestors, depths, 0.3)
+    assert low.dtype == torch.float32
+    torch.testing.assert_close(low, exact, rtol=2e-2, atol=2e-2)
+    low.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -1,4 +1,4 @@
-"""BPE ancestor chains, parents and last bytes: a hand-made vocabulary, then real bpe tokenizers
+"""Prefix trees: BPE ancestor chains, parents and last bytes: a hand-made vocabulary, then real bpe tokenizers
 checked against a trie walk."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from lockstep.objectives import check_ancestor_table
-from lockstep.tokenizer import train_tokenizer
+from lockstep.tokenizer import NoPrefixTreeError, load_tokenizer, train_tokenizer
 from lockstep.tokenizer.base import TokenizerFileError
-from lockstep.tokenizer.prefix_tree import NO_TOKEN, bpe_pieces, bpe_prefix_tree, prefix_tree
+from lockstep.tokenizer.prefix_tree import NO_TOKEN, prefix_tree, tree_from_parents
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,8 +76,12 @@ def trie_reference(pieces):
 
 
 def check_bpe_tree(directory: Path) -> None:
-    pieces = bpe_pieces(directory)
-    tree = bpe_prefix_tree(directory)
+    tok = load_tokenizer(directory)
+    pieces = tok.token_pieces()
+    tree = tok.prefix_tree()
+    # the saved chains are the ones the tokenizer computes
+    assert np.array_equal(np.load(directory / "token_ancestors.npy"), tree.ancestors)
+    assert np.array_equal(np.load(directory / "token_depths.npy"), tree.depths)
     V = len(pieces)
     chains = trie_reference(pieces)
     for i, chain in enumerate(chains):
@@ -124,12 +128,28 @@ def test_pipeline_tokenizer():
     check_bpe_tree(directory)
 
 
-def test_other_kinds_and_tampered_files_are_refused(tmp_path, shared_fixtures):
-    train_tokenizer("byte", []).save(tmp_path / "byte")
-    with pytest.raises(TokenizerFileError, match="not 'bpe'"):
-        bpe_pieces(tmp_path / "byte")
+def test_tampered_tree_files_and_sentencepiece_are_refused(tmp_path, shared_fixtures):
     text = (shared_fixtures / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")[:20_000]
     train_tokenizer("bpe", [text], vocab_size=300).save(tmp_path / "bpe")
-    (tmp_path / "bpe" / "ranks.tiktoken").write_bytes(b"YQ== 0\n")
-    with pytest.raises(TokenizerFileError, match="ranks.tiktoken"):
-        bpe_pieces(tmp_path / "bpe")
+    ancestors = np.load(tmp_path / "bpe" / "token_ancestors.npy")
+    ancestors[-20, 0] = 3
+    np.save(tmp_path / "bpe" / "token_ancestors.npy", ancestors)
+    with pytest.raises(TokenizerFileError, match="token_ancestors.npy"):
+        load_tokenizer(tmp_path / "bpe")
+    spm = train_tokenizer("sentencepiece", [text] * 3, vocab_size=600, model_type="bpe", seed=0)
+    with pytest.raises(NoPrefixTreeError, match="model.embedding: flat"):
+        spm.prefix_tree()
+    spm.save(tmp_path / "spm")
+    assert not (tmp_path / "spm" / "token_ancestors.npy").exists()
+
+
+def test_tree_from_parents_follows_the_chain():
+    #        0:a  1:ab  2:abc  3:b  4:special
+    tree = tree_from_parents(np.array([NO_TOKEN, 0, 1, NO_TOKEN, NO_TOKEN]), np.array([97, 98, 99, 98, NO_TOKEN]))
+    assert tree.depths.tolist() == [0, 1, 2, 0, 0]
+    assert tree.ancestors.tolist() == [[-1, -1], [0, -1], [1, 0], [-1, -1], [-1, -1]]
+    same = prefix_tree([b"a", b"ab", b"abc", b"b", None])
+    for name in ("ancestors", "depths", "parent", "last_byte"):
+        assert np.array_equal(getattr(tree, name), getattr(same, name)), name
+    with pytest.raises(ValueError, match="smaller id"):
+        tree_from_parents(np.array([1, NO_TOKEN]), np.array([97, 98]))

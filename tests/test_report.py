@@ -141,3 +141,18 @@ def test_results_carry_intervals_and_run_facts_stay_apart(tmp_path: Path) -> Non
     assert "| tok_per_s | 5000.0000 |" in facts and "| eval_time_s |" in facts
     assert "tok_per_s" not in text[:text.index("## Run facts")]
     assert "pretrain: git_commit | feedbeef" in text
+
+
+def test_header_names_tokenizer_embedding_and_losses(tmp_path: Path) -> None:
+    metrics, runinfo, plots = (tmp_path / d for d in ("metrics", "runinfo", "plots"))
+    for d in (metrics, runinfo, plots):
+        d.mkdir()
+    (metrics / "tokenizer.json").write_text(json.dumps({"kind": "lz78", "vocab_size": 4096, "bytes_per_token": {"a": 3.0}}))
+    (runinfo / "pretrain.json").write_text(json.dumps(
+        {"setup": {"embedding": "tuple", "objective": "prefix_smooth", "prefix_weight": 0.1}}))
+    (runinfo / "sft.json").write_text(json.dumps({"setup": {"embedding": "tuple", "objective": "ce"}}))
+    text = build_report(metrics, plots, tmp_path / "r", environment=ENV, runinfo_dir=runinfo).read_text()
+    assert text.splitlines()[2] == ("**Tokenizer** lz78 (4096 ids) · **embedding** tuple · "
+                                    "**loss** pretrain prefix_smooth w=0.1, sft ce")
+    bare = build_report(metrics, plots, tmp_path / "r2", environment=ENV).read_text()
+    assert bare.splitlines()[2] == "**Tokenizer** lz78 (4096 ids) · **embedding** - · **loss** -"

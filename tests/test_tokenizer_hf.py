@@ -158,7 +158,8 @@ def test_chat_rendering_equals_bpe() -> None:
 def test_save_load_is_byte_identical_and_loads_in_tokenizers(tmp_path: Path) -> None:
     _, hf, texts = small()
     meta = hf.save(tmp_path / "a")
-    assert meta["kind"] == "hf" and set(meta["files"]) == {TOKENIZER_FILE, "token_bytes.npy"}
+    assert meta["kind"] == "hf" and set(meta["files"]) == {TOKENIZER_FILE, "token_bytes.npy", "token_ancestors.npy",
+                                                                 "token_depths.npy"}
     loaded = load_tokenizer(tmp_path / "a")
     assert isinstance(loaded, HFTokenizer) and loaded.sha256 == hf.sha256 == meta["sha256"]
     loaded.save(tmp_path / "b")

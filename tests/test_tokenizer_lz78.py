@@ -149,7 +149,8 @@ def test_save_load_roundtrip_is_byte_identical(tmp_path) -> None:
         tok = tiny(chunking, strategy)
         a, b = tmp_path / f"{chunking}{strategy}a", tmp_path / f"{chunking}{strategy}b"
         meta = tok.save(a)
-        assert sorted(meta["files"]) == ["lz78.json", "lz78_last_byte.npy", "lz78_parent.npy", "token_bytes.npy"]
+        assert sorted(meta["files"]) == ["lz78.json", "lz78_last_byte.npy", "lz78_parent.npy", "token_ancestors.npy",
+                                       "token_bytes.npy", "token_depths.npy"]
         loaded = load_tokenizer(a)
         assert isinstance(loaded, LZ78Tokenizer) and loaded.sha256 == tok.sha256 == meta["sha256"]
         assert loaded.chunking == chunking and loaded.training == {"strategy": strategy}
@@ -171,6 +172,7 @@ def test_inconsistent_files_are_refused(tmp_path) -> None:
                                  (tok.token_parents(), bad_last, "lz78 layout")):
         forged = LZ78Tokenizer(tok.trie)
         forged._parents, forged._last_bytes = parents, last
+        forged._prefix_tree = tok.prefix_tree()  # so that saving does not trip over the forged parents
         # Written with a consistent meta.json, so only the layout checks can catch it.
         forged.save(tmp_path / match)
         with pytest.raises(TokenizerFileError, match=match):
@@ -233,6 +235,38 @@ def test_two_processes_with_different_hash_seeds_write_identical_files(tmp_path)
     for strategy in ("frequency_gated", "multi_round"):
         a, b = outs[0] / strategy, outs[1] / strategy
         names = sorted(p.name for p in a.iterdir())
-        assert names == sorted(p.name for p in b.iterdir()) and len(names) == 5
+        assert names == sorted(p.name for p in b.iterdir()) and len(names) == 7
         for name in names:
             assert (a / name).read_bytes() == (b / name).read_bytes(), (strategy, name)
+
+
+def test_prefix_tree_is_the_trie_without_the_root(tmp_path) -> None:
+    tok = tiny()
+    tree = tok.prefix_tree()
+    chains, depths = tok.ancestor_chains()
+    n, pieces = tok.n_codes, tok.token_pieces()
+    for i in range(tok.get_vocab_size()):
+        d = int(tree.depths[i])
+        if 1 <= i <= n:
+            # a code's ancestors are its trie chain past itself: every proper prefix, nearest first
+            assert d == depths[i] - 1 and tree.ancestors[i, :d].tolist() == chains[i, 1 : d + 1].tolist()
+            assert [pieces[a] for a in tree.ancestors[i, :d]] == [pieces[i][:k] for k in range(len(pieces[i]) - 1, 0, -1)]
+        else:  # root, fallback and special ids have no token ancestor
+            assert d == 0 and tree.parent[i] == -1
+    tok.save(tmp_path / "t")
+    assert np.array_equal(np.load(tmp_path / "t" / "token_ancestors.npy"), tree.ancestors)
+
+
+def test_a_dictionary_in_the_lz78_layout_gives_the_same_tokenizer(tmp_path) -> None:
+    from lockstep.tokenizer.lz78_tsv import write_lz78_tsv
+
+    tok = tiny()
+    write_lz78_tsv(tmp_path / "d.tsv", tok.trie)
+    brought = LZ78Tokenizer.from_dictionary(tmp_path / "d.tsv")
+    assert np.array_equal(brought.token_parents(), tok.token_parents()) and not brought.has_hierarchical_parents
+    assert brought.encode(CORPUS[:5]) == tok.encode(CORPUS[:5])
+    with pytest.raises(LZ78VocabError, match="compressed"):
+        brought.hierarchical_parents()
+    (tmp_path / "bad.tsv").write_text("# three columns\n1\t0\ta\n")
+    with pytest.raises(ValueError, match="3 tab-separated columns"):
+        LZ78Tokenizer.from_dictionary(tmp_path / "bad.tsv")

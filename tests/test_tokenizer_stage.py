@@ -23,6 +23,8 @@ from lockstep.sources.synth_chat import SynthChatConfig
 from lockstep.sources.synth_math import SynthMathConfig
 from lockstep.tokenizer import load_tokenizer, pipeline, train_tokenizer
 from lockstep.tokenizer.base import NoSpecialTokensError
+from lockstep.tokenizer.lz78 import LZ78Tokenizer
+from lockstep.tokenizer.lz78_tsv import CompressedDictionary, write_compressed_tsv
 from lockstep.tokenizer.pipeline import (
     CappedTexts,
     TokenizerConfig,
@@ -158,7 +160,7 @@ def _snapshots(tmp_path: Path) -> Path:
     return raw
 
 
-@pytest.mark.parametrize("kind", ["bpe", "char"])
+@pytest.mark.parametrize("kind", ["bpe", "char", "hf", "lz78"])
 def test_stage_end_to_end_is_reproducible(tmp_path: Path, kind: str) -> None:
     raw = _snapshots(tmp_path)
     cfg = TokenizerConfig(kind=kind, vocab_size=300, train_sources=("notes", "chat", "math"), max_chars=5000,
@@ -187,6 +189,29 @@ def test_stage_end_to_end_is_reproducible(tmp_path: Path, kind: str) -> None:
     # Counting on 3 encoder threads changes nothing.
     threaded = dataclasses.replace(cfg, encode_threads=3)
     assert run_tokenizer_stage(threaded, raw, tmp_path / "tok3", tmp_path / "m3.json", seed=3) == m1
+
+
+def test_stage_reads_a_brought_lz78_dictionary(tmp_path: Path) -> None:
+    raw = _snapshots(tmp_path)
+    trained = LZ78Tokenizer.train_from_iterator(list(snapshot_texts(raw / "notes", "train")), vocab_size=300)
+    (tmp_path / "corpus" / "dictionaries").mkdir(parents=True)
+    write_compressed_tsv(tmp_path / "corpus" / "dictionaries" / "notes.tsv", CompressedDictionary.from_trie(trained.trie))
+    cfg = TokenizerConfig(kind="lz78", vocab_size=999, train_sources=(), metric_sources=("notes",),
+                          lz78_dictionary="corpus/dictionaries/notes.tsv")  # fmt: skip
+    m = run_tokenizer_stage(cfg, raw, tmp_path / "tok", tmp_path / "m.json", seed=3, root=tmp_path)
+    tok = load_tokenizer(tmp_path / "tok")
+    # the file decides the vocabulary, and a canonical compressed trie keeps every code
+    assert m["vocab_size"] == tok.get_vocab_size() == trained.get_vocab_size() and m["train_chars"] == 0
+    assert tok.has_hierarchical_parents and (tmp_path / "tok" / "lz78_hier_parent.npy").is_file()
+    text = "The tokenizer learns merges from text like this, 74."
+    assert tok.encode(text) == trained.encode(text)
+    with pytest.raises(ConfigError, match="kind lz78 only"):
+        TokenizerConfig(kind="bpe", train_sources=("notes",), lz78_dictionary="corpus/dictionaries/notes.tsv")
+    for bad in ("/tmp/notes.tsv", "corpus/dictionaries/../notes.tsv", "notes.tsv"):
+        with pytest.raises(ConfigError, match="under corpus/dictionaries/"):
+            TokenizerConfig(kind="lz78", lz78_dictionary=bad)
+    with pytest.raises(ConfigError, match="lz78_round_factor=0"):
+        TokenizerConfig(kind="lz78", train_sources=("notes",), lz78_round_factor=0)
 
 
 def test_stage_reports_the_bytes_a_char_alphabet_loses(tmp_path: Path) -> None:

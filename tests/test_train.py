@@ -110,3 +110,20 @@ def test_identical_runs_identical_files(tmp_path) -> None:
         assert (a.checkpoint / name).read_bytes() == (b.checkpoint / name).read_bytes(), name
     assert load_checkpoint(a.checkpoint).step == 3
 
+
+
+def test_prefix_smooth_objective_trains_and_weight_zero_is_cross_entropy(tmp_path) -> None:
+    # ids 1..63: each id's parent is id // 2 (a binary tree; 0 and 1 have none)
+    from lockstep.tokenizer.prefix_tree import tree_from_parents
+
+    tree = tree_from_parents([-1, -1, *[i // 2 for i in range(2, V)]], [-1] * V)
+    table = (torch.from_numpy(tree.ancestors), torch.from_numpy(tree.depths))
+    _, ce = _run(tmp_path / "ce", _cfg())
+    _, zero = _run(tmp_path / "zero", _cfg(objective="prefix_smooth", prefix_weight=0.0), ancestors=table)
+    assert zero.losses == ce.losses  # w = 0 is the cross-entropy, bit for bit
+    model, smooth = _run(tmp_path / "smooth", _cfg(objective="prefix_smooth", prefix_weight=0.3), ancestors=table)
+    assert smooth.losses != ce.losses and all(torch.isfinite(torch.tensor(l)) for _, l in smooth.losses)
+    with pytest.raises(ValueError, match="ancestor table"):
+        _run(tmp_path / "none", _cfg(objective="prefix_smooth"))
+    with pytest.raises(ConfigError, match="prefix_weight"):
+        _cfg(prefix_weight=-1.0)

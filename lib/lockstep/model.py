@@ -17,6 +17,9 @@ from lockstep import kernels
 from lockstep.config import FieldError, build_config, check_range, config_to_dict
 
 IGNORE_INDEX = -100
+# How token ids become vectors (GPTConfig.embedding); see GPT.embed.
+EMBEDDINGS = ("flat", "structured", "tuple", "hierarchical")
+NO_BYTE_ROW = 256  # the byte-table row of ids that end in no byte (special tokens, LZ78's root)
 LossReduction = Literal["mean", "sum", "none"]
 RMS_EPS = 1e-6  # added to the mean square; fixed rather than finfo(dtype).eps so bf16 and fp32 agree
 
@@ -37,6 +40,10 @@ class GPTConfig:
     softcap: float = 15.0  # logits become softcap * tanh(logits / softcap); 0 disables
     vocab_multiple: int = 64  # pad the vocab to a multiple of this many ids
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * n_embd
+    # flat: one row per id. structured / hierarchical: the parent code's row plus the last
+    # byte's row, summed (hierarchical only differs in which parent the tokenizer gives). tuple:
+    # the two rows side by side, then a bias-free linear map to n_embd.
+    embedding: str = "flat"
 
     def __post_init__(self) -> None:
         # FieldError names the field; from_dict prefixes `model.`, so a bad meta.json names its key.
@@ -54,6 +61,8 @@ class GPTConfig:
                              f"must divide n_head={self.n_head} (and be <= it) for grouped-query attention")
         check_range("rope_theta", self.rope_theta, gt=0, why="the rotary base (10000 is usual)")
         check_range("softcap", self.softcap, ge=0, why="0 disables capping")
+        if self.embedding not in EMBEDDINGS:
+            raise FieldError("embedding", self.embedding, f"must be one of {', '.join(EMBEDDINGS)}")
 
     @property
     def head_dim(self) -> int:
@@ -246,8 +255,19 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        V = config.padded_vocab_size
-        self.wte = nn.Embedding(V, config.n_embd)
+        V, C = config.padded_vocab_size, config.n_embd
+        if config.embedding == "flat":
+            self.wte = nn.Embedding(V, C)
+        else:
+            # Structured: wte holds parent-code rows, row V standing for "no parent"; wbe the 256
+            # byte rows and NO_BYTE_ROW. Which rows an id reads is data, not a weight: the two
+            # buffers, filled by set_token_structure and saved in the state dict, so a checkpoint
+            # embeds without its tokenizer folder.
+            self.wte = nn.Embedding(V + 1, C)
+            self.wbe = nn.Embedding(NO_BYTE_ROW + 1, C)
+            self.embed_proj = nn.Linear(2 * C, C, bias=False) if config.embedding == "tuple" else None
+            self.register_buffer("token_parent_row", torch.empty(V, dtype=torch.long))
+            self.register_buffer("token_byte_row", torch.empty(V, dtype=torch.long))
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         self.lm_head = nn.Linear(config.n_embd, V, bias=False)
         # Rotary tables are derived data, not weights: kept out of the state dict.
@@ -263,14 +283,22 @@ class GPT(nn.Module):
 
     @classmethod
     def build(
-        cls, config: GPTConfig, device: torch.device | str, dtype: torch.dtype | None = None, *, seed: int = 0
+        cls, config: GPTConfig, device: torch.device | str, dtype: torch.dtype | None = None, *, seed: int = 0,
+        token_structure: tuple[Any, Any] | None = None,
     ) -> GPT:
         """A ready model on `device`: weights drawn from `torch.Generator().manual_seed(seed)`,
-        then cast to `dtype` if given (rotary tables stay fp32)."""
+        then cast to `dtype` if given (rotary tables stay fp32). A non-flat embedding takes
+        `token_structure`, (parents, last_bytes) as set_token_structure reads them; without it
+        each id reads its own code row and no byte (for a model about to load a checkpoint)."""
         with torch.device("meta"):
             model = cls(config)
         model.to_empty(device=device)
         model.init_weights(torch.Generator().manual_seed(seed))
+        if config.embedding != "flat":
+            if token_structure is None:
+                no_structure = torch.full((config.padded_vocab_size,), -1)  # every id reads its own code row
+                token_structure = (no_structure, no_structure)
+            model.set_token_structure(*token_structure)
         if dtype is not None:
             for p in model.parameters():
                 p.data = p.data.to(dtype)
@@ -289,6 +317,10 @@ class GPT(nn.Module):
             p.copy_(w)
 
         draw(self.wte.weight, 1.0)
+        if self.config.embedding != "flat":
+            draw(self.wbe.weight, 1.0)
+            if self.embed_proj is not None:
+                draw(self.embed_proj.weight, (2 * C) ** -0.5)
         for block in self.blocks:
             attn, mlp = block.attn, block.mlp
             for lin in (attn.c_q, attn.c_k, attn.c_v, mlp.c_fc):
@@ -306,21 +338,70 @@ class GPT(nn.Module):
         self.rotary_cos = cos.to(self.rotary_cos.device)
         self.rotary_sin = sin.to(self.rotary_sin.device)
 
+    @torch.no_grad()
+    def set_token_structure(self, parents: Any, last_bytes: Any) -> None:
+        """Which rows each id reads in a non-flat embedding, from per-id arrays over the
+        vocabulary (numpy or torch, any integer dtype): `parents[i]` the id of i's parent, or -1
+        for none (its parent row is then the "no parent" row); `last_bytes[i]` its final byte
+        0..255, or -1 for an id that spells no byte (a special token), which instead reads its
+        own code row and NO_BYTE_ROW so that every special stays distinct. Padded ids read
+        "no parent" and NO_BYTE_ROW. For `hierarchical` the caller passes the hierarchical
+        parents (lockstep.train_stage picks them from the tokenizer)."""
+        c = self.config
+        if c.embedding == "flat":
+            raise ValueError("a flat embedding has no token structure; set model.embedding to use one")
+        parents = torch.as_tensor(parents, dtype=torch.long).cpu()
+        last = torch.as_tensor(last_bytes, dtype=torch.long).cpu()
+        V, P = c.vocab_size, c.padded_vocab_size
+        if parents.shape not in ((V,), (P,)) or last.shape != parents.shape:
+            raise ValueError(f"token structure of shapes {tuple(parents.shape)} and {tuple(last.shape)} does not fit the "
+                             f"model's {V} ids; it must come from the tokenizer the model is trained with")
+        n = parents.numel()
+        ids = torch.arange(n)
+        if ((parents < -1) | (parents >= n) | (parents == ids)).any() or ((last < -1) | (last > 255)).any():
+            raise ValueError("token structure: parents must be -1 or another id, last bytes -1 or 0..255")
+        no_byte = last == -1
+        parent_row = torch.full((P,), P, dtype=torch.long)
+        byte_row = torch.full((P,), NO_BYTE_ROW, dtype=torch.long)
+        parent_row[:n] = torch.where(no_byte, ids, torch.where(parents == -1, P, parents))
+        byte_row[:n] = torch.where(no_byte, NO_BYTE_ROW, last)
+        self.token_parent_row.copy_(parent_row)
+        self.token_byte_row.copy_(byte_row)
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token vectors (B, T, C) of ids (B, T): the id's row (flat), or its parent code's row
+        and its last byte's row, summed (structured, hierarchical) or concatenated and projected
+        (tuple)."""
+        if self.config.embedding == "flat":
+            return self.wte(idx)
+        code = self.wte(self.token_parent_row[idx])
+        byte = self.wbe(self.token_byte_row[idx])
+        if self.embed_proj is not None:
+            return self.embed_proj(torch.cat((code, byte), dim=-1))
+        return code + byte
+
+    def embedding_weights(self) -> list[nn.Parameter]:
+        """The lookup tables (no FLOPs): wte, and wbe for a non-flat embedding."""
+        return [self.wte.weight] if self.config.embedding == "flat" else [self.wte.weight, self.wbe.weight]
+
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by role for the optimizers: `matrix` holds the 2-D weights inside blocks
-        (for Muon), `embedding` the token embedding and `lm_head` the output head (for AdamW).
-        Every parameter appears in exactly one group."""
+        and the tuple embedding's projection (for Muon), `embedding` the lookup tables and
+        `lm_head` the output head (for AdamW). Every parameter appears in exactly one group."""
         matrix = [p for p in self.blocks.parameters()]
-        groups = {"matrix": matrix, "embedding": [self.wte.weight], "lm_head": [self.lm_head.weight]}
+        if self.config.embedding == "tuple":
+            matrix.append(self.embed_proj.weight)
+        groups = {"matrix": matrix, "embedding": self.embedding_weights(), "lm_head": [self.lm_head.weight]}
         assert sum(len(g) for g in groups.values()) == len(list(self.parameters()))
         assert all(p.ndim == 2 for p in matrix)
         return groups
 
     def num_params(self, *, exclude_embedding: bool = False) -> int:
-        """Parameter count (padded vocab rows included). With `exclude_embedding`, the token
-        embedding is left out: a lookup, not a matmul, so it adds no FLOPs."""
+        """Parameter count (padded vocab rows included). With `exclude_embedding`, the lookup
+        tables are left out: a lookup is not a matmul, so they add no FLOPs (a tuple
+        embedding's projection is a matmul and stays in)."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.wte.weight.numel() if exclude_embedding else n
+        return n - sum(p.numel() for p in self.embedding_weights()) if exclude_embedding else n
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Training FLOPs per token (forward + backward): `6 * N` over the matmul parameters
@@ -343,6 +424,16 @@ class GPT(nn.Module):
         sliced off. With targets (B, T) (IGNORE_INDEX = -100 marks positions without a loss):
         `cross_entropy` of those logits under `loss_reduction`. With a kv_cache, positions
         continue from the cache's."""
+        x = self.final_hidden(idx, kv_cache)
+        if targets is None:
+            return self._logits(x)
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets shape {tuple(targets.shape)} must equal idx shape {tuple(idx.shape)}")
+        return self.head_loss(x, targets, loss_reduction)
+
+    def final_hidden(self, idx: torch.Tensor, kv_cache: KVCacheLike | None = None) -> torch.Tensor:
+        """The final normed hidden states (B, T, C) of ids (B, T): what the head reads. Training
+        objectives that need more than the cross-entropy (lockstep.objectives) start here."""
         B, T = idx.shape
         c, ops = self.config, self.ops
         if kv_cache is None:
@@ -358,17 +449,17 @@ class GPT(nn.Module):
         else:
             act_dtype = self.lm_head.weight.dtype
         cos, sin = cos.to(act_dtype), sin.to(act_dtype)
-        x = ops.norm(self.wte(idx))  # (B, T, C)
+        x = ops.norm(self.embed(idx))  # (B, T, C)
         for block in self.blocks:
             x = block(x, cos, sin, kv_cache, ops)
         if kv_cache is not None:
             kv_cache.advance(T)
-        x = ops.norm(x)
-        if targets is None:
-            return self._logits(x)
-        if targets.shape != idx.shape:
-            raise ValueError(f"targets shape {tuple(targets.shape)} must equal idx shape {tuple(idx.shape)}")
-        if ops is KERNEL_OPS and 0 < c.softcap <= kernels.SAFE_EXP_CAP:
+        return ops.norm(x)
+
+    def head_loss(self, x: torch.Tensor, targets: torch.Tensor, loss_reduction: LossReduction = "mean") -> torch.Tensor:
+        """`cross_entropy` of the logits of final hidden states x (B, T, C) against targets (B, T)."""
+        c = self.config
+        if self.ops is KERNEL_OPS and 0 < c.softcap <= kernels.SAFE_EXP_CAP:
             # the same loss without ever holding the batch's (B, T, V) fp32 logits
             return kernels.head_loss(x, self.lm_head.weight, targets, softcap=c.softcap, vocab_size=c.vocab_size,
                                      reduction=loss_reduction, ignore_index=IGNORE_INDEX)

@@ -139,8 +139,7 @@ def model_prefix_smooth_loss(
     (c the normalised target weights, c_0 on y): the first part is the model's own cross-entropy,
     `model(idx, targets)` (lockstep.kernels' fused head when the model uses kernels), and the second
     needs only the logits of y and its ancestors, each one dot product of the final hidden state
-    with an lm_head row. The hidden state is read with a forward hook on the last block, so the
-    model runs its own forward once. Targets use lockstep.model.IGNORE_INDEX. Equal to the plain
+    (GPT.final_hidden) with an lm_head row. Targets use lockstep.model.IGNORE_INDEX. Equal to the plain
     path to rounding (tests/test_objectives.py); weight 0 returns the model's loss itself. Beyond
     the model's loss it holds the lm_head rows of the targets and of their real ancestors, in fp32;
     listing those pairs (`nonzero`) waits for the device once per call."""
@@ -154,13 +153,11 @@ def model_prefix_smooth_loss(
                                  f"does not fit the model's {c.vocab_size} ids; it must be (V, max_depth) and (V,)")
     if weight == 0:
         return model(idx, targets, loss_reduction=reduction)
-    captured: list[torch.Tensor] = []
-    hook = model.blocks[-1].register_forward_hook(lambda _module, _args, out: captured.append(out))
-    try:
-        ce_rows = model(idx, targets, loss_reduction="none")  # (B, T), 0 at ignored targets
-    finally:
-        hook.remove()
-    hidden = model.ops.norm(captured[0]).reshape(-1, c.n_embd).float()  # (N, C): what the head reads
+    if targets.shape != idx.shape:
+        raise ValueError(f"targets shape {tuple(targets.shape)} must equal idx shape {tuple(idx.shape)}")
+    x = model.final_hidden(idx)  # (B, T, C): what the head reads
+    ce_rows = model.head_loss(x, targets, "none")  # (B, T), 0 at ignored targets
+    hidden = x.reshape(-1, c.n_embd).float()  # (N, C)
     y = targets.reshape(-1)  # (N,)
     counted = y != IGNORE_INDEX
     safe_y = torch.where(counted, y, 0)
@@ -169,11 +166,13 @@ def model_prefix_smooth_loss(
     # only the real (position, ancestor) pairs: ~N * mean depth of them rather than N * max depth
     pos, k = real.nonzero(as_tuple=True)  # (P,), (P,)
     w_head = model.lm_head.weight
-    z_tgt = torch.linalg.vecdot(w_head[safe_y].float(), hidden)  # (N,) logits before the cap
-    z_anc = torch.linalg.vecdot(w_head[ancestors[safe_y[pos], k]].float(), hidden[pos])  # (P,)
-    if c.softcap:
-        z_tgt, z_anc = c.softcap * torch.tanh(z_tgt / c.softcap), c.softcap * torch.tanh(z_anc / c.softcap)
-    coef = (weight / (1.0 + weight * d.float()))[pos]  # (P,): c_k of each pair
-    correction = torch.zeros_like(z_tgt).index_add(0, pos, coef * (z_tgt[pos] - z_anc))  # (N,)
+    # the correction in fp32 even under a bf16 autocast, which would otherwise run the dot products in bf16
+    with torch.autocast(idx.device.type, enabled=False):
+        z_tgt = torch.linalg.vecdot(w_head[safe_y].float(), hidden)  # (N,) logits before the cap
+        z_anc = torch.linalg.vecdot(w_head[ancestors[safe_y[pos], k]].float(), hidden[pos])  # (P,)
+        if c.softcap:
+            z_tgt, z_anc = c.softcap * torch.tanh(z_tgt / c.softcap), c.softcap * torch.tanh(z_anc / c.softcap)
+        coef = (weight / (1.0 + weight * d.float()))[pos]  # (P,): c_k of each pair
+        correction = torch.zeros_like(z_tgt).index_add(0, pos, coef * (z_tgt[pos] - z_anc))  # (N,)
     rows = ce_rows.reshape(-1) + correction
     return _reduce(rows, targets, counted, reduction)

@@ -202,7 +202,7 @@ def model_figures(gcfg: GPTConfig) -> dict[str, Any]:
         model = GPT(gcfg)
     groups = split_params(model)
     total = model.num_params()
-    embedding = model.wte.weight.numel()
+    embedding = sum(p.numel() for p in model.embedding_weights())  # lookup tables; a tuple projection is a matmul
     return {"n_layer": gcfg.n_layer, "n_embd": gcfg.n_embd, "n_head": gcfg.n_head, "n_kv_head": gcfg.n_kv_head,
             "sequence_len": gcfg.sequence_len, "vocab_size": gcfg.vocab_size, "padded_vocab_size": gcfg.padded_vocab_size,
             "params_total": total, "params_embedding": embedding, "params_non_embedding": total - embedding,

@@ -191,13 +191,30 @@ def _stage_table(title: str, stems: list[tuple[str, str]], source: Mapping[str, 
     return [f"## {title}", "", *_table(["metric", *[c for c, _ in stems]], rows), ""]
 
 
+def setup_line(metrics: Mapping[str, Mapping[str, Any]], runinfo: Mapping[str, Mapping[str, Any]]) -> str:
+    """One line naming what makes runs differ by design: the tokenizer kind and vocab, the
+    embedding, and each training stage's loss. Read from the tokenizer metrics and the training
+    stages' run facts; a part that was not run reads `-`."""
+    tok = metrics.get("tokenizer", {})
+    kind = f"{tok['kind']} ({tok['vocab_size']} ids)" if "kind" in tok and "vocab_size" in tok else "-"
+    # run facts arrive flattened: {"setup.embedding": ..., "setup.objective": ...}
+    setups = {stage: runinfo.get(stage) or {} for _, stage in STAGE_COLUMNS}
+    embedding = next((s["setup.embedding"] for s in setups.values() if "setup.embedding" in s), "-")
+    losses = []
+    for stage, s in setups.items():
+        if "setup.objective" in s:
+            w = f" w={s['setup.prefix_weight']:g}" if "setup.prefix_weight" in s else ""
+            losses.append(f"{stage} {s['setup.objective']}{w}")
+    return f"**Tokenizer** {kind} · **embedding** {embedding} · **loss** {', '.join(losses) or '-'}"
+
+
 def render_markdown(metrics: Mapping[str, Mapping[str, Any]], charts: list[Path], environment: Mapping[str, str],
                     runinfo: Mapping[str, Mapping[str, Any]] | None = None,
                     ivs: Mapping[tuple[str, str], Interval] | None = None) -> str:
     """The report card text: results (with 95% intervals where items stand behind them), then
     the run facts, then the charts."""
     runinfo, ivs = runinfo or {}, ivs or {}
-    lines = ["# lockstep report card", ""]
+    lines = ["# lockstep report card", "", setup_line(metrics, runinfo), ""]
     lines += ["Rebuilt from `data/metrics` (results), `data/runinfo` (run facts), the eval records in `data/eval` "
               "and `data/plots` by the `report` stage. Intervals are 95%: Wilson for rates over n items, a "
               "bootstrap over n documents for bits per byte.", ""]

@@ -26,7 +26,8 @@ from lockstep import checkpoint as ckpt
 from lockstep.bpb import measure_bpb
 from lockstep.config import ConfigError, FieldError, check_range
 from lockstep.io import read_json, write_json_atomic
-from lockstep.model import GPT, IGNORE_INDEX, GPTConfig
+from lockstep.model import GPT, IGNORE_INDEX, GPTConfig, LossReduction
+from lockstep.objectives import check_ancestor_table, model_prefix_smooth_loss
 from lockstep.optim import OptimConfig, all_reduce_grads, build_optimizers, global_grad_norm, muon_momentum, set_lr
 from lockstep.runtime import Runtime, barrier, peak_flops
 
@@ -46,6 +47,10 @@ class ModelParams:
     n_kv_head: int = 0  # key/value heads; 0 = as many as query heads
     softcap: float = 15.0  # logit soft cap; 0 disables
     rope_theta: float = 10000.0
+    # flat | structured | tuple | hierarchical: how ids become vectors (lockstep.model.GPT.embed);
+    # the non-flat modes read the tokenizer's prefix tree, hierarchical an lz78 tokenizer read
+    # from a `compressed` dictionary
+    embedding: str = "flat"
 
     def __post_init__(self) -> None:
         if self.n_kv_head < 0:
@@ -56,7 +61,8 @@ class ModelParams:
 
     def gpt_config(self, vocab_size: int) -> GPTConfig:
         return GPTConfig.from_depth(self.depth, vocab_size, self.sequence_len, self.head_dim,
-                                    n_kv_head=self.n_kv_head or None, softcap=self.softcap, rope_theta=self.rope_theta)
+                                    n_kv_head=self.n_kv_head or None, softcap=self.softcap, rope_theta=self.rope_theta,
+                                    embedding=self.embedding)
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,11 @@ class TrainConfig:
     warmdown_frac: float = 0.4  # last fraction of steps decays linearly ...
     final_lr_frac: float = 0.0  # ... to this fraction of the peak LR
     loss: Literal["all", "assistant"] = "all"  # SFT trains on assistant tokens only
+    # ce: cross-entropy. prefix_smooth: the target also puts prefix_weight on each ancestor of
+    # the true token in the vocabulary's prefix tree (lockstep.objectives); validation bpb is
+    # plain cross-entropy either way, so runs with either objective compare directly.
+    objective: Literal["ce", "prefix_smooth"] = "ce"
+    prefix_weight: float = 0.1
     eval_every_steps: int = 100  # val bpb; 0 = only at the end
     eval_tokens: int = 65536  # val tokens per evaluation (all ranks)
     sample_every_steps: int = 0  # greedy samples on rank 0; 0 = only at the end
@@ -105,6 +116,7 @@ class TrainConfig:
         check_range("peak_flops", self.peak_flops, ge=0, why="FLOP/s per device; 0 takes the datasheet or a measured peak")
         check_schedule(self.warmdown_frac, self.final_lr_frac)
         check_range("eval_tokens", self.eval_tokens, ge=1, why="val tokens per evaluation; the final one always runs")
+        check_range("prefix_weight", self.prefix_weight, ge=0, why="weight of each ancestor in the target (0 = cross-entropy)")
         check_range("keep_last", self.keep_last, ge=2, why="so a crash mid-save still leaves a complete checkpoint")
         if self.max_epochs is not None:
             check_range("max_epochs", self.max_epochs, gt=0, why="passes over a component's train data; null = no limit")
@@ -424,7 +436,8 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
           token_bytes: torch.Tensor | None, run_dir: Path, seed: int, meta: dict[str, Any],
           sample_prompts: Sequence[Sequence[int]] = (), decode: Callable[[list[int]], str] | None = None,
           on_step: Callable[[dict[str, float]], None] | None = None, stop_at_step: int | None = None,
-          params_section: str = "", val_seed: int | None = None) -> TrainResult:
+          params_section: str = "", val_seed: int | None = None,
+          ancestors: tuple[torch.Tensor, torch.Tensor] | None = None) -> TrainResult:
     """Train `model` (already on rt.device, fp32 master weights) in place, resuming from the
     latest complete checkpoint in `run_dir` if there is one. `meta` (model config, stage config,
     tokenizer sha256, ...) goes into every checkpoint. `stop_at_step` ends early after that step,
@@ -435,6 +448,8 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
     `params_section` names where `cfg` came from (`pretrain`), for the keys that error names.
     `val_seed` picks the validation windows (the stages pass the data seed, so that runs with
     different training seeds are measured on the same text); by default it is `seed`.
+    `ancestors` is the vocabulary's ancestor table (ancestors, depths), which
+    `cfg.objective: prefix_smooth` needs (lockstep.objectives).
 
     `on_step` gets each result row on rank 0, as SERIES_COLUMNS names them: `{step, train_loss,
     lr_mult}` after an applied step, `{step, val_bpb}` after an evaluation. A resumed run replays
@@ -500,7 +515,17 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
         if on_step:
             on_step(row)
 
-    fwd = torch.compile(model) if rt.compile else model
+    step_loss: Callable[..., torch.Tensor] = model
+    if cfg.objective == "prefix_smooth":
+        if ancestors is None:
+            raise ValueError("objective prefix_smooth needs the vocabulary's ancestor table (ancestors=...)")
+        anc, depths = (t.to(rt.device) for t in ancestors)
+        check_ancestor_table(anc, depths, model.config.vocab_size, where="the tokenizer's ancestor table")
+
+        def step_loss(x: torch.Tensor, y: torch.Tensor, loss_reduction: LossReduction = "mean") -> torch.Tensor:
+            return model_prefix_smooth_loss(model, x, y, anc, depths, cfg.prefix_weight, loss_reduction)
+
+    fwd = torch.compile(step_loss) if rt.compile else step_loss
     model.train()
     losses: list[tuple[int, float]] = []
     dts: list[float] = []

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from lockstep import checkpoint as ckpt
@@ -30,7 +31,8 @@ from lockstep.records import user_prompt
 from lockstep.runinfo import git_commit, nan_to_null
 from lockstep.runtime import Runtime, RuntimeConfig, barrier
 from lockstep.series import SeriesWriter
-from lockstep.tokenizer import load_tokenizer
+from lockstep.tokenizer import NoPrefixTreeError, Tokenizer, load_tokenizer
+from lockstep.tokenizer.lz78 import DICTIONARY_DIR
 from lockstep.train import (
     SERIES_COLUMNS,
     BatchSource,
@@ -204,18 +206,52 @@ def stage_metrics(result: TrainResult, model: GPT) -> dict[str, Any]:
 
 
 def stage_runinfo(result: TrainResult, rt: Runtime, *, started_s: float,
-                  epochs: dict[str, Any] | None = None) -> dict[str, Any]:
+                  epochs: dict[str, Any] | None = None, setup: dict[str, Any] | None = None) -> dict[str, Any]:
     """The stage's run facts, kept apart from its metrics: throughput, compute, device, the commit,
     where it resumed, the samples it wrote, the epochs over each mixture component
-    (lockstep.budget.epochs_facts). They differ between equal runs on other hosts or
+    (lockstep.budget.epochs_facts), and `setup` (embedding and objective: what the report card's
+    header names). They differ between equal runs on other hosts or
     loads; the report card shows them and DVC does not diff them."""
     info = {
         "flops": result.flops, "tok_per_s": result.tok_per_s, "mfu": result.mfu, "train_time_s": result.train_time_s,
         "stage_wall_time_s": time.perf_counter() - started_s, "peak_flops": result.peak, "device": rt.describe(),
         "resumed_from_step": result.resumed_from, "git_commit": git_commit(), "samples": result.samples,
-        "epochs": epochs,
+        "epochs": epochs, "setup": setup,
     }
     return nan_to_null(info)
+
+
+def stage_setup(gcfg: GPTConfig, cfg: TrainConfig) -> dict[str, Any]:
+    """How the stage trained, for the report card's header: the embedding and the objective."""
+    setup: dict[str, Any] = {"embedding": gcfg.embedding, "objective": cfg.objective}
+    if cfg.objective == "prefix_smooth":
+        setup["prefix_weight"] = cfg.prefix_weight
+    return setup
+
+
+def token_structure(tok: Tokenizer, embedding: str) -> tuple[np.ndarray, np.ndarray]:
+    """(parents, last_bytes) per id, as GPT.set_token_structure reads them, for a non-flat
+    `model.embedding`: the prefix tree's parents, or an lz78 dictionary's hierarchical ones."""
+    try:
+        tree = tok.prefix_tree()
+    except NoPrefixTreeError as e:
+        raise ConfigError(f"model.embedding={embedding}: {e}") from None
+    if embedding != "hierarchical":
+        return tree.parent, tree.last_byte
+    if not getattr(tok, "has_hierarchical_parents", False):
+        raise ConfigError("model.embedding=hierarchical needs the hierarchical parents of a `compressed` LZ78 dictionary "
+                          f"(tokenizer.kind: lz78, tokenizer.lz78_dictionary: {DICTIONARY_DIR}/<file>.tsv in the compressed "
+                          f"layout); this {tok.kind} tokenizer has none: use model.embedding: structured")
+    return tok.hierarchical_parents(), tree.last_byte
+
+
+def ancestor_table(tok: Tokenizer, stage: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ancestors, depths) of the tokenizer's prefix tree, for `objective: prefix_smooth`."""
+    try:
+        tree = tok.prefix_tree()
+    except NoPrefixTreeError as e:
+        raise ConfigError(f"{stage}.objective=prefix_smooth: {e}") from None
+    return torch.from_numpy(tree.ancestors), torch.from_numpy(tree.depths)
 
 
 def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, rt: Runtime, seed: int,
@@ -238,7 +274,8 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
     if paths.init is None:
         assert model_params is not None
         gcfg = model_params.gpt_config(tok.get_vocab_size())
-        model = GPT.build(gcfg, rt.device, seed=seed)
+        structure = token_structure(tok, gcfg.embedding) if gcfg.embedding != "flat" else None
+        model = GPT.build(gcfg, rt.device, seed=seed, token_structure=structure)
     else:
         model, _ = ckpt.load_model(paths.init, rt.device, tokenizer_sha256=tok.sha256)
         gcfg = model.config
@@ -255,6 +292,7 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
     epochs = stage_epochs(stage, cfg, train_data, total_steps=total_steps, seq_len=seq_len)
     val_data, _ = build_mixture(paths.cache, cfg, split="val", seq_len=seq_len, device=rt.device, tok=tok, stage=stage)
     token_bytes = torch.from_numpy(tok.token_bytes().astype("int64"))
+    ancestors = ancestor_table(tok, stage) if cfg.objective == "prefix_smooth" else None
 
     identity = {"seed": seed, "data_seed": data_seed, "runtime": runtime_config.identity(), "model": gcfg.to_dict(),
                 stage: config_to_dict(cfg), "tokenizer_sha256": tok.sha256, "caches": train_ids, "init": init_identity,
@@ -274,7 +312,7 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
         result = train(model, cfg=cfg, rt=rt, train_data=train_data, val_data=val_data, token_bytes=token_bytes,
                        run_dir=run_dir, seed=seed, meta=meta, sample_prompts=sample_prompts(stage, tok),
                        decode=tok.decode, on_step=series.add if series is not None else None, params_section=stage,
-                       val_seed=data_seed)
+                       val_seed=data_seed, ancestors=ancestors)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(resume_note(stage, run_dir)) from None
     metrics = None
@@ -284,7 +322,8 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
         series.write()
         metrics = stage_metrics(result, model)
         write_json_atomic(paths.runinfo, stage_runinfo(result, rt, started_s=started_s,
-                                                        epochs=epochs_facts(epochs, cfg.max_epochs)))
+                                                        epochs=epochs_facts(epochs, cfg.max_epochs),
+                                                        setup=stage_setup(gcfg, cfg)))
         write_json_atomic(paths.metrics, metrics)
         log.info("done: val bpb %.4f (unigram %.4f), %d steps, %s", metrics["val_bpb"] or float("nan"),
                  metrics["unigram_bpb"] or float("nan"), result.step, paths.out)

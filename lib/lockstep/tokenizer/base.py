@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from lockstep.io import atomic_dir, read_json, sha256_bytes, sha256_file, sha256_of_manifest, write_json
+from lockstep.tokenizer.prefix_tree import PrefixTree, prefix_tree
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|bos|>",
@@ -41,6 +42,10 @@ SPECIAL_TOKENS: tuple[str, ...] = (
 BOS = "<|bos|>"
 META_FILE = "meta.json"
 TOKEN_BYTES_FILE = "token_bytes.npy"
+# The prefix tree of the vocabulary (lockstep.tokenizer.prefix_tree), saved with every kind that
+# has one: each id's proper byte-prefixes that are tokens, nearest first, -1 past its depth.
+ANCESTORS_FILE = "token_ancestors.npy"
+DEPTHS_FILE = "token_depths.npy"
 FORMAT_VERSION = 1
 DEFAULT_ENCODE_THREADS = 8
 
@@ -53,16 +58,26 @@ class ConversationError(ValueError):
     """A conversation does not follow the record format (see docs/internals.md, "Records")."""
 
 
+class NoPrefixTreeError(ValueError):
+    """The tokenizer's ids do not stand for distinct byte strings (sentencepiece), so it has no
+    prefix tree for structured embeddings or the prefix-smoothed loss."""
+
+
 class NoSpecialTokensError(ValueError):
     """The tokenizer was built without special tokens, and the caller needs `<|bos|>` or the chat
     template (a token cache, training, chat)."""
 
 
-def token_bytes_npy(token_bytes: np.ndarray) -> bytes:
-    """The exact bytes of `token_bytes.npy`: int32, no pickle; the same array gives the same bytes."""
+def int32_npy(array: np.ndarray) -> bytes:
+    """The exact bytes of an int32 .npy file, no pickle; the same array gives the same bytes."""
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(token_bytes, dtype=np.int32), allow_pickle=False)
+    np.save(buf, np.ascontiguousarray(array, dtype=np.int32), allow_pickle=False)
     return buf.getvalue()
+
+
+def token_bytes_npy(token_bytes: np.ndarray) -> bytes:
+    """The exact bytes of `token_bytes.npy`."""
+    return int32_npy(token_bytes)
 
 
 class Tokenizer(ABC):
@@ -75,6 +90,8 @@ class Tokenizer(ABC):
     """
 
     kind: ClassVar[str]
+    # False for a kind whose ids are not distinct byte strings (sentencepiece): no prefix tree.
+    has_prefix_tree: ClassVar[bool] = True
 
     def __init__(self, special_ids: Mapping[str, int]) -> None:
         """`special_ids` gives an id to every name in SPECIAL_TOKENS, or is empty for a tokenizer
@@ -87,6 +104,7 @@ class Tokenizer(ABC):
         self._sha256: str | None = None
         self._token_bytes: np.ndarray | None = None
         self._files_cache: dict[str, bytes] | None = None
+        self._prefix_tree: PrefixTree | None = None
 
     # ---- kind-specific pieces -------------------------------------------------------------
 
@@ -127,6 +145,30 @@ class Tokenizer(ABC):
     def _compute_token_bytes(self) -> np.ndarray:
         """int32 (vocab,): UTF-8 bytes each id stands for, 0 for special (and control) ids."""
 
+    def token_pieces(self) -> list[bytes | None]:
+        """Each id's byte string, None for ids that spell no bytes (the specials). Kinds with
+        `has_prefix_tree` provide it; the prefix tree is built from it unless a kind knows its
+        own (lz78)."""
+        raise NoPrefixTreeError(f"a {self.kind} tokenizer's ids are not distinct byte strings, so it has no prefix tree: "
+                                "use model.embedding: flat and objective: ce with it, or a bpe, hf or lz78 tokenizer")
+
+    def prefix_tree(self) -> PrefixTree:
+        """The vocabulary's prefix tree: per id its ancestors (proper byte-prefixes that are
+        tokens, nearest first), parent and last byte. What structured embeddings and the
+        prefix-smoothed loss read; saved as token_ancestors.npy and token_depths.npy."""
+        if self._prefix_tree is None:
+            self._prefix_tree = prefix_tree(self.token_pieces())  # NoPrefixTreeError for a kind without one
+        return self._prefix_tree
+
+    def _checked_ids(self, ids: Iterable[int]) -> list[int]:
+        """`ids` as ints, ValueError naming the first one outside [0, vocab)."""
+        ids = [int(i) for i in ids]
+        v = self.get_vocab_size()
+        for i in ids:
+            if not 0 <= i < v:
+                raise ValueError(f"token id {i} is outside the vocabulary [0, {v})")
+        return ids
+
     # ---- identity and files ---------------------------------------------------------------
 
     def token_bytes(self) -> np.ndarray:
@@ -144,6 +186,10 @@ class Tokenizer(ABC):
         if self._files_cache is None:
             files = dict(self._files())
             files[TOKEN_BYTES_FILE] = token_bytes_npy(self.token_bytes())
+            if self.has_prefix_tree:
+                tree = self.prefix_tree()
+                files[ANCESTORS_FILE] = int32_npy(tree.ancestors)
+                files[DEPTHS_FILE] = int32_npy(tree.depths)
             self._files_cache = files
         return dict(self._files_cache)
 
@@ -233,9 +279,7 @@ class Tokenizer(ABC):
             return self.encode_special(value)
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"prepend/append must be a special token name or id, got {value!r}")
-        if not 0 <= int(value) < self.get_vocab_size():
-            raise ValueError(f"token id {value} is outside the vocabulary [0, {self.get_vocab_size()})")
-        return int(value)
+        return self._checked_ids([value])[0]
 
     # ---- encoding -------------------------------------------------------------------------
 

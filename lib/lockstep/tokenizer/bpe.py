@@ -155,18 +155,20 @@ class BPETokenizer(Tokenizer):
         return [encode(t, allowed_special=set(), disallowed_special=()) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
-        ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self.get_vocab_size()]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.get_vocab_size()})")
+        ids = self._checked_ids(ids)
         return self._enc.decode(ids, errors="replace")
 
     def id_to_token(self, token_id: int) -> str:
         if token_id in self._id_to_special:
             return self._id_to_special[token_id]
-        if not 0 <= token_id < len(self._ranks):
-            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self.get_vocab_size()})")
+        self._checked_ids([token_id])
         return self._enc.decode_single_token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def token_pieces(self) -> list[bytes | None]:
+        pieces: list[bytes | None] = [None] * self.get_vocab_size()
+        for token, rank in self._ranks.items():
+            pieces[rank] = token
+        return pieces
 
     def _compute_token_bytes(self) -> np.ndarray:
         tb = np.zeros(self.get_vocab_size(), dtype=np.int32)

@@ -64,9 +64,11 @@ class ByteTokenizer(Tokenizer):
     def id_to_token(self, token_id: int) -> str:
         if token_id in self._id_to_special:
             return self._id_to_special[token_id]
-        if not 0 <= token_id < N_BYTES:
-            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self.get_vocab_size()})")
+        self._checked_ids([token_id])
         return bytes([token_id]).decode("utf-8", errors="replace")
+
+    def token_pieces(self) -> list[bytes | None]:
+        return [bytes([b]) for b in range(N_BYTES)] + [None] * len(SPECIAL_TOKENS)
 
     def _compute_token_bytes(self) -> np.ndarray:
         tb = np.ones(self.get_vocab_size(), dtype=np.int32)

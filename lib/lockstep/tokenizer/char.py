@@ -132,22 +132,17 @@ class CharTokenizer(Tokenizer):
         return sum(int(np.count_nonzero(~self._known[np.frombuffer(t.encode("utf-8"), dtype=np.uint8)])) for t in texts)
 
     def decode(self, ids: Iterable[int]) -> str:
-        n = len(self.alphabet)
-
-        def piece_bytes(run: list[int]) -> bytes:
-            bad = [i for i in run if not 0 <= i < n]
-            if bad:
-                raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.get_vocab_size()})")
-            return bytes(self._id_to_byte[i] for i in run)
-
-        return decode_with_specials(ids, self._id_to_special, piece_bytes)
+        ids = self._checked_ids(ids)
+        return decode_with_specials(ids, self._id_to_special, lambda run: bytes(self._id_to_byte[i] for i in run))
 
     def id_to_token(self, token_id: int) -> str:
         if token_id in self._id_to_special:
             return self._id_to_special[token_id]
-        if not 0 <= token_id < len(self.alphabet):
-            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self.get_vocab_size()})")
+        self._checked_ids([token_id])
         return bytes([self.alphabet[token_id]]).decode("utf-8", errors="replace")
+
+    def token_pieces(self) -> list[bytes | None]:
+        return [bytes([b]) for b in self.alphabet] + [None] * (self.get_vocab_size() - len(self.alphabet))
 
     def _compute_token_bytes(self) -> np.ndarray:
         tb = np.ones(self.get_vocab_size(), dtype=np.int32)

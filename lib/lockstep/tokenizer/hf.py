@@ -206,19 +206,18 @@ class HFTokenizer(Tokenizer):
         return [e.ids for e in encodings]
 
     def decode(self, ids: Iterable[int]) -> str:
-        ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self.get_vocab_size()]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.get_vocab_size()})")
+        ids = self._checked_ids(ids)
         pieces = self._pieces
         return b"".join([pieces[i] for i in ids]).decode("utf-8", errors="replace")
 
     def id_to_token(self, token_id: int) -> str:
         if token_id in self._id_to_special:
             return self._id_to_special[token_id]
-        if not 0 <= token_id < len(self._ranks):
-            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self.get_vocab_size()})")
+        self._checked_ids([token_id])
         return self._pieces[token_id].decode("utf-8", errors="replace")
+
+    def token_pieces(self) -> list[bytes | None]:
+        return [None if i in self._id_to_special else p for i, p in enumerate(self._pieces)]
 
     def _compute_token_bytes(self) -> np.ndarray:
         return np.array([len(p) for p in self._pieces], dtype=np.int32)

@@ -21,24 +21,36 @@ as `bpe` does; decoding replaces invalid UTF-8 with U+FFFD, as `bpe` does.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 import regex
 
 from lockstep.tokenizer import lz78_trie
-from lockstep.tokenizer.base import SPECIAL_TOKENS, Tokenizer, TokenizerFileError, decode_with_specials, register_kind
+from lockstep.tokenizer.base import (
+    SPECIAL_TOKENS,
+    Tokenizer,
+    TokenizerFileError,
+    decode_with_specials,
+    int32_npy,
+    register_kind,
+)
 from lockstep.tokenizer.bpe import N_BYTES, SPLIT_PATTERN
 from lockstep.tokenizer.unicode import without_lone_surrogates
 from lockstep.tokenizer.lz78_trie import LZ78Trie, LZ78TrieError
+from lockstep.tokenizer.lz78_tsv import COMPRESSED_COLUMNS, LZ78_COLUMNS, LZ78DictionaryError, read_compressed_tsv, read_lz78_tsv
+from lockstep.tokenizer.prefix_tree import NO_TOKEN, PrefixTree, tree_from_parents
 
 CONFIG_FILE = "lz78.json"
 PARENT_FILE = "lz78_parent.npy"
 LAST_BYTE_FILE = "lz78_last_byte.npy"
+# Where a user's own dictionaries live (tokenizer.lz78_dictionary): the tokenizer stage depends
+# on the whole folder, so a changed dictionary reruns it.
+DICTIONARY_DIR = PurePosixPath("corpus/dictionaries")
+HIER_PARENT_FILE = "lz78_hier_parent.npy"  # only for a tokenizer read from a `compressed` dictionary
 # Ids that are not dictionary codes: the root, the 256 fallback bytes and the special tokens.
 N_RESERVED = 1 + N_BYTES + len(SPECIAL_TOKENS)
 NO_BYTE = -1
@@ -48,12 +60,6 @@ TRAINING_OPTIONS = ("strategy", "gate_period_phrases", "gate_min_count", "round_
 class LZ78VocabError(ValueError):
     """A vocab size the LZ78 layout cannot fill: too small for one code, or more codes than the
     training text yields."""
-
-
-def _npy(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array, dtype=np.int32), allow_pickle=False)
-    return buf.getvalue()
 
 
 def _utf8(text: str) -> bytes:
@@ -68,12 +74,14 @@ class LZ78Tokenizer(Tokenizer):
     """Greedy longest-match LZ78 tokenizer. `fast` picks the compiled encoder (numba) over the
     plain reference; both give the same ids (tests/test_tokenizer_lz78.py). `chunking` splits
     text with bpe's split pattern first, so no token spans two chunks. `training` records the
-    options the dictionary was learned with (saved in the config, for provenance only)."""
+    options the dictionary was learned with (saved in the config, for provenance only).
+    `hier_parent` (int over trie codes 0..N) is the hierarchical parent of each code, known only
+    for a dictionary read from the `compressed` layout (see `from_dictionary`)."""
 
     kind = "lz78"
 
     def __init__(self, trie: LZ78Trie, *, chunking: bool = False, fast: bool = True,
-                 training: Mapping[str, Any] | None = None) -> None:
+                 training: Mapping[str, Any] | None = None, hier_parent: np.ndarray | None = None) -> None:
         if trie.n_codes < 1:
             raise LZ78VocabError("an lz78 tokenizer needs at least one dictionary code; train on more text")
         self.trie = trie
@@ -102,6 +110,16 @@ class LZ78Tokenizer(Tokenizer):
             pieces[n + 1 + b] = bytes([b])
         self._pieces = pieces
         self._chains: tuple[np.ndarray, np.ndarray] | None = None
+        self._hier: np.ndarray | None = None
+        if hier_parent is not None:
+            hier_parent = np.asarray(hier_parent)
+            codes = np.arange(n + 1)
+            if hier_parent.shape != (n + 1,) or hier_parent[0] != 0 or np.any((hier_parent[1:] < 0) | (hier_parent[1:] >= codes[1:])):
+                raise TokenizerFileError(f"hierarchical parents must give each of the {n} codes a smaller code (0 = none)")
+            hier = np.zeros(v, np.int32)
+            hier[: n + 1] = hier_parent
+            hier.setflags(write=False)
+            self._hier = hier
 
     # ---- training and files ---------------------------------------------------------------
 
@@ -146,6 +164,24 @@ class LZ78Tokenizer(Tokenizer):
         training = {"strategy": "standard", **options}
         return cls(trained.trie, chunking=chunking, fast=fast, training=training)
 
+    @classmethod
+    def from_dictionary(cls, path: str | Path, *, chunking: bool = False, fast: bool = True) -> LZ78Tokenizer:
+        """A tokenizer over a dictionary trained elsewhere, in either TSV layout of
+        lockstep.tokenizer.lz78_tsv (told apart by their column count). A `compressed` dictionary
+        is closed under prefixes first (its missing prefixes become extra codes) and keeps its
+        hierarchical parents: an original token's is its nearest coded ancestor node in the file's
+        tree, an added prefix's its trie parent."""
+        path = Path(path)
+        layout = _tsv_layout(path)
+        source = {"dictionary": path.name, "layout": layout}
+        if layout == "lz78":
+            return cls(read_lz78_tsv(path).trie, chunking=chunking, fast=fast, training=source)
+        compressed = read_compressed_tsv(path)
+        trie, code_map = compressed.closed_trie()
+        hier = trie.parent.astype(np.int64)
+        hier[code_map[1:]] = code_map[compressed.hier_parent()[1:]]
+        return cls(trie, chunking=chunking, fast=fast, training=source, hier_parent=hier)
+
     def _config(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
@@ -158,11 +194,14 @@ class LZ78Tokenizer(Tokenizer):
 
     def _files(self) -> dict[str, bytes]:
         config = json.dumps(self._config(), ensure_ascii=False, sort_keys=True, separators=(",", ":")) + "\n"
-        return {
+        files = {
             CONFIG_FILE: config.encode("utf-8"),
-            PARENT_FILE: _npy(self._parents),
-            LAST_BYTE_FILE: _npy(self._last_bytes),
+            PARENT_FILE: int32_npy(self._parents),
+            LAST_BYTE_FILE: int32_npy(self._last_bytes),
         }
+        if self._hier is not None:
+            files[HIER_PARENT_FILE] = int32_npy(self._hier)
+        return files
 
     @classmethod
     def _from_files(cls, directory: Path, meta: dict[str, Any]) -> LZ78Tokenizer:
@@ -193,7 +232,14 @@ class LZ78Tokenizer(Tokenizer):
             trie = LZ78Trie(parents[: n + 1], trie_last)
         except LZ78TrieError as e:
             raise TokenizerFileError(f"{directory}: {e}; re-run the tokenizer stage") from None
-        return cls(trie, chunking=config["chunking"], training=config.get("training"))
+        hier = None
+        if (directory / HIER_PARENT_FILE).exists():
+            hier = _load_ids(directory / HIER_PARENT_FILE)
+            if hier.shape != (v,) or hier[n + 1 :].any():
+                raise TokenizerFileError(f"{directory / HIER_PARENT_FILE} must have {v} entries, 0 past the codes; "
+                                         "re-run the tokenizer stage")
+            hier = hier[: n + 1]
+        return cls(trie, chunking=config["chunking"], training=config.get("training"), hier_parent=hier)
 
     # ---- encoding -------------------------------------------------------------------------
 
@@ -225,18 +271,14 @@ class LZ78Tokenizer(Tokenizer):
         return self._encode_arrays(list(texts), 1)
 
     def decode(self, ids: Iterable[int]) -> str:
-        ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < self.get_vocab_size()]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.get_vocab_size()})")
+        ids = self._checked_ids(ids)
         pieces = self._pieces
         return decode_with_specials(ids, self._id_to_special, lambda run: b"".join([pieces[i] for i in run]))
 
     def id_to_token(self, token_id: int) -> str:
         if token_id in self._id_to_special:
             return self._id_to_special[token_id]
-        if not 0 <= token_id < self.get_vocab_size():
-            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self.get_vocab_size()})")
+        self._checked_ids([token_id])
         return self._pieces[token_id].decode("utf-8", errors="replace")
 
     def get_vocab_size(self) -> int:
@@ -261,6 +303,31 @@ class LZ78Tokenizer(Tokenizer):
         """int32 (V,), read-only: the last byte each id spells; -1 for the root and special ids."""
         return self._last_bytes
 
+    def token_pieces(self) -> list[bytes | None]:
+        """The bytes of each id, None for the root and the specials. A one-byte code and that
+        byte's fallback id spell the same byte."""
+        return [None] + self._pieces[1 : self.n_codes + 1 + N_BYTES] + [None] * len(SPECIAL_TOKENS)
+
+    def prefix_tree(self) -> PrefixTree:
+        """The trie itself: a code's ancestors are its trie chain without the root; fallback and
+        special ids have none (their parent, the root, is not a token)."""
+        if self._prefix_tree is None:
+            parent = np.where(self._parents > 0, self._parents, NO_TOKEN)
+            self._prefix_tree = tree_from_parents(parent, self._last_bytes)
+        return self._prefix_tree
+
+    @property
+    def has_hierarchical_parents(self) -> bool:
+        return self._hier is not None
+
+    def hierarchical_parents(self) -> np.ndarray:
+        """int64 (V,): each id's hierarchical parent (NO_TOKEN where it has none). Only for a
+        tokenizer read from a `compressed` dictionary; LZ78VocabError otherwise."""
+        if self._hier is None:
+            raise LZ78VocabError("hierarchical parents exist only for a dictionary read from the `compressed` TSV layout "
+                                 "(tokenizer.lz78_dictionary); use model.embedding: structured for this tokenizer")
+        return np.where(self._hier > 0, self._hier, NO_TOKEN).astype(np.int64)
+
     def ancestor_chains(self) -> tuple[np.ndarray, np.ndarray]:
         """(chains, depths) over the whole vocab: row i of the int32 (V, D) matrix is i, its parent,
         grandparent, ... padded with 0; depths (V,) counts the non-padding entries (a code's byte
@@ -281,3 +348,24 @@ def _load_ids(path: Path) -> np.ndarray:
     if array.dtype != np.int32 or array.ndim != 1:
         raise TokenizerFileError(f"{path} holds {array.dtype} {array.shape}, expected a 1-d int32 array; re-run the tokenizer stage")
     return array
+
+
+def _tsv_layout(path: Path) -> str:
+    """`lz78` or `compressed`: which TSV layout `path` holds, by the column count of its first
+    data line (4 or 5)."""
+    try:
+        with path.open("rb") as f:
+            for raw in f:
+                raw = raw.rstrip(b"\r\n")
+                if raw and not raw.startswith(b"#"):
+                    n = raw.count(b"\t") + 1
+                    if n == len(LZ78_COLUMNS):
+                        return "lz78"
+                    if n == len(COMPRESSED_COLUMNS):
+                        return "compressed"
+                    raise LZ78DictionaryError(f"{path}: the first line has {n} tab-separated columns; an lz78 dictionary has "
+                                              f"{len(LZ78_COLUMNS)} ({', '.join(LZ78_COLUMNS)}) and a compressed one "
+                                              f"{len(COMPRESSED_COLUMNS)} ({', '.join(COMPRESSED_COLUMNS)})")
+    except OSError as e:
+        raise LZ78DictionaryError(f"{path}: cannot read the dictionary ({e.strerror})") from e
+    raise LZ78DictionaryError(f"{path}: no dictionary lines (only comments or blank lines)")

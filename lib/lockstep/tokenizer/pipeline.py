@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from lockstep.config import ConfigError
@@ -21,6 +21,7 @@ from lockstep.records import problem_to_conversation
 from lockstep.snapshot import first_records, iter_records, read_meta, verify_split
 from lockstep.tokenizer.base import Tokenizer, conversation_texts, train_tokenizer
 from lockstep.tokenizer.char import CharOrder
+from lockstep.tokenizer.lz78 import DICTIONARY_DIR, LZ78Tokenizer
 
 log = logging.getLogger("lockstep.tokenizer")
 
@@ -36,8 +37,10 @@ DOC_SAMPLE_TOKENS = 256
 class TokenizerConfig:
     """The `tokenizer:` params section."""
 
-    kind: Literal["bpe", "sentencepiece", "char", "byte"] = "bpe"
-    vocab_size: int = 4096  # ids including the 9 special tokens (bpe, sentencepiece); char and byte fix their own
+    kind: Literal["bpe", "hf", "lz78", "sentencepiece", "char", "byte"] = "bpe"
+    # ids in all, the 9 special tokens included (bpe, hf, lz78, sentencepiece); char and byte fix
+    # their own, and so does an lz78 tokenizer read from lz78_dictionary
+    vocab_size: int = 4096
     train_sources: tuple[str, ...] = ()  # raw snapshots whose train split is learned from, in this order
     max_chars: int = 20_000_000  # characters of train text read, across train_sources in order
     metric_sources: tuple[str, ...] = ()  # bytes/token is reported on each one's val split
@@ -51,11 +54,24 @@ class TokenizerConfig:
     # parity with references that have none; such a tokenizer has no <|bos|> or chat template,
     # so the cache, training and chat stages refuse it.
     char_specials: bool = True
+    # lz78 only: how the dictionary is learned (lockstep.tokenizer.lz78_trie.train_lz78):
+    # standard (the plain parse, stops adding at the budget), frequency_gated (evicts leaves that
+    # fewer than lz78_gate_min_count phrases reached, every lz78_gate_period_phrases phrases), or
+    # multi_round (parse to lz78_round_factor x the budget, keep the most used codes)
+    lz78_strategy: Literal["standard", "frequency_gated", "multi_round"] = "standard"
+    lz78_gate_period_phrases: int = 4096
+    lz78_gate_min_count: int = 2
+    lz78_round_factor: int = 4
+    lz78_chunking: bool = False  # lz78 only: split text with bpe's pattern first; no token spans two chunks
+    # lz78 only: a dictionary trained elsewhere (TSV, `lz78` or `compressed` layout) instead of
+    # training one; a path under corpus/dictionaries/, which the tokenizer stage depends on
+    lz78_dictionary: str | None = None
     encode_threads: int = 1  # the encoder's threads for counting val tokens (bpe, sentencepiece)
     artifact_records: int = 8  # records per source rendered into rendered_samples.json (parity artifact)
 
     def __post_init__(self) -> None:
-        if not self.train_sources and self.kind in ("bpe", "sentencepiece", "char"):
+        learns = self.kind in ("bpe", "hf", "sentencepiece", "char") or (self.kind == "lz78" and self.lz78_dictionary is None)
+        if learns and not self.train_sources:
             raise ValueError(f"tokenizer.train_sources is empty; a {self.kind} tokenizer must learn from at least one raw source")
         if self.max_chars < 1:
             raise ValueError(f"tokenizer.max_chars={self.max_chars} must be positive")
@@ -67,6 +83,18 @@ class TokenizerConfig:
             raise ConfigError(
                 f"tokenizer.char_max_alphabet={self.char_max_alphabet} must be between 1 and 256 (distinct byte values)"
             )
+        if self.lz78_dictionary is not None:
+            if self.kind != "lz78":
+                raise ConfigError(f"tokenizer.lz78_dictionary applies to kind lz78 only; set kind: lz78, or "
+                                  f"lz78_dictionary: null to train a {self.kind} tokenizer")
+            path = PurePosixPath(self.lz78_dictionary)
+            if path.is_absolute() or ".." in path.parts or path.parts[:2] != DICTIONARY_DIR.parts:
+                raise ConfigError(f"tokenizer.lz78_dictionary={self.lz78_dictionary!r} must be a relative path under "
+                                  f"{DICTIONARY_DIR}/ (the folder the tokenizer stage depends on, so a changed "
+                                  f"dictionary reruns it): copy the file there and name it as {DICTIONARY_DIR}/<file>")
+        for name in ("lz78_gate_period_phrases", "lz78_gate_min_count", "lz78_round_factor"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"tokenizer.{name}={getattr(self, name)} must be a positive integer")
         if not self.char_specials and self.kind != "char":
             raise ConfigError(
                 f"tokenizer.char_specials=false applies to kind char only; a {self.kind} tokenizer always has the special "
@@ -82,6 +110,13 @@ class TokenizerConfig:
                     "specials": self.char_specials}  # fmt: skip
         if self.kind == "byte":
             return {"vocab_size": None}
+        if self.kind == "lz78":
+            options: dict[str, Any] = {"vocab_size": self.vocab_size, "chunking": self.lz78_chunking, "strategy": self.lz78_strategy}
+            if self.lz78_strategy == "frequency_gated":
+                options.update(gate_period_phrases=self.lz78_gate_period_phrases, gate_min_count=self.lz78_gate_min_count)
+            elif self.lz78_strategy == "multi_round":
+                options["round_factor"] = self.lz78_round_factor
+            return options
         return {"vocab_size": self.vocab_size}
 
 
@@ -223,7 +258,8 @@ def _snapshot_dir(raw_dir: Path, name: str) -> Path:
     return path
 
 
-def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metrics_path: Path, *, seed: int) -> dict[str, Any]:
+def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metrics_path: Path, *, seed: int,
+                        root: Path = Path(".")) -> dict[str, Any]:
     """Train on the capped train text of cfg.train_sources, save to `out_dir` (replaced whole),
     write bytes/token of each metric source's val split to `metrics_path`. Returns the metrics.
 
@@ -233,7 +269,8 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
     over tokens).
 
     Every snapshot part the stage reads is checked against its meta.json before training, so a
-    damaged snapshot fails in seconds, before the long step, and nothing is published."""
+    damaged snapshot fails in seconds, before the long step, and nothing is published.
+    `cfg.lz78_dictionary`, when set, is read relative to `root` (the project) instead of training."""
     raw_dir, out_dir = Path(raw_dir), Path(out_dir)
     train_dirs = [_snapshot_dir(raw_dir, name) for name in cfg.train_sources]
     metric_dirs = {name: _snapshot_dir(raw_dir, name) for name in cfg.metric_sources}
@@ -248,7 +285,12 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
     samples = SampleRecords.read(sample_dirs, cfg.artifact_records)
     t_read = time.perf_counter()
     train_texts = capped_train_texts(cfg, train_dirs, verify=False)
-    tok = train_tokenizer(cfg.kind, train_texts, **cfg.train_options(seed))
+    if cfg.lz78_dictionary is not None:
+        tok: Tokenizer = LZ78Tokenizer.from_dictionary(root / cfg.lz78_dictionary, chunking=cfg.lz78_chunking)
+        log.info("lz78 dictionary %s: %d codes, vocab %d (tokenizer.vocab_size is not used)",
+                 cfg.lz78_dictionary, tok.n_codes, tok.get_vocab_size())
+    else:
+        tok = train_tokenizer(cfg.kind, train_texts, **cfg.train_options(seed))
     t_train = time.perf_counter()
     log.info("trained %s tokenizer | vocab %d | %d texts | %d chars | %.2fs",
              cfg.kind, tok.get_vocab_size(), train_texts.texts, train_texts.chars, t_train - t_read)  # fmt: skip

@@ -1,8 +1,9 @@
 """The prefix tree hidden in a byte-level vocabulary: for every token, the chain of its proper
 byte-prefixes that are themselves tokens (its ancestors, longest first), its parent (the longest
 of them) and its last byte. The prefix-smoothed loss (lockstep.objectives) reads the chains; the
-structured embeddings read parent and last byte. Built from the tokens' byte strings; does not
-train, encode or save tokenizers.
+structured embeddings read parent and last byte. Built from the tokens' byte strings (or, for a
+vocabulary that is a trie, from its parents); `Tokenizer.prefix_tree` is how a tokenizer gives it.
+Does not train, encode or save tokenizers.
 
 Conventions. NO_TOKEN (-1) stands where there is no id: padding in an ancestor row past the
 token's depth, the parent of a token with no ancestor, and the last byte of a token without
@@ -14,15 +15,10 @@ only single bytes and specials have no parent."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-
-from lockstep.tokenizer.base import TokenizerFileError
-from lockstep.tokenizer.bpe import RANKS_FILE, BPETokenizer, ranks_from_bytes
 
 NO_TOKEN = -1
 
@@ -80,23 +76,26 @@ def prefix_tree(pieces: Sequence[bytes | None]) -> PrefixTree:
     return PrefixTree(ancestors=ancestors, depths=depths, parent=parent, last_byte=last_byte)
 
 
-def bpe_pieces(directory: str | os.PathLike[str]) -> list[bytes | None]:
-    """Each id's byte string of the bpe tokenizer saved in `directory` (None for the specials),
-    after the tokenizer's files pass their sha256 checks. Raises TokenizerFileError if the
-    directory holds another kind, or if the byte lengths disagree with the tokenizer's
-    token_bytes (the lengths bits-per-byte divides by)."""
-    directory = Path(directory)
-    tok = BPETokenizer.from_directory(directory)
-    ranks = ranks_from_bytes((directory / RANKS_FILE).read_bytes(), directory / RANKS_FILE)
-    pieces: list[bytes | None] = [None] * tok.get_vocab_size()
-    for piece, rank in ranks.items():
-        pieces[rank] = piece
-    lengths = np.array([0 if p is None else len(p) for p in pieces], dtype=np.int32)
-    if not np.array_equal(lengths, tok.token_bytes()):
-        raise TokenizerFileError(f"{directory / RANKS_FILE} disagrees with the tokenizer's token_bytes; re-run the tokenizer stage")
-    return pieces
-
-
-def bpe_prefix_tree(directory: str | os.PathLike[str]) -> PrefixTree:
-    """The PrefixTree of the bpe tokenizer saved in `directory`."""
-    return prefix_tree(bpe_pieces(directory))
+def tree_from_parents(parent: np.ndarray, last_byte: np.ndarray) -> PrefixTree:
+    """The PrefixTree of a vocabulary that already knows its tree (an LZ78 trie): `parent[i]` the
+    id of i's nearest ancestor or NO_TOKEN, every ancestor a smaller id; `last_byte[i]` its final
+    byte or NO_TOKEN. The chains follow `parent` to an id without one."""
+    parent = np.asarray(parent, dtype=np.int64)
+    V = parent.shape[0]
+    if np.any((parent != NO_TOKEN) & ((parent < 0) | (parent >= np.arange(V)))):
+        raise ValueError("every parent must be NO_TOKEN or a smaller id")
+    depths = np.zeros(V, dtype=np.int64)
+    has = parent != NO_TOKEN
+    depths[has] = 1  # filled in id order: a parent's depth is known before its children's
+    for i in np.flatnonzero(has).tolist():
+        depths[i] = depths[parent[i]] + 1
+    ancestors = np.full((V, max(1, int(depths.max(initial=0)))), NO_TOKEN, dtype=np.int64)
+    column = parent.copy()
+    for k in range(ancestors.shape[1]):
+        live = column != NO_TOKEN
+        if not live.any():
+            break
+        ancestors[live, k] = column[live]
+        column = np.where(live, parent[np.where(live, column, 0)], NO_TOKEN)
+    return PrefixTree(ancestors=ancestors, depths=depths, parent=parent.copy(),
+                      last_byte=np.asarray(last_byte, dtype=np.int64).copy())

@@ -36,6 +36,7 @@ def _training_chunks(texts: Iterable[str]) -> Iterator[str]:
 @register_kind
 class SentencePieceTokenizer(Tokenizer):
     kind = "sentencepiece"
+    has_prefix_tree = False  # pieces are not distinct byte strings (byte fallback beside text pieces)
 
     def __init__(self, model_proto: bytes) -> None:
         import sentencepiece
@@ -142,21 +143,13 @@ class SentencePieceTokenizer(Tokenizer):
         return self._sp.encode(list(texts), num_threads=max(1, num_threads))
 
     def decode(self, ids: Iterable[int]) -> str:
-        n = self.get_vocab_size()
-
-        def piece_bytes(run: list[int]) -> bytes:
-            bad = [i for i in run if not 0 <= i < n]
-            if bad:
-                raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {n})")
-            return self._sp.decode(run).encode("utf-8")
-
-        return decode_with_specials(ids, self._id_to_special, piece_bytes)
+        ids = self._checked_ids(ids)
+        return decode_with_specials(ids, self._id_to_special, lambda run: self._sp.decode(run).encode("utf-8"))
 
     def id_to_token(self, token_id: int) -> str:
         if token_id in self._id_to_special:
             return self._id_to_special[token_id]
-        if not 0 <= token_id < self.get_vocab_size():
-            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self.get_vocab_size()})")
+        self._checked_ids([token_id])
         return self._sp.id_to_piece(token_id)
 
     def _compute_token_bytes(self) -> np.ndarray:

@@ -1,0 +1,116 @@
+"""Structured embeddings (model.embedding): which rows each id reads, shapes, gradients into
+both tables and the projection, parameter and FLOP accounting, refusal of a hierarchical mode
+without a compressed dictionary, and a checkpoint that reloads without its tokenizer and
+generates the same tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from _text_corpus import CORPUS
+from lockstep import checkpoint as ckpt
+from lockstep.config import ConfigError
+from lockstep.engine import Engine
+from lockstep.model import EMBEDDINGS, GPT, NO_BYTE_ROW, GPTConfig
+from lockstep.optim import split_params
+from lockstep.tokenizer import train_tokenizer
+from lockstep.tokenizer.lz78 import LZ78Tokenizer
+from lockstep.tokenizer.lz78_tsv import CompressedDictionary, write_compressed_tsv
+from lockstep.train_stage import token_structure
+
+
+def config(vocab: int, embedding: str) -> GPTConfig:
+    return GPTConfig.from_depth(2, vocab, 32, head_dim=32, embedding=embedding)
+
+
+#          0:a   1:ab   2:abc  3:b   4:<special> 5:<special>
+PARENTS = [-1,   0,     1,     -1,   -1,         -1]
+LAST = [97, 98, 99, 98, -1, -1]
+
+
+def test_rows_follow_parent_and_last_byte_and_specials_stay_distinct():
+    model = GPT.build(config(6, "structured"), "cpu", token_structure=(PARENTS, LAST))
+    P = model.config.padded_vocab_size
+    assert model.token_parent_row[:6].tolist() == [P, 0, 1, P, 4, 5]
+    assert model.token_byte_row[:6].tolist() == [97, 98, 99, 98, NO_BYTE_ROW, NO_BYTE_ROW]
+    assert (model.token_parent_row[6:] == P).all() and (model.token_byte_row[6:] == NO_BYTE_ROW).all()
+    x = model.embed(torch.tensor([[1, 4, 5]]))
+    w, b = model.wte.weight, model.wbe.weight
+    assert torch.equal(x[0, 0], w[0] + b[98])  # "ab" = code "a" + byte "b"
+    assert torch.equal(x[0, 1], w[4] + b[NO_BYTE_ROW]) and not torch.equal(x[0, 1], x[0, 2])
+    with pytest.raises(ValueError, match="parents must be -1 or another id"):
+        model.set_token_structure([0, 0, 1, -1, -1, -1], LAST)  # id 0 its own parent
+    with pytest.raises(ValueError, match="does not fit"):
+        model.set_token_structure(PARENTS[:5], LAST[:5])
+    with pytest.raises(ValueError, match="flat embedding"):
+        GPT.build(config(6, "flat"), "cpu").set_token_structure(PARENTS, LAST)
+
+
+@pytest.mark.parametrize("embedding", [e for e in EMBEDDINGS if e != "flat"])
+def test_shapes_gradients_and_accounting(embedding):
+    tok = train_tokenizer("bpe", CORPUS, vocab_size=400)
+    tree = tok.prefix_tree()
+    cfg = config(tok.get_vocab_size(), embedding)
+    model = GPT.build(cfg, "cpu", token_structure=(tree.parent, tree.last_byte))
+    flat = GPT.build(config(tok.get_vocab_size(), "flat"), "cpu")
+    idx = torch.tensor([tok.encode(CORPUS[0])[:32]])
+    logits = model(idx)
+    assert logits.shape == (1, idx.shape[1], tok.get_vocab_size())
+    model(idx, idx.roll(-1, 1)).backward()
+    used = idx.unique()
+    assert model.wte.weight.grad[model.token_parent_row[used]].abs().sum() > 0
+    assert model.wbe.weight.grad[model.token_byte_row[used]].abs().sum() > 0
+    C, P = cfg.n_embd, cfg.padded_vocab_size
+    extra = (P + 1 + NO_BYTE_ROW + 1) * C - P * C  # the two tables against flat's one
+    groups = split_params(model)
+    if embedding == "tuple":
+        assert model.embed_proj.weight.grad.abs().sum() > 0
+        extra += 2 * C * C
+        assert any(p is model.embed_proj.weight for _, p in groups["matrix"])
+        # the projection is a matmul: it counts towards FLOPs, the tables do not
+        assert model.flops_per_token() == flat.flops_per_token() + 6 * 2 * C * C
+    else:
+        assert model.flops_per_token() == flat.flops_per_token()
+    assert model.num_params() == flat.num_params() + extra
+    assert {id(p) for _, p in groups["embed"]} == {id(model.wte.weight), id(model.wbe.weight)}
+
+
+def test_checkpoint_reloads_without_the_tokenizer_and_generates_the_same(tmp_path):
+    tok = LZ78Tokenizer.train_from_iterator(CORPUS, vocab_size=600)
+    tree = tok.prefix_tree()
+    cfg = config(tok.get_vocab_size(), "tuple")
+    model = GPT.build(cfg, "cpu", seed=3, token_structure=(tree.parent, tree.last_byte)).eval()
+    ckpt.save_checkpoint(tmp_path / "ck", model.state_dict(), {}, {"model_config": cfg.to_dict()})
+    loaded, _ = ckpt.load_model(tmp_path / "ck", "cpu")  # no tokenizer folder anywhere
+    assert torch.equal(loaded.token_parent_row, model.token_parent_row)
+    assert torch.equal(loaded.token_byte_row, model.token_byte_row)
+    prompt = tok.encode("To be, or not", prepend="<|bos|>")
+    kw = dict(num_samples=2, max_tokens=12, temperature=1.0, seed=7)
+    assert Engine(loaded, tok).generate_batch(prompt, **kw) == Engine(model, tok).generate_batch(prompt, **kw)
+
+
+def test_hierarchical_needs_a_compressed_dictionary(tmp_path):
+    lz = LZ78Tokenizer.train_from_iterator(CORPUS, vocab_size=600)
+    with pytest.raises(ConfigError, match="use model.embedding: structured"):
+        token_structure(lz, "hierarchical")
+    with pytest.raises(ConfigError, match="model.embedding=tuple: .*no prefix tree"):
+        token_structure(train_tokenizer("sentencepiece", CORPUS * 3, vocab_size=400, model_type="bpe", seed=0), "tuple")
+    # A tool's dictionary where "abc" hangs off the root beside "ab": its hierarchical parent is
+    # none, its prefix parent "ab".
+    d = CompressedDictionary.from_tokens([b"a", b"ab", b"abc", b"t", b"th", b"the"])
+    d = CompressedDictionary(d.tokens, np.array([-1, 0, 1, 0, 0, 4, 5], np.int32),
+                             (b"", b"a", b"b", b"abc", b"t", b"h", b"e"), np.array([0, 1, 2, 3, 4, 5, 6], np.int32),
+                             d.source_codes)
+    write_compressed_tsv(tmp_path / "d.tsv", d)
+    tok = LZ78Tokenizer.from_dictionary(tmp_path / "d.tsv")
+    parents, last = token_structure(tok, "hierarchical")
+    structured, _ = token_structure(tok, "structured")
+    abc = tok.encode("abc")
+    assert len(abc) == 1 and structured[abc[0]] == tok.encode("ab")[0] and parents[abc[0]] == -1
+    assert last[abc[0]] == ord("c")
+    the = tok.encode("the")[0]
+    assert parents[the] == structured[the] == tok.encode("th")[0]
+    model = GPT.build(config(tok.get_vocab_size(), "hierarchical"), "cpu", token_structure=(parents, last))
+    assert model.token_parent_row[abc[0]] == model.config.padded_vocab_size
