@@ -30,7 +30,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from _scratch_repo import BIN, checkout_copy, git_commit_all, run_in  # noqa: E402
+from _scratch_repo import BIN, git_commit_all, preset_copy, run_in  # noqa: E402
 
 from lockstep.stats import bootstrap_ratio_interval  # noqa: E402
 
@@ -98,9 +98,7 @@ def main() -> int:
         work = args.work or Path(tmp) / "repo"
         if not (work / "params.yaml").is_file():
             work.mkdir(parents=True, exist_ok=True)
-            checkout_copy(work)
-            (work / "dvc.lock").unlink(missing_ok=True)
-            run_in([str(BIN / "lockstep"), "preset", args.preset], work, 60)
+            preset_copy(work, args.preset)
             git_commit_all(work)
             (work / "base_params.yaml").write_text((work / "params.yaml").read_text())
         base = yaml.safe_load((work / "base_params.yaml").read_text())

@@ -40,6 +40,14 @@ def checkout_copy(dst: Path) -> None:
         shutil.copy2(src, dst / rel)
 
 
+def preset_copy(dst: Path, preset: str) -> None:
+    """`checkout_copy` into `dst` switched to `preset` (`lockstep preset`), without the committed
+    dvc.lock, which is the tiny preset's: a fresh project on that preset."""
+    checkout_copy(dst)
+    (dst / "dvc.lock").unlink(missing_ok=True)
+    run_in([str(BIN / "lockstep"), "preset", preset], dst, 60)
+
+
 def git_commit_all(work: Path) -> None:
     """`git init` and a first commit of everything, as a user's clone has (training metrics
     record the commit)."""

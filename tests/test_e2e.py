@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from _scratch_repo import BIN, checkout_copy, run_in, git_commit_all
+from _scratch_repo import BIN, git_commit_all, preset_copy, run_in
 from lockstep.report import read_series
 
 
@@ -24,9 +24,7 @@ from lockstep.report import read_series
 def test_smoke_pipeline_end_to_end(tmp_path: Path) -> None:
     work = tmp_path / "repo"
     work.mkdir()
-    checkout_copy(work)
-    (work / "dvc.lock").unlink(missing_ok=True)  # the committed lock is for the tiny preset
-    run_in([str(BIN / "lockstep"), "preset", "smoke"], work, 60)
+    preset_copy(work, "smoke")
     git_commit_all(work)  # a first commit, as a user's clone has (the training metrics record it)
     git = ["git", "-c", "user.name=lockstep-test", "-c", "user.email=test@lockstep.invalid"]
 

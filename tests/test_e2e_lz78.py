@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from _scratch_repo import BIN, checkout_copy, git_commit_all, run_in
+from _scratch_repo import BIN, git_commit_all, preset_copy, run_in
 from lockstep import checkpoint as ckpt
 from lockstep.engine import Engine
 from lockstep.tokenizer import load_tokenizer
@@ -24,9 +24,7 @@ from lockstep.tokenizer import load_tokenizer
 def test_smoke_pipeline_with_lz78_structured_and_prefix_smooth(tmp_path: Path) -> None:
     work = tmp_path / "repo"
     work.mkdir()
-    checkout_copy(work)
-    (work / "dvc.lock").unlink(missing_ok=True)
-    run_in([str(BIN / "lockstep"), "preset", "smoke"], work, 60)
+    preset_copy(work, "smoke")
     params = yaml.safe_load((work / "params.yaml").read_text())
     params["tokenizer"].update(kind="lz78", lz78_chunking=True)
     params["model"]["embedding"] = "structured"

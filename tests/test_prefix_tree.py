@@ -13,7 +13,7 @@ import torch
 from lockstep.objectives import check_ancestor_table
 from lockstep.tokenizer import NoPrefixTreeError, load_tokenizer, train_tokenizer
 from lockstep.tokenizer.base import TokenizerFileError
-from lockstep.tokenizer.prefix_tree import NO_TOKEN, prefix_tree, tree_from_parents
+from lockstep.tokenizer.prefix_tree import NO_TOKEN, prefix_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,14 +142,3 @@ def test_tampered_tree_files_and_sentencepiece_are_refused(tmp_path, shared_fixt
     spm.save(tmp_path / "spm")
     assert not (tmp_path / "spm" / "token_ancestors.npy").exists()
 
-
-def test_tree_from_parents_follows_the_chain():
-    #        0:a  1:ab  2:abc  3:b  4:special
-    tree = tree_from_parents(np.array([NO_TOKEN, 0, 1, NO_TOKEN, NO_TOKEN]), np.array([97, 98, 99, 98, NO_TOKEN]))
-    assert tree.depths.tolist() == [0, 1, 2, 0, 0]
-    assert tree.ancestors.tolist() == [[-1, -1], [0, -1], [1, 0], [-1, -1], [-1, -1]]
-    same = prefix_tree([b"a", b"ab", b"abc", b"b", None])
-    for name in ("ancestors", "depths", "parent", "last_byte"):
-        assert np.array_equal(getattr(tree, name), getattr(same, name)), name
-    with pytest.raises(ValueError, match="smaller id"):
-        tree_from_parents(np.array([1, NO_TOKEN]), np.array([97, 98]))

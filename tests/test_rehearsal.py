@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from _scratch_repo import BIN, checkout_copy, run_in, git_commit_all
+from _scratch_repo import BIN, git_commit_all, preset_copy, run_in
 from lockstep.records import as_conversation
 from lockstep.snapshot import iter_records
 from lockstep.tokenizer import load_tokenizer
@@ -47,9 +47,7 @@ def _assistant_runs(mask: list[int]) -> int:
 def test_rehearsal_pipeline_end_to_end(tmp_path: Path) -> None:
     work = tmp_path / "repo"
     work.mkdir()
-    checkout_copy(work)
-    (work / "dvc.lock").unlink(missing_ok=True)  # the committed lock is for the tiny preset
-    run_in([str(BIN / "lockstep"), "preset", "rehearsal"], work, 60)
+    preset_copy(work, "rehearsal")
     git_commit_all(work)
     run_in([str(BIN / "dvc"), "repro"], work, 900)
     check_rehearsal_run(work)

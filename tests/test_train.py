@@ -113,10 +113,10 @@ def test_identical_runs_identical_files(tmp_path) -> None:
 
 
 def test_prefix_smooth_objective_trains_and_weight_zero_is_cross_entropy(tmp_path) -> None:
-    # ids 1..63: each id's parent is id // 2 (a binary tree; 0 and 1 have none)
-    from lockstep.tokenizer.prefix_tree import tree_from_parents
+    # token i spells i in binary, so its parent is i // 2 (a binary tree; 0 and 1 have none)
+    from lockstep.tokenizer.prefix_tree import prefix_tree
 
-    tree = tree_from_parents([-1, -1, *[i // 2 for i in range(2, V)]], [-1] * V)
+    tree = prefix_tree([f"{i:b}".encode() for i in range(V)])
     table = (torch.from_numpy(tree.ancestors), torch.from_numpy(tree.depths))
     _, ce = _run(tmp_path / "ce", _cfg())
     _, zero = _run(tmp_path / "zero", _cfg(objective="prefix_smooth", prefix_weight=0.0), ancestors=table)

@@ -33,6 +33,7 @@ from lockstep.runtime import Runtime, RuntimeConfig, barrier
 from lockstep.series import SeriesWriter
 from lockstep.tokenizer import NoPrefixTreeError, Tokenizer, load_tokenizer
 from lockstep.tokenizer.lz78 import DICTIONARY_DIR
+from lockstep.tokenizer.prefix_tree import PrefixTree
 from lockstep.train import (
     SERIES_COLUMNS,
     BatchSource,
@@ -229,13 +230,18 @@ def stage_setup(gcfg: GPTConfig, cfg: TrainConfig) -> dict[str, Any]:
     return setup
 
 
+def _prefix_tree(tok: Tokenizer, setting: str) -> PrefixTree:
+    """The tokenizer's prefix tree; ConfigError naming `setting` for a kind without one."""
+    try:
+        return tok.prefix_tree()
+    except NoPrefixTreeError as e:
+        raise ConfigError(f"{setting}: {e}") from None
+
+
 def token_structure(tok: Tokenizer, embedding: str) -> tuple[np.ndarray, np.ndarray]:
     """(parents, last_bytes) per id, as GPT.set_token_structure reads them, for a non-flat
     `model.embedding`: the prefix tree's parents, or an lz78 dictionary's hierarchical ones."""
-    try:
-        tree = tok.prefix_tree()
-    except NoPrefixTreeError as e:
-        raise ConfigError(f"model.embedding={embedding}: {e}") from None
+    tree = _prefix_tree(tok, f"model.embedding={embedding}")
     if embedding != "hierarchical":
         return tree.parent, tree.last_byte
     if not getattr(tok, "has_hierarchical_parents", False):
@@ -247,10 +253,7 @@ def token_structure(tok: Tokenizer, embedding: str) -> tuple[np.ndarray, np.ndar
 
 def ancestor_table(tok: Tokenizer, stage: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(ancestors, depths) of the tokenizer's prefix tree, for `objective: prefix_smooth`."""
-    try:
-        tree = tok.prefix_tree()
-    except NoPrefixTreeError as e:
-        raise ConfigError(f"{stage}.objective=prefix_smooth: {e}") from None
+    tree = _prefix_tree(tok, f"{stage}.objective=prefix_smooth")
     return torch.from_numpy(tree.ancestors), torch.from_numpy(tree.depths)
 
 

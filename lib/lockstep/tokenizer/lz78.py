@@ -41,8 +41,8 @@ from lockstep.tokenizer.base import (
 from lockstep.tokenizer.bpe import N_BYTES, SPLIT_PATTERN
 from lockstep.tokenizer.unicode import without_lone_surrogates
 from lockstep.tokenizer.lz78_trie import LZ78Trie, LZ78TrieError
-from lockstep.tokenizer.lz78_tsv import COMPRESSED_COLUMNS, LZ78_COLUMNS, LZ78DictionaryError, read_compressed_tsv, read_lz78_tsv
-from lockstep.tokenizer.prefix_tree import NO_TOKEN, PrefixTree, tree_from_parents
+from lockstep.tokenizer.lz78_tsv import dictionary_layout, read_compressed_tsv, read_lz78_tsv
+from lockstep.tokenizer.prefix_tree import NO_TOKEN, PrefixTree
 
 CONFIG_FILE = "lz78.json"
 PARENT_FILE = "lz78_parent.npy"
@@ -172,7 +172,7 @@ class LZ78Tokenizer(Tokenizer):
         hierarchical parents: an original token's is its nearest coded ancestor node in the file's
         tree, an added prefix's its trie parent."""
         path = Path(path)
-        layout = _tsv_layout(path)
+        layout = dictionary_layout(path)
         source = {"dictionary": path.name, "layout": layout}
         if layout == "lz78":
             return cls(read_lz78_tsv(path).trie, chunking=chunking, fast=fast, training=source)
@@ -312,8 +312,17 @@ class LZ78Tokenizer(Tokenizer):
         """The trie itself: a code's ancestors are its trie chain without the root; fallback and
         special ids have none (their parent, the root, is not a token)."""
         if self._prefix_tree is None:
-            parent = np.where(self._parents > 0, self._parents, NO_TOKEN)
-            self._prefix_tree = tree_from_parents(parent, self._last_bytes)
+            chains, depths = self.ancestor_chains()  # row i: i itself, then its ancestors, 0-padded
+            ancestors = chains[:, 1:].astype(np.int64)
+            if ancestors.shape[1] == 0:  # every code one byte long: keep one column
+                ancestors = np.zeros((chains.shape[0], 1), np.int64)
+            ancestors[ancestors == 0] = NO_TOKEN  # the root is padding, never an ancestor
+            self._prefix_tree = PrefixTree(
+                ancestors=ancestors,
+                depths=np.maximum(depths.astype(np.int64) - 1, 0),
+                parent=np.where(self._parents > 0, self._parents, NO_TOKEN).astype(np.int64),
+                last_byte=self._last_bytes.astype(np.int64),
+            )
         return self._prefix_tree
 
     @property
@@ -348,24 +357,3 @@ def _load_ids(path: Path) -> np.ndarray:
     if array.dtype != np.int32 or array.ndim != 1:
         raise TokenizerFileError(f"{path} holds {array.dtype} {array.shape}, expected a 1-d int32 array; re-run the tokenizer stage")
     return array
-
-
-def _tsv_layout(path: Path) -> str:
-    """`lz78` or `compressed`: which TSV layout `path` holds, by the column count of its first
-    data line (4 or 5)."""
-    try:
-        with path.open("rb") as f:
-            for raw in f:
-                raw = raw.rstrip(b"\r\n")
-                if raw and not raw.startswith(b"#"):
-                    n = raw.count(b"\t") + 1
-                    if n == len(LZ78_COLUMNS):
-                        return "lz78"
-                    if n == len(COMPRESSED_COLUMNS):
-                        return "compressed"
-                    raise LZ78DictionaryError(f"{path}: the first line has {n} tab-separated columns; an lz78 dictionary has "
-                                              f"{len(LZ78_COLUMNS)} ({', '.join(LZ78_COLUMNS)}) and a compressed one "
-                                              f"{len(COMPRESSED_COLUMNS)} ({', '.join(COMPRESSED_COLUMNS)})")
-    except OSError as e:
-        raise LZ78DictionaryError(f"{path}: cannot read the dictionary ({e.strerror})") from e
-    raise LZ78DictionaryError(f"{path}: no dictionary lines (only comments or blank lines)")

@@ -345,6 +345,13 @@ def ancestor_chains(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if bad.size:
         raise LZ78TrieError(f"id {int(bad[0])} has parent {int(parent[bad[0]])}; parents must be smaller ids, "
                             "or the chain could loop")
+    return chain_matrix(parent)
+
+
+def chain_matrix(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`ancestor_chains` without its checks, for a caller that knows every chain reaches the root
+    (0) in finitely many steps even where a parent is not a smaller id."""
+    ids = np.arange(parent.shape[0])
     columns = [ids]
     while columns[-1].any():
         columns.append(parent[columns[-1]])

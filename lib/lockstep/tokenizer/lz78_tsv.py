@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from lockstep.io import atomic_open
-from lockstep.tokenizer.lz78_trie import LZ78Trie
+from lockstep.tokenizer.lz78_trie import LZ78Trie, chain_matrix
 
 LZ78_COLUMNS = ("code", "parent_code", "char", "pattern")
 COMPRESSED_COLUMNS = ("node_idx", "edge_label", "parent_idx", "output_code", "pattern")
@@ -193,6 +193,28 @@ class LZ78Dictionary:
     source_codes: np.ndarray
 
 
+def dictionary_layout(path: str | os.PathLike[str]) -> str:
+    """`lz78` or `compressed`: which TSV layout `path` holds, by the column count of its first
+    data line (4 or 5); LZ78DictionaryError for anything else."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            for raw in f:
+                raw = raw.rstrip(b"\r\n")
+                if raw and not raw.startswith(b"#"):
+                    n = raw.count(b"\t") + 1
+                    if n == len(LZ78_COLUMNS):
+                        return "lz78"
+                    if n == len(COMPRESSED_COLUMNS):
+                        return "compressed"
+                    raise LZ78DictionaryError(f"{path}: the first line has {n} tab-separated columns; an lz78 dictionary has "
+                                              f"{len(LZ78_COLUMNS)} ({', '.join(LZ78_COLUMNS)}) and a compressed one "
+                                              f"{len(COMPRESSED_COLUMNS)} ({', '.join(COMPRESSED_COLUMNS)})")
+    except OSError as e:
+        raise LZ78DictionaryError(f"{path}: cannot read the dictionary ({e.strerror})") from e
+    raise LZ78DictionaryError(f"{path}: no dictionary lines (only comments or blank lines)")
+
+
 def read_lz78_tsv(path: str | os.PathLike[str]) -> LZ78Dictionary:
     """The `lz78` layout (see the module docstring) as a trie with codes 1..N."""
     path = Path(path)
@@ -257,17 +279,6 @@ def write_lz78_tsv(path: str | os.PathLike[str], trie: LZ78Trie) -> None:
 
 
 # --- the compressed layout --------------------------------------------------------------------
-
-
-def _chains(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(chains, depths) as `lz78_trie.ancestor_chains`, for a parent array over codes 0..N whose
-    parents need not be smaller codes (each parent spells fewer bytes, so every chain ends)."""
-    ids = np.arange(parent.shape[0])
-    columns = [ids]
-    while columns[-1].any():
-        columns.append(parent[columns[-1]])
-    chains = np.stack(columns[:-1] or [np.zeros_like(ids)], axis=1).astype(np.int32)  # (N+1, D)
-    return chains, np.count_nonzero(chains, axis=1).astype(np.int32)
 
 
 def _common_prefix(a: bytes, b: bytes) -> bytes:
@@ -345,7 +356,8 @@ class CompressedDictionary:
     def ancestor_chains(self, hierarchical: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(chains, depths) over codes 0..N following `parent`, or `hier_parent` if hierarchical:
         row c is c, its parent, grandparent, ... padded with 0."""
-        return _chains(self.hier_parent() if hierarchical else self.parent())
+        # parents need not be smaller codes here, but each spells fewer bytes, so every chain ends
+        return chain_matrix(self.hier_parent() if hierarchical else self.parent())
 
     def closed_trie(self) -> tuple[LZ78Trie, np.ndarray]:
         """(trie, code_map): the prefix closure as an LZ78Trie, and int32 code_map over codes 0..N

@@ -1,8 +1,8 @@
 """The prefix tree hidden in a byte-level vocabulary: for every token, the chain of its proper
 byte-prefixes that are themselves tokens (its ancestors, longest first), its parent (the longest
 of them) and its last byte. The prefix-smoothed loss (lockstep.objectives) reads the chains; the
-structured embeddings read parent and last byte. Built from the tokens' byte strings (or, for a
-vocabulary that is a trie, from its parents); `Tokenizer.prefix_tree` is how a tokenizer gives it.
+structured embeddings read parent and last byte. Built from the tokens' byte strings (an LZ78
+vocabulary, a trie already, builds its own); `Tokenizer.prefix_tree` is how a tokenizer gives it.
 Does not train, encode or save tokenizers.
 
 Conventions. NO_TOKEN (-1) stands where there is no id: padding in an ancestor row past the
@@ -74,28 +74,3 @@ def prefix_tree(pieces: Sequence[bytes | None]) -> PrefixTree:
         ancestors[i, : len(chain)] = chain
     parent = np.where(depths > 0, ancestors[:, 0], NO_TOKEN)
     return PrefixTree(ancestors=ancestors, depths=depths, parent=parent, last_byte=last_byte)
-
-
-def tree_from_parents(parent: np.ndarray, last_byte: np.ndarray) -> PrefixTree:
-    """The PrefixTree of a vocabulary that already knows its tree (an LZ78 trie): `parent[i]` the
-    id of i's nearest ancestor or NO_TOKEN, every ancestor a smaller id; `last_byte[i]` its final
-    byte or NO_TOKEN. The chains follow `parent` to an id without one."""
-    parent = np.asarray(parent, dtype=np.int64)
-    V = parent.shape[0]
-    if np.any((parent != NO_TOKEN) & ((parent < 0) | (parent >= np.arange(V)))):
-        raise ValueError("every parent must be NO_TOKEN or a smaller id")
-    depths = np.zeros(V, dtype=np.int64)
-    has = parent != NO_TOKEN
-    depths[has] = 1  # filled in id order: a parent's depth is known before its children's
-    for i in np.flatnonzero(has).tolist():
-        depths[i] = depths[parent[i]] + 1
-    ancestors = np.full((V, max(1, int(depths.max(initial=0)))), NO_TOKEN, dtype=np.int64)
-    column = parent.copy()
-    for k in range(ancestors.shape[1]):
-        live = column != NO_TOKEN
-        if not live.any():
-            break
-        ancestors[live, k] = column[live]
-        column = np.where(live, parent[np.where(live, column, 0)], NO_TOKEN)
-    return PrefixTree(ancestors=ancestors, depths=depths, parent=parent.copy(),
-                      last_byte=np.asarray(last_byte, dtype=np.int64).copy())
