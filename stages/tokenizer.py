@@ -10,6 +10,7 @@ from pathlib import Path
 from lockstep.config import ConfigError
 from lockstep.snapshot import SnapshotError
 from lockstep.tokenizer.base import TokenizerFileError
+from lockstep.tokenizer.lz78 import LZ78VocabError
 from lockstep.tokenizer.pipeline import TokenizerConfig, run_tokenizer_stage
 from stages._common import entry, preamble
 
@@ -30,7 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = pre.section("tokenizer", TokenizerConfig)
     if cfg.kind in ("char", "byte"):
         pre.log.info("tokenizer.kind=%s fixes its own vocabulary; tokenizer.vocab_size=%d is not used", cfg.kind, cfg.vocab_size)
-    run_tokenizer_stage(cfg, args.raw, args.out, args.metrics, seed=pre.data_seed)
+    try:
+        run_tokenizer_stage(cfg, args.raw, args.out, args.metrics, seed=pre.data_seed)
+    except LZ78VocabError as e:
+        # Known only once the text is parsed: the codes asked for (or read) do not fit what the
+        # text (or the dictionary) yields. The message says by how much; the key is what to change.
+        key = ("tokenizer.vocab_size", cfg.vocab_size) if cfg.lz78_dictionary is None else ("tokenizer.lz78_dictionary", cfg.lz78_dictionary)
+        raise ConfigError(f"{key[0]}={key[1]!r} does not fit: {e}") from None
     return 0
 
 

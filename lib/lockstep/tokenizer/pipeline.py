@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from lockstep.config import ConfigError
+from lockstep.config import ConfigError, FieldError, check_range
 from lockstep.io import atomic_dir, write_json, write_json_atomic
 from lockstep.parity import RENDERED_FILE, RenderedSamples
 from lockstep.records import problem_to_conversation
@@ -70,19 +70,26 @@ class TokenizerConfig:
     artifact_records: int = 8  # records per source rendered into rendered_samples.json (parity artifact)
 
     def __post_init__(self) -> None:
+        # FieldError names the key within the section; build_config adds the `tokenizer.` prefix,
+        # and the stage's entry prints the one `error:` line.
         learns = self.kind in ("bpe", "hf", "sentencepiece", "char") or (self.kind == "lz78" and self.lz78_dictionary is None)
         if learns and not self.train_sources:
-            raise ValueError(f"tokenizer.train_sources is empty; a {self.kind} tokenizer must learn from at least one raw source")
-        if self.max_chars < 1:
-            raise ValueError(f"tokenizer.max_chars={self.max_chars} must be positive")
-        if self.encode_threads < 1:
-            raise ValueError(f"tokenizer.encode_threads={self.encode_threads} must be at least 1")
-        if self.artifact_records < 0:
-            raise ValueError(f"tokenizer.artifact_records={self.artifact_records} must be >= 0 (0 keeps no rendered samples)")
-        if not 1 <= self.char_max_alphabet <= 256:
-            raise ConfigError(
-                f"tokenizer.char_max_alphabet={self.char_max_alphabet} must be between 1 and 256 (distinct byte values)"
-            )
+            raise FieldError("train_sources", list(self.train_sources),
+                             f"names no raw source; a {self.kind} tokenizer learns from the train split of at least one: "
+                             "list them, e.g. [wikitext]")
+        # The smallest vocabulary each learning kind can build (its trainer refuses less): every
+        # byte value and the 9 special tokens, plus sentencepiece's <unk> and one learned piece,
+        # or lz78's root and one learned code. A billion ids is past any embedding table worth
+        # training and well inside the uint32 ids of the token files.
+        least = {"bpe": 265, "hf": 265, "sentencepiece": 267, "lz78": 267}.get(self.kind)
+        if least is not None and self.lz78_dictionary is None:
+            check_range("vocab_size", self.vocab_size, ge=least, le=10**9,
+                        why=f"ids in all for a {self.kind} tokenizer, 256 bytes and 9 special tokens included")
+        check_range("max_chars", self.max_chars, ge=1, why="characters of train text the tokenizer learns from")
+        # More threads than any machine's cores only costs memory; a huge count fails to start them.
+        check_range("encode_threads", self.encode_threads, ge=1, le=1024, why="threads counting val tokens")
+        check_range("artifact_records", self.artifact_records, ge=0, why="records per source in rendered_samples.json; 0 keeps none")
+        check_range("char_max_alphabet", self.char_max_alphabet, ge=1, le=256, why="distinct byte values a char tokenizer keeps")
         if self.lz78_dictionary is not None:
             if self.kind != "lz78":
                 raise ConfigError(f"tokenizer.lz78_dictionary applies to kind lz78 only; set kind: lz78, or "
@@ -93,8 +100,7 @@ class TokenizerConfig:
                                   f"{DICTIONARY_DIR}/ (the folder the tokenizer stage depends on, so a changed "
                                   f"dictionary reruns it): copy the file there and name it as {DICTIONARY_DIR}/<file>")
         for name in ("lz78_gate_period_phrases", "lz78_gate_min_count", "lz78_round_factor"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"tokenizer.{name}={getattr(self, name)} must be a positive integer")
+            check_range(name, getattr(self, name), ge=1, why="lz78 training only")
         if not self.char_specials and self.kind != "char":
             raise ConfigError(
                 f"tokenizer.char_specials=false applies to kind char only; a {self.kind} tokenizer always has the special "
