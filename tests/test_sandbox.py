@@ -290,12 +290,39 @@ def test_run_tests_round_trips_plain_data_and_exceptions() -> None:
         f"for v in {values}:\n"
         "    back = echo(v)\n"
         "    assert back == v and type(back) is type(v), (v, back)\n"
-        "try:\n    echo('raise')\nexcept KeyError as e:\n    assert 'missing' in str(e)\nelse:\n    raise AssertionError('no KeyError')\n"
+        # An argument that cannot cross is the tests' own doing: a TypeError they may catch.
         "try:\n    echo(lambda: 0)\nexcept TypeError as e:\n    assert 'plain data' in str(e)\n"
         "else:\n    raise AssertionError('a function crossed over')\n"
     )
     r = run_tests(solution, tests, entry_point="echo", limits=FAST)
     assert r.passed, r.tests.stderr
+    # A call that raises fails the run, with the solution's exception named, caught or not.
+    caught = run_tests(solution, tests + "try:\n    echo('raise')\nexcept KeyError:\n    pass\n", entry_point="echo", limits=FAST)
+    assert caught.status == "error" and "raised KeyError: 'missing'" in caught.tests.stderr
+
+
+def test_solution_raising_stopiteration_fails_tests_that_map_it() -> None:
+    from lockstep.evaluate.sandbox import run_tests
+
+    solution = "def is_even(n):\n    raise StopIteration\n"
+    for tests in (
+        "assert all(map(is_even, [2, 4, 6]))\n",
+        "assert list(map(is_even, [1])) == []\n",
+        "assert not any(is_even(n) for n in [1, 3])\n",
+    ):
+        r = run_tests(solution, tests, entry_point="is_even", limits=FAST)
+        assert r.status == "error", (tests, r.tests.stderr)
+        assert "StopIteration" in r.tests.stderr
+
+
+def test_a_call_that_raises_fails_even_when_the_tests_catch_it() -> None:
+    from lockstep.evaluate.sandbox import run_tests
+
+    solution = "def f(x):\n    raise ValueError('nope')\n"
+    tests = "try:\n    f(1)\nexcept BaseException:\n    pass\n"
+    r = run_tests(solution, tests, entry_point="f", limits=FAST)
+    assert r.status == "error"
+    assert "ValueError: nope" in r.tests.stderr
 
 
 def test_solution_cannot_kill_the_process_judging_it_when_started_as_root() -> None:

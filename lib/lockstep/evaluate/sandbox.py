@@ -30,8 +30,9 @@ and a caller passing `drop_privileges=False` as root (root can undo the mounts).
 
 What `run_tests` leaves open: the tests are trusted text and are not guarded against themselves;
 arguments and return values are copied as plain data, so tests that pass the solution a function,
-or rely on it mutating an argument, cannot be judged; a solution that finds the expected values
-some other way (a world-readable copy of the eval set) is not caught."""
+or rely on it mutating an argument, cannot be judged. A call of the solution that raises (or whose
+process ends) fails the item even where the tests catch the error: correct solutions do not raise,
+and a StopIteration would otherwise read as the end of a `map` in `all(map(candidate, ...))`."""
 
 from __future__ import annotations
 
@@ -313,45 +314,48 @@ _replies = os.fdopen(_cfg["reply_fd"], "rb")
 _entry = _cfg["entry_point"]
 del _cfg
 
-class SolutionError(Exception):
-    """The solution did not load, ended during a call, or returned something that is not plain data."""
+class SolutionError(BaseException):
+    """A call of the solution failed: it raised, its process ended or wrote garbage, or it returned
+    something that is not plain data. A BaseException, so that the tests' `except Exception` (or
+    `map`/`all`/a generator, which take a StopIteration for the end of the data) never mistakes it
+    for an answer; and remembered, so that the run fails even where the tests catch it."""
+
+_failures = []
+
+def _fail(message):
+    error = SolutionError(message)
+    _failures.append(error)
+    raise error from None
 
 def _receive(during):
     line = _replies.readline(_MAX_LINE)
     if not line.endswith(b"\n"):
-        raise SolutionError(f"the solution process ended {during}" if len(line) < _MAX_LINE else "the solution's reply is too long")
+        _fail(f"the solution process ended {during}" if len(line) < _MAX_LINE else "the solution's reply is too long")
     try:
         return json.loads(line)
     except ValueError:
-        raise SolutionError(f"the solution process wrote garbage on the reply channel {during}") from None
+        _fail(f"the solution process wrote garbage on the reply channel {during}")
 
 _hello = _receive("while loading")
 if "load_error" in _hello:
-    raise SolutionError("the solution did not load: {}: {}".format(*_hello["load_error"]))
+    _fail("the solution did not load: {}: {}".format(*_hello["load_error"]))
 
 def _candidate(*args, **kwargs):
+    # Arguments the tests cannot send raise _Unsendable (a TypeError) here: the tests' own doing.
+    request = json.dumps({"args": _enc(list(args)), "kwargs": _enc(kwargs)}).encode() + b"\n"
     try:
-        _calls.write(json.dumps({"args": _enc(list(args)), "kwargs": _enc(kwargs)}).encode() + b"\n")
+        _calls.write(request)
     except BrokenPipeError:
-        raise SolutionError("the solution process has ended") from None
+        _fail("the solution process has ended")
     reply = _receive("during a call")
     if "raised" in reply:
-        name, message = reply["raised"]
-        kind = getattr(builtins, name, None)
-        if isinstance(kind, type) and issubclass(kind, Exception):
-            try:
-                error = kind(message)
-            except Exception:
-                error = None
-            if error is not None:
-                raise error
-        raise SolutionError(f"{name}: {message}")
+        _fail("the solution raised {}: {}".format(*reply["raised"]))
     if "unsendable" in reply:
-        raise SolutionError(reply["unsendable"])
+        _fail(reply["unsendable"])
     try:
         return _dec(reply["value"])
     except Exception:
-        raise SolutionError("the solution process wrote garbage on the reply channel") from None
+        _fail("the solution process wrote garbage on the reply channel")
 _candidate.__name__ = _entry
 
 _globals = {"__name__": "__main__", "__builtins__": builtins}
@@ -361,6 +365,10 @@ for _name in ("setup.py", "tests.py"):
     exec(_code, _globals)
     _globals[_entry] = _candidate
 sys.stdout.flush()
+if _failures:
+    sys.stderr.write(f"sandbox: the tests caught a failed call of the solution and went on; it fails the item: {_failures[0]}\n")
+    sys.stderr.flush()
+    os._exit(1)
 sys.stderr.flush()
 os.write(_marker_fd, _token)
 os._exit(0)
