@@ -186,7 +186,9 @@ def test_check_messages_accepts_a_well_formed_conversation():
         ({"temperature": float("inf")}, "temperature=inf must be a finite number >= 0"),
         ({"temperature": -0.5}, "temperature=-0.5 must be a finite number >= 0"),
         ({"top_k": -1}, "top_k=-1 must be >= 0"),
-        ({"top_p": 0.0}, r"top_p=0.0 must be in \(0, 1\]"),
+        ({"top_p": 0.0}, r"top_p=0.0 must be a finite number in \(0, 1\]"),
+        ({"top_p": float("nan")}, r"top_p=nan must be a finite number in \(0, 1\]"),
+        ({"top_p": 1.5}, r"top_p=1.5 must be a finite number in \(0, 1\]"),
         ({"max_tokens": 0}, "max_tokens=0 must be >= 1"),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +21,11 @@ from lockstep.sampling import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_K,
     DEFAULT_TOP_P,
+    MAX_SEED,
     MAX_TEMPERATURE,
     MAX_TOP_K,
     check_temperature,
+    check_top_p,
 )
 from lockstep.tokenizer import load_tokenizer
 
@@ -51,12 +54,11 @@ class SamplingSettings:
         # Refused here, before a reply starts, by the rule the engine samples with.
         try:
             check_temperature(self.temperature)
+            check_top_p(self.top_p)
         except ValueError as e:
             raise ChatError(str(e)) from None
         if self.top_k < 0:
             raise ChatError(f"top_k={self.top_k} must be >= 0 (0 = no top-k cut)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ChatError(f"top_p={self.top_p} must be in (0, 1] (1 = no nucleus cut)")
         if self.max_tokens < 1:
             raise ChatError(f"max_tokens={self.max_tokens} must be >= 1")
 
@@ -239,30 +241,76 @@ def load_backend(ckpt_dir: Path, tokenizer_dir: Path, *, device: str = "cpu", ke
     return EngineBackend(engine, tokenizer, model_id=model_id, context_tokens=model.config.sequence_len)
 
 
+# What a person may set, by setting: (lowest, highest, whether the lowest itself is allowed, what
+# the ends mean). One table for the `lockstep chat` options and the /commands; the server's
+# request schema and the web UI's inputs offer the same ranges.
+PERSON_RANGES: dict[str, tuple[float, float, bool, str]] = {
+    "temperature": (0.0, MAX_TEMPERATURE, True, "0 is greedy"),
+    "top_k": (0, MAX_TOP_K, True, "0 = no top-k cut"),
+    "top_p": (0.0, 1.0, False, "1 = no nucleus cut"),
+    "max_tokens": (1, float("inf"), True, "new tokens per reply"),
+    "seed": (0, MAX_SEED, True, "each later reply adds its turn number"),
+}
+
+
+def check_person_setting(setting: str, value: float, *, name: str) -> None:
+    """Refuse `value` for `setting` outside PERSON_RANGES (NaN and infinities included) with a
+    ChatError that names it as the person typed it (`name`: `--top-p`, `/topp`)."""
+    low, high, low_ok, meaning = PERSON_RANGES[setting]
+    # An int is compared as it is: a 400-digit seed has no float to test for finiteness.
+    finite = isinstance(value, int) or math.isfinite(value)
+    inside = finite and (value >= low if low_ok else value > low) and value <= high
+    if not inside:
+        if math.isinf(high):
+            bounds = f"at least {_number(low)}"
+        elif low_ok:
+            bounds = f"from {_number(low)} to {_number(high)}"
+        else:
+            bounds = f"above {_number(low)} and at most {_number(high)}"
+        raise ChatError(f"{name} must be {bounds} ({meaning}), got {_number(value)}")
+
+
+def _number(value: float) -> str:
+    """A number as people write it: 200, 0.6, 9223372036854775807; a huge one by its length."""
+    text = str(value) if isinstance(value, int) else f"{value:g}"
+    return text if len(text) <= 24 else f"a {len(text)}-digit number"
+
+
+def person_settings(*, temperature: float, top_k: int, top_p: float, max_tokens: int, seed: int) -> SamplingSettings:
+    """The settings of `lockstep chat`'s options, each checked against PERSON_RANGES and named by
+    its option in the error."""
+    for setting, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p),
+                           ("max_tokens", max_tokens), ("seed", seed)):
+        check_person_setting(setting, value, name="--" + setting.replace("_", "-"))
+    return SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed)
+
+
 HELP = f"""commands:
   /clear            start a new conversation
   /temperature X    sampling temperature, 0 (greedy) to {MAX_TEMPERATURE:g}
   /topk K           sample from the K most likely tokens, 0 to {MAX_TOP_K} (0 = all)
+  /topp P           sample from the fewest likely tokens whose probability reaches P, 0 < P <= 1 (1 = all)
   /help             this text
   /quit             leave (also Ctrl-D)"""
 
+# Each /command that changes a setting: the setting, and how its value is read.
+SETTING_COMMANDS: dict[str, tuple[str, type]] = {
+    "/temperature": ("temperature", float),
+    "/topk": ("top_k", int),
+    "/topp": ("top_p", float),
+}
+
 
 def _set_setting(settings: SamplingSettings, command: str, arg: str) -> SamplingSettings:
-    if command == "/temperature":
-        try:
-            value = float(arg)
-        except ValueError:
-            raise ChatError(f"/temperature needs a number from 0 to {MAX_TEMPERATURE:g}, got {arg!r}") from None
-        if not 0.0 <= value <= MAX_TEMPERATURE:
-            raise ChatError(f"/temperature must be from 0 to {MAX_TEMPERATURE:g}, got {value}")
-        return dataclasses.replace(settings, temperature=value)
+    setting, kind = SETTING_COMMANDS[command]
+    low, high, _, _ = PERSON_RANGES[setting]
     try:
-        k = int(arg)
+        value = kind(arg)
     except ValueError:
-        raise ChatError(f"/topk needs a whole number from 0 to {MAX_TOP_K}, got {arg!r}") from None
-    if not 0 <= k <= MAX_TOP_K:
-        raise ChatError(f"/topk must be from 0 to {MAX_TOP_K}, got {k}")
-    return dataclasses.replace(settings, top_k=k)
+        what = "a whole number" if kind is int else "a number"
+        raise ChatError(f"{command} needs {what} from {_number(low)} to {_number(high)}, got {arg!r}") from None
+    check_person_setting(setting, value, name=command)
+    return dataclasses.replace(settings, **{setting: value})
 
 
 def reply(backend: ChatBackend, messages: list[dict], settings: SamplingSettings, out: TextIO) -> str:
@@ -318,17 +366,17 @@ def run_chat(
             elif command == "/clear":
                 messages = []
                 out.write("conversation cleared\n")
-            elif command in ("/temperature", "/topk"):
+            elif command in SETTING_COMMANDS:
                 if not arg.strip():
-                    value = settings.temperature if command == "/temperature" else settings.top_k
-                    out.write(f"{command[1:]} = {value}\n")
+                    out.write(f"{command[1:]} = {getattr(settings, SETTING_COMMANDS[command][0])}\n")
                 else:
                     try:
                         settings = _set_setting(settings, command, arg.strip())
                     except ChatError as e:
                         out.write(f"error: {e}\n")
                     else:
-                        out.write(f"temperature = {settings.temperature}, topk = {settings.top_k}\n")
+                        out.write(f"temperature = {settings.temperature}, topk = {settings.top_k}, "
+                                  f"topp = {settings.top_p}\n")
             else:
                 out.write(f"unknown command {command!r}; /help lists the commands\n")
             out.flush()

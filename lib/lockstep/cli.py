@@ -308,18 +308,22 @@ def chat(
     ckpt: Path = typer.Option(..., "--ckpt", help="checkpoint directory, e.g. data/ckpt/sft"),
     tokenizer: Path = typer.Option(Path("data/tokenizer"), "--tokenizer", help="the tokenizer the checkpoint was trained with"),
     prompt: str | None = typer.Option(None, "-p", "--prompt", help="answer this one prompt and exit"),
-    temperature: float = typer.Option(0.6, min=0.0, max=2.0, help="sampling temperature; 0 is greedy"),
-    top_k: int = typer.Option(50, "--top-k", min=0, max=200, help="sample from the K most likely tokens; 0 = all"),
-    max_tokens: int = typer.Option(256, "--max-tokens", min=1, help="new tokens per reply at most"),
-    seed: int = typer.Option(0, min=0, help="seed of the first reply; each later reply adds its turn number"),
+    # Ranges are checked by lockstep.chat.person_settings (one `error:` line naming the option),
+    # the same table the /commands use.
+    temperature: float = typer.Option(0.6, help="sampling temperature, 0 to 2; 0 (and below 1e-4) is greedy"),
+    top_k: int = typer.Option(50, "--top-k", help="sample from the K most likely tokens, 0 to 200; 0 = all"),
+    top_p: float = typer.Option(1.0, "--top-p", help="sample from the fewest likely tokens whose probability "
+                                "reaches P, 0 < P <= 1; 1 = all"),
+    max_tokens: int = typer.Option(256, "--max-tokens", help="new tokens per reply at most"),
+    seed: int = typer.Option(0, help="seed of the first reply; each later reply adds its turn number"),
     device: str = typer.Option("cpu", help="torch device to run on: cpu, cuda, cuda:1, mps"),
     kernels: bool = typer.Option(False, help="run the model on its CPU fast paths (lockstep.kernels; runtime.kernels)"),
 ) -> None:
     """Chat with a checkpoint in the terminal, replies streamed as they are sampled."""
-    from lockstep.chat import ChatError, SamplingSettings, load_backend, run_chat
+    from lockstep.chat import ChatError, load_backend, person_settings, run_chat
 
     try:
-        settings = SamplingSettings(temperature=temperature, top_k=top_k, max_tokens=max_tokens, seed=seed)
+        settings = person_settings(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed)
         backend = load_backend(ckpt, tokenizer, device=device, kernels=kernels)
     except (FileNotFoundError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)

@@ -16,7 +16,7 @@ import torch
 
 from lockstep.calculator import NO_RESULT, evaluate
 from lockstep.model import GPT
-from lockstep.sampling import UNSCALED_TEMPERATURE, check_temperature, is_greedy
+from lockstep.sampling import UNSCALED_TEMPERATURE, check_temperature, check_top_p, is_greedy, nucleus_top_p
 
 # Cache rows grow in steps of this many positions when a sequence outruns them.
 CACHE_GROW_TOKENS = 128
@@ -228,7 +228,9 @@ def sample_next(
 ) -> torch.Tensor:
     """Next ids (B,) from logits (B, V): argmax at temperature 0 (or below
     sampling.GREEDY_TEMPERATURE), else a draw from softmax(logits / temperature) restricted to the
-    top_k ids and then to the smallest set whose probability reaches top_p."""
+    top_k ids and then to the smallest set whose probability reaches top_p (a top_p below
+    sampling.TOP_P_FLOOR keeps the top id alone)."""
+    top_p = nucleus_top_p(top_p)  # refuses a top_p outside (0, 1] before the greedy shortcut too
     if is_greedy(temperature):
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -237,9 +239,9 @@ def sample_next(
     else:
         vals, idx = torch.sort(logits, dim=-1, descending=True)  # (B, V)
     probs = torch.softmax(vals, dim=-1)
-    if top_p is not None and top_p < 1.0:
+    if top_p is not None:
         before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely ids
-        probs = probs.masked_fill(before >= top_p, 0.0)  # the top id always survives
+        probs = probs.masked_fill(before >= top_p, 0.0)  # the top id's is exactly 0 < top_p: it survives
         probs = probs / probs.sum(dim=-1, keepdim=True)
     choice = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
     return idx.gather(-1, choice).squeeze(-1)
@@ -295,8 +297,8 @@ class Engine:
         check_temperature(temperature)
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k={top_k} must be >= 1 or None")
-        if top_p is not None and not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p={top_p} must be in (0, 1] or None")
+        if top_p is not None:
+            check_top_p(top_p)
 
     def generate(
         self,

@@ -36,6 +36,7 @@ from lockstep.sampling import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_K,
     DEFAULT_TOP_P,
+    MAX_SEED,
     MAX_TEMPERATURE,
     MAX_TOP_K,
 )
@@ -319,7 +320,7 @@ def build_request_model(config: ServerConfig, backend: ChatBackend) -> type[Base
         temperature: float | None = Field(default=None, ge=0.0, le=MAX_TEMPERATURE, strict=True, allow_inf_nan=False)
         top_k: int | None = Field(default=None, ge=0, le=MAX_TOP_K, strict=True)
         top_p: float | None = Field(default=None, gt=0.0, le=1.0, strict=True, allow_inf_nan=False)
-        seed: int | None = Field(default=None, ge=0, le=2**63 - 1, strict=True)
+        seed: int | None = Field(default=None, ge=0, le=MAX_SEED, strict=True)
         n: int | None = Field(default=None, ge=1, le=1, strict=True, description="only one choice per request")
 
         @field_validator("messages")
@@ -627,6 +628,8 @@ async def _stream_events(
                 outcome = "error"
                 message = str(item) if isinstance(item, ChatError) else "generation failed"
                 yield sse_event(_error_body(message, "invalid_request_error" if isinstance(item, ChatError) else "server_error"))
+                # A stream always ends with [DONE], so a client that reads to it stops here too.
+                yield sse_event("[DONE]")
                 return
             else:
                 break
