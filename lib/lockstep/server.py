@@ -1,12 +1,13 @@
 """HTTP serving of a chat backend: an OpenAI-compatible chat API (streaming SSE and not), model
 listing, health, and the single-page UI from lockstep/static. Not the sampling (lockstep.engine)
 and not the process runner (the `lockstep serve` command starts uvicorn). Over 400 lines because
-the request schema, its limits and the error bodies a client sees are the API's contract and read
-best next to the two endpoints that apply them."""
+the request schema, its limits, the body reader and the error bodies a client sees are the API's
+contract and read best next to the two endpoints that apply them."""
 
 import asyncio
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -21,7 +22,8 @@ import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.concurrency import run_in_threadpool
@@ -247,6 +249,177 @@ def _error_body(message: str, kind: str, param: str | None = None) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}
 
 
+# ---- reading the request body ---------------------------------------------------------------
+#
+# FastAPI would parse the body with json.loads and answer 400 "There was an error parsing the
+# body" for anything but a syntax error: bytes that are not UTF-8, an integer past Python's
+# 4300-digit conversion limit, nesting deeper than the interpreter's recursion limit. Every
+# malformed body is instead a 422 in the API's own error shape, with `param` naming where: the key
+# at fault when it can be placed, else `body`.
+
+# The integers of this API fit 19 digits (a seed is at most 2**63 - 1); longer digit strings are
+# kept as _LongNumber, which no field accepts, so the schema refuses them at their own key.
+MAX_INT_DIGITS = 100
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # \ud800-\udfff in JSON's escape syntax
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class _LongNumber:
+    """An integer of the body too long to be any setting of this API, by its digit count."""
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _parse_int(digits: str) -> int | _LongNumber:
+    return int(digits) if len(digits) <= MAX_INT_DIGITS else _LongNumber(len(digits.lstrip("-")))
+
+
+class BodyError(StarletteHTTPException):
+    """A request body that is no JSON this API can read, answered with 422. `param` names where
+    (`messages.0.content`), or is `body` for the body as a whole. An HTTPException, so that
+    FastAPI passes it through from the body reader untouched."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(422, message)
+        self.param = param
+
+
+def parse_body(raw: bytes) -> Any:
+    """The JSON value of a request body, or BodyError saying what is wrong with it."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BodyError("body", f"the request body is not valid UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start}; "
+                                "send the JSON encoded as UTF-8") from None
+    text = text.removeprefix("\ufeff")  # a byte order mark, which RFC 8259 lets a reader ignore
+    try:
+        value = json.loads(text, parse_int=_parse_int)
+    except json.JSONDecodeError as e:
+        raise BodyError("body", f"the request body is not valid JSON: {e.msg} at character {e.pos}") from None
+    except RecursionError:
+        raise BodyError(_too_deep_key(text), "arrays and objects nest too deeply to read; a request nests five levels "
+                                             "at most (the body, messages, a message, its parts, a part)") from None
+    # A lone surrogate can only come from a \u escape (UTF-8 cannot encode one), so bodies
+    # without such an escape skip the walk.
+    if _SURROGATE_ESCAPE.search(text):
+        where = _lone_surrogate(value)
+        if where is not None:
+            param, what, index, char = where
+            raise BodyError(param, f"{param}: {what} holds an unpaired surrogate \\u{ord(char):04x} at character "
+                                   f"{index}, which encodes no character: send the text as UTF-8, or escape a "
+                                   "character beyond U+FFFF as a pair of surrogates")
+    return value
+
+
+def _too_deep_key(text: str) -> str:
+    """The top-level key of a JSON object whose value nests too deeply to parse, found by decoding
+    the values one key at a time; `body` when the body is no object or the key cannot be told."""
+    decoder = json.JSONDecoder()
+    ws = re.compile(r"[ \t\n\r]*")
+    try:
+        i = ws.match(text, 0).end()
+        if text[i] != "{":
+            return "body"
+        i = ws.match(text, i + 1).end()
+        while text[i] == '"':
+            key, i = json.decoder.scanstring(text, i + 1)
+            i = ws.match(text, i).end()
+            if text[i] != ":":
+                return "body"
+            try:
+                _, i = decoder.raw_decode(text, ws.match(text, i + 1).end())
+            except RecursionError:
+                return key
+            i = ws.match(text, i).end()
+            if text[i] == ",":
+                i = ws.match(text, i + 1).end()
+    except (ValueError, IndexError):  # broken elsewhere too: the body as a whole
+        pass
+    return "body"
+
+
+def _lone_surrogate(value: Any) -> tuple[str, str, int, str] | None:
+    """(where, "text" or "a key", index, the surrogate) of the first string holding an unpaired
+    surrogate, in document order; walked with a stack, since the body may nest almost as deep as
+    the parser allows. A key is reported at the object that holds it: the key itself cannot be
+    written back into a JSON answer."""
+
+    def join(path: str, part: object) -> str:
+        return f"{path}.{part}" if path else str(part)
+
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, str):
+            found = _SURROGATE.search(node)
+            if found:
+                return path or "body", "the text", found.start(), found.group()
+        elif isinstance(node, dict):
+            for key in node:
+                found = _SURROGATE.search(key)
+                if found:
+                    return path or "body", "a key", found.start(), found.group()
+            stack.extend(reversed([(join(path, key), child) for key, child in node.items()]))
+        elif isinstance(node, list):
+            stack.extend(reversed([(join(path, i), child) for i, child in enumerate(node)]))
+    return None
+
+
+class _BodyRequest(Request):
+    """A request whose JSON body is read by parse_body."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = parse_body(await self.body())
+        return self._json
+
+
+class _BodyRoute(APIRoute):
+    """Routes that read their JSON body with parse_body (FastAPI's custom-request pattern)."""
+
+    def get_route_handler(self) -> Any:
+        handler = super().get_route_handler()
+
+        async def read_with_parse_body(request: Request) -> Response:
+            return await handler(_BodyRequest(request.scope, request.receive))
+
+        return read_with_parse_body
+
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "true or false", type(None): "null"}
+# The union `str | list[TextPart]` reports one error per branch, its loc naming the branch.
+_UNION_BRANCHES = frozenset({"str", "list[TextPart]"})
+
+
+def validation_error_body(errors: list[dict]) -> dict:
+    """The 422 body for schema errors: one error, with `param` naming where and a message saying
+    what is wrong, never echoing the input (it may be a long message body)."""
+    if not errors:
+        return _error_body("invalid request", "invalid_request_error", "body")
+    # Of a union's branch errors the deepest is from the branch the input was meant for (a list of
+    # parts that holds a bad part), not "should be a valid string".
+    first = max(errors, key=lambda e: len(e.get("loc", ())))
+    loc = [p for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(str(p) for p in loc if p not in _UNION_BRANCHES) or "body"
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    given = first.get("input")
+    if isinstance(given, _LongNumber):
+        message = f"a {given.digits}-digit number is out of range for any setting of this API"
+    elif loc and loc[-1] in _UNION_BRANCHES:
+        message = 'should be a string, or a list of text parts {"type": "text", "text": "..."}'
+    elif param == "body":
+        if first.get("type") == "missing":
+            message = 'the request body is empty: send a JSON object such as {"messages": [...]}'
+        elif isinstance(given, (bytes, bytearray)):
+            message = "the request body was not read as JSON: send it with Content-Type: application/json"
+        else:
+            message = f"the request body must be a JSON object with a messages list, got {_JSON_TYPES.get(type(given), 'another value')}"
+        return _error_body(message, "invalid_request_error", param)
+    return _error_body(f"{param}: {message}", "invalid_request_error", param)
+
+
 def sse_event(payload: dict | str) -> str:
     """One server-sent event. JSON escapes newlines, so no token text (a blank line, "data: ")
     can end the event early or start a forged one."""
@@ -443,6 +616,7 @@ def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> Fast
         pool.shutdown()
 
     app = FastAPI(title="lockstep", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.router.route_class = _BodyRoute  # before any route is added: every body goes through parse_body
     app.state.pool = pool
     app.state.backend = backend
     app.state.config = config
@@ -459,21 +633,12 @@ def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> Fast
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # Say what is wrong and where, never echo the input back (it may be a long message body).
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        if first.get("type") == "json_invalid":
-            # Its loc holds a character offset into the body, which is no parameter.
-            offset = first["loc"][-1] if len(first.get("loc", ())) > 1 else "?"
-            problem = first.get("ctx", {}).get("error", "JSON decode error")
-            text = f"the request body is not valid JSON: {problem} at character {offset}"
-            return JSONResponse(_error_body(text, "invalid_request_error"), status_code=422)
-        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-        message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
-        text = f"{param}: {message}" if param else message
-        return JSONResponse(_error_body(text, "invalid_request_error", param), status_code=422)
+        return JSONResponse(validation_error_body(list(exc.errors())), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if isinstance(exc, BodyError):
+            return JSONResponse(_error_body(str(exc.detail), "invalid_request_error", exc.param), status_code=422)
         kind = "request_too_large" if exc.status_code == 413 else "invalid_request_error"
         return JSONResponse(_error_body(str(exc.detail), kind), status_code=exc.status_code, headers=exc.headers)
 
