@@ -1,32 +1,42 @@
 """Code sandbox: runs model-written Python in separate, resource-limited processes and reports what
 happened. `run_python` runs one program; `run_tests` judges a solution against trusted tests run in
-a second process, the two exchanging only plain data, so the solution cannot fake a pass. One
-module of over 400 lines on purpose: the containment is only as good as the order of its steps
-(namespaces, mounts, limits, uid drop, exec), which is easiest to audit in one place.
+a second process, the two exchanging only plain data, so the solution cannot fake a pass. The
+OS-level half (namespaces, the minimal root, the syscall filter) is `lockstep.evaluate.containment`;
+this module keeps the order of the steps (containment, files, limits, filter, exec, uid drop) in
+one place, `_prepare_child` and `_COMMON`, where it is easiest to audit.
 
-It contains the mistakes and reward hacks of model-written code. It is not a boundary against a
-hostile human: same kernel, no seccomp filter, and everything below holds only as far as Linux does.
+It contains the mistakes and reward hacks of model-written code, and the attacks tried against it
+(see tests/test_sandbox*.py); everything below holds only as far as Linux does (same kernel).
 
-Threat model. Contained when the harness runs as root and the kernel grants namespaces
-(`os_containment()` says whether, and why not):
-- identity: the program runs as uid 65534 (the tests of `run_tests` as 65533, so the solution can
-  neither signal, trace nor read them); RLIMIT_NPROC 0, so no new process or thread;
-- files: a private mount namespace where every mount is read-only and nosuid, and the working folder
-  is a fresh tmpfs of `disk_bytes` (noexec): the only writable place, whatever call writes
-  (`io.FileIO`, `_io.open`, `posix.open`, a native extension); /tmp, /var/tmp and /dev/shm are
-  read-only too, and RLIMIT_FSIZE caps each file;
-- network: a private network namespace holding only a loopback that is down, so no socket reaches
-  anything, however the `socket` module is re-imported; a private IPC namespace;
-- time and memory: RLIMIT_CPU, RLIMIT_AS, no core files, a wall-clock kill of the process group;
+Threat model. Contained when the harness runs as root on Linux and the kernel grants namespaces
+and seccomp (`os_containment()` probes each once and logs what is off, and why):
+- identity: the program runs as uid 65534 (the tests of `run_tests` as 65533), RLIMIT_NPROC 0, so
+  no new process or thread;
+- processes: its own PID namespace, where only our PID 1 (which reaps it and, when killed at the
+  deadline, takes the whole namespace with it) is beside it: it sees no other process, cannot
+  signal one (`kill(-1, 9)` reaches nothing), and no /proc is mounted;
+- files: its own mount namespace with a minimal read-only root: the interpreter, its stdlib and
+  shared libraries, /dev/null, zero, random and urandom, and at /sandbox a fresh tmpfs of
+  `disk_bytes` (noexec), the only writable place. The host's root is unmounted, so host files,
+  FIFOs, pathname unix sockets and the eval sets (with their reference solutions) do not exist
+  for it; RLIMIT_FSIZE caps each file;
+- network: a private network namespace with a loopback that is down (abstract unix sockets are
+  per namespace too); a private IPC namespace;
+- syscalls: a seccomp filter refuses memfd_create and SysV IPC (memory no rlimit counts),
+  socket, mknod, new namespaces and mounts, setsid/setpgid (leaving the group killed at the
+  deadline), io_uring, bpf, ptrace and keyrings, and signals to any process but itself;
+- time and memory: RLIMIT_CPU, RLIMIT_AS, RLIMIT_NOFILE 64 (which with file_bytes bounds what
+  open files can hold if the filter is off), no core files, a wall-clock kill of the process group;
 - the harness: a scrubbed environment, no stdin; output is read through handles opened before the
-  program starts, never by a path in a folder the program can write.
-Without namespaces (not root, or the kernel refuses; logged once with the reason): the uid drop
-only when root; writes are held by file permissions and by Python-level guards that a program can
-bypass (`posix.open`, `io.FileIO`); the network by an import block that `sys.modules.pop` undoes;
-disk by RLIMIT_FSIZE per file and a check of the folder's total after the run (files written
-elsewhere, e.g. in /tmp, are not counted). Not contained in either case: reading world-readable
-files (the eval sets on disk included), seeing other processes in /proc, side channels, kernel bugs,
-and a caller passing `drop_privileges=False` as root (root can undo the mounts).
+  program starts, never by a path the program can reach.
+Fallbacks, each logged once with its reason: without namespaces (not root, or the kernel
+refuses), host files are readable as far as permissions allow, host FIFOs and sockets reachable,
+other processes visible, and writes held only by file permissions and Python-level guards a
+program can bypass (`posix.open`); disk by RLIMIT_FSIZE per file and a check of the folder's total
+after the run. The syscall filter needs no root and stays on there when the kernel has seccomp
+(x86_64 and aarch64 tables), which still stops memfd, sockets and kill(-1); without it, open files
+hold at most RLIMIT_NOFILE x file_bytes. Not contained in any case: side channels, kernel bugs, and
+a caller passing `drop_privileges=False` as root where the filter is off (root can undo mounts).
 
 What `run_tests` leaves open: the tests are trusted text and are not guarded against themselves;
 arguments and return values are copied as plain data, so tests that pass the solution a function,
@@ -37,13 +47,11 @@ and a StopIteration would otherwise read as the end of a `map` in `all(map(candi
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import functools
 import json
 import logging
 import os
-import re
 import resource
 import secrets
 import shutil
@@ -54,6 +62,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import IO, Literal
+
+from lockstep.evaluate import containment
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +77,10 @@ NOBODY_GID = 65534
 # processes of its own uid, so the solution cannot stop, kill or read the process judging it.
 TESTS_UID = NOBODY_UID - 1
 _CAPTURE_READ_BYTES = 1 << 20
-# tmpfs inodes cost kernel memory that no rlimit counts: a program creating empty files forever
-# would otherwise grow it without bound.
-_MAX_FILES = 4096
-SANDBOX_DIR_NAME = "/sandbox"  # how the program's working folder appears in its output
+# Each open file may hold up to file_bytes that RLIMIT_AS does not count (a memfd, a pipe's buffer):
+# with the syscall filter off, this is their bound. Passed pipes keep their numbers, whatever they are.
+_MAX_OPEN_FILES = 64
+SANDBOX_DIR_NAME = containment.WORKDIR  # how the program's working folder appears in its output
 
 
 class SandboxError(RuntimeError):
@@ -112,23 +122,28 @@ class TestRunResult:
 
 @dataclasses.dataclass(frozen=True)
 class Containment:
-    namespaces: bool  # private mount, network and IPC namespaces, a tmpfs working folder
-    reason: str       # why not, when not
+    namespaces: bool             # own PID, mount, network and IPC namespaces; a minimal root with a tmpfs working folder
+    reason: str                  # why not, when not
+    syscall_filter: bool = False  # the seccomp filter of lockstep.evaluate.containment
+    filter_reason: str = ""      # why not, when not
 
 
 # ---------------------------------------------------------------------------------------------
 # Programs run inside the sandbox. Each is prefixed with `_cfg = {...}` by the harness.
 
-# Runs first in every sandboxed process. It pre-imports the stdlib modules test programs use (after
-# the uid drop the interpreter's own folder may be unreadable), drops root, caps process creation,
-# and removes the Python-level doors to new processes, foreign files and native code. Those doors
-# give early, readable errors; with namespaces the mounts contain writes whatever door is used.
-_COMMON = r'''
-import builtins, os, resource, sys
-import collections, functools, itertools, math, re, string, heapq, bisect, fractions, decimal
-import statistics, typing, operator, copy, json, random, io, dataclasses, enum, hashlib, time
-import subprocess, shutil, pathlib, traceback, types, textwrap, unicodedata
+# The stdlib modules every sandboxed process imports before it drops root (without a minimal root,
+# the interpreter's own folder may be unreadable after the uid drop); os_containment checks that
+# the minimal root serves them.
+_PRELOAD = ("import collections, functools, itertools, math, re, string, heapq, bisect, fractions, decimal, "
+            "statistics, typing, operator, copy, json, random, io, dataclasses, enum, hashlib, time, "
+            "subprocess, shutil, pathlib, traceback, types, textwrap, unicodedata, _posixsubprocess")
 
+
+# Runs first in every sandboxed process. It pre-imports _PRELOAD, drops root, caps process creation,
+# and removes the Python-level doors to new processes, foreign files and native code. Those doors
+# give early, readable errors; the namespaces, the minimal root and the syscall filter hold whatever
+# door is used.
+_COMMON = "import builtins, os, resource, sys\n" + _PRELOAD + "\n" + r'''
 _root = os.path.realpath(os.getcwd())
 if os.geteuid() == 0 and _cfg["drop_uid"] is not None:
     os.setgroups([])
@@ -150,7 +165,6 @@ for _name in ("fork", "forkpty", "vfork", "system", "popen", "execv", "execve", 
     if hasattr(os, _name):
         setattr(os, _name, _forbidden("os." + _name))
 subprocess.Popen = _forbidden("subprocess.Popen")
-import _posixsubprocess
 _posixsubprocess.fork_exec = _forbidden("_posixsubprocess.fork_exec")
 for _mod in ("ctypes", "_ctypes", "multiprocessing", "_multiprocessing", "socket", "_socket"):
     sys.modules[_mod] = None
@@ -376,127 +390,45 @@ os._exit(0)
 
 
 # ---------------------------------------------------------------------------------------------
-# OS-level containment: namespaces and mounts, set up in the child between fork and exec.
+# What this machine grants (lockstep.evaluate.containment does the work).
 
-_CLONE_NEWNS = 0x00020000
-_CLONE_NEWIPC = 0x08000000
-_CLONE_NEWNET = 0x40000000
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
-_MS_REMOUNT, _MS_NOATIME, _MS_NODIRATIME, _MS_BIND = 32, 1024, 2048, 4096
-_MS_REC, _MS_PRIVATE, _MS_RELATIME = 1 << 14, 1 << 18, 1 << 21
-# Per-mount options kept when a mount is made read-only (MS_REMOUNT replaces them all).
-_KEPT_MOUNT_FLAGS = {b"nodev": _MS_NODEV, b"noexec": _MS_NOEXEC, b"noatime": _MS_NOATIME,
-                     b"nodiratime": _MS_NODIRATIME, b"relatime": _MS_RELATIME}
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    libc.unshare.argtypes = [ctypes.c_int]
-    return libc
-
-
-def _check(ret: int, what: str) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _mount_points() -> list[tuple[bytes, int]]:
-    """(mount point, flags to keep) of every mount this process sees, parents before children."""
-    points = []
-    with open("/proc/self/mountinfo", "rb") as f:
-        for line in f:
-            fields = line.split()
-            # Spaces, tabs, newlines and backslashes in paths are written as octal escapes.
-            point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
-            flags = 0
-            for opt in fields[5].split(b","):
-                flags |= _KEPT_MOUNT_FLAGS.get(opt, 0)
-            points.append((point, flags))
-    return points
-
-
-def _isolate(workdir: str, disk_bytes: int, owner: tuple[int, int]) -> None:
-    """In a fresh child: private mount, network and IPC namespaces; every mount read-only and
-    nosuid; a tmpfs of `disk_bytes` owned by `owner` over `workdir`, the one writable place."""
-    libc = _libc()
-    _check(libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC), "unshare(mount, network, IPC namespaces)")
-    # Private first, so nothing below propagates back to the host's mounts.
-    _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
-    for point, kept in _mount_points():
-        if not os.path.lexists(point):
-            continue  # hidden under a later mount on a parent: no path reaches it
-        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | kept
-        _check(libc.mount(None, point, None, flags, None), f"remount {os.fsdecode(point)} read-only")
-    opts = f"size={disk_bytes},nr_inodes={_MAX_FILES},mode=0700,uid={owner[0]},gid={owner[1]}".encode()
-    _check(libc.mount(b"tmpfs", os.fsencode(workdir), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, opts),
-           f"mount a tmpfs on {workdir}")
+def _interpreter() -> str:
+    return os.path.realpath(sys.executable)
 
 
 @functools.cache
 def os_containment() -> Containment:
-    """Whether this machine lets the sandbox use namespaces and mounts (checked once, in a throwaway
-    child, with the same steps a run takes), and why not when it does not."""
+    """What of the OS-level containment this machine grants (checked once, each part in a throwaway
+    child with the same steps a run takes), and why not where it does not; logged once."""
     if not sys.platform.startswith("linux"):
-        result = Containment(False, f"namespaces are Linux-only (platform {sys.platform})")
-    elif os.geteuid() != 0:
-        result = Containment(False, "the harness does not run as root (mount and network namespaces need CAP_SYS_ADMIN)")
+        reason = f"namespaces and seccomp are Linux-only (platform {sys.platform})"
+        result = Containment(False, reason, False, reason)
     else:
-        result = _probe_namespaces()
+        filter_reason = containment.probe_filter(_interpreter())
+        reason = containment.probe_namespaces(_interpreter(), _PRELOAD, with_filter=not filter_reason)
+        result = Containment(not reason, reason, not filter_reason, filter_reason)
     if result.namespaces:
-        log.info("sandbox: private mount, network and IPC namespaces with a tmpfs working folder")
+        log.info("sandbox: own PID, mount, network and IPC namespaces; a minimal read-only root with a tmpfs working folder")
     else:
-        log.warning("sandbox: no OS-level containment, only the uid drop, rlimits and Python-level guards: %s", result.reason)
+        log.warning("sandbox: no namespaces or minimal root, so host files, processes and unix sockets are "
+                    "reachable and only the uid drop, rlimits and Python-level guards hold: %s", result.reason)
+    if result.syscall_filter:
+        log.info("sandbox: syscall filter on (memfd, SysV IPC, sockets, mknod, namespaces, mounts, setsid, signals to others)")
+    else:
+        log.warning("sandbox: no syscall filter, so memfd and SysV shared memory are bounded only by "
+                    "RLIMIT_NOFILE x file_bytes: %s", result.filter_reason)
     return result
-
-
-def _probe_namespaces() -> Containment:
-    try:
-        _libc()
-    except OSError as e:
-        return Containment(False, f"libc not loadable through ctypes: {e}")
-    probe_dir = tempfile.mkdtemp(prefix="lockstep-sandbox-probe-")
-    read_fd, write_fd = os.pipe()
-
-    def attempt() -> None:  # in the child, between fork and exec, as a run's setup is
-        try:
-            _isolate(probe_dir, 1 << 20, (NOBODY_UID, NOBODY_GID))
-        except BaseException as e:
-            os.write(write_fd, str(e).encode()[:4000])
-            raise
-
-    try:
-        try:
-            subprocess.run([os.path.realpath(sys.executable), "-I", "-S", "-c", ""], preexec_fn=attempt,
-                           pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=30, check=True)
-            failure = ""
-        except (subprocess.SubprocessError, OSError) as e:
-            failure = str(e)
-        os.close(write_fd)
-        write_fd = -1
-        with os.fdopen(read_fd, "rb") as f:
-            read_fd = -1
-            reason = f.read().decode(errors="replace") or failure
-    finally:
-        for fd in (read_fd, write_fd):
-            if fd >= 0:
-                os.close(fd)
-        shutil.rmtree(probe_dir, ignore_errors=True)
-    return Containment(not reason, reason)
 
 
 # ---------------------------------------------------------------------------------------------
 # Starting, waiting for and collecting sandboxed processes.
 
-def _scrubbed_env(workdir: Path) -> dict[str, str]:
+def _scrubbed_env(workdir: str) -> dict[str, str]:
     # Nothing of the parent's environment (tokens, paths, proxies) reaches the program.
     return {
         "PATH": "/usr/bin:/bin",
-        "HOME": str(workdir),
-        "TMPDIR": str(workdir),
+        "HOME": workdir,
+        "TMPDIR": workdir,
         "LANG": "C.UTF-8",
         "PYTHONHASHSEED": "0",
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -504,30 +436,34 @@ def _scrubbed_env(workdir: Path) -> dict[str, str]:
     }
 
 
-def _prepare_child(limits: SandboxLimits, workdir: str, files: dict[str, bytes], owner: tuple[int, int] | None,
-                   namespaces: bool, running_as_root: bool) -> None:
-    # Runs in the child between fork and exec (Popen has already changed into `workdir`).
-    if namespaces:
-        _isolate(workdir, limits.disk_bytes, owner or (os.geteuid(), os.getegid()))
-    # The program's files are written here, by the harness's side of the fork, so that with
-    # namespaces they exist only in the private tmpfs.
+def _prepare_child(limits: SandboxLimits, host_dir: str, files: dict[str, bytes], owner: tuple[int, int] | None,
+                   found: Containment, running_as_root: bool) -> None:
+    # Runs in the child between fork and exec, in this order: containment (which forks: from here
+    # on this is the program's process), its files, limits, and the filter last, since it refuses
+    # the mounts and namespaces the first step needs.
+    if found.namespaces:
+        containment.contain(host_dir, limits.disk_bytes, owner or (os.geteuid(), os.getegid()), _interpreter())
+    # Written by the harness's side of the fork, into the working folder (Popen changed into
+    # `host_dir`; with namespaces, containment changed into the program's tmpfs).
     for name, data in files.items():
-        fd = os.open(os.path.join(workdir, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             os.write(fd, data)
             if owner is not None:
                 os.fchown(fd, *owner)
         finally:
             os.close(fd)
-    os.chdir(workdir)  # again: the tmpfs now covers the folder Popen changed into
     cpu_s = max(1, int(limits.timeout_s) + 1)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_MAX_OPEN_FILES, _MAX_OPEN_FILES))
     if not running_as_root:
         # No new processes or threads at all; the bootstrap sets it again after a uid drop.
         resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+    if found.syscall_filter:
+        containment.install_filter()
 
 
 @dataclasses.dataclass
@@ -541,12 +477,12 @@ class _Child:
 def _start(main: str, cfg: dict, files: dict[str, str], limits: SandboxLimits, *, uid: int | None,
            pass_fds: tuple[int, ...], workdir: Path) -> _Child:
     running_as_root = os.geteuid() == 0
-    namespaces = os_containment().namespaces
+    found = os_containment()
     owner = (uid, NOBODY_GID) if uid is not None else None
     cfg = {**cfg, "drop_uid": uid, "drop_gid": NOBODY_GID}
     bootstrap = f"_cfg = {cfg!r}\n" + _COMMON + main
     payload = {name: text.encode("utf-8") for name, text in {"bootstrap.py": bootstrap, **files}.items()}
-    if owner is not None and not namespaces:
+    if owner is not None and not found.namespaces:
         os.chown(workdir, *owner)
     # Output goes to unnamed files opened here, before the program runs, and is read back through
     # these same handles: the program cannot swap them for links to files it may not read.
@@ -554,16 +490,16 @@ def _start(main: str, cfg: dict, files: dict[str, str], limits: SandboxLimits, *
     out_f, err_f = tempfile.TemporaryFile(), tempfile.TemporaryFile()
     try:
         proc = subprocess.Popen(
-            [os.path.realpath(sys.executable), "-I", "-B", "bootstrap.py"],
+            [_interpreter(), "-I", "-B", "bootstrap.py"],
             cwd=workdir,
-            env=_scrubbed_env(workdir),
+            env=_scrubbed_env(containment.WORKDIR if found.namespaces else str(workdir)),
             stdin=subprocess.DEVNULL,
             stdout=out_f,
             stderr=err_f,
             start_new_session=True,
             close_fds=True,
             pass_fds=pass_fds,
-            preexec_fn=lambda: _prepare_child(limits, str(workdir), payload, owner, namespaces, running_as_root),
+            preexec_fn=lambda: _prepare_child(limits, str(workdir), payload, owner, found, running_as_root),
         )
     except subprocess.SubprocessError as e:
         out_f.close()
