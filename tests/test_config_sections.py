@@ -115,3 +115,90 @@ def test_tokenizer_boundary_values_run(tmp_path: Path, raw: Path, overrides: dic
     status, stderr = _tokenizer_stage(tmp_path, raw, {**TOKENIZER_BASE, **overrides})
     assert status == 0, stderr
     assert (tmp_path / "tok" / "meta.json").is_file() and (tmp_path / "metrics.json").is_file()
+
+
+# ---- the server: ServerConfig and `lockstep serve` ---------------------------------------------
+
+
+@pytest.mark.parametrize("field, value", [
+    ("max_messages", 0), ("max_message_tokens", 0), ("max_message_chars", -1), ("max_conversation_tokens", -1),
+    ("max_reply_tokens", 0), ("default_max_tokens", 0), ("default_max_tokens", 1025), ("max_body_bytes", 0),
+    ("workers", 0), ("max_queued", -1), ("queue_timeout_s", -0.5), ("queue_timeout_s", float("nan")),
+    ("queue_timeout_s", float("inf")), ("default_temperature", -0.1), ("default_temperature", 2.5),
+    ("default_temperature", float("nan")), ("default_top_k", -1), ("default_top_k", 201), ("default_seed", -1),
+    ("default_seed", 2**63), ("allowed_origins", ("https://a.example", "*")),
+])
+def test_server_config_refuses_a_bad_field_naming_it(field: str, value: object) -> None:
+    from lockstep.config import FieldError
+    from lockstep.server import ServerConfig
+
+    with pytest.raises(FieldError) as e:
+        ServerConfig(**{field: value})
+    assert e.value.key == field and str(e.value).startswith(f"{field}=")
+
+
+def test_server_config_takes_its_boundary_values() -> None:
+    from lockstep.server import ServerConfig
+
+    ServerConfig(max_messages=1, max_message_tokens=1, max_message_chars=0, max_conversation_tokens=0,
+                 max_reply_tokens=1, default_max_tokens=1, max_body_bytes=1, workers=1, max_queued=0,
+                 queue_timeout_s=0.0, default_temperature=0.0, default_top_k=0, default_seed=0)
+    ServerConfig(default_temperature=2.0, default_top_k=200, default_seed=2**63 - 1, default_max_tokens=1024)
+
+
+@pytest.fixture(scope="module")
+def ckpt_and_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    import torch
+
+    from lockstep.checkpoint import save_checkpoint
+    from lockstep.model import GPT, GPTConfig
+    from lockstep.tokenizer import train_tokenizer
+
+    root = tmp_path_factory.mktemp("serve")
+    tok = train_tokenizer("byte", [])
+    tok.save(root / "tokenizer")
+    config = GPTConfig(sequence_len=32, vocab_size=tok.get_vocab_size(), n_layer=1, n_head=2, n_kv_head=1, n_embd=16)
+    model = GPT.build(config, torch.device("cpu"), seed=0)
+    save_checkpoint(root / "ckpt", model.state_dict(), {}, {"model_config": config.to_dict(), "tokenizer_sha256": tok.sha256})
+    return root / "ckpt", root / "tokenizer"
+
+
+def _serve(ckpt: Path, tok: Path, *args: str, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, list]:
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from lockstep.cli import app
+
+    served: list = []
+    monkeypatch.setattr(uvicorn, "run", lambda asgi, **kw: served.append(kw))
+    r = CliRunner().invoke(app, ["serve", "--ckpt", str(ckpt), "--tokenizer", str(tok), *args])
+    assert "Traceback" not in r.output, r.output
+    return r.exit_code, r.output, served
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--workers", "0"], "--workers=0 must be an integer >= 1"),
+    (["--workers", "-3"], "--workers=-3"),
+    (["--max-queued", "-1"], "--max-queued=-1 must be an integer >= 0"),
+    (["--allow-origin", "https://a.example", "--allow-origin", "*"], "--allow-origin=['https://a.example', '*'] may not"),
+    (["--port", "65536"], "--port=65536 must be from 0 to 65535"),
+    (["--port", "-1"], "--port=-1"),
+    (["--device", "tpu"], "--device"),
+    (["--ckpt", "/nonexistent/ckpt"], "--ckpt"),
+    (["--tokenizer", "/nonexistent/tok"], "--tokenizer"),
+])
+def test_serve_refuses_a_bad_option_in_one_line(ckpt_and_tokenizer, monkeypatch, args, named) -> None:
+    ckpt, tok = ckpt_and_tokenizer
+    status, output, served = _serve(ckpt, tok, *args, monkeypatch=monkeypatch)
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert status == 2 and len(errors) == 1, output
+    assert named in errors[0], errors[0]
+    assert served == []
+
+
+def test_serve_takes_the_boundary_values(ckpt_and_tokenizer, monkeypatch) -> None:
+    ckpt, tok = ckpt_and_tokenizer
+    status, output, served = _serve(ckpt, tok, "--workers", "1", "--max-queued", "0", "--port", "0",
+                                    "--allow-origin", "https://a.example", monkeypatch=monkeypatch)
+    assert status == 0, output
+    assert served == [{"host": "127.0.0.1", "port": 0, "log_level": "info"}]

@@ -348,9 +348,9 @@ def serve(
     ckpt: Path = typer.Option(..., "--ckpt", help="checkpoint directory, e.g. data/ckpt/sft"),
     tokenizer: Path = typer.Option(Path("data/tokenizer"), "--tokenizer", help="the tokenizer the checkpoint was trained with"),
     host: str = typer.Option("127.0.0.1", help="address to bind; the default is reachable from this machine only"),
-    port: int = typer.Option(8000, min=0, max=65535),
-    workers: int = typer.Option(1, min=1, help="replies generated at once"),
-    max_queued: int = typer.Option(4, "--max-queued", min=0, help="requests waiting for a worker before 503"),
+    port: int = typer.Option(8000, help="TCP port to listen on, 0 to 65535 (0 = any free port)"),
+    workers: int = typer.Option(1, help="replies generated at once, 1 or more"),
+    max_queued: int = typer.Option(4, "--max-queued", help="requests waiting for a worker before 503, 0 or more"),
     allow_origin: list[str] = typer.Option([], "--allow-origin", help="a web origin allowed to call the API (repeatable)"),
     device: str = typer.Option("cpu", help="torch device to run on: cpu, cuda, cuda:1, mps"),
     kernels: bool = typer.Option(False, help="run the model on its CPU fast paths (lockstep.kernels; runtime.kernels)"),
@@ -359,11 +359,22 @@ def serve(
     import uvicorn
 
     from lockstep.chat import load_backend
+    from lockstep.config import FieldError
     from lockstep.server import ServerConfig, create_app
 
+    # The options that set a ServerConfig field, to name them in its errors.
+    options = {"workers": "--workers", "max_queued": "--max-queued", "allowed_origins": "--allow-origin"}
+    if not 0 <= port <= 65535:
+        typer.echo(f"error: --port={port} must be from 0 to 65535 (0 = any free port)", err=True)
+        raise typer.Exit(2)
+    try:
+        # Checked before the model loads: a bad option fails in a second, not after the weights.
+        config = ServerConfig(workers=workers, max_queued=max_queued, allowed_origins=tuple(allow_origin))
+    except FieldError as e:
+        typer.echo(f"error: {options.get(e.key, e.key)}={e.value!r} {e.requirement}", err=True)
+        raise typer.Exit(2) from None
     try:
         backend = load_backend(ckpt, tokenizer, device=device, kernels=kernels)
-        config = ServerConfig(workers=workers, max_queued=max_queued, allowed_origins=tuple(allow_origin))
     except (FileNotFoundError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lockstep.chat import ChatBackend, ChatError, Delta, SamplingSettings, check_messages
+from lockstep.config import FieldError, check_range
 from lockstep.records import text_message
 from lockstep.sampling import (
     DEFAULT_MAX_TOKENS,
@@ -77,18 +78,27 @@ class ServerConfig:
     allowed_origins: tuple[str, ...] = ()  # CORS origins allowed to call the API; empty = same-origin only
 
     def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ValueError(f"workers={self.workers} must be at least 1")
-        if self.max_queued < 0:
-            raise ValueError(f"max_queued={self.max_queued} must be 0 or more")
-        if self.max_message_chars < 0:
-            raise ValueError(f"max_message_chars={self.max_message_chars} must be 0 (derived) or more")
-        if not 1 <= self.default_max_tokens <= self.max_reply_tokens:
-            raise ValueError(
-                f"default_max_tokens={self.default_max_tokens} must be from 1 to max_reply_tokens={self.max_reply_tokens}"
-            )
+        # FieldError names the field; `lockstep serve` names the option that set it.
+        check_range("max_messages", self.max_messages, ge=1, why="messages per request")
+        check_range("max_message_tokens", self.max_message_tokens, ge=1, why="tokens in one message's text")
+        check_range("max_message_chars", self.max_message_chars, ge=0,
+                    why=f"characters in one message's text; 0 = {MESSAGE_CHARS_PER_TOKEN} per token of max_message_tokens")
+        check_range("max_conversation_tokens", self.max_conversation_tokens, ge=0,
+                    why="rendered prompt tokens; 0 = the model's context minus one")
+        check_range("max_reply_tokens", self.max_reply_tokens, ge=1, why="the largest max_tokens a request may ask for")
+        check_range("default_max_tokens", self.default_max_tokens, ge=1, le=self.max_reply_tokens,
+                    why="max_tokens when a request does not say, at most max_reply_tokens")
+        check_range("max_body_bytes", self.max_body_bytes, ge=1, why="larger request bodies are refused with 413")
+        check_range("workers", self.workers, ge=1, why="generations running at once")
+        check_range("max_queued", self.max_queued, ge=0, why="requests waiting for a worker; 0 refuses all but the running ones")
+        check_range("queue_timeout_s", self.queue_timeout_s, ge=0, why="seconds a queued request waits for a worker")
+        check_range("default_temperature", self.default_temperature, ge=0, le=MAX_TEMPERATURE, why="0 is greedy")
+        check_range("default_top_k", self.default_top_k, ge=0, le=MAX_TOP_K, why="0 = no top-k cut")
+        if not 0 <= self.default_seed <= MAX_SEED:
+            raise FieldError("default_seed", self.default_seed, f"must be an integer from 0 to {MAX_SEED}")
         if "*" in self.allowed_origins:
-            raise ValueError("allowed_origins may not contain '*': list the origins that may call the API")
+            raise FieldError("allowed_origins", list(self.allowed_origins),
+                             "may not contain '*': list the origins that may call the API")
 
     @property
     def message_char_limit(self) -> int:
