@@ -10,6 +10,7 @@ from pathlib import Path
 from lockstep.config import ConfigError
 from lockstep.sources import SOURCE_CONFIGS, SourceFormatError, SplitLayoutError, fetch_source
 from lockstep.sources.common import SourceUnavailableError
+from lockstep.sources.fields import source_config
 from lockstep.snapshot import BadRecordError, SnapshotError
 from stages._common import entry, preamble
 
@@ -34,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     source = entry["source"]
     if source not in SOURCE_CONFIGS:
         raise ConfigError(f"fetch.{args.name}.source={source!r} must be one of {', '.join(sorted(SOURCE_CONFIGS))}")
-    cfg = pre.section(f"fetch.{args.name}", SOURCE_CONFIGS[source])
+    # Every value checked with the source's own rules: a null, a wrong type or a value out of range
+    # ends in one error naming fetch.<name>.<key>, what it must be and its default.
+    cfg = source_config(SOURCE_CONFIGS[source], entry, where=f"fetch.{args.name}")
     # Arrow batches where the source has them: the same bytes as the record path in about 1.6x less
     # time (docs/internals.md); the record path stays the library's default and reference.
     meta = fetch_source(args.name, cfg, args.out, seed=pre.data_seed, resume_dir=args.resume_dir, arrow_batches=True)

@@ -32,6 +32,7 @@ from lockstep.sources.common import (
     parquet_tables,
     with_retries,
 )
+from lockstep.sources.fields import Rule
 from lockstep.sources.hub import HubFields, split_of
 from lockstep.sources.shards import ResumeFolder, shard_order, window_shuffle, window_shuffle_tables
 from lockstep.snapshot import SnapshotWriter, documents_ok
@@ -63,6 +64,14 @@ class FinewebEduConfig(HubFields):
     max_train_chars: int = 900_000_000  # train budget in characters (~200M tokens at ~4.5 chars/token)
     max_val_chars: int = 22_500_000  # val budget in characters, taken first from the stream
     min_int_score: int | None = None  # keep only documents with int_score >= this (null: all)
+
+    RULES = {
+        **HubFields.RULES,
+        "shuffle_buffer": Rule("documents per shuffle window within a shard (memory: one window)", ge=1),
+        "max_train_chars": Rule("the train budget in characters", ge=1),
+        "max_val_chars": Rule("the val budget in characters, taken first from the stream (0: no val)", ge=0),
+        "min_int_score": Rule("fineweb-edu's int_score runs 0..5; null keeps every document", ge=0, le=5),
+    }
 
 
 def _configured_dump(files: list[Path], root: Path, config: str) -> list[Path]:
@@ -210,10 +219,6 @@ def produce(
     """Fetch into `sink`. The record path (the reference) turns each row into a dict and adds it;
     `arrow_batches` validates and writes each shuffle window as Arrow tables instead, for the
     same bytes (tests/test_fetch_arrow.py) in about 1.6x less time, and without `datasets`."""
-    if cfg.shuffle_buffer < 1:
-        raise ValueError(f"fineweb_edu: shuffle_buffer={cfg.shuffle_buffer} must be >= 1")
-    if cfg.max_train_chars < 1 or cfg.max_val_chars < 0:
-        raise ValueError("fineweb_edu: max_train_chars must be >= 1 and max_val_chars >= 0")
     if cfg.path is not None:
         files = local_files(cfg.path, (".parquet",), what="fineweb_edu")
         root = local_root(cfg.path)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lockstep.sources.common import files_revision, local_files, local_root, read_text, write_split
+from lockstep.sources.fields import CheckedFields, Rule
 from lockstep.snapshot import SnapshotWriter
 
 KIND = "document"
@@ -24,12 +25,17 @@ _TITLE = re.compile(r"^Title:\s*(.+?)\s*$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
-class GutenbergConfig:
+class GutenbergConfig(CheckedFields):
     source: Literal["gutenberg"] = "gutenberg"
     path: str = "books"  # one .txt book, or a folder of them (searched recursively)
     val_frac: float = 0.1  # share of books held out for val, chosen with the seed
     strict: bool = False  # true: a book without START/END markers fails the stage
     artifact_records: int = 8  # records per split kept in dataset_snapshot.json, the parity artifact
+
+    RULES = {
+        "val_frac": Rule("the share of books held out for val", ge=0, lt=1),
+        "artifact_records": Rule("records per split copied into dataset_snapshot.json", ge=0),
+    }
 
 
 def strip_gutenberg(text: str) -> tuple[str, str]:

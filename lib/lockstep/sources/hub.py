@@ -23,6 +23,7 @@ from lockstep.sources.common import (
     read_jsonl,
     write_split,
 )
+from lockstep.sources.fields import CheckedFields, Rule
 from lockstep.snapshot import SnapshotWriter
 
 log = logging.getLogger("lockstep.sources")
@@ -37,7 +38,7 @@ _LISTED_FILES = 8  # file names quoted in an error; the rest are counted
 
 
 @dataclass(frozen=True)
-class HubFields:
+class HubFields(CheckedFields):
     path: str | None = None  # local file or folder in the source's real format; null: the hub
     revision: str = "main"  # hub branch, tag or commit; recorded as the resolved commit sha
     # Val share, by example and seeded, carved from train when the data has no val split of its
@@ -48,6 +49,14 @@ class HubFields:
     artifact_records: int = 8  # records per split kept in dataset_snapshot.json, the parity artifact
     max_retries: int = 5  # network retries before giving up
     backoff_s: float = 2.0  # first retry wait; doubles each retry
+
+    RULES = {
+        "val_frac": Rule("the share of examples carved out as val; null refuses data without a val split", ge=0, lt=1),
+        "artifact_records": Rule("records per split copied into dataset_snapshot.json", ge=0),
+        # The wait doubles each retry: 20 retries at the default backoff already wait 24 days.
+        "max_retries": Rule("network retries before giving up", ge=0, le=20),
+        "backoff_s": Rule("seconds before the first retry, doubling each retry", ge=0, le=3600),
+    }
 
 
 def _listing(files: Sequence[Path], root: Path) -> str:

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from lockstep.config import FieldError
 from lockstep.sources.common import files_revision, read_text, write_split
+from lockstep.sources.fields import CheckedFields, Rule
 from lockstep.snapshot import SnapshotWriter
 
 KIND = "document"
@@ -16,13 +18,25 @@ EXPECTED = "markdown notes: UTF-8 files with some text"
 
 
 @dataclass(frozen=True)
-class RoamConfig:
+class RoamConfig(CheckedFields):
     source: Literal["roam"] = "roam"
     path: str = "corpus/notes"  # the notes folder (relative to the working directory)
     val_frac: float = 0.2  # share of files held out for val, chosen with the seed
     suffixes: tuple[str, ...] = (".md", ".markdown")  # which files are notes
     strict: bool = False  # true: an unreadable or empty note fails the stage
     artifact_records: int = 8  # records per split kept in dataset_snapshot.json, the parity artifact
+
+    RULES = {
+        "val_frac": Rule("the share of notes held out for val", ge=0, lt=1),
+        "artifact_records": Rule("records per split copied into dataset_snapshot.json", ge=0),
+    }
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # A note is matched by Path.suffix, which always starts with its dot.
+        if bad := [s for s in self.suffixes if not s.startswith(".")]:
+            raise FieldError("suffixes", list(self.suffixes),
+                             f"must be file suffixes with their dot (e.g. '.md'); {bad[0]!r} has none")
 
 
 def note_files(root: Path, suffixes: tuple[str, ...]) -> list[Path]:

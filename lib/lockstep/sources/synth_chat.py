@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from lockstep.io import sha256_file
 from lockstep.sources.common import Draw, generator
+from lockstep.sources.fields import CheckedFields, Rule
 from lockstep.snapshot import SnapshotWriter
 
 KIND = "conversation"
@@ -55,13 +56,20 @@ _IDENTITY = (
 
 
 @dataclass(frozen=True)
-class SynthChatConfig:
+class SynthChatConfig(CheckedFields):
     source: Literal["synth_chat"] = "synth_chat"
     n_train: int = 3000  # conversations in train
     n_val: int = 150  # conversations in val (drawn after train from the same seed)
     identity_frac: float = 0.15  # share of identity conversations; the rest are letter tasks
     strict: bool = False  # unused (generated records are valid); kept for a uniform schema
     artifact_records: int = 8  # records per split kept in dataset_snapshot.json, the parity artifact
+
+    RULES = {
+        "n_train": Rule("conversations generated for train", ge=0),
+        "n_val": Rule("conversations generated for val", ge=0),
+        "identity_frac": Rule("the share of identity conversations", ge=0, le=1),
+        "artifact_records": Rule("records per split copied into dataset_snapshot.json", ge=0),
+    }
 
 
 def _text(t: str) -> dict[str, str]:
@@ -115,10 +123,6 @@ def generate(n: int, d: Draw, identity_frac: float) -> list[dict[str, Any]]:
 
 
 def produce(cfg: SynthChatConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, Any]:
-    if cfg.n_train < 0 or cfg.n_val < 0:
-        raise ValueError("synth_chat: n_train and n_val must be >= 0")
-    if not 0.0 <= cfg.identity_frac <= 1.0:
-        raise ValueError(f"synth_chat: identity_frac={cfg.identity_frac} must be in [0, 1]")
     d = Draw(generator(seed, stream=20))
     for split, n in (("train", cfg.n_train), ("val", cfg.n_val)):
         for i, conv in enumerate(generate(n, d, cfg.identity_frac)):

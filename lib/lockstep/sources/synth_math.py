@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from lockstep.io import sha256_file
 from lockstep.sources.common import Draw, generator
+from lockstep.sources.fields import CheckedFields, Rule
 from lockstep.snapshot import SnapshotWriter
 
 KIND = "problem"
@@ -31,12 +32,18 @@ ITEMS = (("notebook", "notebooks"), ("sandwich", "sandwiches"), ("ticket", "tick
 
 
 @dataclass(frozen=True)
-class SynthMathConfig:
+class SynthMathConfig(CheckedFields):
     source: Literal["synth_math"] = "synth_math"
     n_train: int = 4000  # problems in train
     n_val: int = 200  # problems in val (none repeats a train question)
     strict: bool = False  # unused (generated records are valid); kept for a uniform schema
     artifact_records: int = 8  # records per split kept in dataset_snapshot.json, the parity artifact
+
+    RULES = {
+        "n_train": Rule("problems generated for train", ge=0),
+        "n_val": Rule("problems generated for val", ge=0),
+        "artifact_records": Rule("records per split copied into dataset_snapshot.json", ge=0),
+    }
 
 
 def _step(a: int, op: str, b: int) -> tuple[str, int]:
@@ -185,8 +192,6 @@ def generate(n: int, seed: int, *, exclude: set[str] | None = None, stream: int 
 
 
 def produce(cfg: SynthMathConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, Any]:
-    if cfg.n_train < 0 or cfg.n_val < 0:
-        raise ValueError("synth_math: n_train and n_val must be >= 0")
     train = generate(cfg.n_train, seed, stream=0)
     val = generate(cfg.n_val, seed, exclude={p["question"] for p in train}, stream=1)
     for split, probs in (("train", train), ("val", val)):
