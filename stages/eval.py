@@ -12,12 +12,30 @@ from lockstep.checkpoint import CheckpointError
 from lockstep.config import ConfigError
 from lockstep.evaluate.run import STAGES, EvalConfig, EvalPaths, run_eval_stage
 from lockstep.runtime import RuntimeConfig, shutdown
+from lockstep.snapshot import SnapshotError
 from lockstep.tokenizer.base import TokenizerFileError
 from stages._common import entry, preamble
 from stages._runtime import start_runtime
 
 # Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
-STAGE_ERRORS = (ConfigError, CacheError, CheckpointError, TokenizerFileError, FileNotFoundError)
+STAGE_ERRORS = (ConfigError, CacheError, CheckpointError, SnapshotError, TokenizerFileError, FileNotFoundError)
+
+
+def check_inputs(stage: str, cfg: EvalConfig, raw: Path, evalsets: Path) -> None:
+    """Refuse, before any model loads, a snapshot or eval set file that the `eval` section lists
+    for this stage's chat tasks and that is not there, naming the key that lists it."""
+    if stage not in cfg.chat_stages:
+        return
+    for key in ("math_sources", "conversation_sources"):
+        for source in getattr(cfg, key):
+            if not (raw / source).is_dir():
+                raise ConfigError(f"eval.{key} lists {source!r}, which has no snapshot at {raw / source}: add it under "
+                                  f"`fetch:` in params.yaml and run `dvc repro fetch@{source}`, or drop it from eval.{key}")
+    for key in ("categorical_files", "code_files"):
+        for rel in getattr(cfg, key):
+            if not (evalsets / rel).is_file():
+                raise ConfigError(f"eval.{key} lists {rel!r}, which is not a file under {evalsets}: fix the name, drop it "
+                                  f"from eval.{key}, or regenerate the shipped sets with `lockstep dev evalsets --write`")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     pre = preamble(f"eval.{args.stage}", args.params)
     cfg = pre.section("eval", EvalConfig)
+    check_inputs(args.stage, cfg, args.raw, args.evalsets)
     rt = start_runtime(pre, pre.section("runtime", RuntimeConfig), module="stages.eval", argv=argv)
     if isinstance(rt, int):  # ran under torchrun: its exit status
         return rt

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -117,6 +118,81 @@ def test_tokenizer_boundary_values_run(tmp_path: Path, raw: Path, overrides: dic
     assert (tmp_path / "tok" / "meta.json").is_file() and (tmp_path / "metrics.json").is_file()
 
 
+# ---- eval ------------------------------------------------------------------------------------------
+
+
+def _eval_stage(tmp_path: Path, section: dict, *, stage: str = "sft", ckpt: Path | None = None,
+                tokenizer: Path | None = None, raw: Path | None = None) -> tuple[int, str]:
+    from stages.eval import STAGE_ERRORS, main
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"seed": 3, "data_seed": 3, "eval": section,
+                                      "runtime": {"device": "cpu", "dtype": "fp32", "threads": 1}}))
+    argv = [stage, "--ckpt", str(ckpt or tmp_path / "ckpt"), "--cache", str(tmp_path / "cache"),
+            "--tokenizer", str(tokenizer or tmp_path / "tokenizer"), "--raw", str(raw or tmp_path / "raw"),
+            "--evalsets", str(ROOT / "evalsets"), "--out", str(tmp_path / "metrics.json"),
+            "--runinfo", str(tmp_path / "runinfo.json"), "--predictions", str(tmp_path / "predictions"),
+            "--params", str(params)]
+    return run_entry(lambda: main(argv), STAGE_ERRORS)
+
+
+@pytest.mark.parametrize("overrides,key", [
+    ({"bpb_max_tokens": 0}, "eval.bpb_max_tokens"),
+    ({"bpb_max_tokens": -1}, "eval.bpb_max_tokens"),
+    ({"bpb_batch_rows": 0}, "eval.bpb_batch_rows"),
+    ({"bpb_batch_rows": 2.5}, "eval.bpb_batch_rows"),
+    ({"core_stages": ["pretrain", "final"]}, "eval.core_stages"),
+    ({"core_stages": "pretrain"}, "eval.core_stages"),
+    ({"core_max_items": -1}, "eval.core_max_items"),
+    ({"chat_stages": ["chat"]}, "eval.chat_stages"),
+    ({"chat_max_items": -1}, "eval.chat_max_items"),
+    ({"math_sources": ["../raw/synth_math"]}, "eval.math_sources"),
+    ({"math_sources": [""]}, "eval.math_sources"),
+    ({"math_sources": ["nowhere"]}, "eval.math_sources"),  # no such snapshot under --raw
+    ({"conversation_sources": ["a/b"]}, "eval.conversation_sources"),
+    ({"conversation_sources": ["nowhere"]}, "eval.conversation_sources"),
+    ({"categorical_files": ["/etc/passwd"]}, "eval.categorical_files"),
+    ({"categorical_files": ["../pyproject.toml"]}, "eval.categorical_files"),
+    ({"categorical_files": ["chat/nowhere.jsonl"]}, "eval.categorical_files"),
+    ({"code_files": ["chat/code_own.json"]}, "eval.code_files"),
+    ({"code_files": ["chat/nowhere.jsonl"]}, "eval.code_files"),
+    ({"max_new_tokens": 0}, "eval.max_new_tokens"),
+    ({"generate_batch": 0}, "eval.generate_batch"),
+    ({"generate_batch": -4}, "eval.generate_batch"),
+    ({"sandbox_timeout_s": 0}, "eval.sandbox_timeout_s"),
+    ({"sandbox_timeout_s": -1.0}, "eval.sandbox_timeout_s"),
+    ({"sandbox_timeout_s": float("nan")}, "eval.sandbox_timeout_s"),
+    ({"sandbox_timeout_s": float("inf")}, "eval.sandbox_timeout_s"),
+    ({"sandbox_timeout_s": 1e9}, "eval.sandbox_timeout_s"),
+    ({"sandbox_memory_mb": 0}, "eval.sandbox_memory_mb"),
+    ({"sandbox_memory_mb": 8}, "eval.sandbox_memory_mb"),
+    ({"sandbox_memory_mb": 2**50}, "eval.sandbox_memory_mb"),
+    ({"max_tokens": 5}, "eval.max_tokens"),
+])
+def test_eval_key_at_a_bad_value_is_one_error_line(tmp_path: Path, overrides: dict, key: str) -> None:
+    status, stderr = _eval_stage(tmp_path, {"math_sources": [], "conversation_sources": [], **overrides})
+    assert_one_error_line(status, stderr, key)
+    assert not (tmp_path / "metrics.json").exists() and not (tmp_path / "predictions").exists()
+
+
+def test_a_source_or_file_only_other_stages_read_is_not_required(tmp_path: Path) -> None:
+    # The pretrain eval runs no chat task, so a missing chat source does not stop it before the
+    # checkpoint is looked at (there is none here: that is the error it ends on).
+    status, stderr = _eval_stage(tmp_path, {"math_sources": ["nowhere"], "chat_stages": ["sft"]}, stage="pretrain")
+    assert status == 1 and "eval.math_sources" not in stderr and "Traceback" not in stderr
+
+
+def test_eval_boundary_values_run(tmp_path: Path, ckpt_and_tokenizer: tuple[Path, Path]) -> None:
+    ckpt, tok = ckpt_and_tokenizer
+    section = {"bpb_max_tokens": 1, "bpb_batch_rows": 1, "core_stages": [], "core_max_items": 0, "chat_stages": ["sft"],
+               "chat_max_items": 1, "math_sources": [], "conversation_sources": [], "code_files": [],
+               "max_new_tokens": 1, "generate_batch": 1, "sandbox_timeout_s": 3600, "sandbox_memory_mb": 16}
+    status, stderr = _eval_stage(tmp_path, section, ckpt=ckpt, tokenizer=tok)
+    assert status == 0, stderr
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["chat.arc_own.accuracy.n"] == 1
+
+
 # ---- the server: ServerConfig and `lockstep serve` ---------------------------------------------
 
 
@@ -157,9 +233,10 @@ def ckpt_and_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, 
     root = tmp_path_factory.mktemp("serve")
     tok = train_tokenizer("byte", [])
     tok.save(root / "tokenizer")
-    config = GPTConfig(sequence_len=32, vocab_size=tok.get_vocab_size(), n_layer=1, n_head=2, n_kv_head=1, n_embd=16)
+    config = GPTConfig(sequence_len=256, vocab_size=tok.get_vocab_size(), n_layer=1, n_head=2, n_kv_head=1, n_embd=16)
     model = GPT.build(config, torch.device("cpu"), seed=0)
-    save_checkpoint(root / "ckpt", model.state_dict(), {}, {"model_config": config.to_dict(), "tokenizer_sha256": tok.sha256})
+    save_checkpoint(root / "ckpt", model.state_dict(), {}, {"step": 0, "model_config": config.to_dict(),
+                                                             "tokenizer_sha256": tok.sha256})
     return root / "ckpt", root / "tokenizer"
 
 

@@ -16,6 +16,7 @@ import torch
 from lockstep.cache import CacheError
 from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.checkpoint import save_checkpoint
+from lockstep.config import FieldError, build_config
 from lockstep.engine import Engine
 from lockstep.evaluate.run import EvalConfig, EvalPaths, make_generate, run_eval_stage
 from lockstep.model import GPT, GPTConfig
@@ -184,5 +185,7 @@ def test_make_generate_batched_equals_one_at_a_time(tok) -> None:
 
 
 def test_generate_batch_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="eval.generate_batch=0 must be positive"):
+    with pytest.raises(FieldError, match=r"^generate_batch=0 must be an integer >= 1"):
         EvalConfig(generate_batch=0)
+    with pytest.raises(FieldError, match=r"^eval.generate_batch=0 must be an integer >= 1"):
+        build_config(EvalConfig, {"generate_batch": 0}, where="eval")

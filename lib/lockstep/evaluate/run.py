@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ import torch.distributed as dist
 from lockstep.bpb import BpbSums, measure_bpb
 from lockstep.cache import CacheTooSmallError, list_caches, open_pretrain_split
 from lockstep.checkpoint import load_model
+from lockstep.config import FieldError, check_range
 from lockstep.engine import Engine
 from lockstep.evaluate import chat, core
 from lockstep.evaluate.sandbox import SandboxLimits
@@ -52,16 +53,34 @@ class EvalConfig:
     sandbox_memory_mb: int = 512
 
     def __post_init__(self) -> None:
-        for name in ("bpb_max_tokens", "bpb_batch_rows", "max_new_tokens", "generate_batch", "sandbox_memory_mb"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"eval.{name}={getattr(self, name)} must be positive")
+        # FieldError names the field; build_config prefixes `eval.`, and the stage's entry prints
+        # the one `error:` line.
+        for name, why in (("bpb_max_tokens", "val tokens scored per cache"), ("bpb_batch_rows", "rows per forward pass"),
+                          ("max_new_tokens", "tokens per generated reply"),
+                          ("generate_batch", "chat replies decoded together; 1 = one at a time, the reference")):
+            check_range(name, getattr(self, name), ge=1, why=why)
         for name in ("core_max_items", "chat_max_items"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"eval.{name}={getattr(self, name)} must be >= 0 (0 = all items)")
+            check_range(name, getattr(self, name), ge=0, why="items per task; 0 = all items")
+        check_range("sandbox_timeout_s", self.sandbox_timeout_s, gt=0, le=3600, why="wall-clock seconds per code run")
+        # Below 16 MiB of address space the interpreter itself does not start (measured: 8 fails,
+        # 16 runs), and every code item would fail without saying why.
+        check_range("sandbox_memory_mb", self.sandbox_memory_mb, ge=16, le=10**6, why="MiB of address space per code run")
         for name in ("core_stages", "chat_stages"):
             bad = [s for s in getattr(self, name) if s not in STAGES]
             if bad:
-                raise ValueError(f"eval.{name} names unknown stages {bad}; use some of {list(STAGES)}")
+                raise FieldError(name, list(getattr(self, name)), f"names unknown stage(s) {bad}; use some of {list(STAGES)}")
+        for name in ("math_sources", "conversation_sources"):
+            for source in getattr(self, name):
+                if not source or PurePosixPath(source).name != source or source in (".", ".."):
+                    raise FieldError(name, list(getattr(self, name)),
+                                     f"must name raw snapshots (folders under --raw, e.g. synth_math); {source!r} is no folder name")
+        for name in ("categorical_files", "code_files"):
+            for rel in getattr(self, name):
+                path = PurePosixPath(rel)
+                if path.is_absolute() or ".." in path.parts or path.suffix != ".jsonl":
+                    raise FieldError(name, list(getattr(self, name)),
+                                     f"must list .jsonl files under the --evalsets folder, as relative paths without "
+                                     f"'..' (e.g. chat/arc_own.jsonl); {rel!r} is not one")
 
 
 @dataclasses.dataclass(frozen=True)
