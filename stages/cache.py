@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from lockstep.cache import CacheError
-from lockstep.cache_build import CacheConfig, build_pretrain_cache, build_sft_cache
+from lockstep.cache_build import CacheConfig, build_pretrain_cache, build_sft_cache, encode_workers
 from lockstep.config import ConfigError
-from lockstep.encode import available_cores
 from lockstep.snapshot import SnapshotError, iter_records, read_meta
 from lockstep.tokenizer import load_tokenizer
 from lockstep.tokenizer.base import NoSpecialTokensError, TokenizerFileError
@@ -45,9 +44,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             raise CacheError(f"cache.{args.name}: kind pretrain needs a document snapshot, {args.raw} holds {kind}s; set kind: sft")
         if cfg.val_frac is not None:
             raise CacheError(f"cache.{args.name}.val_frac applies to SFT caches only; remove it (pretrain keeps the snapshot's split)")
-        if cfg.num_workers is not None and cfg.num_workers < 1:
-            raise ConfigError(f"cache.{args.name}.num_workers={cfg.num_workers} must be >= 1, or null for every core")
-        workers = available_cores() if cfg.num_workers is None else cfg.num_workers
+        # CacheConfig refused counts above any machine's; one above this machine's cores is capped.
+        workers = encode_workers(cfg.num_workers, key=f"cache.{args.name}.num_workers")
         pre.log.info("cache %s: encoding %s", args.name,
                      f"in {workers} worker processes" if workers > 1 else f"in this process on {cfg.num_threads} thread(s)")
         meta = build_pretrain_cache(

@@ -32,7 +32,8 @@ from lockstep.cache import (
     dtype_name,
     token_dtype,
 )
-from lockstep.encode import EncodePool, encode_join, to_token_array
+from lockstep.config import check_range
+from lockstep.encode import EncodePool, available_cores, encode_join, to_token_array
 from lockstep.io import atomic_dir, atomic_open, sha256_file, write_json_atomic
 from lockstep.parity import MAX_SAMPLE_TOKENS, RenderedSamples, SnapshotCollector
 from lockstep.progress import Progress
@@ -42,6 +43,10 @@ log = logging.getLogger(__name__)
 
 _RANDOM_BLOCK = 4096
 PROGRESS_INTERVAL_S = 5.0  # seconds between progress lines
+# No machine Linux runs on has more CPUs than its largest build schedules (NR_CPUS = 8192 with
+# x86-64 MAXSMP), so more encoding processes or threads than that is a typo, not a machine:
+# refused, where a count above this machine's cores is only capped (encode_workers).
+MAX_ENCODE_PARALLELISM = 8192
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,41 @@ class CacheConfig:
     # every core this process may use, 1 = encode in this process on `num_threads` threads. Every
     # value gives the same bytes.
     num_workers: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_train_tokens", "max_val_tokens"):
+            if getattr(self, name) is not None:
+                check_range(name, getattr(self, name), ge=0, why="tokens written to the split; null writes it whole")
+        check_range("shard_bytes", self.shard_bytes, ge=1, why="bytes per pretrain shard")
+        check_range("shuffle_buffer", self.shuffle_buffer, ge=1,
+                    why="documents held by the streaming shuffle; 1 keeps the stored order")
+        if self.val_frac is not None:
+            check_range("val_frac", self.val_frac, ge=0, lt=1,
+                        why="the share of train examples carved out as val; null keeps the snapshot's split")
+        check_range("artifact_records", self.artifact_records, ge=0, why="records kept in the parity artifacts")
+        check_range("encode_batch_docs", self.encode_batch_docs, ge=1, why="documents per encode call")
+        no_machine = f"more than {MAX_ENCODE_PARALLELISM}, the most CPUs Linux schedules, is no machine's core count"
+        check_range("num_threads", self.num_threads, ge=1, le=MAX_ENCODE_PARALLELISM,
+                    why=f"tokenizer threads of the in-process path; {no_machine}")
+        if self.num_workers is not None:
+            check_range("num_workers", self.num_workers, ge=1, le=MAX_ENCODE_PARALLELISM,
+                        why=f"tokenizer processes; {no_machine}, and a count above this machine's cores is capped to "
+                            "them; null uses every core, 1 encodes in the stage's process")
+
+
+def encode_workers(requested: int | None, *, key: str = "num_workers") -> int:
+    """The worker processes a pretrain build encodes in: `requested` (None: every core this
+    process may use) capped at the cores available, with one log line naming `key` when capped.
+    Each worker holds a tokenizer and a batch of documents, and more of them than cores only adds
+    memory and start-up time: 1,000,000 once forked 1,455 processes and 11 GB in 60 s."""
+    cores = available_cores()
+    if requested is None:
+        return cores
+    if requested > cores:
+        log.info("%s=%d capped at %d: this process may run on %d core(s), and more encoding processes than "
+                 "cores add memory, not speed", key, requested, cores, cores)
+        return cores
+    return requested
 
 
 def _tokenizer_identity(tokenizer: Any) -> dict[str, Any]:
@@ -272,10 +312,13 @@ def build_pretrain_cache(
     for split, cap in caps.items():
         if cap is not None and cap < 0:
             raise CacheError(f"max_{split}_tokens={cap} must be >= 0 or null (no cap)")
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-        raise CacheError(f"num_workers={num_workers!r} must be an integer >= 1 (1: encode in this process)")
+    not_int = isinstance(num_workers, bool) or not isinstance(num_workers, int)
+    if not_int or not 1 <= num_workers <= MAX_ENCODE_PARALLELISM:
+        raise CacheError(f"num_workers={num_workers!r} must be an integer >= 1 (1: encode in this process) and at most "
+                         f"{MAX_ENCODE_PARALLELISM}, more CPUs than any machine has")
     if num_workers > 1 and tokenizer_dir is None:
         raise CacheError(f"num_workers={num_workers} needs tokenizer_dir: worker processes load the tokenizer from its files")
+    num_workers = encode_workers(num_workers)
     bos_id = int(tokenizer.get_bos_token_id())
     meta: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
