@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import hashlib
 import itertools
 import logging
@@ -150,6 +151,23 @@ def buffer_shuffle(items: Iterable[Any], buffer_size: int, generator: torch.Gene
 
 # ---------------------------------------------------------------------------------------------
 # writers
+
+
+@contextlib.contextmanager
+def _no_space_is_a_cache_error(out_dir: Path) -> Iterator[None]:
+    """A full disk or quota while building `out_dir` as a CacheError that names the folder and
+    the fix. Entered outside atomic_dir, so by the time it speaks the work folder is gone and
+    `out_dir` holds the previous cache, if any: nothing half-written is left for a reader."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise CacheError(
+            f"no space left to build {out_dir} ({os.strerror(e.errno)}); nothing was written there. Free space on the disk "
+            f"holding {out_dir.parent}, or point {out_dir.parent} at a disk with room (a symlink will do), and run "
+            "the cache stage again"
+        ) from None
 
 
 class _ShardWriter:
@@ -338,7 +356,7 @@ def build_pretrain_cache(
     }
     snapshot = SnapshotCollector(artifact_records)
     rendered = RenderedSamples(tokenizer, artifact_records, bos_id=bos_id)
-    with atomic_dir(out_dir) as tmp, contextlib.ExitStack() as stack:
+    with _no_space_is_a_cache_error(Path(out_dir)), atomic_dir(out_dir) as tmp, contextlib.ExitStack() as stack:
         pool = None
         if num_workers > 1:
             assert tokenizer_dir is not None
@@ -482,7 +500,7 @@ def build_sft_cache(
     }
     snapshot = SnapshotCollector(artifact_records)
     rendered = RenderedSamples(tokenizer, artifact_records, bos_id=bos_id)
-    with atomic_dir(out_dir) as tmp:
+    with _no_space_is_a_cache_error(Path(out_dir)), atomic_dir(out_dir) as tmp:
         for split_name in SPLITS:
             offsets: list[int] = []
             n_tokens = n_supervised = 0

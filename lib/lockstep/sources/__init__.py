@@ -7,8 +7,12 @@ lockstep.snapshot, without loading any source loader."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import importlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +118,37 @@ def fetch_source(
     source = cfg.source
     mod = _module(source)
     config = config_to_dict(cfg)
-    if resume_dir is not None and getattr(mod, "RESUMABLE", False):
+    resumable = resume_dir is not None and getattr(mod, "RESUMABLE", False)
+    with _no_space_is_a_snapshot_error(Path(out_dir), Path(resume_dir) if resumable else None):
+        return _fetch(name, cfg, mod, Path(out_dir), seed=seed, part_bytes=part_bytes, config=config,
+                      resume_dir=resume_dir if resumable else None, arrow_batches=arrow_batches)
+
+
+@contextlib.contextmanager
+def _no_space_is_a_snapshot_error(out_dir: Path, resume_dir: Path | None) -> Iterator[None]:
+    """A full disk or quota during a fetch as a SnapshotError that names the folder and the fix.
+    Nothing is published by then (atomic_dir removed its work folder; a resumable fetch keeps its
+    finished parts in `resume_dir`, which the rerun carries on from)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = resume_dir if resume_dir is not None else out_dir.parent
+        kept = (f"; the parts finished so far stay in {resume_dir}, and the rerun carries on from them"
+                if resume_dir is not None else "")
+        raise SnapshotError(
+            f"no space left to fetch {out_dir} ({os.strerror(e.errno)}); nothing was published. Free space on the "
+            f"disk holding {where}, or point {where} at a disk with room (a symlink will do), and run the fetch "
+            f"stage again{kept}"
+        ) from None
+
+
+def _fetch(name: str, cfg: Any, mod: Any, out_dir: Path, *, seed: int, part_bytes: int, config: dict[str, Any],
+           resume_dir: str | Path | None, arrow_batches: bool) -> dict[str, Any]:
+    if resume_dir is not None:
         decisive = {k: v for k, v in config.items() if k not in RESUME_IGNORED_FIELDS}
-        resume = ResumeFolder(resume_dir, base_fields={"snapshot_format": FORMAT_VERSION, "name": name, "source": source,
+        resume = ResumeFolder(resume_dir, base_fields={"snapshot_format": FORMAT_VERSION, "name": name, "source": cfg.source,
                                                        "config": decisive, "seed": seed, "part_bytes": part_bytes})
         meta = _write(name, cfg, mod, resume.work, seed=seed, part_bytes=part_bytes, config=config, resume=resume,
                       arrow_batches=arrow_batches)
