@@ -2,11 +2,16 @@
 raw tiktoken `encode_ordinary_batch` over the same text held in memory, with the same threads, and
 the peak RSS of a build. Each timed side runs in a fresh process, alternating: a tiktoken Encoding's
 speed depends on which threads used it before (its regex match state favours its first user), so
-sides that share one process measure each other's history. Generated text; not a test."""
+sides that share one process measure each other's history. Generated text; not a test.
+
+`--open-check` measures instead what the readers' value-range check (ids < vocab_size, mask bytes
+0/1) adds to opening a cache: open_pretrain_split on one shard of `--shard-mb` MB of random ids,
+with the check against the same open with the check left out, alternating in one process."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import statistics
@@ -16,10 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
+import lockstep.cache as cache
+from lockstep.cache import DEFAULT_SHARD_BYTES, open_pretrain_split
 from lockstep.cache_build import CacheConfig, build_pretrain_cache
 from lockstep.sources import iter_records
+from lockstep.io import sha256_file, write_json
 from lockstep.snapshot import SnapshotWriter
 from lockstep.tokenizer import load_tokenizer, train_tokenizer
 
@@ -93,6 +102,56 @@ def _run_child(side: str, snapshot: Path, out: Path, tok_dir: Path, threads: int
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _write_shard_cache(root: Path, shard_mb: int, vocab_size: int) -> int:
+    """A pretrain cache of one train shard of random uint16 ids below `vocab_size`, written
+    directly (no tokenizer): what a reader opens. Returns its token count."""
+    n_tokens = shard_mb * 2**20 // 2
+    ids = np.random.default_rng(0).integers(0, vocab_size, n_tokens, dtype=np.uint16)
+    (root / "train").mkdir(parents=True)
+    (root / "val").mkdir()
+    shard = root / "train" / "shard_00000.bin"
+    ids.tofile(shard)
+    write_json(root / "meta.json", {
+        "format_version": cache.FORMAT_VERSION, "kind": "pretrain", "token_dtype": "uint16", "tokenizer_sha256": "0" * 64,
+        "vocab_size": vocab_size, "train_tokens": n_tokens, "val_tokens": 0,
+        "shards": {"train": [{"name": shard.name, "tokens": n_tokens, "sha256": sha256_file(shard)}], "val": []},
+    })  # fmt: skip
+    return n_tokens
+
+
+@contextlib.contextmanager
+def _without_value_check():
+    saved = cache._check_values
+    cache._check_values = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        cache._check_values = saved
+
+
+def open_check(shard_mb: int, reps: int) -> None:
+    """Median time of open_pretrain_split (sha256 and value check) against the same open without
+    the value check, alternating sides; the file is read once first, so both read the page cache."""
+    with tempfile.TemporaryDirectory(prefix="bench_cache_open.") as tmp:
+        root = Path(tmp) / "cache"
+        n_tokens = _write_shard_cache(root, shard_mb, vocab_size=50_257)
+        open_pretrain_split(root / "train")  # warm the page cache
+        plain_s, checked_s = [], []
+        for rep in range(reps):
+            for side in ("plain", "checked") if rep % 2 == 0 else ("checked", "plain"):
+                with _without_value_check() if side == "plain" else contextlib.nullcontext():
+                    t0 = time.perf_counter()
+                    split = open_pretrain_split(root / "train")
+                    (plain_s if side == "plain" else checked_s).append(time.perf_counter() - t0)
+                assert split.tokens == n_tokens
+        p, c = statistics.median(plain_s), statistics.median(checked_s)
+        paired = statistics.median(y / x for x, y in zip(plain_s, checked_s, strict=True))
+        print(f"one shard of {shard_mb} MB ({n_tokens:,} uint16 ids), open_pretrain_split(verify=True), median of {reps}:")
+        print(f"without the value check (sha256 only): {p * 1e3:7.1f} ms  runs {[round(x * 1e3) for x in plain_s]}")
+        print(f"with the value check:                  {c * 1e3:7.1f} ms  runs {[round(x * 1e3) for x in checked_s]}")
+        print(f"ratio (with / without): {c / p:.3f}x of medians, {paired:.3f}x median of paired runs")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--mb", type=int, default=64, help="MB of text for the throughput comparison")
@@ -100,7 +159,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--lists", action="store_true", help="also time the build through Python id lists")
+    ap.add_argument("--open-check", action="store_true", help="time the readers' value check instead (see above)")
+    ap.add_argument("--shard-mb", type=int, default=DEFAULT_SHARD_BYTES // 2**20, help="shard size for --open-check")
     args = ap.parse_args()
+    if args.open_check:
+        open_check(args.shard_mb, args.reps)
+        return
     pool = _doc_pool(600, 4000, seed=0)
     with tempfile.TemporaryDirectory(prefix="bench_cache.") as tmp:
         tmp = Path(tmp)

@@ -144,11 +144,45 @@ def read_cache_meta(cache_dir: str | os.PathLike[str], *, kind: str | None = Non
     for k in _KIND_COUNTS[meta["kind"]]:
         if not _is_count(meta[k]):
             raise CacheError(f"{path}: {k}={meta[k]!r} is not a count; rebuild the cache")
+    # The id bound the readers check token files against: it must be the one the dtype was chosen for.
+    vocab = meta["vocab_size"]
+    if not _is_count(vocab) or vocab == 0 or vocab > 2**32 or meta["token_dtype"] != dtype_name(token_dtype(vocab)):
+        raise CacheError(f"{path}: vocab_size={vocab!r} does not fit token_dtype={meta['token_dtype']!r} (uint16 up to "
+                         f"{_UINT16_MAX_VOCAB} ids, uint32 above); meta.json was edited, {rebuild_hint(Path(cache_dir))}")
     if meta["kind"] == "pretrain":
         _check_pretrain_listing(meta, path)
     else:
         _check_sft_listing(meta, path)
     return meta
+
+
+def rebuild_hint(cache_dir: Path) -> str:
+    """How to rebuild the cache at `cache_dir` (data/cache/<kind>/<name> is stage cache@<name>)."""
+    return f"rebuild it with `dvc repro --force cache@{cache_dir.name}`"
+
+
+def _check_values(path: Path, arr: np.ndarray, bound: int, cache_dir: Path, *, ids: bool) -> None:
+    """Refuse a token file (`ids`: values < the vocabulary size `bound`) or a loss-mask file
+    (`bound` 2: bytes 0 and 1) holding a value out of range. The sha256 in meta.json proves only
+    that a file is the one meta.json lists, and the two can be edited together; an id beyond the
+    vocabulary crashes the embedding lookup (a device-side assert on CUDA), a mask byte of 2
+    weighs its token twice. Cost: one vectorised max over the memory map, i.e. one more read of
+    the file, from the page cache right after the sha256 pass: about 5 ms on a 128 MB shard whose
+    open takes 83 ms without it, 1.06x (bench/bench_cache.py --open-check)."""
+    if arr.size == 0:
+        return
+    top = int(arr.max())
+    if top < bound:
+        return
+    at = int(np.argmax(arr >= bound))  # the first bad position (a full scan, on this failure path only)
+    if ids:
+        found, rule = f"token id {int(arr[at])}", f"outside the vocabulary of {bound} ids (0..{bound - 1}) in meta.json"
+    else:
+        found, rule = f"mask byte {int(arr[at])}", "where a loss mask holds only 0 and 1"
+    raise CacheError(
+        f"{path} holds {found} at position {at}, {rule} (largest value: {top}); the file was altered though its "
+        f"sha256 matches meta.json, so both were edited: {rebuild_hint(cache_dir)}"
+    )
 
 
 def check_tokenizer(meta: Mapping[str, Any], tokenizer_sha256: str | None, where: Path) -> None:
@@ -214,10 +248,13 @@ def open_pretrain_split(
     if extra:
         raise CacheError(f"{shards_dir / extra[0]} is not listed in {meta_path} ({len(extra)} unlisted file(s) in "
                          f"{shards_dir}); the folder and its meta.json disagree, rebuild the cache")
-    shards = tuple(
-        open_token_file(shards_dir / e["name"], dtype, int(e["tokens"]), e["sha256"], verify=verify) for e in entries
-    )
-    return PretrainSplit(shards_dir, meta, shards, tuple(e["name"] for e in entries))
+    shards = []
+    for e in entries:
+        shard = open_token_file(shards_dir / e["name"], dtype, int(e["tokens"]), e["sha256"], verify=verify)
+        if verify:  # right after its sha256 pass, while the shard's pages are in the page cache
+            _check_values(shards_dir / e["name"], shard, meta["vocab_size"], shards_dir.parent, ids=True)
+        shards.append(shard)
+    return PretrainSplit(shards_dir, meta, tuple(shards), tuple(e["name"] for e in entries))
 
 
 @dataclass(frozen=True)
@@ -264,6 +301,9 @@ def open_sft_split(
     tokens = open_token_file(tokens_path, dtype, n_tokens, files[tokens_path.name]["sha256"], verify=verify)
     mask_path = cache_dir / f"{split}_mask.bin"
     mask = open_token_file(mask_path, np.dtype("u1"), n_tokens, files[mask_path.name]["sha256"], verify=verify)
+    if verify:
+        _check_values(tokens_path, tokens, meta["vocab_size"], cache_dir, ids=True)
+        _check_values(mask_path, mask, 2, cache_dir, ids=False)
     if not idx_path.is_file():
         raise CacheError(f"{idx_path} is missing; re-run the cache stage")
     if verify and sha256_file(idx_path) != files[idx_path.name]["sha256"]:
