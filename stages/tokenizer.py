@@ -12,6 +12,7 @@ from lockstep.snapshot import SnapshotError
 from lockstep.tokenizer.base import TokenizerFileError
 from lockstep.tokenizer.lz78 import LZ78VocabError
 from lockstep.tokenizer.pipeline import TokenizerConfig, run_tokenizer_stage
+from lockstep.tokenizer.spm import SentencePieceTrainingError
 from stages._common import entry, preamble
 
 # Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         # text (or the dictionary) yields. The message says by how much; the key is what to change.
         key = ("tokenizer.vocab_size", cfg.vocab_size) if cfg.lz78_dictionary is None else ("tokenizer.lz78_dictionary", cfg.lz78_dictionary)
         raise ConfigError(f"{key[0]}={key[1]!r} does not fit: {e}") from None
+    except SentencePieceTrainingError as e:
+        # Also known only from the text: SentencePiece keeps every character it covers.
+        raise ConfigError(f"tokenizer.vocab_size={cfg.vocab_size} does not fit the train text: {e}") from None
     return 0
 
 

@@ -73,6 +73,7 @@ TOKENIZER_BASE = {"kind": "bpe", "vocab_size": 280, "train_sources": ["notes"], 
     ({"vocab_size": 10**12}, "tokenizer.vocab_size"),
     ({"vocab_size": "4k"}, "tokenizer.vocab_size"),
     ({"kind": "lz78", "vocab_size": 100_000}, "tokenizer.vocab_size"),  # more codes than the text yields
+    ({"kind": "sentencepiece", "vocab_size": 267}, "tokenizer.vocab_size"),  # fewer than the text's characters need
     ({"train_sources": []}, "tokenizer.train_sources"),
     ({"train_sources": ["nowhere"]}, "tokenizer.train_sources"),
     ({"max_chars": 0}, "tokenizer.max_chars"),

@@ -33,6 +33,11 @@ def _training_chunks(texts: Iterable[str]) -> Iterator[str]:
                 yield line[start : start + TRAIN_CHUNK_CHARS]
 
 
+class SentencePieceTrainingError(ValueError):
+    """SentencePiece's trainer refused the corpus with these settings, most often a vocab_size
+    below the byte pieces, specials and distinct characters it must keep."""
+
+
 @register_kind
 class SentencePieceTokenizer(Tokenizer):
     kind = "sentencepiece"
@@ -114,7 +119,9 @@ class SentencePieceTokenizer(Tokenizer):
                 minloglevel=2,
             )
         except RuntimeError as e:
-            raise ValueError(f"sentencepiece training failed: {e} (check vocab_size and character_coverage against the corpus)") from None
+            raise SentencePieceTrainingError(
+                f"sentencepiece training failed: {e} (check vocab_size and character_coverage against the corpus)"
+            ) from None
         return cls(buf.getvalue())
 
     @classmethod
