@@ -19,13 +19,13 @@ from lockstep.runinfo import git_commit
 from lockstep.runtime import RuntimeConfig
 from lockstep.series import SeriesWriter
 from lockstep.snapshot import iter_records, read_meta
-from lockstep.tokenizer import load_tokenizer
+from lockstep.tokenizer import TokenizerFileError, load_tokenizer
 from lockstep.train import NonFiniteError
 from stages._common import entry, preamble
 from stages._runtime import start_runtime
 
 # Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
-STAGE_ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError)
+STAGE_ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError, TokenizerFileError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,7 @@ from lockstep.records import user_prompt
 from lockstep.runinfo import git_commit, nan_to_null
 from lockstep.runtime import Runtime, RuntimeConfig, barrier
 from lockstep.series import SeriesWriter
-from lockstep.tokenizer import NoPrefixTreeError, Tokenizer, load_tokenizer
+from lockstep.tokenizer import NoPrefixTreeError, Tokenizer, TokenizerFileError, load_tokenizer
 from lockstep.tokenizer.lz78 import DICTIONARY_DIR
 from lockstep.tokenizer.prefix_tree import PrefixTree
 from lockstep.train import (
@@ -48,7 +48,7 @@ from lockstep.train import (
 )
 
 # Errors whose message says what to fix: a training stage's entry point prints them as one line.
-ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError)
+ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError, TokenizerFileError)
 
 # Short prompts whose greedy continuations show, in the log and the metrics, what the model learnt.
 TEXT_PROMPTS = ("The", "To be, or not", "First Citizen:")

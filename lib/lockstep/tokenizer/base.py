@@ -17,6 +17,7 @@ a conversation that starts with a system message must therefore have a user mess
 from __future__ import annotations
 
 import io
+import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from lockstep.io import atomic_dir, read_json, sha256_bytes, sha256_file, sha256_of_manifest, write_json
+from lockstep.io import atomic_dir, sha256_bytes, sha256_file, sha256_of_manifest, write_json
 from lockstep.tokenizer.prefix_tree import PrefixTree, prefix_tree
 
 SPECIAL_TOKENS: tuple[str, ...] = (
@@ -475,44 +476,105 @@ def tokenizer_class(kind: str) -> type[Tokenizer]:
         raise ValueError(f"unknown tokenizer kind {kind!r}; use one of {sorted(_KINDS)}") from None
 
 
+# What every refusal to load a tokenizer folder ends with: the folder is the tokenizer stage's
+# output, so rebuilding it is the fix whatever is wrong with it.
+REBUILD = "re-run the tokenizer stage (`dvc repro tokenizer`)"
+
+
 def load_tokenizer(directory: str | os.PathLike[str]) -> Tokenizer:
     """Load the tokenizer saved in `directory`, refusing it unless every file matches the sha256
-    recorded in its meta.json and the manifest hash matches."""
+    recorded in its meta.json and the manifest hash matches. Whatever is wrong with the folder
+    (missing, not a folder, meta.json missing, truncated or of the wrong shape, a listed file
+    missing or changed, files that match their hashes yet do not load) raises TokenizerFileError
+    naming the folder or file and the fix, never a bare OSError or JSON error."""
     directory = Path(directory)
-    meta = read_json(directory / META_FILE, what="tokenizer meta")
-    if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict) or "kind" not in meta:
-        raise TokenizerFileError(f"{directory / META_FILE} is not a tokenizer meta file; re-run the tokenizer stage")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise TokenizerFileError(
-            f"{directory} has tokenizer format {meta.get('format_version')!r}, this code reads {FORMAT_VERSION}; "
-            "re-run the tokenizer stage"
-        )
+    meta = _read_meta(directory)
     files: dict[str, str] = meta["files"]
     for name, digest in sorted(files.items()):
+        if os.path.basename(name) != name or name in ("", ".", ".."):
+            raise TokenizerFileError(f"{directory / META_FILE} lists {name!r}, which is not a plain file name; {REBUILD}")
         path = directory / name
-        if os.path.basename(name) != name:
-            raise TokenizerFileError(f"{directory / META_FILE} lists {name!r}, which is not a plain file name")
         if not path.is_file():
-            raise TokenizerFileError(f"tokenizer file {path} is missing; re-run the tokenizer stage")
-        actual = sha256_file(path)
+            state = "is not a regular file" if path.exists() else "is missing"
+            raise TokenizerFileError(f"tokenizer file {path} {state}; {REBUILD}")
+        try:
+            actual = sha256_file(path)
+        except OSError as e:
+            raise TokenizerFileError(f"tokenizer file {path} cannot be read ({e.strerror}); {REBUILD}") from None
         if actual != digest:
             raise TokenizerFileError(
-                f"tokenizer file {path} has sha256 {actual[:12]}..., meta.json records {digest[:12]}...: the file was "
-                "modified or corrupted; re-run the tokenizer stage to rebuild data/tokenizer"
+                f"tokenizer file {path} has sha256 {actual[:12]}..., meta.json records {str(digest)[:12]}...: the file was "
+                f"modified or corrupted; {REBUILD}"
             )
-    if sha256_of_manifest(files) != meta.get("sha256"):
-        raise TokenizerFileError(f"{directory / META_FILE} sha256 does not match its file list; re-run the tokenizer stage")
-    cls = tokenizer_class(meta["kind"])
-    tok = cls._from_files(directory, meta)
-    if tok.get_special_tokens() != meta.get("special_token_ids") or tok.get_vocab_size() != meta.get("vocab_size"):
-        raise TokenizerFileError(f"{directory / META_FILE} special ids or vocab size disagree with the tokenizer files")
-    if TOKEN_BYTES_FILE in files:
-        saved = np.load(directory / TOKEN_BYTES_FILE, allow_pickle=False)
-        if saved.dtype != np.int32 or not np.array_equal(saved, tok.token_bytes()):
-            raise TokenizerFileError(f"{directory / TOKEN_BYTES_FILE} disagrees with the tokenizer; re-run the tokenizer stage")
-    if tok.sha256 != meta["sha256"]:
-        raise TokenizerFileError(f"{directory} re-serializes to a different sha256 than meta.json records; re-run the tokenizer stage")
+    if sha256_of_manifest(files) != meta["sha256"]:
+        raise TokenizerFileError(f"{directory / META_FILE} sha256 does not match its file list; {REBUILD}")
+    cls = _KINDS[meta["kind"]]
+    try:
+        tok = cls._from_files(directory, meta)
+        if tok.get_special_tokens() != meta["special_token_ids"] or tok.get_vocab_size() != meta["vocab_size"]:
+            raise TokenizerFileError(f"{directory / META_FILE} special ids or vocab size disagree with the tokenizer files; {REBUILD}")
+        if TOKEN_BYTES_FILE in files:
+            saved = np.load(directory / TOKEN_BYTES_FILE, allow_pickle=False)
+            if saved.dtype != np.int32 or not np.array_equal(saved, tok.token_bytes()):
+                raise TokenizerFileError(f"{directory / TOKEN_BYTES_FILE} disagrees with the tokenizer; {REBUILD}")
+        identity = tok.sha256
+    except TokenizerFileError as e:
+        # A kind's own refusal: name the folder and the command when its message does not.
+        message = str(e)
+        if "dvc repro tokenizer" in message:
+            raise
+        where = "" if str(directory) in message else f"{directory}: "
+        fix = " (`dvc repro tokenizer`)" if message.endswith("re-run the tokenizer stage") else f"; {REBUILD}"
+        raise TokenizerFileError(f"{where}{message}{fix}") from e
+    except Exception as e:
+        # The files match the hashes meta.json records, yet the kind's reader (json, numpy,
+        # tiktoken, tokenizers, sentencepiece) refuses them: meta.json was rewritten to fit files
+        # the tokenizer stage did not write. Any reader's error means the same thing here.
+        raise TokenizerFileError(
+            f"{directory} holds files that match meta.json but do not load as a {meta['kind']} tokenizer "
+            f"({type(e).__name__}: {str(e)[:200]}); {REBUILD}"
+        ) from e
+    if identity != meta["sha256"]:
+        raise TokenizerFileError(f"{directory} re-serializes to a different sha256 than meta.json records; {REBUILD}")
     return tok
+
+
+def _read_meta(directory: Path) -> dict[str, Any]:
+    """meta.json of a tokenizer folder, its fields checked for the types load_tokenizer reads."""
+    path = directory / META_FILE
+    if not directory.is_dir():
+        raise TokenizerFileError(f"no tokenizer folder at {directory}: pass the folder the tokenizer stage writes "
+                                 f"(data/tokenizer), or build it with `dvc repro tokenizer`")
+    if not path.is_file():
+        raise TokenizerFileError(f"{directory} has no {META_FILE}, so it is no finished tokenizer folder; {REBUILD}")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise TokenizerFileError(f"{path} cannot be read ({e.strerror}); {REBUILD}") from None
+    except UnicodeDecodeError:
+        raise TokenizerFileError(f"{path} is not UTF-8 text, so no meta.json the tokenizer stage wrote; {REBUILD}") from None
+    except json.JSONDecodeError as e:  # a write cut short leaves a truncated file
+        raise TokenizerFileError(f"{path} is not valid JSON ({e.msg} at character {e.pos}): truncated or "
+                                 f"overwritten; {REBUILD}") from None
+    if not isinstance(meta, dict):
+        raise TokenizerFileError(f"{path} holds {type(meta).__name__}, not a tokenizer meta object; {REBUILD}")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise TokenizerFileError(
+            f"{directory} has tokenizer format {meta.get('format_version')!r}, this code reads {FORMAT_VERSION}; {REBUILD}"
+        )
+    kind = meta.get("kind")
+    if kind not in _KINDS:
+        raise TokenizerFileError(f"{path} names tokenizer kind {kind!r}, not one of {sorted(_KINDS)}; {REBUILD}")
+    files = meta.get("files")
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        raise TokenizerFileError(f"{path} has no `files` map of file name -> sha256; {REBUILD}")
+    specials = meta.get("special_token_ids")
+    if not isinstance(specials, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in specials.values()):
+        raise TokenizerFileError(f"{path} has no `special_token_ids` map of name -> id; {REBUILD}")
+    for key in ("vocab_size", "sha256"):
+        if not isinstance(meta.get(key), int if key == "vocab_size" else str):
+            raise TokenizerFileError(f"{path} lacks a well-formed `{key}`; {REBUILD}")
+    return meta
 
 
 def train_tokenizer(kind: str, texts: Iterable[str], *, vocab_size: int | None = None, **kind_options: Any) -> Tokenizer:
