@@ -160,7 +160,8 @@ def restore_process_state(monkeypatch):
     yield
     torch.use_deterministic_algorithms(det)
     torch.set_num_threads(threads)
-    root.handlers[:], _ = handlers, root.setLevel(level)
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def _run_in_process(module: str, argv: list[str]) -> tuple[int, str]:
@@ -181,7 +182,7 @@ def _params(tmp_path: Path, **sections) -> Path:
     return path
 
 
-def test_cache_stage(forged, tmp_path, monkeypatch):
+def test_cache_stage(forged, tmp_path, monkeypatch, restore_process_state):
     monkeypatch.chdir(tmp_path)  # the cache stage reads ./params.yaml
     _params(tmp_path)
     status, stderr = _run_in_process("stages.cache", ["shakespeare", "--raw", str(tmp_path / "raw"),
