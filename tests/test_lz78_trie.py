@@ -191,13 +191,47 @@ def test_bad_input_is_named():
         train_lz78([b"a"], 4, gate_period_phrases=0)
     with pytest.raises(TypeError, match="document 1 is str"):
         train_lz78([b"a", "b"], 4)
-    with pytest.raises(LZ78TrieError, match="code 2 has parent 2"):
+    with pytest.raises(LZ78TrieError, match="node 2 has parent 2"):
         LZ78Trie(np.array([0, 0, 2]), np.array([0, 97, 98]))
-    with pytest.raises(LZ78TrieError, match=r"codes \[1, 2\] both spell parent 0 \+ byte 97"):
+    with pytest.raises(LZ78TrieError, match="node 1 has parent 5"):
+        LZ78Trie(np.array([0, 5]), np.array([0, 97]))
+    with pytest.raises(LZ78TrieError, match="node 2 is on a parent cycle"):
+        LZ78Trie(np.array([0, 0, 3, 2]), np.array([0, 97, 98, 99]))
+    with pytest.raises(LZ78TrieError, match=r"nodes \[1, 2\] both spell parent 0 \+ byte 97"):
         LZ78Trie(np.array([0, 0, 0]), np.array([0, 97, 97]))
     with pytest.raises(LZ78TrieError, match="root"):
         LZ78Trie(np.array([1, 0]), np.array([0, 97]))
-    with pytest.raises(LZ78TrieError, match="id 1 has parent 3"):
-        ancestor_chains(np.array([0, 3, 0, 0]))
+    with pytest.raises(LZ78TrieError, match="node 2 is no code and has no children"):
+        LZ78Trie(np.array([0, 0, 0]), np.array([0, 97, 98]), 1)
+    with pytest.raises(LZ78TrieError, match="n_codes=3"):
+        LZ78Trie(np.array([0, 0]), np.array([0, 97]), 3)
+    with pytest.raises(LZ78TrieError, match="id 1 has parent 1"):
+        ancestor_chains(np.array([0, 1, 0, 0]))
+    with pytest.raises(LZ78TrieError, match="id 1 is on a parent cycle"):
+        ancestor_chains(np.array([0, 3, 0, 1]))
+    with pytest.raises(LZ78TrieError, match="prefix-closed"):
+        prune(LZ78Trie(np.array([0, 2, 0]), np.array([0, 97, 98]), 1), np.zeros(3), 1)
     with pytest.raises(ValueError, match="num_threads=0"):
         encode_batch(LZ78Trie(np.array([0]), np.array([0])), [b"a"], num_threads=0)
+
+
+def test_codes_in_any_order_and_prefixes_that_are_no_codes():
+    # Codes 1..3: "ab", "c", "abd"; node 4 is "a", a prefix but no code. "ab"'s parent is node 4,
+    # a larger number, and "abd"'s parent "ab" comes first: any numbering without cycles will do.
+    trie = LZ78Trie(np.array([0, 4, 0, 1, 0]), np.frombuffer(b"\0bcda", np.uint8), 3)
+    assert (trie.n_codes, trie.n_nodes, trie.is_prefix_closed) == (3, 4, False)
+    assert tokens(trie) == [b"ab", b"c", b"abd"]
+    assert trie.depths().tolist() == [0, 2, 1, 3, 1]
+    assert trie.code_parents().tolist() == [0, 0, 0, 1]
+    flat, offsets = trie.spell()
+    assert flat.tobytes() == b"abcabd" and offsets.tolist() == [0, 0, 2, 3, 6]
+    fast_flat, fast_offsets = trie.spell(fast=True)
+    assert np.array_equal(fast_flat, flat) and np.array_equal(fast_offsets, offsets)
+    # "a" alone is no code: it falls back; "ab" and "abd" are the longest matches.
+    for fast in (False, True):
+        assert encode(trie, b"abdabaxc", fast=fast).tolist() == [3, 1, -1 - ord("a"), -1 - ord("x"), 2]
+    closed = trie.closed()
+    assert closed.n_codes == 4 and tokens(closed) == [b"ab", b"c", b"abd", b"a"]
+    assert encode(closed, b"abaxc").tolist() == [1, 4, -1 - ord("x"), 2]
+    chains, depths = ancestor_chains(closed.parent)
+    assert chains.tolist() == [[0, 0, 0], [1, 4, 0], [2, 0, 0], [3, 1, 4], [4, 0, 0]] and depths.tolist() == [0, 2, 1, 3, 1]

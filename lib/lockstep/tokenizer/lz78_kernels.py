@@ -1,13 +1,14 @@
 """numba kernels for the LZ78 trie: the dictionary parse (with frequency-gated eviction), the
-child hash table, and greedy longest-match encoding. Arrays in, arrays out; the plain Python
-reference, argument checking and the public API live in `lockstep.tokenizer.lz78_trie`, which is
-the only caller. Every kernel is `nogil`, so callers may run several on Python threads.
+child hash table, greedy longest-match encoding and spelling codes as bytes. Arrays in, arrays
+out; the plain Python reference, argument checking and the public API live in
+`lockstep.tokenizer.lz78_trie`, which is the only caller. Every kernel is `nogil`, so callers may
+run several on Python threads.
 
 The trie's children live in one open-addressing hash table keyed by `parent * 256 + byte` (linear
-probing, Fibonacci hashing, at most half full): a dense (codes x 256) table would need 1 GiB for
-the 4x-budget dictionary of a 65k vocabulary. Empty slots hold key -1. Codes are numbered in
-creation order, so `parent[c] < c` for every code c >= 1 and a forward pass over codes visits
-parents before children."""
+probing, Fibonacci hashing, at most half full): a dense (nodes x 256) table would need 1 GiB for
+the 4x-budget dictionary of a 65k vocabulary. Empty slots hold key -1. A trained trie is numbered
+in creation order (`parent[c] < c`); a trie read from a file need not be, and may hold nodes past
+its codes that are not tokens (prefixes the file lacks), so nothing here relies on the order."""
 
 from __future__ import annotations
 
@@ -129,12 +130,13 @@ def parse(buf: np.ndarray, offsets: np.ndarray, max_codes: int, gated: bool, per
 
 @njit(nogil=True)
 def encode_into(buf: np.ndarray, offsets: np.ndarray, keys: np.ndarray, vals: np.ndarray, bits: int,
-                root_child: np.ndarray, out: np.ndarray, token_offsets: np.ndarray) -> None:
+                root_child: np.ndarray, n_codes: int, out: np.ndarray, token_offsets: np.ndarray) -> None:
     """Greedy longest-match codes of documents buf[offsets[d]:offsets[d+1]] written to `out`
     (which holds at least offsets[-1] - offsets[0] entries: one token per byte at worst);
     document d's tokens are out[token_offsets[d]:token_offsets[d+1]]. A byte b with no one-byte
-    code is written as -1 - b. The trie is prefix-closed, so the longest match is the deepest
-    node the walk reaches."""
+    code is written as -1 - b. Nodes past `n_codes` are prefixes that are not tokens: the walk
+    goes through them and emits the last code it passed (in a prefix-closed trie, the deepest
+    node reached)."""
     t = 0
     for d in range(offsets.shape[0] - 1):
         token_offsets[d] = t
@@ -143,18 +145,39 @@ def encode_into(buf: np.ndarray, offsets: np.ndarray, keys: np.ndarray, vals: np
         while i < end:
             b = buf[i]
             node = root_child[b]
-            i += 1
-            if node == 0:
+            j = i + 1
+            best = node if node <= n_codes else 0
+            best_end = j
+            if node != 0:
+                while j < end:
+                    key = np.int64(node) * 256 + buf[j]
+                    s = _slot(keys, bits, key)
+                    if keys[s] != key:
+                        break
+                    node = vals[s]
+                    j += 1
+                    if node <= n_codes:
+                        best = node
+                        best_end = j
+            if best == 0:
                 out[t] = -1 - np.int32(b)
-                t += 1
-                continue
-            while i < end:
-                key = np.int64(node) * 256 + buf[i]
-                s = _slot(keys, bits, key)
-                if keys[s] != key:
-                    break
-                node = vals[s]
                 i += 1
-            out[t] = node
+            else:
+                out[t] = best
+                i = best_end
             t += 1
     token_offsets[offsets.shape[0] - 1] = t
+
+
+@njit(nogil=True)
+def spell_into(parent: np.ndarray, last_byte: np.ndarray, depth: np.ndarray, offsets: np.ndarray,
+               out: np.ndarray) -> None:
+    """The bytes of codes 1..N (N = offsets.shape[0] - 2) written to out[offsets[c]:offsets[c+1]],
+    each filled from its last byte back to its first along the parent chain."""
+    for c in range(1, offsets.shape[0] - 1):
+        i = offsets[c] + depth[c]
+        node = c
+        while node != 0:
+            i -= 1
+            out[i] = last_byte[node]
+            node = parent[node]
