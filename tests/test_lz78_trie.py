@@ -235,3 +235,19 @@ def test_codes_in_any_order_and_prefixes_that_are_no_codes():
     assert encode(closed, b"abaxc").tolist() == [1, 4, -1 - ord("x"), 2]
     chains, depths = ancestor_chains(closed.parent)
     assert chains.tolist() == [[0, 0, 0], [1, 4, 0], [2, 0, 0], [3, 1, 4], [4, 0, 0]] and depths.tolist() == [0, 2, 1, 3, 1]
+
+
+@settings(max_examples=150, deadline=None)
+@given(vocab=st.lists(st.binary(min_size=1, max_size=5).map(lambda b: bytes(x % 3 + 97 for x in b)), unique=True,
+                      min_size=1, max_size=25),
+       text=st.binary(max_size=60).map(lambda b: bytes(x % 4 + 97 for x in b)))
+def test_any_token_set_encodes_by_longest_match(vocab, text):
+    from lockstep.tokenizer.lz78_tsv import trie_from_tokens
+
+    trie = trie_from_tokens(vocab)
+    assert tokens(trie) == vocab
+    expected = brute_force_encode(vocab, text)
+    assert encode(trie, text).tolist() == expected == encode(trie, text, fast=True).tolist()
+    closed = trie.closed()
+    assert tokens(closed)[: len(vocab)] == vocab
+    assert encode(closed, text, fast=True).tolist() == brute_force_encode(tokens(closed), text)

@@ -137,7 +137,7 @@ def test_tree_metadata_over_the_whole_vocab() -> None:
         assert all(parents[a] == b for a, b in zip(chain, chain[1:])) and parents[chain[-1]] == 0
         if i <= n + 256:  # codes and fallback bytes: chain length is byte length
             assert depths[i] == tb[i]
-            assert bytes(last[chain[::-1]].tolist()) == tok._pieces[i]
+            assert bytes(last[chain[::-1]].tolist()) == tok.token_pieces()[i]
         else:
             assert depths[i] == 1 and tb[i] == 0
     with pytest.raises(ValueError):
@@ -270,3 +270,102 @@ def test_a_dictionary_in_the_lz78_layout_gives_the_same_tokenizer(tmp_path) -> N
     (tmp_path / "bad.tsv").write_text("# three columns\n1\t0\ta\n")
     with pytest.raises(ValueError, match="3 tab-separated columns"):
         LZ78Tokenizer.from_dictionary(tmp_path / "bad.tsv")
+
+
+# --- dictionaries that lack prefixes of their tokens ------------------------------------------------
+
+# A compressed dictionary without "t", "th", "an", "n": the reference matches the longest of these
+# tokens; with the prefixes closed, they become codes 7.. after the file's six.
+OPEN_TOKENS = [b"the", b"a", b"them", b"and", b"then", b"e"]
+
+
+def longest_match(tokens: list[bytes], data: bytes, fallback: int) -> list[int]:
+    """Greedy longest match among `tokens` (id = index + 1) by trying every length, longest first."""
+    out, i = [], 0
+    while i < len(data):
+        for n in range(len(data) - i, 0, -1):
+            if data[i : i + n] in tokens:
+                out.append(tokens.index(data[i : i + n]) + 1)
+                i += n
+                break
+        else:
+            out.append(fallback + data[i])
+            i += 1
+    return out
+
+
+def test_a_dictionary_file_keeps_its_tokens_or_closes_them(tmp_path) -> None:
+    from lockstep.tokenizer.lz78_tsv import CompressedDictionary, write_compressed_tsv
+
+    write_compressed_tsv(tmp_path / "d.tsv", CompressedDictionary.from_tokens(OPEN_TOKENS))
+    text = "then the theme: a band and them, tea at ten"
+    data = text.encode()
+    # Default: the file's six tokens are the codes, matched longest first as the reference does.
+    tok = LZ78Tokenizer.from_dictionary(tmp_path / "d.tsv")
+    assert tok.n_codes == 6 and tok.training == {"dictionary": "d.tsv", "layout": "compressed", "prefixes": "file"}
+    assert [tok.id_to_token(i).encode() for i in range(1, 7)] == OPEN_TOKENS
+    assert tok.encode(text) == longest_match(OPEN_TOKENS, data, 7)
+    assert LZ78Tokenizer(tok.trie, fast=False).encode(text) == tok.encode(text)
+    # Parents are the longest token prefixes; chains and the prefix tree follow them.
+    assert tok.token_parents()[1:7].tolist() == [0, 0, 1, 2, 1, 0]
+    assert tok.prefix_tree().ancestors[3, :1].tolist() == [1] and tok.prefix_tree().depths[3] == 1
+    # Closed: the six keep their ids, t, th, an follow shortest first, and every code is its
+    # parent plus one byte.
+    closed = LZ78Tokenizer.from_dictionary(tmp_path / "d.tsv", prefixes="closed")
+    pieces = [closed.id_to_token(i).encode() for i in range(1, closed.n_codes + 1)]
+    assert pieces == OPEN_TOKENS + [b"t", b"th", b"an"]
+    assert closed.encode(text) == longest_match(pieces, data, closed.n_codes + 1)
+    parents = closed.token_parents()
+    assert all(pieces[c - 1][:-1] == (pieces[parents[c] - 1] if parents[c] else b"") for c in range(1, 10))
+    assert closed.has_hierarchical_parents and tok.has_hierarchical_parents
+    # Saved and loaded, each reads back the same (the file mode keeps its whole trie).
+    for t, name in ((tok, "file"), (closed, "closed")):
+        meta = t.save(tmp_path / name)
+        assert ("lz78_trie_parent.npy" in meta["files"]) == (name == "file")
+        loaded = load_tokenizer(tmp_path / name)
+        assert loaded.sha256 == t.sha256 and loaded.encode(text) == t.encode(text)
+        assert loaded.decode(loaded.encode(text)) == text
+
+
+def test_structured_embeddings_refuse_codes_they_cannot_tell_apart(tmp_path) -> None:
+    from lockstep.config import ConfigError
+    from lockstep.train_stage import token_structure
+
+    # é and © (0xc3 0xa9, 0xc2 0xa9) add two bytes to no parent and end in the same byte.
+    (tmp_path / "d.tsv").write_text("1\t0\té\té\n2\t0\t©\t©\n3\t0\ta\ta\n", encoding="utf-8")
+    tok = LZ78Tokenizer.from_dictionary(tmp_path / "d.tsv")
+    assert "codes 1 (b'\\xc3\\xa9') and 2 (b'\\xc2\\xa9')" in tok.structure_clash()
+    for embedding in ("structured", "tuple"):
+        with pytest.raises(ConfigError, match=f"model.embedding={embedding}: .*tokenizer.lz78_prefixes: closed"):
+            token_structure(tok, embedding)
+    closed = LZ78Tokenizer.from_dictionary(tmp_path / "d.tsv", prefixes="closed")
+    assert closed.structure_clash() is None and closed.n_codes == 5
+    parents, last = token_structure(closed, "structured")
+    assert parents[1] != parents[2] and last[1] == last[2] == 0xA9
+    with pytest.raises(ValueError, match="prefixes='open'"):
+        LZ78Tokenizer.from_dictionary(tmp_path / "d.tsv", prefixes="open")
+
+
+@pytest.mark.parametrize("kind", KINDS[:2])
+@settings(max_examples=60, deadline=None)
+@given(ids=st.lists(st.integers(0, VOCAB - 1), max_size=80))
+def test_fast_decoder_equals_the_reference(kind: tuple[bool, str], ids: list[int]) -> None:
+    fast = tiny(*kind)
+    ref = LZ78Tokenizer(fast.trie, chunking=kind[0], fast=False)
+    want = ref.decode(ids)
+    assert fast.decode(ids) == want
+    assert fast.decode(np.array(ids, np.uint32)) == fast.decode(tuple(ids)) == fast.decode(iter(ids)) == want
+
+
+def test_fast_decoder_edges() -> None:
+    tok = tiny()
+    bos = tok.get_bos_token_id()
+    ids = tok.encode("héllo 🙂")
+    assert tok.decode([bos, *ids, bos]) == "<|bos|>héllo 🙂<|bos|>"
+    # A character cut by a special id is replaced on each side, as decode_with_specials does.
+    cut = [tok.fallback_id(0xC3), bos, tok.fallback_id(0xA9)]
+    assert tok.decode(cut) == LZ78Tokenizer(tok.trie, fast=False).decode(cut) == "\ufffd<|bos|>\ufffd"
+    assert tok.decode([]) == tok.decode(np.zeros(0, np.int64)) == ""
+    for bad in ([VOCAB], np.array([3, -1]), [2**70]):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            tok.decode(bad)

@@ -32,7 +32,7 @@ from lockstep.runinfo import git_commit, nan_to_null
 from lockstep.runtime import Runtime, RuntimeConfig, barrier
 from lockstep.series import SeriesWriter
 from lockstep.tokenizer import NoPrefixTreeError, Tokenizer, TokenizerFileError, load_tokenizer
-from lockstep.tokenizer.lz78 import DICTIONARY_DIR
+from lockstep.tokenizer.lz78 import DICTIONARY_DIR, LZ78Tokenizer
 from lockstep.tokenizer.prefix_tree import PrefixTree
 from lockstep.train import (
     SERIES_COLUMNS,
@@ -243,6 +243,9 @@ def token_structure(tok: Tokenizer, embedding: str) -> tuple[np.ndarray, np.ndar
     `model.embedding`: the prefix tree's parents, or an lz78 dictionary's hierarchical ones."""
     tree = _prefix_tree(tok, f"model.embedding={embedding}")
     if embedding != "hierarchical":
+        clash = tok.structure_clash() if isinstance(tok, LZ78Tokenizer) else None
+        if clash:
+            raise ConfigError(f"model.embedding={embedding}: {clash}")
         return tree.parent, tree.last_byte
     if not getattr(tok, "has_hierarchical_parents", False):
         raise ConfigError("model.embedding=hierarchical needs the hierarchical parents of a `compressed` LZ78 dictionary "

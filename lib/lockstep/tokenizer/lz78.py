@@ -1,4 +1,4 @@
-"""The `lz78` tokenizer: an LZ78 dictionary (a prefix tree of byte strings, `lz78_trie`) with byte
+"""The `lz78` tokenizer: an LZ78 dictionary (a trie of byte strings, `lz78_trie`) with byte
 fallback and the special tokens, encoded by greedy longest match over UTF-8 bytes. Saved as plain
 .npy arrays and a JSON config; never pickled. Does not read corpora from disk, and knows nothing
 about how a model embeds its ids (it only exposes the per-id tree metadata).
@@ -6,14 +6,22 @@ about how a model embeds its ids (it only exposes the per-id tree metadata).
 Vocab layout, with N dictionary codes and V = N + 257 + 9 ids in all:
 
     [0]                 the trie root; padding. Never emitted by encoding; decodes to nothing.
-    [1 .. N]            dictionary codes, in creation order (a code's parent is a smaller id)
+    [1 .. N]            dictionary codes: in creation order when trained here, the file's codes
+                        in ascending order when read from a dictionary file
     [N+1 .. N+256]      byte fallback: id N+1+b stands for the single byte b
     [N+257 .. V-1]      special tokens in SPECIAL_TOKENS order, `<|bos|>` first
 
 Per-id metadata over the whole vocab (`token_parents`, `token_last_bytes`, `ancestor_chains`):
-a code's parent and last byte come from the trie; a fallback id has parent 0 and its byte; the
-root and the special ids have parent 0 and last byte -1 (they spell no byte). Every id's parent is
-a smaller id, so ancestor chains end at the root for every id.
+a code's parent is its longest proper prefix that is a code (its trie parent when every prefix is
+a code, as in a trained dictionary) and its last byte its final byte; a fallback id has parent 0
+and its byte; the root and the special ids have parent 0 and last byte -1 (they spell no byte).
+Every chain of parents ends at the root (a parent may be a larger id in a dictionary read from a
+file).
+
+A dictionary read from a file (`from_dictionary`) need not hold every prefix of its tokens. With
+`prefixes="file"` (the default) its tokens are the codes, matched as the reference LZ78 tokenizer
+matches them (the longest token that fits); with `prefixes="closed"` the missing prefixes become
+extra codes N+1.. after the file's, so that every code is its parent plus one byte.
 
 Text with lone surrogates (not encodable as UTF-8) is encoded with each one replaced by U+FFFD,
 as `bpe` does; decoding replaces invalid UTF-8 with U+FFFD, as `bpe` does.
@@ -40,8 +48,8 @@ from lockstep.tokenizer.base import (
 )
 from lockstep.tokenizer.bpe import N_BYTES, SPLIT_PATTERN
 from lockstep.tokenizer.unicode import without_lone_surrogates
-from lockstep.tokenizer.lz78_trie import LZ78Trie, LZ78TrieError
-from lockstep.tokenizer.lz78_tsv import dictionary_layout, read_compressed_tsv, read_lz78_tsv
+from lockstep.tokenizer.lz78_trie import LZ78Trie, LZ78TrieError, node_depths
+from lockstep.tokenizer.lz78_tsv import LZ78DictionaryError, dictionary_layout, read_compressed_tsv, read_lz78_tsv
 from lockstep.tokenizer.prefix_tree import NO_TOKEN, PrefixTree
 
 CONFIG_FILE = "lz78.json"
@@ -51,6 +59,13 @@ LAST_BYTE_FILE = "lz78_last_byte.npy"
 # on the whole folder, so a changed dictionary reruns it.
 DICTIONARY_DIR = PurePosixPath("corpus/dictionaries")
 HIER_PARENT_FILE = "lz78_hier_parent.npy"  # only for a tokenizer read from a `compressed` dictionary
+# Only for a dictionary that lacks some prefixes of its tokens: the whole trie, nodes 0..M, since
+# the per-id parents (nearest code) no longer spell the codes.
+TRIE_PARENT_FILE = "lz78_trie_parent.npy"
+TRIE_LAST_BYTE_FILE = "lz78_trie_last_byte.npy"
+# How a dictionary file's missing prefixes are treated (tokenizer.lz78_prefixes): `file` keeps the
+# file's tokens as the codes, as the reference does; `closed` adds the missing prefixes as codes.
+PREFIX_MODES = ("file", "closed")
 # Ids that are not dictionary codes: the root, the 256 fallback bytes and the special tokens.
 N_RESERVED = 1 + N_BYTES + len(SPECIAL_TOKENS)
 NO_BYTE = -1
@@ -71,12 +86,13 @@ def _utf8(text: str) -> bytes:
 
 @register_kind
 class LZ78Tokenizer(Tokenizer):
-    """Greedy longest-match LZ78 tokenizer. `fast` picks the compiled encoder (numba) over the
-    plain reference; both give the same ids (tests/test_tokenizer_lz78.py). `chunking` splits
-    text with bpe's split pattern first, so no token spans two chunks. `training` records the
-    options the dictionary was learned with (saved in the config, for provenance only).
-    `hier_parent` (int over trie codes 0..N) is the hierarchical parent of each code, known only
-    for a dictionary read from the `compressed` layout (see `from_dictionary`)."""
+    """Greedy longest-match LZ78 tokenizer. `fast` picks the compiled encoder and decoder (numba)
+    over the plain reference; both give the same ids and text (tests/test_tokenizer_lz78.py).
+    `chunking` splits text with bpe's split pattern first, so no token spans two chunks.
+    `training` records the options the dictionary was learned with, or the file it was read from
+    (saved in the config, for provenance only). `hier_parent` (int over codes 0..N) is the
+    hierarchical parent of each code, known only for a dictionary read from the `compressed`
+    layout (see `from_dictionary`)."""
 
     kind = "lz78"
 
@@ -94,28 +110,35 @@ class LZ78Tokenizer(Tokenizer):
         v = self.get_vocab_size()
         n = self.n_codes
         parents = np.zeros(v, np.int32)
-        parents[: n + 1] = trie.parent
+        parents[: n + 1] = trie.code_parents()
         last = np.full(v, NO_BYTE, np.int32)
-        last[1 : n + 1] = trie.last_byte[1:]
+        last[1 : n + 1] = trie.last_byte[1 : n + 1]
         last[n + 1 : n + 1 + N_BYTES] = np.arange(N_BYTES)
         parents.setflags(write=False)
         last.setflags(write=False)
         self._parents = parents
         self._last_bytes = last
-        # Bytes each id spells, built parent-first (creation order guarantees the parent is done).
-        pieces = [b""] * v
-        for c in range(1, n + 1):
-            pieces[c] = pieces[parents[c]] + bytes([int(last[c])])
-        for b in range(N_BYTES):
-            pieces[n + 1 + b] = bytes([b])
-        self._pieces = pieces
+        # The bytes of every id in one buffer: the codes, then the 256 fallback bytes; id i spells
+        # flat[offsets[i]:offsets[i+1]] (the root and the specials nothing). One buffer, not a
+        # bytes object per id, so a dictionary of millions of codes stays small.
+        flat, code_offsets = trie.spell(fast=self.fast)
+        end = int(code_offsets[-1])
+        self._flat = np.concatenate([flat, np.arange(N_BYTES, dtype=np.uint8)])
+        offsets = np.full(v + 1, end + N_BYTES, np.int64)
+        offsets[: n + 2] = code_offsets
+        offsets[n + 1 : n + 2 + N_BYTES] = end + np.arange(N_BYTES + 1)
+        self._offsets = offsets
+        self._plain: tuple[bytes, list[int]] | None = None  # the plain decoder's tables, made on first use
         self._chains: tuple[np.ndarray, np.ndarray] | None = None
         self._hier: np.ndarray | None = None
         if hier_parent is not None:
             hier_parent = np.asarray(hier_parent)
             codes = np.arange(n + 1)
-            if hier_parent.shape != (n + 1,) or hier_parent[0] != 0 or np.any((hier_parent[1:] < 0) | (hier_parent[1:] >= codes[1:])):
-                raise TokenizerFileError(f"hierarchical parents must give each of the {n} codes a smaller code (0 = none)")
+            if (hier_parent.shape != (n + 1,) or hier_parent[0] != 0
+                    or np.any((hier_parent[1:] < 0) | (hier_parent[1:] > n) | (hier_parent[1:] == codes[1:]))
+                    or node_depths(hier_parent) is None):
+                raise TokenizerFileError(f"hierarchical parents must give each of the {n} codes another code (0 = none), "
+                                         "every chain ending at 0")
             hier = np.zeros(v, np.int32)
             hier[: n + 1] = hier_parent
             hier.setflags(write=False)
@@ -165,21 +188,34 @@ class LZ78Tokenizer(Tokenizer):
         return cls(trained.trie, chunking=chunking, fast=fast, training=training)
 
     @classmethod
-    def from_dictionary(cls, path: str | Path, *, chunking: bool = False, fast: bool = True) -> LZ78Tokenizer:
+    def from_dictionary(cls, path: str | Path, *, chunking: bool = False, fast: bool = True,
+                        prefixes: str = "file") -> LZ78Tokenizer:
         """A tokenizer over a dictionary trained elsewhere, in either TSV layout of
-        lockstep.tokenizer.lz78_tsv (told apart by their column count). A `compressed` dictionary
-        is closed under prefixes first (its missing prefixes become extra codes) and keeps its
-        hierarchical parents: an original token's is its nearest coded ancestor node in the file's
-        tree, an added prefix's its trie parent."""
+        lockstep.tokenizer.lz78_tsv (told apart by their column count): codes 1..N are the file's
+        tokens, its codes in ascending order. `prefixes` says what becomes of the byte prefixes of
+        tokens that the file lacks: `file` leaves them out, so encoding takes the longest of the
+        file's tokens that matches, as the reference LZ78 tokenizer does; `closed` adds them as
+        codes N+1..M (shortest first), so every code is its parent plus one byte. A `compressed`
+        dictionary keeps its hierarchical parents: a file token's is its nearest coded ancestor
+        node in the file's tree, an added prefix's its trie parent. LZ78DictionaryError names the
+        file, line and fix of a malformed file."""
+        if prefixes not in PREFIX_MODES:
+            raise ValueError(f"prefixes={prefixes!r} must be one of {', '.join(PREFIX_MODES)}")
         path = Path(path)
         layout = dictionary_layout(path)
-        source = {"dictionary": path.name, "layout": layout}
+        source = {"dictionary": path.name, "layout": layout, "prefixes": prefixes}
+        hier = None
         if layout == "lz78":
-            return cls(read_lz78_tsv(path).trie, chunking=chunking, fast=fast, training=source)
-        compressed = read_compressed_tsv(path)
-        trie, code_map = compressed.closed_trie()
-        hier = trie.parent.astype(np.int64)
-        hier[code_map[1:]] = code_map[compressed.hier_parent()[1:]]
+            trie = read_lz78_tsv(path, fast=fast).trie
+        else:
+            compressed = read_compressed_tsv(path)
+            trie = compressed.trie()
+            hier = compressed.hier_parent().astype(np.int64)
+        if prefixes == "closed" and not trie.is_prefix_closed:
+            n = trie.n_codes
+            trie = trie.closed()
+            if hier is not None:
+                hier = np.concatenate([hier, trie.parent[n + 1 :]])  # an added prefix's: its trie parent
         return cls(trie, chunking=chunking, fast=fast, training=source, hier_parent=hier)
 
     def _config(self) -> dict[str, Any]:
@@ -201,6 +237,9 @@ class LZ78Tokenizer(Tokenizer):
         }
         if self._hier is not None:
             files[HIER_PARENT_FILE] = int32_npy(self._hier)
+        if not self.trie.is_prefix_closed:
+            files[TRIE_PARENT_FILE] = int32_npy(self.trie.parent)
+            files[TRIE_LAST_BYTE_FILE] = int32_npy(self.trie.last_byte.astype(np.int32))
         return files
 
     @classmethod
@@ -226,12 +265,22 @@ class LZ78Tokenizer(Tokenizer):
         if ((last[1 : n + 1] < 0) | (last[1 : n + 1] >= N_BYTES)).any():
             raise TokenizerFileError(f"{directory / LAST_BYTE_FILE}: a dictionary code's last byte is outside 0..255; "
                                      "re-run the tokenizer stage")
-        trie_last = last[: n + 1].copy()
-        trie_last[0] = 0
         try:
-            trie = LZ78Trie(parents[: n + 1], trie_last)
+            if (directory / TRIE_PARENT_FILE).exists():
+                trie_last = _load_ids(directory / TRIE_LAST_BYTE_FILE)
+                if ((trie_last < 0) | (trie_last >= N_BYTES)).any():
+                    raise LZ78TrieError(f"{TRIE_LAST_BYTE_FILE} holds a byte outside 0..255")
+                trie = LZ78Trie(_load_ids(directory / TRIE_PARENT_FILE), trie_last, n)
+            else:
+                trie_last = last[: n + 1].copy()
+                trie_last[0] = 0
+                trie = LZ78Trie(parents[: n + 1], trie_last)
         except LZ78TrieError as e:
             raise TokenizerFileError(f"{directory}: {e}; re-run the tokenizer stage") from None
+        same = np.array_equal(trie.code_parents(), parents[: n + 1]) and np.array_equal(trie.last_byte[1 : n + 1], last[1 : n + 1])
+        if not same:
+            raise TokenizerFileError(f"{directory}: {PARENT_FILE}/{LAST_BYTE_FILE} disagree with the trie; re-run the "
+                                     "tokenizer stage")
         hier = None
         if (directory / HIER_PARENT_FILE).exists():
             hier = _load_ids(directory / HIER_PARENT_FILE)
@@ -271,21 +320,55 @@ class LZ78Tokenizer(Tokenizer):
         return self._encode_arrays(list(texts), 1)
 
     def decode(self, ids: Iterable[int]) -> str:
-        ids = self._checked_ids(ids)
-        pieces = self._pieces
-        return decode_with_specials(ids, self._id_to_special, lambda run: b"".join([pieces[i] for i in run]))
+        if not isinstance(ids, (np.ndarray, list, tuple)):
+            ids = list(ids)
+        array = _id_array(ids) if self.fast else None
+        if array is None:
+            # The plain path: also what takes an empty list, and ids too large for any array.
+            flat, offsets = self._plain_tables()
+            return decode_with_specials(self._checked_ids(ids), self._id_to_special,
+                                        lambda run: b"".join([flat[offsets[i] : offsets[i + 1]] for i in run]))
+        v = self.get_vocab_size()
+        if array.min() < 0 or array.max() >= v:
+            bad = array[(array < 0) | (array >= v)][0]
+            raise ValueError(f"token id {int(bad)} is outside the vocabulary [0, {v})")
+        # Specials are written as their names, and the runs between them decoded on their own, as
+        # decode_with_specials does; each run is gathered into one buffer by a compiled loop.
+        text: list[str] = []
+        start = 0
+        for k in [*np.flatnonzero(array > self.n_codes + N_BYTES).tolist(), array.shape[0]]:
+            if k > start:
+                text.append(self._decode_run(array[start:k]))
+            if k < array.shape[0]:
+                text.append(self._id_to_special[int(array[k])])
+            start = k + 1
+        return "".join(text)
+
+    def _decode_run(self, ids: np.ndarray) -> str:
+        kernels = lz78_trie._kernels()
+        out = np.empty(kernels.gathered_length(ids, self._offsets), np.uint8)
+        kernels.gather_into(ids, self._flat, self._offsets, out)
+        return str(out, "utf-8", "replace")
+
+    def _plain_tables(self) -> tuple[bytes, list[int]]:
+        if self._plain is None:
+            self._plain = (self._flat.tobytes(), self._offsets.tolist())
+        return self._plain
+
+    def _piece(self, token_id: int) -> bytes:
+        return self._flat[self._offsets[token_id] : self._offsets[token_id + 1]].tobytes()
 
     def id_to_token(self, token_id: int) -> str:
         if token_id in self._id_to_special:
             return self._id_to_special[token_id]
         self._checked_ids([token_id])
-        return self._pieces[token_id].decode("utf-8", errors="replace")
+        return self._piece(token_id).decode("utf-8", errors="replace")
 
     def get_vocab_size(self) -> int:
         return self.n_codes + N_RESERVED
 
     def _compute_token_bytes(self) -> np.ndarray:
-        return np.array([len(p) for p in self._pieces], dtype=np.int32)
+        return np.diff(self._offsets).astype(np.int32)
 
     # ---- per-id tree metadata -------------------------------------------------------------
 
@@ -306,10 +389,11 @@ class LZ78Tokenizer(Tokenizer):
     def token_pieces(self) -> list[bytes | None]:
         """The bytes of each id, None for the root and the specials. A one-byte code and that
         byte's fallback id spell the same byte."""
-        return [None] + self._pieces[1 : self.n_codes + 1 + N_BYTES] + [None] * len(SPECIAL_TOKENS)
+        return [None] + [self._piece(i) for i in range(1, self.n_codes + 1 + N_BYTES)] + [None] * len(SPECIAL_TOKENS)
 
     def prefix_tree(self) -> PrefixTree:
-        """The trie itself: a code's ancestors are its trie chain without the root; fallback and
+        """A code's ancestors are its chain of parents without the root: every proper prefix that
+        is a code, nearest first (the whole trie chain when every prefix is a code); fallback and
         special ids have none (their parent, the root, is not a token)."""
         if self._prefix_tree is None:
             chains, depths = self.ancestor_chains()  # row i: i itself, then its ancestors, 0-padded
@@ -337,16 +421,79 @@ class LZ78Tokenizer(Tokenizer):
                                  "(tokenizer.lz78_dictionary); use model.embedding: structured for this tokenizer")
         return np.where(self._hier > 0, self._hier, NO_TOKEN).astype(np.int64)
 
+    def structure_clash(self) -> str | None:
+        """Why a structured embedding (a code's parent row plus its last byte's row) cannot tell
+        two codes apart, or None when it can. Every code is its parent plus one byte when every
+        prefix is a code, so (parent, last byte) names one code; with a dictionary file's prefixes
+        left out (`prefixes="file"`) a code may add several bytes to its parent, and two codes
+        (`é` and `©` under the root, both ending in byte 0xa9) may then read the same rows."""
+        if self.trie.is_prefix_closed:
+            return None
+        n = self.n_codes
+        keys = self._parents[1 : n + 1].astype(np.int64) * 256 + self._last_bytes[1 : n + 1]
+        order = np.argsort(keys, kind="stable")
+        same = np.flatnonzero(keys[order][1:] == keys[order][:-1])
+        if not same.size:
+            return None
+        a, b = (int(order[same[0]]) + 1, int(order[same[0] + 1]) + 1)
+        return (f"codes {a} ({self._piece(a)!r}) and {b} ({self._piece(b)!r}) both have parent {int(self._parents[a])} and "
+                f"last byte {int(self._last_bytes[a])}, so a structured embedding reads the same rows for both: read the "
+                "dictionary with tokenizer.lz78_prefixes: closed (every code is then its parent plus one byte), or use "
+                "model.embedding: flat")
+
     def ancestor_chains(self) -> tuple[np.ndarray, np.ndarray]:
         """(chains, depths) over the whole vocab: row i of the int32 (V, D) matrix is i, its parent,
-        grandparent, ... padded with 0; depths (V,) counts the non-padding entries (a code's byte
-        length, 1 for fallback and special ids, 0 for the root). Read-only, computed once."""
+        grandparent, ... padded with 0; depths (V,) counts the non-padding entries (1 + the code's
+        proper prefixes that are codes, which is its byte length when every prefix is a code; 1
+        for fallback and special ids, 0 for the root). Read-only, computed once."""
         if self._chains is None:
             chains, depths = lz78_trie.ancestor_chains(self._parents)
             chains.setflags(write=False)
             depths.setflags(write=False)
             self._chains = (chains, depths)
         return self._chains
+
+
+def project_dictionary(root: str | Path, name: str) -> Path:
+    """The file that `tokenizer.lz78_dictionary: name` (a path relative to the project `root`,
+    under DICTIONARY_DIR) stands for, symlinks resolved: LZ78DictionaryError, saying what to do,
+    unless it is a file inside DICTIONARY_DIR. The tokenizer stage depends on that folder only, so
+    a link inside it to a file elsewhere would let the file change without a rerun (and read
+    whatever the link points at)."""
+    root = Path(root)
+    folder = (root / DICTIONARY_DIR).resolve()
+    path = root / name
+    try:
+        real = path.resolve(strict=True)
+    except FileNotFoundError:
+        raise LZ78DictionaryError(f"{path}: no such file; copy the dictionary into {DICTIONARY_DIR}/ and name it "
+                                  f"{DICTIONARY_DIR}/<file>") from None
+    except (OSError, RuntimeError) as e:  # a symlink loop, or a folder on the way that cannot be searched
+        raise LZ78DictionaryError(f"{path}: cannot resolve the path ({e}); copy the dictionary into {DICTIONARY_DIR}/ "
+                                  "as a plain file") from None
+    if not real.is_relative_to(folder):
+        raise LZ78DictionaryError(f"{path} resolves to {real} (through a link), outside {DICTIONARY_DIR}/; copy the file "
+                                  f"into {DICTIONARY_DIR}/ instead of linking to it (the tokenizer stage tracks that folder "
+                                  "only)")
+    if not real.is_file():
+        raise LZ78DictionaryError(f"{path} is {'a folder' if real.is_dir() else 'not a regular file'}; name a TSV "
+                                  f"dictionary file in {DICTIONARY_DIR}/")
+    return real
+
+
+def _id_array(ids: np.ndarray | list[int] | tuple[int, ...]) -> np.ndarray | None:
+    """`ids` as a 1-d int32 or int64 array for the compiled decoder (int32 from a list: 4 bytes an
+    id), or None where only the plain path can say what is wrong (or there is nothing to do)."""
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1 or ids.dtype.kind not in "iu" or not ids.size:
+            return None
+        return ids if ids.dtype in (np.int32, np.int64) else ids.astype(np.int64)
+    if not ids:
+        return None
+    try:
+        return np.fromiter(ids, dtype=np.int32, count=len(ids))
+    except (OverflowError, TypeError, ValueError):
+        return None
 
 
 def _load_ids(path: Path) -> np.ndarray:

@@ -4,52 +4,67 @@
 per-token metadata out; does not train, encode or build a vocabulary (see
 `lockstep.tokenizer.lz78_trie`).
 
-Both layouts: UTF-8 text, one record per line split on `\\n` only (a trailing `\\r` is dropped),
-columns separated by one tab, lines starting with `#` and empty lines skipped, and a first record
-equal to the column names taken as a header. Byte strings (`char`, `pattern`, `edge_label`) are
-written as UTF-8 text with these escapes, so that every byte value round-trips and no field holds
-a tab or a line break: `\\\\` a backslash, `\\t` tab, `\\n` newline, `\\r` carriage return, and
-`\\xHH` (two lowercase hex digits) for any other byte below 0x20, 0x7f, and every byte that is not
-part of a valid UTF-8 sequence within the field (a token may end in the middle of a character).
-Any other backslash sequence is an error.
+The files are the ones the public reference LZ78 tokenizer reads (its `from_tsv`), and what
+lockstep writes, it reads the same way. Both layouts: UTF-8 text, one record per line split on
+`\\n` (a trailing `\\r` is dropped), columns separated by one tab, lines starting with `#` and
+empty lines skipped. Byte fields (`char`, `pattern`, `edge_label`) are raw UTF-8 text, as the
+reference writes and reads them: a backslash is a backslash. A byte string that cannot be written
+so (it holds a tab, `\\n` or `\\r`, or bytes that are not UTF-8, such as a token that ends in the
+middle of a character) goes on a line below a comment line starting with `# escaped:`; from that
+line on, byte fields use these escapes: `\\\\` a backslash, `\\t` tab, `\\n` newline, `\\r`
+carriage return, and `\\xHH` (two hex digits) for any byte. The reference reads such a line
+literally (its bytes differ), which is the best a line-based UTF-8 reader allows. A first record
+equal to the column names (the form lockstep wrote before; the reference cannot read it) also
+turns the escapes on. Numbers are decimal, below 2^63.
 
-`lz78`: `code` is any non-negative integer, unique; `parent_code` is 0 for a child of the root or
-the `code` of another line (in any order); `char` is the one byte the code adds; `pattern` is the
-bytes the code spells and must equal the parent's pattern plus `char`. A line for code 0 (the
-root, empty `char` and `pattern`) may be present. Codes are renumbered 1..N in ascending order,
-except that a code whose parent has a larger code moves to just after it (a stable topological
-order), so the result is an `LZ78Trie` with `parent[c] < c`; `LZ78Dictionary.source_codes` keeps
-the file's code of each trie code.
+`lz78`: `code` is a positive integer, unique; `parent_code` is 0 for a child of the root or the
+`code` of another line (in any order, a parent may have the larger code); `char` is one byte or
+one UTF-8 character, what the code adds to its parent (so a character-level dictionary, whose
+codes add `é`, reads as it is); `pattern` is the bytes the code spells and must equal the parent's
+pattern plus `char`. A line for code 0 (the root, parent 0, empty `char` and `pattern`) may be
+present and is skipped. Ids: the codes in ascending order become 1..N, so a file numbered 1..N
+keeps its numbers (what the reference does: it keeps codes 1..N and ranks any other set the same
+way). `LZ78Dictionary.source_codes` keeps the file's code of each id.
 
-`compressed`: node rows in any order; exactly one root row, `parent_idx` -1 with an empty label
-and pattern; every other node has a non-empty `edge_label` and `pattern` = parent's pattern +
-label. `output_code` is the node's token code (any non-negative integer, unique), or -1 for a
-node that is only a branching point; codes are renumbered 1..N in ascending order. Each token
-has two parents: `parent`, the longest proper prefix that is itself a token, and `hier_parent`
-(hierarchical), the nearest ancestor node in the file's tree that has a code (0 = none). In a
-canonical Patricia trie, the one `write_compressed_tsv` writes, every token prefix lies on the
-path to the token and the two coincide; a tool that inserts phrases without splitting edges
-(`abc` a child of the root beside `ab`) makes them differ, and the file's tree is kept as given.
+`compressed`: node rows in any order; exactly one root row, `parent_idx` -1 or its own
+`node_idx` (the reference's own files use 0 0), with empty label and pattern and no code; every
+other node has a non-empty `edge_label` and `pattern` = parent's pattern + label. `output_code`
+is the node's token code (a positive integer, unique), or -1 or empty for a node that is only a
+branching point. Ids: the codes in ascending order become 1..N (the reference keeps the codes
+themselves as ids, with unused ids between sparse codes, so the two agree when the codes are
+1..N). Each token has two parents: `parent`, the longest proper prefix that is itself a token,
+and `hier_parent` (hierarchical), the nearest ancestor node in the file's tree that has a code (0
+= none). In a canonical Patricia trie, the one `write_compressed_tsv` writes, every token prefix
+lies on the path to the token and the two coincide; a tool that inserts phrases without splitting
+edges (`abc` a child of the root beside `ab`) makes them differ, and the file's tree is kept as
+given.
 
-A compressed dictionary need not be prefix-closed (`abc` may be a token while `ab` is not). It is
-kept as it is, tokens with the prefix notion of parent above, and `CompressedDictionary.closed_trie`
-converts it to an `LZ78Trie` by adding the missing prefixes as extra codes: the trie encoder's
-greedy walk stops at the first byte it cannot take, which finds the longest match only in a
-prefix-closed dictionary. The original tokens keep their bytes and relative order, each placed
-after its prefixes; the returned code map says where each one went.
+Neither layout need be prefix-closed under bytes (`é` may be a code while its first byte is not;
+a compressed token `abc` may lack `ab`). Reading gives an `LZ78Trie` whose codes 1..N are the
+file's tokens with the ids above, plus nodes N+1..M for the byte prefixes that are no token (see
+`lockstep.tokenizer.lz78_trie`): encoding then takes the longest token that matches, as the
+reference does, and `LZ78Trie.closed()` turns those prefixes into codes N+1..M when every prefix
+must be a token. Those nodes are numbered shortest first, ties in the order the tokens (by length,
+then id) first need them.
 
-Over 400 lines because each layout's reader checks every rule above and names the line that
-breaks it; the two layouts share the line splitting, escapes and error reporting, so they stay in
-one module."""
+`read_lz78_tsv(..., fast=True)` runs the numba scan, checks and trie insertion of
+`lockstep.tokenizer.lz78_kernels` (a 10M-line file in seconds, in a few hundred bytes a line);
+the plain reader is the specification, and wherever the fast path meets anything it does not
+accept, the plain reader reads the file and raises its error, so the two agree on every file
+(tests/test_lz78_tsv.py).
+
+Long because each layout's reader checks every rule above and names the line that breaks it; the
+two layouts share the line splitting, escapes and error reporting, so they stay in one module."""
 
 from __future__ import annotations
 
 import heapq
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,17 +74,24 @@ from lockstep.tokenizer.lz78_trie import LZ78Trie, chain_matrix
 LZ78_COLUMNS = ("code", "parent_code", "char", "pattern")
 COMPRESSED_COLUMNS = ("node_idx", "edge_label", "parent_idx", "output_code", "pattern")
 NO_CODE = -1  # output_code of a compressed node that is not a token
+ESCAPED_MARKER = "# escaped:"  # a comment line starting so turns the escapes on for the lines below
+LARGEST = 2**63 - 1  # codes and node indices are int64 once read
+# Lines written per write call: bounded memory for a dictionary of millions of codes.
+WRITE_BATCH_LINES = 65536
 
 _ESCAPE_CHAR = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
 _UNESCAPE = {"\\": b"\\", "t": b"\t", "n": b"\n", "r": b"\r"}
+_NUMBER = re.compile(rb"-?[0-9]+")
 
 
 class LZ78DictionaryError(ValueError):
-    """A malformed TSV dictionary; the message starts with `file:line:`."""
+    """A malformed TSV dictionary; the message names the file (and line) and the fix."""
 
 
 def escape_bytes(data: bytes) -> str:
-    """A byte string as one TSV field (see the module docstring)."""
+    """A byte string as one field of an escaped line: every byte value round-trips and no field
+    holds a tab or a line break. Control bytes and bytes outside valid UTF-8 become `\\xHH`;
+    whole UTF-8 characters stay readable."""
     out = []
     # surrogateescape maps each byte outside valid UTF-8 to U+DC80..U+DCFF, one char per byte.
     for ch in data.decode("utf-8", "surrogateescape"):
@@ -86,7 +108,7 @@ def escape_bytes(data: bytes) -> str:
 
 
 def unescape_field(field: str) -> bytes:
-    """The bytes a TSV field spells; ValueError (without file and line) on a bad escape."""
+    """The bytes an escaped field spells; ValueError (without file and line) on a bad escape."""
     out = bytearray()
     i = 0
     while i < len(field):
@@ -103,53 +125,111 @@ def unescape_field(field: str) -> bytes:
             out.append(int(field[j + 2:j + 4], 16))
             i = j + 4
         else:
-            raise ValueError(f"bad escape {field[j:j + 4]!r} in {field!r}; use \\\\, \\t, \\n, \\r or \\xHH")
+            raise ValueError(f"bad escape {field[j:j + 4]!r} in {field!r}; below `{ESCAPED_MARKER}` use \\\\, \\t, \\n, "
+                             "\\r or \\xHH (a backslash is \\\\)")
     return bytes(out)
+
+
+def raw_writable(data: bytes) -> bool:
+    """Whether `data` can be a raw field: UTF-8 without tab, newline or carriage return (a
+    line-based UTF-8 reader, such as the reference, reads it back exactly)."""
+    if b"\t" in data or b"\n" in data or b"\r" in data:
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _one_symbol(data: bytes) -> bool:
+    """One byte, or one UTF-8 character: what an LZ78 code may add to its parent."""
+    if len(data) == 1:
+        return True
+    try:
+        return len(data.decode("utf-8")) == 1
+    except UnicodeDecodeError:
+        return False
+
+
+def _show(data: bytes, limit: int = 24) -> str:
+    """A field for an error message: escaped, and cut when long."""
+    text = escape_bytes(data[:limit])
+    return repr(text) + (f"... ({len(data)} bytes)" if len(data) > limit else "")
 
 
 @dataclass(frozen=True)
 class _Record:
     line: int
-    fields: list[str]
+    fields: list[bytes]
+    escaped: bool
 
 
-def _records(path: Path, columns: tuple[str, ...]) -> list[_Record]:
-    """The data lines of a TSV dictionary, split into exactly len(columns) fields."""
+def _read(path: Path) -> bytes:
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as e:
-        raise LZ78DictionaryError(f"{path}: cannot read the dictionary ({e.strerror})") from e
-    records: list[_Record] = []
-    for n, raw in enumerate(data.split(b"\n"), 1):
+        raise LZ78DictionaryError(f"{path}: cannot read the dictionary ({e.strerror}); name an existing, readable "
+                                  "TSV file") from None
+
+
+def _records(path: Path, columns: tuple[str, ...]) -> Iterator[_Record]:
+    """The data lines of a TSV dictionary, split into exactly len(columns) fields."""
+    escaped = False
+    first = True
+    names = [c.encode() for c in columns]
+    for n, raw in enumerate(_read(path).split(b"\n"), 1):
         raw = raw.removesuffix(b"\r")
-        if not raw or raw.startswith(b"#"):
+        if not raw:
+            continue
+        if raw.startswith(b"#"):
+            escaped = escaped or raw.startswith(ESCAPED_MARKER.encode())
             continue
         try:
-            text = raw.decode("utf-8")
+            raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise LZ78DictionaryError(f"{path}:{n}: not UTF-8 at byte {e.start}; write raw bytes as \\xHH") from e
-        fields = text.split("\t")
-        if not records and tuple(fields) == columns:
+            raise LZ78DictionaryError(f"{path}:{n}: not UTF-8 at byte {e.start}; a line is UTF-8 text: write other bytes "
+                                      f"as \\xHH on a line below `{ESCAPED_MARKER}`") from None
+        if b"\r" in raw:
+            at = raw.index(b"\r")
+            raise LZ78DictionaryError(f"{path}:{n}: a carriage return inside the line (byte {at}), where readers "
+                                      f"split lines; write it as \\r on a line below `{ESCAPED_MARKER}`")
+        fields = raw.split(b"\t")
+        if first and fields == names:
+            escaped, first = True, False  # the column names: the escaped form lockstep once wrote
             continue
+        first = False
         if len(fields) != len(columns):
             raise LZ78DictionaryError(f"{path}:{n}: {len(fields)} tab-separated columns, expected {len(columns)} "
-                                      f"({', '.join(columns)}); escape tabs inside a field as \\t")
-        records.append(_Record(n, fields))
-    return records
+                                      f"({', '.join(columns)}); a tab inside a field is written \\t on a line below "
+                                      f"`{ESCAPED_MARKER}`")
+        yield _Record(n, fields, escaped)
 
 
 def _int(path: Path, rec: _Record, column: int, name: str, minimum: int) -> int:
     text = rec.fields[column]
-    if not re.fullmatch(r"-?[0-9]+", text) or int(text) < minimum:
-        raise LZ78DictionaryError(f"{path}:{rec.line}: {name} {text!r} is not an integer >= {minimum}")
+    if not _NUMBER.fullmatch(text):
+        raise LZ78DictionaryError(f"{path}:{rec.line}: {name} {_show(text)} is not an integer; write a decimal "
+                                  f"integer >= {minimum}")
+    if len(text.lstrip(b"-")) > 19 or not minimum <= int(text) <= LARGEST:
+        raise LZ78DictionaryError(f"{path}:{rec.line}: {name} {_show(text)} is outside {minimum}..2^63-1; "
+                                  f"write a decimal integer in that range")
     return int(text)
 
 
 def _bytes(path: Path, rec: _Record, column: int, name: str) -> bytes:
+    field = rec.fields[column]
+    if not rec.escaped:
+        return field
     try:
-        return unescape_field(rec.fields[column])
+        return unescape_field(field.decode("utf-8"))
     except ValueError as e:
         raise LZ78DictionaryError(f"{path}:{rec.line}: {name}: {e}") from None
+
+
+def _no_tokens(path: Path) -> LZ78DictionaryError:
+    return LZ78DictionaryError(f"{path}: no dictionary lines with a code (only comments, blank lines, a header or a "
+                               "root line); export the dictionary again, or name a file that holds one")
 
 
 def _topological(keys: Sequence[int], parent_of: dict[int, int], root: int) -> list[int]:
@@ -181,13 +261,56 @@ def _cycle_error(path: Path, kind: str, left_out: set[int], parent_of: dict[int,
                                f"({' -> '.join(map(str, loop + [k]))}); every parent chain must end at the root")
 
 
+def trie_from_tokens(tokens: Sequence[bytes]) -> LZ78Trie:
+    """The trie whose codes 1..N spell `tokens` (code c = tokens[c - 1], distinct and non-empty),
+    with nodes N+1..M for the prefixes that are no token. Tokens are inserted by length, then
+    code, each walking from the root and adding the prefix nodes it lacks; those are then
+    numbered by depth, ties in the order they were added."""
+    n = len(tokens)
+    parent, last_byte, depth = [0] * (n + 1), [0] * (n + 1), [0] * (n + 1)
+    children: dict[int, int] = {}  # node * 256 + byte -> node
+    for c in sorted(range(1, n + 1), key=lambda c: (len(tokens[c - 1]), c)):
+        token = tokens[c - 1]
+        node = 0
+        for i, b in enumerate(token):
+            key = node * 256 + b
+            if key in children:
+                if i == len(token) - 1:
+                    raise ValueError(f"tokens {children[key]} and {c} are both {token!r}")
+                node = children[key]
+                continue
+            if i == len(token) - 1:
+                new = c
+                parent[c], last_byte[c], depth[c] = node, b, i + 1
+            else:  # a prefix that is no token (yet: a token spelling it would have come first)
+                new = len(parent)
+                parent.append(node)
+                last_byte.append(b)
+                depth.append(i + 1)
+            children[key] = new
+            node = new
+    return _prefixes_by_depth(np.array(parent, np.int32), np.array(last_byte, np.uint8), np.array(depth, np.int32), n)
+
+
+def _prefixes_by_depth(parent: np.ndarray, last_byte: np.ndarray, depth: np.ndarray, n: int) -> LZ78Trie:
+    """The trie with its nodes past the codes renumbered by depth, ties kept in order."""
+    new_of = np.arange(parent.shape[0], dtype=np.int32)
+    new_of[n + 1 + np.argsort(depth[n + 1:], kind="stable")] = np.arange(n + 1, parent.shape[0], dtype=np.int32)
+    new_parent = np.empty_like(parent)
+    new_last = np.empty_like(last_byte)
+    new_parent[new_of] = new_of[parent]
+    new_last[new_of] = last_byte
+    return LZ78Trie(new_parent, new_last, n)
+
+
 # --- the lz78 layout --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, eq=False)
 class LZ78Dictionary:
-    """A dictionary read from the `lz78` layout: the trie, and `source_codes` (int64, one entry per
-    trie code 0..N), the code each trie code had in the file (0 for the root)."""
+    """A dictionary read from the `lz78` layout: the trie (codes 1..N the file's tokens, then any
+    prefix nodes), and `source_codes` (int64 over codes 0..N), the code each had in the file (0
+    for the root)."""
 
     trie: LZ78Trie
     source_codes: np.ndarray
@@ -199,26 +322,33 @@ def dictionary_layout(path: str | os.PathLike[str]) -> str:
     path = Path(path)
     try:
         with path.open("rb") as f:
-            for raw in f:
+            for n, raw in enumerate(f, 1):
                 raw = raw.rstrip(b"\r\n")
                 if raw and not raw.startswith(b"#"):
-                    n = raw.count(b"\t") + 1
-                    if n == len(LZ78_COLUMNS):
+                    columns = raw.count(b"\t") + 1
+                    if columns == len(LZ78_COLUMNS):
                         return "lz78"
-                    if n == len(COMPRESSED_COLUMNS):
+                    if columns == len(COMPRESSED_COLUMNS):
                         return "compressed"
-                    raise LZ78DictionaryError(f"{path}: the first line has {n} tab-separated columns; an lz78 dictionary has "
-                                              f"{len(LZ78_COLUMNS)} ({', '.join(LZ78_COLUMNS)}) and a compressed one "
-                                              f"{len(COMPRESSED_COLUMNS)} ({', '.join(COMPRESSED_COLUMNS)})")
+                    raise LZ78DictionaryError(
+                        f"{path}:{n}: the first data line has {columns} tab-separated columns; an lz78 dictionary has "
+                        f"{len(LZ78_COLUMNS)} ({', '.join(LZ78_COLUMNS)}) and a compressed one {len(COMPRESSED_COLUMNS)} "
+                        f"({', '.join(COMPRESSED_COLUMNS)}): export the dictionary in one of those layouts")
     except OSError as e:
-        raise LZ78DictionaryError(f"{path}: cannot read the dictionary ({e.strerror})") from e
-    raise LZ78DictionaryError(f"{path}: no dictionary lines (only comments or blank lines)")
+        raise LZ78DictionaryError(f"{path}: cannot read the dictionary ({e.strerror}); name an existing, readable "
+                                  "TSV file") from None
+    raise _no_tokens(path)
 
 
-def read_lz78_tsv(path: str | os.PathLike[str]) -> LZ78Dictionary:
-    """The `lz78` layout (see the module docstring) as a trie with codes 1..N."""
+def read_lz78_tsv(path: str | os.PathLike[str], *, fast: bool = False) -> LZ78Dictionary:
+    """The `lz78` layout (see the module docstring): codes in ascending order as ids 1..N.
+    `fast` reads with the compiled kernels, with the same result and errors."""
     path = Path(path)
-    rows: dict[int, tuple[_Record, int, int, bytes]] = {}  # code -> (record, parent, byte, pattern)
+    if fast:
+        read = _read_lz78_fast(path)
+        if read is not None:
+            return read
+    rows: dict[int, tuple[_Record, int, bytes, bytes]] = {}  # code -> (record, parent, char, pattern)
     for rec in _records(path, LZ78_COLUMNS):
         code = _int(path, rec, 0, "code", 0)
         parent = _int(path, rec, 1, "parent_code", 0)
@@ -232,10 +362,12 @@ def read_lz78_tsv(path: str | os.PathLike[str]) -> LZ78Dictionary:
         if code in rows:
             raise LZ78DictionaryError(f"{path}:{rec.line}: duplicate code {code} (first on line {rows[code][0].line}); "
                                       "each code appears on one line")
-        if len(char) != 1:
-            raise LZ78DictionaryError(f"{path}:{rec.line}: char of code {code} is {len(char)} bytes; an LZ78 code "
-                                      "adds exactly one byte to its parent (escape raw bytes as \\xHH)")
-        rows[code] = (rec, parent, char[0], pattern)
+        if not _one_symbol(char):
+            raise LZ78DictionaryError(f"{path}:{rec.line}: char of code {code} is {_show(char)}; an LZ78 code adds "
+                                      "one character (or one byte) to its parent: fix the char column")
+        rows[code] = (rec, parent, char, pattern)
+    if not rows:
+        raise _no_tokens(path)
     for code, (rec, parent, _, _) in rows.items():
         if parent and parent not in rows:
             raise LZ78DictionaryError(f"{path}:{rec.line}: code {code} has parent_code {parent}, which no line "
@@ -244,38 +376,148 @@ def read_lz78_tsv(path: str | os.PathLike[str]) -> LZ78Dictionary:
     order = _topological(sorted(rows), parent_of, 0)
     if len(order) < len(rows):
         raise _cycle_error(path, "code", set(rows) - set(order), parent_of, {c: r[0].line for c, r in rows.items()})
-
-    new_code = {0: 0}
-    parent, last_byte, spelled = [0], [0], [b""]
-    seen: dict[tuple[int, int], int] = {}  # (new parent, byte) -> file code
+    spelled: dict[bytes, int] = {}
     for code in order:
-        rec, p, byte, pattern = rows[code]
-        key = (new_code[p], byte)
-        if key in seen:
-            raise LZ78DictionaryError(f"{path}:{rec.line}: code {code} spells the same bytes as code {seen[key]} "
-                                      f"(line {rows[seen[key]][0].line}); a dictionary lists each token once")
-        seen[key] = code
-        want = spelled[new_code[p]] + bytes([byte])
+        rec, p, char, pattern = rows[code]
+        want = (rows[p][3] if p else b"") + char
         if pattern != want:
-            raise LZ78DictionaryError(f"{path}:{rec.line}: pattern of code {code} is {escape_bytes(pattern)!r} but "
-                                      f"its parent's pattern + char is {escape_bytes(want)!r}; fix either column")
-        new_code[code] = len(parent)
-        parent.append(new_code[p])
-        last_byte.append(byte)
-        spelled.append(want)
-    return LZ78Dictionary(LZ78Trie(np.array(parent), np.array(last_byte)), np.array([0, *order], np.int64))
+            raise LZ78DictionaryError(f"{path}:{rec.line}: pattern of code {code} is {_show(pattern)} but its parent's "
+                                      f"pattern + char is {_show(want)}; fix either column")
+        if pattern in spelled:
+            first = spelled[pattern]
+            raise LZ78DictionaryError(f"{path}:{rec.line}: code {code} spells the same bytes as code {first} "
+                                      f"(line {rows[first][0].line}); a dictionary lists each token once")
+        spelled[pattern] = code
+    codes = sorted(rows)
+    return LZ78Dictionary(trie_from_tokens([rows[c][3] for c in codes]), np.array([0, *codes], np.int64))
+
+
+def _read_lz78_fast(path: Path) -> LZ78Dictionary | None:
+    """`read_lz78_tsv` on the compiled kernels; None where the file needs the plain reader's
+    verdict (it raises the error, or reads what the scan does not take)."""
+    from lockstep.tokenizer import lz78_kernels as k
+
+    try:
+        buf = np.fromfile(path, np.uint8)
+    except OSError:
+        return None
+    cap = int(np.count_nonzero(buf == 10)) + 1
+    codes, parents, start = (np.empty(cap, np.int64) for _ in range(3))
+    length, char_length = np.empty(cap, np.int32), np.empty(cap, np.int32)
+    header = np.frombuffer("\t".join(LZ78_COLUMNS).encode(), np.uint8)
+    r, ok = k.scan_lz78(buf, header, np.frombuffer(ESCAPED_MARKER.encode(), np.uint8), codes, parents, start, length,
+                        char_length)
+    if not ok or r == 0:
+        return None
+    codes, parents, start, length, char_length = codes[:r], parents[:r], start[:r], length[:r], char_length[:r]
+    # Ids: the codes in ascending order. order[i] is the record of id i + 1.
+    order = np.argsort(codes, kind="stable")
+    source = codes[order]
+    if (source[1:] == source[:-1]).any():
+        return None  # a duplicate code
+    at = np.searchsorted(source, parents)
+    found = (parents == 0) | ((at < r) & (source[np.minimum(at, r - 1)] == parents))
+    if not found.all():
+        return None  # a parent no line defines
+    parent_id = np.where(parents == 0, 0, at + 1).astype(np.int32)
+    del codes, parents, at, found
+    # Per id 0..N, the root first.
+    parent = np.concatenate([[0], parent_id[order]]).astype(np.int32)
+    start = np.concatenate([[0], start[order]])
+    length = np.concatenate([[0], length[order]]).astype(np.int32)
+    char_length = np.concatenate([[0], char_length[order]]).astype(np.int32)
+    del parent_id, order
+    if not k.patterns_follow_parents(buf, parent, start, length, char_length):
+        return None  # a pattern that is not its parent's plus its char (this also rules out cycles)
+    n = r
+    ids = np.arange(n + 1, dtype=np.int64)
+    insert_order = np.lexsort((ids[1:], length[1:])) + 1  # by length, then id
+    skip = length[parent]  # a code's walk starts at its parent's node, past the parent's bytes
+    max_nodes = n + int((char_length[1:].astype(np.int64) - 1).sum())
+    trie_parent, last_byte, depth, ok = k.insert_tokens(buf, start, length, parent, skip, insert_order, max_nodes)
+    if not ok:
+        return None  # two codes spell the same bytes
+    del buf, start, length, char_length, skip, insert_order
+    return LZ78Dictionary(_prefixes_by_depth(trie_parent, last_byte, depth, n), np.concatenate([[0], source]))
+
+
+class _LineWriter:
+    """Dictionary lines written in batches: raw ones at once, escaped ones kept for the end of the
+    file, below the marker."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.batch: list[bytes] = []
+        self.escaped: list[bytes] = []
+
+    def add(self, numbers: Sequence[int], fields: Sequence[bytes], positions: Sequence[int]) -> None:
+        """One line: `numbers` and byte `fields`, the bytes going to columns `positions`."""
+        columns: list[Any] = [str(x).encode() for x in numbers]
+        if all(raw_writable(b) for b in fields):
+            for pos, b in zip(positions, fields):
+                columns.insert(pos, b)
+            self.batch.append(b"\t".join(columns))
+            if len(self.batch) >= WRITE_BATCH_LINES:
+                self.flush()
+        else:
+            for pos, b in zip(positions, fields):
+                columns.insert(pos, escape_bytes(b).encode("utf-8"))
+            self.escaped.append(b"\t".join(columns))
+
+    def flush(self) -> None:
+        if self.batch:
+            self.f.write(b"\n".join(self.batch) + b"\n")
+            self.batch = []
+
+    def close(self) -> None:
+        self.flush()
+        if self.escaped:
+            self.f.write(f"{ESCAPED_MARKER} these lines write byte fields with \\\\ \\t \\n \\r \\xHH\n".encode())
+            self.f.write(b"\n".join(self.escaped) + b"\n")
+
+
+def _header(layout: str, columns: tuple[str, ...], n_codes: int, n_escaped: int) -> bytes:
+    text = f"# LZ78 dictionary, {layout} layout, {n_codes} codes: {', '.join(columns)}; fields are raw UTF-8 text"
+    if n_escaped:
+        text += (f"\n# {n_escaped} lines hold a tab, a line break or bytes that are not UTF-8: they come last, below "
+                 f"`{ESCAPED_MARKER}`, with escapes (a reader without them misreads only those)")
+    return (text + "\n").encode()
+
+
+def _needs_escape(fields: Sequence[bytes]) -> bool:
+    return not all(raw_writable(b) for b in fields)
 
 
 def write_lz78_tsv(path: str | os.PathLike[str], trie: LZ78Trie) -> None:
-    """`trie` in the `lz78` layout, codes 1..N as they are; written atomically."""
-    lines = [f"# LZ78 dictionary, lz78 layout, {trie.n_codes} codes", "\t".join(LZ78_COLUMNS)]
-    spelled = [b""]
-    for c in range(1, trie.n_codes + 1):
-        p, b = int(trie.parent[c]), int(trie.last_byte[c])
-        spelled.append(spelled[p] + bytes([b]))
-        lines.append(f"{c}\t{p}\t{escape_bytes(bytes([b]))}\t{escape_bytes(spelled[c])}")
+    """`trie`'s codes 1..N in the `lz78` layout, as they are numbered, each with its nearest
+    ancestor code as parent; written atomically. Raw UTF-8 fields, except the lines that cannot be
+    (see the module docstring), which go last below `# escaped:`. ValueError for a code that adds
+    more than one character to its parent code (a prefix-open trie from a compressed dictionary):
+    write that one with `write_compressed_tsv`, or close it first."""
+    flat, offsets = trie.spell(fast=True)
+    data = flat.tobytes()
+    parents = trie.code_parents().tolist()
+    bounds = offsets.tolist()
+
+    def lines() -> Iterator[tuple[int, int, bytes, bytes]]:
+        for c in range(1, trie.n_codes + 1):
+            p = parents[c]
+            pattern = data[bounds[c]:bounds[c + 1]]
+            char = pattern[bounds[p + 1] - bounds[p]:] if p else pattern
+            if not _one_symbol(char):
+                raise ValueError(f"code {c} adds {_show(char)} to its parent code {p}: the lz78 layout holds one "
+                                 "character (or byte) per code; write this dictionary with write_compressed_tsv, or "
+                                 "close it first")
+            yield c, p, char, pattern
+
+    # Two passes, the first to count for the header, so that no line is held beyond a batch.
+    n_escaped = sum(_needs_escape((char, pattern)) for _, _, char, pattern in lines())
     with atomic_open(path) as f:
-        f.write(("\n".join(lines) + "\n").encode("utf-8"))
+        f.write(_header("lz78", LZ78_COLUMNS, trie.n_codes, n_escaped))
+        out = _LineWriter(f)
+        for c, p, char, pattern in lines():
+            out.add((c, p), (char, pattern), (2, 3))
+        out.close()
 
 
 # --- the compressed layout --------------------------------------------------------------------
@@ -328,8 +570,10 @@ class CompressedDictionary:
 
     @classmethod
     def from_trie(cls, trie: LZ78Trie) -> CompressedDictionary:
-        """A prefix-closed trie's tokens, codes unchanged; every node is a token, each label one byte."""
-        return cls.from_tokens([trie.token_bytes(c) for c in range(1, trie.n_codes + 1)])
+        """A trie's codes 1..N as tokens, codes unchanged, in their canonical Patricia trie."""
+        flat, offsets = trie.spell(fast=True)
+        data, bounds = flat.tobytes(), offsets.tolist()
+        return cls.from_tokens([data[bounds[c]:bounds[c + 1]] for c in range(1, trie.n_codes + 1)])
 
     def parent(self) -> np.ndarray:
         """int32 over codes 0..N: the code of each token's longest proper prefix that is a token, or 0."""
@@ -359,21 +603,21 @@ class CompressedDictionary:
         # parents need not be smaller codes here, but each spells fewer bytes, so every chain ends
         return chain_matrix(self.hier_parent() if hierarchical else self.parent())
 
-    def closed_trie(self) -> tuple[LZ78Trie, np.ndarray]:
-        """(trie, code_map): the prefix closure as an LZ78Trie, and int32 code_map over codes 0..N
-        giving each token's trie code. Tokens are taken in code order, each after the prefixes it
-        lacks (shortest first), so a prefix-closed dictionary whose parents are smaller codes maps
-        onto itself."""
-        trie_code = {b"": 0}
-        parent, last_byte = [0], [0]
-        for t in self.tokens:
-            for k in range(1, len(t) + 1):
-                if t[:k] not in trie_code:
-                    trie_code[t[:k]] = len(parent)
-                    parent.append(trie_code[t[:k - 1]])
-                    last_byte.append(t[k - 1])
-        code_map = np.array([0, *(trie_code[t] for t in self.tokens)], np.int32)
-        return LZ78Trie(np.array(parent), np.array(last_byte)), code_map
+    def trie(self) -> LZ78Trie:
+        """The tokens as an LZ78Trie, codes unchanged, with nodes past the codes for the byte
+        prefixes that are no token (see `trie_from_tokens`)."""
+        return trie_from_tokens(self.tokens)
+
+
+def _output_code(path: Path, rec: _Record) -> int:
+    """A compressed row's output_code: a positive integer, or NO_CODE for -1 or an empty field."""
+    if rec.fields[3] == b"":
+        return NO_CODE
+    code = _int(path, rec, 3, "output_code", NO_CODE)
+    if code == 0:
+        raise LZ78DictionaryError(f"{path}:{rec.line}: output_code 0: token codes start at 1 (id 0 is the root); "
+                                  f"renumber the codes from 1, or write {NO_CODE} for a node that is no token")
+    return code
 
 
 def read_compressed_tsv(path: str | os.PathLike[str]) -> CompressedDictionary:
@@ -386,28 +630,36 @@ def read_compressed_tsv(path: str | os.PathLike[str]) -> CompressedDictionary:
         idx = _int(path, rec, 0, "node_idx", 0)
         label = _bytes(path, rec, 1, "edge_label")
         parent = _int(path, rec, 2, "parent_idx", -1)
-        code = _int(path, rec, 3, "output_code", NO_CODE)
+        code = _output_code(path, rec)
         pattern = _bytes(path, rec, 4, "pattern")
         if idx in rows:
             raise LZ78DictionaryError(f"{path}:{rec.line}: duplicate node_idx {idx} (first on line "
                                       f"{rows[idx][0].line}); each node appears on one line")
-        if parent == -1:
+        if parent in (-1, idx):
+            if label or pattern:
+                raise LZ78DictionaryError(f"{path}:{rec.line}: node {idx} has parent_idx {parent}, which only the root "
+                                          "may have, and it spells bytes; the root has an empty edge_label and pattern: "
+                                          "give this node its parent's node_idx")
             if root is not None:
-                raise LZ78DictionaryError(f"{path}:{rec.line}: a second root (parent_idx -1; the first is node "
-                                          f"{root}); only the root has no parent")
-            if label or pattern or code != NO_CODE:
-                raise LZ78DictionaryError(f"{path}:{rec.line}: the root (parent_idx -1) must have an empty "
-                                          f"edge_label and pattern and output_code {NO_CODE}")
+                raise LZ78DictionaryError(f"{path}:{rec.line}: a second root (parent_idx {parent}; the first is node "
+                                          f"{root}); only the root has no parent: keep one root line")
+            if code != NO_CODE:
+                raise LZ78DictionaryError(f"{path}:{rec.line}: the root has output_code {code}; the root is no token: "
+                                          f"write {NO_CODE} or leave it empty")
             root = idx
         elif not label:
-            raise LZ78DictionaryError(f"{path}:{rec.line}: node {idx} has an empty edge_label; only the root may")
+            raise LZ78DictionaryError(f"{path}:{rec.line}: node {idx} has an empty edge_label; only the root may: "
+                                      "give the node the bytes its edge adds")
         rows[idx] = (rec, label, parent, code, pattern)
+    if not rows:
+        raise _no_tokens(path)
     if root is None:
         raise LZ78DictionaryError(f"{path}: no root row; add a line with parent_idx -1, empty edge_label and "
                                   f"pattern, output_code {NO_CODE}")
     for idx, (rec, _, parent, _, _) in rows.items():
-        if parent != -1 and parent not in rows:
-            raise LZ78DictionaryError(f"{path}:{rec.line}: node {idx} has parent_idx {parent}, which no line defines")
+        if idx != root and parent not in rows:
+            raise LZ78DictionaryError(f"{path}:{rec.line}: node {idx} has parent_idx {parent}, which no line defines; "
+                                      "list the parent node, or give the root's node_idx")
     parent_of = {i: row[2] for i, row in rows.items() if i != root}
     order = _topological(sorted(parent_of), parent_of, root)
     if len(order) < len(parent_of):
@@ -420,11 +672,12 @@ def read_compressed_tsv(path: str | os.PathLike[str]) -> CompressedDictionary:
         rec, label, parent, code, pattern = rows[idx]
         want = spelled[parent] + label
         if pattern != want:
-            raise LZ78DictionaryError(f"{path}:{rec.line}: pattern of node {idx} is {escape_bytes(pattern)!r} but its "
-                                      f"parent's pattern + edge_label is {escape_bytes(want)!r}; fix either column")
+            raise LZ78DictionaryError(f"{path}:{rec.line}: pattern of node {idx} is {_show(pattern)} but its parent's "
+                                      f"pattern + edge_label is {_show(want)}; fix either column")
         if want in node_of_pattern:
             raise LZ78DictionaryError(f"{path}:{rec.line}: node {idx} spells the same bytes as node "
-                                      f"{node_of_pattern[want]} (line {rows[node_of_pattern[want]][0].line})")
+                                      f"{node_of_pattern[want]} (line {rows[node_of_pattern[want]][0].line}); a trie "
+                                      "lists each string once")
         node_of_pattern[want] = idx
         spelled[idx] = want
         if code != NO_CODE:
@@ -432,6 +685,8 @@ def read_compressed_tsv(path: str | os.PathLike[str]) -> CompressedDictionary:
                 raise LZ78DictionaryError(f"{path}:{rec.line}: output_code {code} is also node {codes[code]}'s "
                                           f"(line {rows[codes[code]][0].line}); each code names one token")
             codes[code] = idx
+    if not codes:
+        raise _no_tokens(path)
     source_codes = sorted(codes)
     new_code = {codes[s]: c for c, s in enumerate(source_codes, 1)}
     nodes = [root, *order]
@@ -447,12 +702,19 @@ def read_compressed_tsv(path: str | os.PathLike[str]) -> CompressedDictionary:
 
 def write_compressed_tsv(path: str | os.PathLike[str], dictionary: CompressedDictionary) -> None:
     """`dictionary` in the `compressed` layout: its nodes and codes as they are (-1 for no code);
-    written atomically."""
-    lines = [f"# LZ78 dictionary, compressed layout, {dictionary.n_codes} codes", "\t".join(COMPRESSED_COLUMNS)]
+    written atomically. Raw UTF-8 fields, except the lines that cannot be (a label that splits a
+    character, say), which go last below `# escaped:`."""
+    rows: list[tuple[int, int, int, bytes, bytes]] = []
     spelled: list[bytes] = []
+    n_escaped = 0
     for i, (p, label, code) in enumerate(zip(dictionary.node_parent.tolist(), dictionary.node_label,
                                              dictionary.node_code.tolist())):
         spelled.append(spelled[p] + label if p >= 0 else b"")
-        lines.append(f"{i}\t{escape_bytes(label)}\t{p}\t{code or NO_CODE}\t{escape_bytes(spelled[i])}")
+        n_escaped += _needs_escape((label, spelled[i]))
+        rows.append((i, p, code or NO_CODE, label, spelled[i]))
     with atomic_open(path) as f:
-        f.write(("\n".join(lines) + "\n").encode("utf-8"))
+        f.write(_header("compressed", COMPRESSED_COLUMNS, dictionary.n_codes, n_escaped))
+        out = _LineWriter(f)
+        for i, p, code, label, pattern in rows:
+            out.add((i, p, code), (label, pattern), (1, 4))
+        out.close()

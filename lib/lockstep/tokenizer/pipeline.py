@@ -21,7 +21,8 @@ from lockstep.records import problem_to_conversation
 from lockstep.snapshot import first_records, iter_records, read_meta, verify_split
 from lockstep.tokenizer.base import Tokenizer, conversation_texts, train_tokenizer
 from lockstep.tokenizer.char import CharOrder
-from lockstep.tokenizer.lz78 import DICTIONARY_DIR, LZ78Tokenizer
+from lockstep.tokenizer.lz78 import DICTIONARY_DIR, LZ78Tokenizer, project_dictionary
+from lockstep.tokenizer.lz78_tsv import LZ78DictionaryError
 
 log = logging.getLogger("lockstep.tokenizer")
 
@@ -66,6 +67,10 @@ class TokenizerConfig:
     # lz78 only: a dictionary trained elsewhere (TSV, `lz78` or `compressed` layout) instead of
     # training one; a path under corpus/dictionaries/, which the tokenizer stage depends on
     lz78_dictionary: str | None = None
+    # lz78_dictionary only: the byte prefixes of its tokens that the file lacks stay out ("file":
+    # ids and longest-match splits as the reference LZ78 tokenizer gives them) or become extra
+    # codes after the file's ("closed": every code is its parent plus one byte)
+    lz78_prefixes: Literal["file", "closed"] = "file"
     encode_threads: int = 1  # the encoder's threads for counting val tokens (bpe, sentencepiece)
     artifact_records: int = 8  # records per source rendered into rendered_samples.json (parity artifact)
 
@@ -99,6 +104,10 @@ class TokenizerConfig:
                 raise ConfigError(f"tokenizer.lz78_dictionary={self.lz78_dictionary!r} must be a relative path under "
                                   f"{DICTIONARY_DIR}/ (the folder the tokenizer stage depends on, so a changed "
                                   f"dictionary reruns it): copy the file there and name it as {DICTIONARY_DIR}/<file>")
+        if self.lz78_prefixes != "file" and self.lz78_dictionary is None:
+            raise FieldError("lz78_prefixes", self.lz78_prefixes,
+                             "applies to a dictionary read from tokenizer.lz78_dictionary (a trained one has every "
+                             "prefix already): set lz78_dictionary, or lz78_prefixes: file")
         for name in ("lz78_gate_period_phrases", "lz78_gate_min_count", "lz78_round_factor"):
             check_range(name, getattr(self, name), ge=1, why="lz78 training only")
         if not self.char_specials and self.kind != "char":
@@ -292,7 +301,11 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
     t_read = time.perf_counter()
     train_texts = capped_train_texts(cfg, train_dirs, verify=False)
     if cfg.lz78_dictionary is not None:
-        tok: Tokenizer = LZ78Tokenizer.from_dictionary(root / cfg.lz78_dictionary, chunking=cfg.lz78_chunking)
+        try:
+            tok: Tokenizer = LZ78Tokenizer.from_dictionary(project_dictionary(root, cfg.lz78_dictionary),
+                                                           chunking=cfg.lz78_chunking, prefixes=cfg.lz78_prefixes)
+        except LZ78DictionaryError as e:
+            raise ConfigError(f"tokenizer.lz78_dictionary={cfg.lz78_dictionary!r}: {e}") from None
         log.info("lz78 dictionary %s: %d codes, vocab %d (tokenizer.vocab_size is not used)",
                  cfg.lz78_dictionary, tok.n_codes, tok.get_vocab_size())
     else:
