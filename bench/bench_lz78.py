@@ -1,9 +1,11 @@
-"""Benchmark: the compiled LZ78 core against the BPE pair it competes with, on the tiny preset's
-tokenizer training text (the train splits of the shakespeare and roam snapshots, read only).
-Not a test.
+"""Benchmark: the compiled LZ78 core against the BPE pair it competes with, and the dictionary
+reader and decoder at scale. Not a test. Two modes:
 
-    .venv/bin/python bench/bench_lz78.py --raw data/raw --tokenizer data/tokenizer --repeats 5
+    .venv/bin/python bench/bench_lz78.py train-encode --raw data/raw --tokenizer data/tokenizer --repeats 5
+    .venv/bin/python bench/bench_lz78.py scale --lines 10000000 --baseline-lines 1000000 --decode-mb 50
 
+`train-encode` (the default), on the tiny preset's tokenizer training text (the train splits of
+the shakespeare and roam snapshots, read only):
 - training: `train_lz78(..., fast=True)` to the dictionary budget of a --vocab-size LZ78
   vocabulary (vocab - root - 256 byte fallbacks - 9 specials), against a bare rustbpe
   `train_from_iterator` call at --vocab-size as the bpe kind makes it (target <= 1.0x). The LZ78
@@ -11,17 +13,33 @@ Not a test.
 - encoding: MB/s of UTF-8 bytes, --threads threads, `encode_batch(..., fast=True)` with that
   dictionary (UTF-8 encoding included) against tiktoken's `encode_ordinary_batch` with the
   tokenizer-stage bpe vocabulary in --tokenizer (target >= 1.0x).
-
 Both sides run in this process, alternating, medians over --repeats; numba's compilation runs
 once before any clock starts and is printed on its own. Each ratio is a ratio of medians from
 this one run.
+
+`scale` writes a generated `lz78`-layout dictionary of --lines lines to a temporary folder (a
+random trie: each code a random earlier code plus one of 58 ASCII or 6 two-byte characters, so
+the file lacks some byte prefixes, as character-level dictionaries do) and, each in a fresh
+process after numba has compiled on a tiny file:
+- loading: `LZ78Tokenizer.from_dictionary` plus the first `encode` (which builds the encoder's
+  table), wall time and peak resident size (targets: 10M lines under 60 s and 2 GB); the
+  baseline is the plain reader (`fast=False`) on a --baseline-lines file, timed against the fast
+  one on the same file.
+- decoding: `decode` of the ids of --decode-mb MB of text (a list, as `encode` returns them) with
+  a tokenizer trained on the text's first 4 MB at --vocab-size: MB/s of UTF-8 output and the peak
+  resident size it adds per output byte (targets: >= 50 MB/s, O(output) memory); the baseline
+  is the plain decoder (`fast=False`) on the same ids in the same process. The text is --text
+  repeated (default: tiny Shakespeare beside the checkout, else generated words).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,8 +80,9 @@ def time_lz78_train(texts: list[str], max_codes: int, strategy: str) -> tuple[fl
     return time.perf_counter() - t0, trained
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def train_encode(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="bench_lz78.py train-encode", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--raw", type=Path, default=ROOT / "data" / "raw")
     ap.add_argument("--tokenizer", type=Path, default=ROOT / "data" / "tokenizer", help="a bpe tokenizer-stage output")
     ap.add_argument("--sources", nargs="+", default=["shakespeare", "roam"])
@@ -72,7 +91,7 @@ def main() -> None:
     ap.add_argument("--strategy", choices=STRATEGIES, default="standard", help="the LZ78 strategy timed against rustbpe")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     texts = read_texts(args.raw, args.sources, args.max_chars)
     n_bytes = sum(len(t.encode("utf-8")) for t in texts)
@@ -120,6 +139,215 @@ def main() -> None:
     print(f"encoding  tiktoken {mb / med['enc_tiktoken']:.1f} MB/s  lz78 {mb / med['enc_lz78']:.1f} MB/s  ({args.threads} threads)  "
           f"ratio lz78/tiktoken {med['enc_tiktoken'] / med['enc_lz78']:.2f}x (target >= 1.00x)")
     print(f"bytes/token on the training text: bpe {n_bytes / bpe_tokens:.2f}  lz78 {n_bytes / lz_tokens:.2f}")
+
+
+# --- scale: the dictionary reader and the decoder ---------------------------------------------------
+
+# 58 one-byte and 6 two-byte characters a generated code may add to its parent.
+ALPHABET = [*"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456", *"éüñçøå"]
+
+
+def generate_dictionary(path: Path, lines: int, seed: int = 0) -> None:
+    """An lz78-layout file of `lines` codes 1..lines in creation order: code c a uniformly random
+    earlier code (or the root) plus a character its parent has not used yet."""
+    import numpy as np
+    from numba import njit
+
+    rng = np.random.default_rng(seed)
+    codes = np.arange(1, lines + 1)
+    parent = (rng.random(lines) * codes).astype(np.int64)  # uniform in 0..c-1
+    while True:  # each child of a node gets the next unused character; more children than characters move on
+        order = np.argsort(parent, kind="stable")
+        starts = np.searchsorted(parent[order], parent[order])
+        rank = np.empty(lines, np.int64)
+        rank[order] = np.arange(lines) - starts
+        over = np.flatnonzero(rank >= len(ALPHABET))
+        if not over.size:
+            break
+        parent[over] = codes[over] - 1
+    # A random rotation of the characters per parent, so the two-byte ones come up everywhere.
+    rank = (rank + rng.integers(0, len(ALPHABET), lines + 1)[parent]) % len(ALPHABET)
+    encoded = [ch.encode() for ch in ALPHABET]
+    char_bytes = np.frombuffer(b"".join(encoded), np.uint8)
+    char_start = np.concatenate([[0], np.cumsum([len(e) for e in encoded])]).astype(np.int64)
+
+    @njit
+    def write(parent, rank, char_bytes, char_start):  # each line: code, parent, char, pattern
+        n = parent.shape[0]
+        plen = np.zeros(n + 1, np.int64)
+        for c in range(1, n + 1):
+            plen[c] = plen[parent[c - 1]] + char_start[rank[c - 1] + 1] - char_start[rank[c - 1]]
+        pstart = np.zeros(n + 2, np.int64)
+        pstart[1:] = np.cumsum(plen)
+        patterns = np.empty(pstart[-1], np.uint8)
+        out = np.empty(pstart[-1] * 2 + n * 48, np.uint8)
+        t = 0
+        for c in range(1, n + 1):
+            p = parent[c - 1]
+            a, b = char_start[rank[c - 1]], char_start[rank[c - 1] + 1]
+            patterns[pstart[c]:pstart[c] + plen[p]] = patterns[pstart[p]:pstart[p] + plen[p]]
+            patterns[pstart[c] + plen[p]:pstart[c] + plen[c]] = char_bytes[a:b]
+            for number in (c, p):
+                digits = np.empty(20, np.uint8)
+                k = 0
+                while True:
+                    digits[k] = 48 + number % 10
+                    number //= 10
+                    k += 1
+                    if number == 0:
+                        break
+                for i in range(k):
+                    out[t] = digits[k - 1 - i]
+                    t += 1
+                out[t] = 9
+                t += 1
+            out[t:t + b - a] = char_bytes[a:b]
+            t += b - a
+            out[t] = 9
+            t += 1
+            out[t:t + plen[c]] = patterns[pstart[c]:pstart[c] + plen[c]]
+            t += plen[c]
+            out[t] = 10
+            t += 1
+        return out[:t]
+
+    write(parent, rank, char_bytes, char_start).tofile(path)
+
+
+def default_text() -> str:
+    shakespeare = ROOT.parent / "shared" / "fixtures" / "tinyshakespeare" / "input.txt"
+    if shakespeare.is_file():
+        return shakespeare.read_text(encoding="utf-8")
+    import numpy as np
+
+    words = "the of and to in a is that for it as was with be by on not he this are or his from at which".split()
+    rng = np.random.default_rng(0)
+    return " ".join(words[i] for i in rng.integers(0, len(words), 200_000)) + "\n"
+
+
+def status(field: str) -> int:
+    """A size from /proc/self/status (VmRSS now, VmHWM the peak), in bytes."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def reset_peak() -> int:
+    """Set the peak resident size back to the current one (so numba's compilation, which peaks
+    high, does not hide what follows); returns the current one."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return status("VmRSS")
+
+
+def child(kind: str, *args: str) -> dict:
+    """Run one measurement in a fresh interpreter (this script, `_child`), return its JSON."""
+    out = subprocess.run([sys.executable, __file__, "_child", kind, *args], capture_output=True, text=True, check=False)
+    if out.returncode:
+        sys.exit(f"the {kind} measurement failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_child(kind: str, args: list[str]) -> None:
+    import numpy as np
+
+    from lockstep.tokenizer import load_tokenizer
+    from lockstep.tokenizer.lz78 import LZ78Tokenizer
+
+    facts: dict = {}
+    if kind == "load":
+        path, fast, warm = Path(args[0]), args[1] == "fast", Path(args[2])
+        t0 = time.perf_counter()
+        LZ78Tokenizer.from_dictionary(warm, fast=fast).encode("warm up")
+        facts["compile_s"] = time.perf_counter() - t0
+        base = reset_peak()
+        t0 = time.perf_counter()
+        tok = LZ78Tokenizer.from_dictionary(path, fast=fast)
+        facts["load_s"] = time.perf_counter() - t0
+        tok.encode("the first encode builds the encoder's table")
+        facts["load_encode_s"] = time.perf_counter() - t0
+        facts.update(n_codes=tok.n_codes, n_nodes=tok.trie.n_nodes, growth=status("VmHWM") - base,
+                     process_peak=status("VmHWM"), interpreter=base)
+    elif kind == "decode":
+        tok = load_tokenizer(Path(args[0]))
+        ids = np.load(args[1]).tolist()  # a list of ints, as encode returns it
+        out_bytes = int(args[2])
+        tok.decode(ids[:1000])  # compile
+        for name, fast in (("fast", True), ("plain", False)):
+            tok.fast = fast
+            base = reset_peak()
+            t0 = time.perf_counter()
+            text = tok.decode(ids)
+            facts[f"{name}_s"] = time.perf_counter() - t0
+            facts[f"{name}_growth"] = status("VmHWM") - base
+            assert len(text.encode()) == out_bytes
+            del text
+    print(json.dumps(facts))
+
+
+def scale(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="bench_lz78.py scale", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lines", type=int, default=10_000_000, help="lines of the big generated dictionary")
+    ap.add_argument("--baseline-lines", type=int, default=1_000_000, help="lines of the file both readers read")
+    ap.add_argument("--decode-mb", type=float, default=50.0, help="MB of text decoded")
+    ap.add_argument("--vocab-size", type=int, default=32768, help="vocabulary of the tokenizer that decodes")
+    ap.add_argument("--text", type=Path, help="text repeated to --decode-mb (default: tiny Shakespeare or words)")
+    args = ap.parse_args(argv)
+    if not Path("/proc/self/clear_refs").exists():
+        sys.exit("the scale benchmark reads peak memory from Linux /proc")
+    import numpy as np
+
+    from lockstep.tokenizer.lz78 import LZ78Tokenizer
+
+    gb = 1024**3
+    with tempfile.TemporaryDirectory(prefix="bench_lz78_") as tmp:
+        tmp_dir = Path(tmp)
+        warm = tmp_dir / "warm.tsv"
+        warm.write_text("1\t0\ta\ta\n2\t1\té\taé\n", encoding="utf-8")
+        t0 = time.perf_counter()
+        for lines in sorted({args.lines, args.baseline_lines}):
+            generate_dictionary(tmp_dir / f"{lines}.tsv", lines)
+        print(f"generated {args.lines:,} and {args.baseline_lines:,}-line dictionaries in {time.perf_counter() - t0:.1f}s")
+
+        big = child("load", str(tmp_dir / f"{args.lines}.tsv"), "fast", str(warm))
+        size = (tmp_dir / f"{args.lines}.tsv").stat().st_size
+        print(f"load {args.lines:,} lines ({size / 1e6:.0f} MB; {big['n_codes']:,} codes, "
+              f"{big['n_nodes'] - big['n_codes']:,} prefix nodes), fast: {big['load_s']:.1f}s, "
+              f"{big['load_encode_s']:.1f}s with the first encode (target < 60s); peak {big['process_peak'] / gb:.2f} GB "
+              f"(target < 2 GB), {big['growth'] / gb:.2f} GB above the {big['interpreter'] / gb:.2f} GB interpreter, "
+              f"{big['growth'] / args.lines:.0f} bytes a line; numba compilation before it {big['compile_s']:.1f}s")
+        fast = child("load", str(tmp_dir / f"{args.baseline_lines}.tsv"), "fast", str(warm))
+        plain = child("load", str(tmp_dir / f"{args.baseline_lines}.tsv"), "plain", str(warm))
+        print(f"load {args.baseline_lines:,} lines: fast {fast['load_encode_s']:.2f}s {fast['growth'] / args.baseline_lines:.0f} "
+              f"bytes a line, plain (baseline) {plain['load_encode_s']:.2f}s {plain['growth'] / args.baseline_lines:.0f} "
+              f"bytes a line; ratio plain/fast {plain['load_encode_s'] / fast['load_encode_s']:.1f}x time, "
+              f"{plain['growth'] / fast['growth']:.1f}x memory")
+
+        source = args.text.read_text(encoding="utf-8") if args.text else default_text()
+        text = source * max(1, int(args.decode_mb * 1e6 / len(source.encode())))
+        tok = LZ78Tokenizer.train_from_iterator([source[:4_000_000]], vocab_size=args.vocab_size)
+        tok.save(tmp_dir / "tok")
+        ids = np.array(tok.encode(text), np.int32)
+        np.save(tmp_dir / "ids.npy", ids)
+        out_bytes = len(text.encode())
+        del text
+        dec = child("decode", str(tmp_dir / "tok"), str(tmp_dir / "ids.npy"), str(out_bytes))
+        mb = out_bytes / 1e6
+        print(f"decode {mb:.1f} MB from {ids.size:,} ids (a list; vocab {args.vocab_size}): fast {mb / dec['fast_s']:.0f} MB/s "
+              f"(target >= 50), +{dec['fast_growth'] / 1e6:.0f} MB = {dec['fast_growth'] / out_bytes:.1f} bytes per output "
+              f"byte; plain (baseline) {mb / dec['plain_s']:.1f} MB/s, {dec['plain_growth'] / out_bytes:.1f} bytes per "
+              f"output byte; ratio fast/plain {dec['plain_s'] / dec['fast_s']:.1f}x speed")
+
+
+def main() -> None:
+    modes = {"train-encode": train_encode, "scale": scale}
+    argv = sys.argv[1:]
+    if argv[:1] == ["_child"]:
+        run_child(argv[1], argv[2:])
+    elif argv[:1] and argv[0] in modes:
+        modes[argv[0]](argv[1:])
+    else:
+        train_encode(argv)
 
 
 if __name__ == "__main__":
