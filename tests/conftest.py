@@ -33,6 +33,26 @@ def tok():
     return train_tokenizer("byte", [])
 
 
+@pytest.fixture
+def restore_process_state(monkeypatch: pytest.MonkeyPatch):
+    """For tests that run a stage in this process: stages set process-wide state (torch threads
+    and deterministic mode in their runtime section, the CUDA workspace variable, logging
+    handlers in their preamble), put back afterwards."""
+    import logging
+
+    import torch
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    deterministic, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    torch.use_deterministic_algorithms(deterministic)
+    torch.set_num_threads(threads)
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
 @pytest.fixture(autouse=True)
 def _hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
     # No test may reach the network: the hub libraries honour these.

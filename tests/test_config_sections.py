@@ -20,23 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-@pytest.fixture(autouse=True)
-def _restore_process_state(monkeypatch: pytest.MonkeyPatch):
-    """Stages run in this process set process-wide state: torch threads and deterministic mode
-    (the runtime section), the CUDA workspace variable, logging handlers (their preamble)."""
-    import logging
-
-    import torch
-
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    deterministic, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    torch.use_deterministic_algorithms(deterministic)
-    torch.set_num_threads(threads)
-    root.handlers[:] = handlers
-    root.setLevel(level)
+# Stages run in this process set process-wide state; conftest's fixture puts it back.
+pytestmark = pytest.mark.usefixtures("restore_process_state")
 
 
 def run_entry(main: Callable[[], object], errors: tuple[type[Exception], ...]) -> tuple[int, str]:

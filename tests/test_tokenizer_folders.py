@@ -146,24 +146,6 @@ def _one_error_line(output: str, folder: Path) -> str:
     return errors[0]
 
 
-@pytest.fixture
-def restore_process_state(monkeypatch):
-    """Stages set process-wide state (torch threads and deterministic mode, logging handlers)."""
-    import logging
-
-    import torch
-
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    det, threads = torch.are_deterministic_algorithms_enabled(), torch.get_num_threads()
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    torch.use_deterministic_algorithms(det)
-    torch.set_num_threads(threads)
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
 def _run_in_process(module: str, argv: list[str]) -> tuple[int, str]:
     import importlib
 
