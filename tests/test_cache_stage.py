@@ -3,36 +3,16 @@ problems, identical outputs on a rerun, and params that do not fit the snapshot 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
+from _cache_stage import make_workdir, tree
 from lockstep.cache import CacheError, open_pretrain_split, open_sft_split
-from lockstep.io import sha256_file
-from lockstep.tokenizer import train_tokenizer
-
-sources = pytest.importorskip("lockstep.sources")
-
-
-def _hashes(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch, repo_root):
-    monkeypatch.syspath_prepend(str(repo_root))  # `stages` is imported from the checkout, not installed
-    notes = tmp_path / "notes"
-    notes.mkdir()
-    for i in range(12):
-        (notes / f"note{i:02d}.md").write_text(f"# Note {i}\n\nSome text about topic {i}. " * (i + 2), encoding="utf-8")
-    monkeypatch.chdir(tmp_path)
-    from lockstep.sources.roam import RoamConfig
-    from lockstep.sources.synth_math import SynthMathConfig
-
-    sources.fetch_source("notes", RoamConfig(path=str(notes), val_frac=0.2), tmp_path / "raw" / "notes", seed=1)
-    sources.fetch_source("math", SynthMathConfig(n_train=30, n_val=5), tmp_path / "raw" / "math", seed=1)
-    train_tokenizer("byte", []).save(tmp_path / "tok")
+    make_workdir(tmp_path, monkeypatch, repo_root)
     params = {
         "seed": 3,
         "data_seed": 4,
@@ -54,9 +34,9 @@ def test_cache_stage_pretrain_and_sft(workdir):
     assert split.tokens == meta["train_tokens"] > 0 and len(split.shards) > 1
     assert meta["val_tokens"] == 100 and meta["dataset_name"] == "notes" and meta["seed"] == 4  # the data seed
     assert (workdir / "cache/pretrain/notes/rendered_samples.json").is_file()
-    first = _hashes(workdir / "cache/pretrain/notes")
+    first = tree(workdir / "cache/pretrain/notes")
     main(["notes", "--raw", "raw/notes", "--tokenizer", "tok", "--out", "cache/pretrain/notes"])
-    assert _hashes(workdir / "cache/pretrain/notes") == first
+    assert tree(workdir / "cache/pretrain/notes") == first
 
     meta = main(["math", "--raw", "raw/math", "--tokenizer", "tok", "--out", "cache/sft/math"])
     assert (meta["train_examples"], meta["val_examples"]) == (27, 3)  # 30 train problems, val_frac 0.1
