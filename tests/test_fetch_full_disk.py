@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from _cache_stage import one_error_line, tree
 from _fineweb_shards import no_thread_shutdown_sleep, write_shards
 from lockstep.config import build_config
-from lockstep.io import sha256_file
 from lockstep.snapshot import SnapshotError
 from lockstep.sources import SOURCE_CONFIGS, fetch_source
 
@@ -36,10 +36,6 @@ def _disk_full_from_part(first_full: int):
 
     writer.asked = 0
     return writer
-
-
-def _tree(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture
@@ -65,16 +61,10 @@ def _run_stage(monkeypatch, capsys) -> tuple[int, str]:
     return status, capsys.readouterr().err
 
 
-def _one_error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert "Traceback" not in err and sum(line.startswith("error: ") for line in lines) == 1, err
-    return next(line for line in lines if line.startswith("error: "))
-
-
 def test_full_disk_during_a_fetch_ends_in_one_error_line(workdir, monkeypatch, capsys):
     monkeypatch.setattr(pq, "ParquetWriter", disk := _disk_full_from_part(0))
     status, err = _run_stage(monkeypatch, capsys)
-    line = _one_error_line(err)
+    line = one_error_line(err)
     assert status == 1 and disk.asked == 1
     assert line.startswith("error: no space left to fetch raw/notes (No space left on device); nothing was published")
     assert "Free space on the disk holding raw" in line and "a disk with room" in line
@@ -83,13 +73,13 @@ def test_full_disk_during_a_fetch_ends_in_one_error_line(workdir, monkeypatch, c
 
 def test_full_disk_during_a_refetch_keeps_the_previous_snapshot(workdir, monkeypatch, capsys):
     assert _run_stage(monkeypatch, capsys)[0] == 0
-    before = _tree(workdir / "raw" / "notes")
+    before = tree(workdir / "raw" / "notes")
     (workdir / "notes" / "note99.md").write_text("# New\n\nA note added since.\n", encoding="utf-8")
     monkeypatch.setattr(pq, "ParquetWriter", _disk_full_from_part(1))  # the train part is written, then full
     status, err = _run_stage(monkeypatch, capsys)
-    assert status == 1 and "no space left to fetch raw/notes" in _one_error_line(err)
+    assert status == 1 and "no space left to fetch raw/notes" in one_error_line(err)
     assert sorted(p.name for p in (workdir / "raw").iterdir()) == ["notes"]
-    assert _tree(workdir / "raw" / "notes") == before
+    assert tree(workdir / "raw" / "notes") == before
 
 
 def test_other_write_errors_keep_their_own_error(workdir, monkeypatch):
@@ -126,4 +116,4 @@ def test_resumable_fetch_keeps_its_parts_and_the_rerun_carries_on(tmp_path, monk
     assert not (tmp_path / "out").exists() and disk.asked == 5
     assert len(list((tmp_path / "partial").rglob("*.parquet"))) >= 4  # the finished parts, kept
     fetch(tmp_path / "out", tmp_path / "partial")
-    assert _tree(tmp_path / "out") == _tree(tmp_path / "reference")
+    assert tree(tmp_path / "out") == tree(tmp_path / "reference")
