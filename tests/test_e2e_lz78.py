@@ -51,7 +51,7 @@ def test_smoke_pipeline_with_lz78_structured_and_prefix_smooth(tmp_path: Path) -
     for stage in ("pretrain", "midtrain", "sft", "rl"):
         model, meta = ckpt.load_model(data / "ckpt" / stage, "cpu")
         assert model.config.embedding == "structured", stage
-        rows = model.token_parent_row[: tok.get_vocab_size()].numpy()
+        rows = model.embed.token_parent_row[: tok.get_vocab_size()].numpy()
         coded = tree.last_byte >= 0
         assert np.array_equal(rows[coded & (tree.parent >= 0)], tree.parent[coded & (tree.parent >= 0)]), stage
         metrics = json.loads((data / "metrics" / f"{stage}.json").read_text())

@@ -13,7 +13,8 @@ from _text_corpus import CORPUS
 from lockstep import checkpoint as ckpt
 from lockstep.config import ConfigError
 from lockstep.engine import Engine
-from lockstep.model import EMBEDDINGS, GPT, NO_BYTE_ROW, GPTConfig
+from lockstep.embeddings import EMBEDDINGS, NO_BYTE_ROW
+from lockstep.model import GPT, GPTConfig
 from lockstep.optim import split_params
 from lockstep.tokenizer import train_tokenizer
 from lockstep.tokenizer.lz78 import LZ78Tokenizer
@@ -33,19 +34,19 @@ LAST = [97, 98, 99, 98, -1, -1]
 def test_rows_follow_parent_and_last_byte_and_specials_stay_distinct():
     model = GPT.build(config(6, "structured"), "cpu", token_structure=(PARENTS, LAST))
     P = model.config.padded_vocab_size
-    assert model.token_parent_row[:6].tolist() == [P, 0, 1, P, 4, 5]
-    assert model.token_byte_row[:6].tolist() == [97, 98, 99, 98, NO_BYTE_ROW, NO_BYTE_ROW]
-    assert (model.token_parent_row[6:] == P).all() and (model.token_byte_row[6:] == NO_BYTE_ROW).all()
+    assert model.embed.token_parent_row[:6].tolist() == [P, 0, 1, P, 4, 5]
+    assert model.embed.token_byte_row[:6].tolist() == [97, 98, 99, 98, NO_BYTE_ROW, NO_BYTE_ROW]
+    assert (model.embed.token_parent_row[6:] == P).all() and (model.embed.token_byte_row[6:] == NO_BYTE_ROW).all()
     x = model.embed(torch.tensor([[1, 4, 5]]))
-    w, b = model.wte.weight, model.wbe.weight
+    w, b = model.embed.wte.weight, model.embed.wbe.weight
     assert torch.equal(x[0, 0], w[0] + b[98])  # "ab" = code "a" + byte "b"
     assert torch.equal(x[0, 1], w[4] + b[NO_BYTE_ROW]) and not torch.equal(x[0, 1], x[0, 2])
     with pytest.raises(ValueError, match="parents must be -1 or another id"):
-        model.set_token_structure([0, 0, 1, -1, -1, -1], LAST)  # id 0 its own parent
+        model.embed.set_token_structure([0, 0, 1, -1, -1, -1], LAST)  # id 0 its own parent
     with pytest.raises(ValueError, match="does not fit"):
-        model.set_token_structure(PARENTS[:5], LAST[:5])
+        model.embed.set_token_structure(PARENTS[:5], LAST[:5])
     with pytest.raises(ValueError, match="flat embedding"):
-        GPT.build(config(6, "flat"), "cpu").set_token_structure(PARENTS, LAST)
+        GPT.build(config(6, "flat"), "cpu").embed.set_token_structure(PARENTS, LAST)
 
 
 @pytest.mark.parametrize("embedding", [e for e in EMBEDDINGS if e != "flat"])
@@ -60,21 +61,39 @@ def test_shapes_gradients_and_accounting(embedding):
     assert logits.shape == (1, idx.shape[1], tok.get_vocab_size())
     model(idx, idx.roll(-1, 1)).backward()
     used = idx.unique()
-    assert model.wte.weight.grad[model.token_parent_row[used]].abs().sum() > 0
-    assert model.wbe.weight.grad[model.token_byte_row[used]].abs().sum() > 0
+    assert model.embed.wte.weight.grad[model.embed.token_parent_row[used]].abs().sum() > 0
+    assert model.embed.wbe.weight.grad[model.embed.token_byte_row[used]].abs().sum() > 0
     C, P = cfg.n_embd, cfg.padded_vocab_size
     extra = (P + 1 + NO_BYTE_ROW + 1) * C - P * C  # the two tables against flat's one
     groups = split_params(model)
     if embedding == "tuple":
-        assert model.embed_proj.weight.grad.abs().sum() > 0
+        assert model.embed.embed_proj.weight.grad.abs().sum() > 0
         extra += 2 * C * C
-        assert any(p is model.embed_proj.weight for _, p in groups["matrix"])
+        assert any(p is model.embed.embed_proj.weight for _, p in groups["matrix"])
         # the projection is a matmul: it counts towards FLOPs, the tables do not
         assert model.flops_per_token() == flat.flops_per_token() + 6 * 2 * C * C
     else:
         assert model.flops_per_token() == flat.flops_per_token()
     assert model.num_params() == flat.num_params() + extra
-    assert {id(p) for _, p in groups["embed"]} == {id(model.wte.weight), id(model.wbe.weight)}
+    assert {id(p) for _, p in groups["embed"]} == {id(model.embed.wte.weight), id(model.embed.wbe.weight)}
+
+
+@pytest.mark.parametrize("embedding", list(EMBEDDINGS))
+def test_weights_keep_their_top_level_names_and_sort_into_one_group_each(embedding):
+    """model.embed is a module of its own, but its weights save under the names they had before
+    it was (no `embed.` prefix), in the same order, and load back from them."""
+    structure = None if embedding == "flat" else (PARENTS, LAST)
+    model = GPT.build(config(6, embedding), "cpu", seed=1, token_structure=structure)
+    own = {"flat": ["wte.weight"], "tuple": ["token_parent_row", "token_byte_row", "wte.weight", "wbe.weight",
+                                            "embed_proj.weight"]}.get(embedding, ["token_parent_row", "token_byte_row",
+                                                                               "wte.weight", "wbe.weight"])
+    keys = list(model.state_dict())
+    assert keys[: len(own)] == own and keys[len(own)].startswith("blocks.0.") and keys[-1] == "lm_head.weight"
+    fresh = GPT.build(config(6, embedding), "cpu", seed=2)
+    fresh.load_state_dict(model.state_dict())  # strict: every name found
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values(), strict=True))
+    weights = model.embed.tables() + model.embed.matrices()
+    assert sorted(map(id, weights)) == sorted(map(id, model.embed.parameters()))
 
 
 def test_checkpoint_reloads_without_the_tokenizer_and_generates_the_same(tmp_path):
@@ -84,8 +103,8 @@ def test_checkpoint_reloads_without_the_tokenizer_and_generates_the_same(tmp_pat
     model = GPT.build(cfg, "cpu", seed=3, token_structure=(tree.parent, tree.last_byte)).eval()
     ckpt.save_checkpoint(tmp_path / "ck", model.state_dict(), {}, {"model_config": cfg.to_dict()})
     loaded, _ = ckpt.load_model(tmp_path / "ck", "cpu")  # no tokenizer folder anywhere
-    assert torch.equal(loaded.token_parent_row, model.token_parent_row)
-    assert torch.equal(loaded.token_byte_row, model.token_byte_row)
+    assert torch.equal(loaded.embed.token_parent_row, model.embed.token_parent_row)
+    assert torch.equal(loaded.embed.token_byte_row, model.embed.token_byte_row)
     prompt = tok.encode("To be, or not", prepend="<|bos|>")
     kw = dict(num_samples=2, max_tokens=12, temperature=1.0, seed=7)
     assert Engine(loaded, tok).generate_batch(prompt, **kw) == Engine(model, tok).generate_batch(prompt, **kw)
@@ -113,4 +132,4 @@ def test_hierarchical_needs_a_compressed_dictionary(tmp_path):
     the = tok.encode("the")[0]
     assert parents[the] == structured[the] == tok.encode("th")[0]
     model = GPT.build(config(tok.get_vocab_size(), "hierarchical"), "cpu", token_structure=(parents, last))
-    assert model.token_parent_row[abc[0]] == model.config.padded_vocab_size
+    assert model.embed.token_parent_row[abc[0]] == model.config.padded_vocab_size

@@ -1,6 +1,7 @@
 """The GPT: one config, one module, weights initialised in one place, written in stock PyTorch. It
 is not a trainer, a sampler or a checkpoint format; the KV cache it reads from lives in
-lockstep.engine, and the CPU fast paths it can switch to (`GPT.use_kernels`) in lockstep.kernels."""
+lockstep.engine, the token embedding kinds it holds one of in lockstep.embeddings, and the CPU fast
+paths it can switch to (`GPT.use_kernels`) in lockstep.kernels."""
 
 from __future__ import annotations
 
@@ -15,11 +16,9 @@ from torch import nn
 
 from lockstep import kernels
 from lockstep.config import FieldError, build_config, check_range, config_to_dict
+from lockstep.embeddings import EMBEDDINGS, draw_normal, keep_top_level_keys
 
 IGNORE_INDEX = -100
-# How token ids become vectors (GPTConfig.embedding); see GPT.embed.
-EMBEDDINGS = ("flat", "structured", "tuple", "hierarchical")
-NO_BYTE_ROW = 256  # the byte-table row of ids that end in no byte (special tokens, LZ78's root)
 LossReduction = Literal["mean", "sum", "none"]
 RMS_EPS = 1e-6  # added to the mean square; fixed rather than finfo(dtype).eps so bf16 and fp32 agree
 
@@ -40,10 +39,7 @@ class GPTConfig:
     softcap: float = 15.0  # logits become softcap * tanh(logits / softcap); 0 disables
     vocab_multiple: int = 64  # pad the vocab to a multiple of this many ids
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * n_embd
-    # flat: one row per id. structured / hierarchical: the parent code's row plus the last
-    # byte's row, summed (hierarchical only differs in which parent the tokenizer gives). tuple:
-    # the two rows side by side, then a bias-free linear map to n_embd.
-    embedding: str = "flat"
+    embedding: str = "flat"  # how ids become vectors: a key of lockstep.embeddings.EMBEDDINGS
 
     def __post_init__(self) -> None:
         # FieldError names the field; from_dict prefixes `model.`, so a bad meta.json names its key.
@@ -255,21 +251,11 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        V, C = config.padded_vocab_size, config.n_embd
-        if config.embedding == "flat":
-            self.wte = nn.Embedding(V, C)
-        else:
-            # Structured: wte holds parent-code rows, row V standing for "no parent"; wbe the 256
-            # byte rows and NO_BYTE_ROW. Which rows an id reads is data, not a weight: the two
-            # buffers, filled by set_token_structure and saved in the state dict, so a checkpoint
-            # embeds without its tokenizer folder.
-            self.wte = nn.Embedding(V + 1, C)
-            self.wbe = nn.Embedding(NO_BYTE_ROW + 1, C)
-            self.embed_proj = nn.Linear(2 * C, C, bias=False) if config.embedding == "tuple" else None
-            self.register_buffer("token_parent_row", torch.empty(V, dtype=torch.long))
-            self.register_buffer("token_byte_row", torch.empty(V, dtype=torch.long))
+        # token vectors (B, T, C) of ids (B, T): the config's kind of lockstep.embeddings.TokenEmbedding
+        self.embed = EMBEDDINGS[config.embedding](config.n_embd, config.vocab_size, config.padded_vocab_size)
+        keep_top_level_keys(self, "embed")  # its weights save as `wte.weight`, not `embed.wte.weight`
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
-        self.lm_head = nn.Linear(config.n_embd, V, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         # Rotary tables are derived data, not weights: kept out of the state dict.
         self.register_buffer("rotary_cos", torch.empty(config.sequence_len, config.head_dim // 2), persistent=False)
         self.register_buffer("rotary_sin", torch.empty(config.sequence_len, config.head_dim // 2), persistent=False)
@@ -287,18 +273,16 @@ class GPT(nn.Module):
         token_structure: tuple[Any, Any] | None = None,
     ) -> GPT:
         """A ready model on `device`: weights drawn from `torch.Generator().manual_seed(seed)`,
-        then cast to `dtype` if given (rotary tables stay fp32). A non-flat embedding takes
-        `token_structure`, (parents, last_bytes) as set_token_structure reads them; without it
-        each id reads its own code row and no byte (for a model about to load a checkpoint)."""
+        then cast to `dtype` if given (rotary tables stay fp32). An embedding with a token
+        structure takes `token_structure`, (parents, last_bytes) as its set_token_structure reads
+        them; without it each id reads its own code row and no byte (for a model about to load a
+        checkpoint)."""
         with torch.device("meta"):
             model = cls(config)
         model.to_empty(device=device)
         model.init_weights(torch.Generator().manual_seed(seed))
-        if config.embedding != "flat":
-            if token_structure is None:
-                no_structure = torch.full((config.padded_vocab_size,), -1)  # every id reads its own code row
-                token_structure = (no_structure, no_structure)
-            model.set_token_structure(*token_structure)
+        if token_structure is not None:
+            model.embed.set_token_structure(*token_structure)
         if dtype is not None:
             for p in model.parameters():
                 p.data = p.data.to(dtype)
@@ -311,24 +295,15 @@ class GPT(nn.Module):
         generator state whatever the device. Output projections start at zero so every block
         begins as the identity on the residual stream."""
         C = self.config.n_embd
-
-        def draw(p: torch.Tensor, std: float) -> None:
-            w = torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=generator)
-            p.copy_(w)
-
-        draw(self.wte.weight, 1.0)
-        if self.config.embedding != "flat":
-            draw(self.wbe.weight, 1.0)
-            if self.embed_proj is not None:
-                draw(self.embed_proj.weight, (2 * C) ** -0.5)
+        self.embed.init_weights(generator)
         for block in self.blocks:
             attn, mlp = block.attn, block.mlp
             for lin in (attn.c_q, attn.c_k, attn.c_v, mlp.c_fc):
-                draw(lin.weight, C**-0.5)
+                draw_normal(lin.weight, C**-0.5, generator)
             attn.c_proj.weight.zero_()
             mlp.c_proj.weight.zero_()
         # A small lm_head makes the initial distribution near uniform (loss ~ ln V).
-        draw(self.lm_head.weight, 1e-3)
+        draw_normal(self.lm_head.weight, 1e-3, generator)
         self.init_rotary()
 
     @torch.no_grad()
@@ -338,59 +313,15 @@ class GPT(nn.Module):
         self.rotary_cos = cos.to(self.rotary_cos.device)
         self.rotary_sin = sin.to(self.rotary_sin.device)
 
-    @torch.no_grad()
-    def set_token_structure(self, parents: Any, last_bytes: Any) -> None:
-        """Which rows each id reads in a non-flat embedding, from per-id arrays over the
-        vocabulary (numpy or torch, any integer dtype): `parents[i]` the id of i's parent, or -1
-        for none (its parent row is then the "no parent" row); `last_bytes[i]` its final byte
-        0..255, or -1 for an id that spells no byte (a special token), which instead reads its
-        own code row and NO_BYTE_ROW so that every special stays distinct. Padded ids read
-        "no parent" and NO_BYTE_ROW. For `hierarchical` the caller passes the hierarchical
-        parents (lockstep.train_stage picks them from the tokenizer)."""
-        c = self.config
-        if c.embedding == "flat":
-            raise ValueError("a flat embedding has no token structure; set model.embedding to use one")
-        parents = torch.as_tensor(parents, dtype=torch.long).cpu()
-        last = torch.as_tensor(last_bytes, dtype=torch.long).cpu()
-        V, P = c.vocab_size, c.padded_vocab_size
-        if parents.shape not in ((V,), (P,)) or last.shape != parents.shape:
-            raise ValueError(f"token structure of shapes {tuple(parents.shape)} and {tuple(last.shape)} does not fit the "
-                             f"model's {V} ids; it must come from the tokenizer the model is trained with")
-        n = parents.numel()
-        ids = torch.arange(n)
-        if ((parents < -1) | (parents >= n) | (parents == ids)).any() or ((last < -1) | (last > 255)).any():
-            raise ValueError("token structure: parents must be -1 or another id, last bytes -1 or 0..255")
-        no_byte = last == -1
-        parent_row = torch.full((P,), P, dtype=torch.long)
-        byte_row = torch.full((P,), NO_BYTE_ROW, dtype=torch.long)
-        parent_row[:n] = torch.where(no_byte, ids, torch.where(parents == -1, P, parents))
-        byte_row[:n] = torch.where(no_byte, NO_BYTE_ROW, last)
-        self.token_parent_row.copy_(parent_row)
-        self.token_byte_row.copy_(byte_row)
-
-    def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """Token vectors (B, T, C) of ids (B, T): the id's row (flat), or its parent code's row
-        and its last byte's row, summed (structured, hierarchical) or concatenated and projected
-        (tuple)."""
-        if self.config.embedding == "flat":
-            return self.wte(idx)
-        code = self.wte(self.token_parent_row[idx])
-        byte = self.wbe(self.token_byte_row[idx])
-        if self.embed_proj is not None:
-            return self.embed_proj(torch.cat((code, byte), dim=-1))
-        return code + byte
-
     def embedding_weights(self) -> list[nn.Parameter]:
-        """The lookup tables (no FLOPs): wte, and wbe for a non-flat embedding."""
-        return [self.wte.weight] if self.config.embedding == "flat" else [self.wte.weight, self.wbe.weight]
+        """The embedding's lookup tables (no FLOPs)."""
+        return self.embed.tables()
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by role for the optimizers: `matrix` holds the 2-D weights inside blocks
-        and the tuple embedding's projection (for Muon), `embedding` the lookup tables and
+        and the embedding's matmul weights (for Muon), `embedding` its lookup tables and
         `lm_head` the output head (for AdamW). Every parameter appears in exactly one group."""
-        matrix = [p for p in self.blocks.parameters()]
-        if self.config.embedding == "tuple":
-            matrix.append(self.embed_proj.weight)
+        matrix = [*self.blocks.parameters(), *self.embed.matrices()]
         groups = {"matrix": matrix, "embedding": self.embedding_weights(), "lm_head": [self.lm_head.weight]}
         assert sum(len(g) for g in groups.values()) == len(list(self.parameters()))
         assert all(p.ndim == 2 for p in matrix)
