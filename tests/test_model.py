@@ -9,8 +9,7 @@ import math
 import pytest
 import torch
 
-import lockstep.model as model_module
-from lockstep import kernels
+from lockstep import kernels, ops
 from lockstep.config import ConfigError
 from lockstep.model import GPT, IGNORE_INDEX, GPTConfig, attend, cross_entropy
 
@@ -155,11 +154,11 @@ def test_kernel_head_loss_equals_reference_cross_entropy(softcap, monkeypatch):
 def test_kernels_are_off_by_default_and_leave_the_state_dict_alone():
     c = tiny()
     m = GPT.build(c, "cpu", seed=1)
-    assert m.ops is model_module.REFERENCE_OPS
+    assert m.ops is ops.REFERENCE_OPS
     names = list(m.state_dict())
-    assert m.use_kernels() is m and m.ops is model_module.KERNEL_OPS
+    assert m.use_kernels() is m and m.ops is ops.KERNEL_OPS
     assert list(m.state_dict()) == names
-    assert m.use_kernels(False).ops is model_module.REFERENCE_OPS
+    assert m.use_kernels(False).ops is ops.REFERENCE_OPS
 
 
 def test_masked_targets_are_ignored():
@@ -263,7 +262,7 @@ def test_bf16_autocast_loss_close_to_fp32():
     assert all(torch.isfinite(p.grad).all() for p in m.parameters())
 
 
-@pytest.mark.parametrize("norm", [model_module.REFERENCE_OPS.norm, model_module.KERNEL_OPS.norm], ids=["reference", "kernel"])
+@pytest.mark.parametrize("norm", [ops.REFERENCE_OPS.norm, ops.KERNEL_OPS.norm], ids=["reference", "kernel"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_rms_norm_matches_reference_and_gradcheck(norm, dtype, tol):
     g = torch.Generator().manual_seed(0)
@@ -272,7 +271,7 @@ def test_rms_norm_matches_reference_and_gradcheck(norm, dtype, tol):
     y = norm(x)
     y.backward(grad)
     xr = x.detach().double().requires_grad_()
-    yr = xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + model_module.RMS_EPS)
+    yr = xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + ops.RMS_EPS)
     yr.backward(grad.double())
     assert y.dtype == dtype
     torch.testing.assert_close(y.double(), yr, rtol=tol, atol=tol)

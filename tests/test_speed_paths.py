@@ -14,11 +14,12 @@ import torch
 import torch.nn.functional as F
 from test_chat_model import write_tiny_checkpoint
 
-from lockstep import kernels
+from lockstep import kernels, ops
 from lockstep.chat import load_backend
 from lockstep.config import ConfigError, build_config
 from lockstep.engine import KVCache
-from lockstep.model import GPT, IGNORE_INDEX, KERNEL_OPS, REFERENCE_OPS, RMS_EPS, GPTConfig
+from lockstep.model import GPT, GPTConfig
+from lockstep.ops import IGNORE_INDEX, KERNEL_OPS, REFERENCE_OPS, RMS_EPS
 from lockstep.runtime import RuntimeConfig, init_runtime
 
 
@@ -110,6 +111,19 @@ def test_fused_head_refuses_a_softcap_it_cannot_exponentiate():
     for softcap in (0.0, kernels.SAFE_EXP_CAP + 1):
         with pytest.raises(ValueError, match="softcap"):
             kernels.head_loss(x, w, y, softcap=softcap, vocab_size=8, reduction="mean", ignore_index=IGNORE_INDEX)
+
+
+def test_fused_head_equals_the_one_softcap_formula():
+    """kernels.head_loss folds 1/softcap into the weight rather than calling ops.softcap; held here
+    to the reference head loss, which does."""
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(2, 9, 16, generator=g) * 3, torch.randn(40, 16, generator=g)
+    y = torch.randint(0, 37, (2, 9), generator=g)
+    y[0, 0] = IGNORE_INDEX
+    for reduction in ("mean", "sum", "none"):
+        got = kernels.head_loss(x, w, y, softcap=15.0, vocab_size=37, reduction=reduction, ignore_index=IGNORE_INDEX)
+        torch.testing.assert_close(got, ops.head_loss(x, w, y, 15.0, 37, reduction), rtol=1e-5, atol=1e-5)
+    assert ops.softcap(torch.tensor([1e6, -1e6, 0.0]), 15.0).tolist() == [15.0, -15.0, 0.0]
 
 
 def _head(x0, w0, y, dtype, threads):

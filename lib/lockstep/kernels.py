@@ -3,7 +3,7 @@ a weight-on-the-left head for decoding, and a fused, tiled, threaded lm_head + c
 tensor functions: they know nothing of the model, which uses them only after
 `GPT.use_kernels(True)` (the `runtime.kernels` setting).
 
-Each one computes what its stock PyTorch counterpart in lockstep.model computes, to rounding;
+Each one computes what its stock PyTorch counterpart in lockstep.ops computes, to rounding;
 tests/test_speed_paths.py holds them to that. They exist because the tiny presets train and decode
 on 2-core CPUs: the bare d4 training step runs 1.7-3x as fast with them as without
 (bench/bench_model.py); the figure for each is next to it."""
@@ -114,7 +114,9 @@ class _HeadLoss(torch.autograd.Function):
         s = float(softcap)
         xc = x.to(compute_dtype)  # (N, C)
         w = weight[:vocab_size].to(compute_dtype)  # (V, C)
-        w_in = w / s  # fold 1/softcap into the weights: a (V, C) pass, not N*V
+        # fold 1/softcap into the weights (a (V, C) pass, not N*V): lockstep.ops.softcap's s * tanh(z / s)
+        # becomes s * tanh(x @ (W / s).T), equal to rounding only, so it cannot call it (test_speed_paths)
+        w_in = w / s
         valid = targets != ignore_index  # (N,)
         safe_t = torch.where(valid, targets, 0)  # (N,)
         # logit at the target, from its own dot product (fp32 accumulation)

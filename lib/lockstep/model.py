@@ -1,26 +1,24 @@
 """The GPT: one config, one module, weights initialised in one place, written in stock PyTorch. It
 is not a trainer, a sampler or a checkpoint format; the KV cache it reads from lives in
-lockstep.engine, the token embedding kinds it holds one of in lockstep.embeddings, and the CPU fast
-paths it can switch to (`GPT.use_kernels`) in lockstep.kernels."""
+lockstep.engine, the token embedding kinds it holds one of in lockstep.embeddings, and the
+primitives it is written in, with the switch to lockstep.kernels' CPU fast paths
+(`GPT.use_kernels`), in lockstep.ops."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lockstep import kernels
 from lockstep.config import FieldError, build_config, check_range, config_to_dict
 from lockstep.embeddings import EMBEDDINGS, draw_normal, keep_top_level_keys
 
-IGNORE_INDEX = -100
-LossReduction = Literal["mean", "sum", "none"]
-RMS_EPS = 1e-6  # added to the mean square; fixed rather than finfo(dtype).eps so bf16 and fp32 agree
+# IGNORE_INDEX and cross_entropy are the model's loss convention: its users import them from here too
+from lockstep.ops import IGNORE_INDEX, KERNEL_OPS, REFERENCE_OPS, LossReduction, Ops, capped_logits, cross_entropy
 
 
 @dataclass(frozen=True)
@@ -122,11 +120,6 @@ class KVCacheLike(Protocol):
     def advance(self, num_tokens: int) -> None: ...
 
 
-def rms_norm(x: torch.Tensor) -> torch.Tensor:
-    """Parameter-free RMSNorm over the last dim: x / sqrt(mean(x^2) + 1e-6), in x's dtype."""
-    return F.rms_norm(x, (x.size(-1),), eps=RMS_EPS)
-
-
 def rotary_tables(seq_len: int, head_dim: int, theta: float, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin tables, each (seq_len, head_dim // 2) fp32, for the half-split rotary layout."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim))
@@ -152,38 +145,6 @@ def attend(
     if n_rep > 1:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction: LossReduction) -> torch.Tensor:
-    """fp32 cross-entropy of logits (B, T, V) against targets (B, T), IGNORE_INDEX skipped: `mean`
-    over counted targets, `sum`, or `none` (B, T) with 0 at ignored positions. `mean` divides by
-    max(1, counted targets) instead of F.cross_entropy's mean, which is 0/0 = NaN when every
-    target is ignored (a fully masked SFT batch): such a batch gives loss 0 with all-zero, finite
-    gradients."""
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
-    flat = logits.reshape(-1, logits.size(-1)).float()  # (B*T, V)
-    y = targets.reshape(-1)  # (B*T,)
-    if reduction == "none":
-        return F.cross_entropy(flat, y, ignore_index=IGNORE_INDEX, reduction="none").view(targets.shape)
-    total = F.cross_entropy(flat, y, ignore_index=IGNORE_INDEX, reduction="sum")
-    if reduction == "sum":
-        return total
-    return total / (y != IGNORE_INDEX).sum().clamp(min=1)
-
-
-@dataclass(frozen=True)
-class Ops:
-    """The primitives the network is written in, so that one switch swaps them all (see
-    GPT.use_kernels): REFERENCE_OPS is stock PyTorch, KERNEL_OPS lockstep.kernels' CPU fast paths,
-    equal to it to rounding."""
-
-    norm: Callable[[torch.Tensor], torch.Tensor]  # parameter-free RMSNorm over the last dim
-    head: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # x @ w.T: the padded logits
-
-
-REFERENCE_OPS = Ops(norm=rms_norm, head=F.linear)
-KERNEL_OPS = Ops(norm=functools.partial(kernels.rms_norm, eps=RMS_EPS), head=kernels.head_logits)
 
 
 class CausalSelfAttention(nn.Module):
@@ -390,19 +351,11 @@ class GPT(nn.Module):
     def head_loss(self, x: torch.Tensor, targets: torch.Tensor, loss_reduction: LossReduction = "mean") -> torch.Tensor:
         """`cross_entropy` of the logits of final hidden states x (B, T, C) against targets (B, T)."""
         c = self.config
-        if self.ops is KERNEL_OPS and 0 < c.softcap <= kernels.SAFE_EXP_CAP:
-            # the same loss without ever holding the batch's (B, T, V) fp32 logits
-            return kernels.head_loss(x, self.lm_head.weight, targets, softcap=c.softcap, vocab_size=c.vocab_size,
-                                     reduction=loss_reduction, ignore_index=IGNORE_INDEX)
-        return cross_entropy(self._logits(x), targets, loss_reduction)
+        return self.ops.head_loss(x, self.lm_head.weight, targets, c.softcap, c.vocab_size, loss_reduction)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """Soft-capped fp32 logits (B, T, vocab_size) of the final normed x (B, T, C)."""
-        c = self.config
-        logits = self.ops.head(x, self.lm_head.weight)[..., : c.vocab_size].float()  # (B, T, V)
-        if c.softcap:
-            logits = c.softcap * torch.tanh(logits / c.softcap)
-        return logits
+        return capped_logits(self.ops.head, x, self.lm_head.weight, self.config.softcap, self.config.vocab_size)
 
     def _rotary_at(self, pos: torch.Tensor | int, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotary angles for tokens at positions pos..pos+T-1 (pos an int shared by all rows, or

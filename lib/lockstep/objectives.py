@@ -17,6 +17,7 @@ import math
 import torch
 
 from lockstep.model import GPT, IGNORE_INDEX, LossReduction, cross_entropy
+from lockstep.ops import softcap
 
 PAD_ID = -1  # ancestor-table padding past a row's depth
 
@@ -171,7 +172,7 @@ def model_prefix_smooth_loss(
         z_tgt = torch.linalg.vecdot(w_head[safe_y].float(), hidden)  # (N,) logits before the cap
         z_anc = torch.linalg.vecdot(w_head[ancestors[safe_y[pos], k]].float(), hidden[pos])  # (P,)
         if c.softcap:
-            z_tgt, z_anc = c.softcap * torch.tanh(z_tgt / c.softcap), c.softcap * torch.tanh(z_anc / c.softcap)
+            z_tgt, z_anc = softcap(z_tgt, c.softcap), softcap(z_anc, c.softcap)
         coef = (weight / (1.0 + weight * d.float()))[pos]  # (P,): c_k of each pair
         correction = torch.zeros_like(z_tgt).index_add(0, pos, coef * (z_tgt[pos] - z_anc))  # (N,)
     rows = ce_rows.reshape(-1) + correction
