@@ -10,15 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 from test_server import content_of, live_server, parse_sse, user, wait_for
 from typer.testing import CliRunner
 
+from _tiny_model import tiny_gpt
 from lockstep.chat import SamplingSettings, load_backend
 from lockstep.checkpoint import CheckpointError, save_checkpoint
 from lockstep.cli import app as cli_app
-from lockstep.model import GPT, GPTConfig
 from lockstep.records import text_message
 from lockstep.server import ServerConfig, create_app
 from lockstep.tokenizer import train_tokenizer
@@ -29,9 +28,8 @@ def write_tiny_checkpoint(root: Path, *, sequence_len: int = 256) -> tuple[Path,
     tok = train_tokenizer("byte", [])
     tok_dir = root / "tokenizer"
     tok.save(tok_dir)
-    config = GPTConfig(sequence_len=sequence_len, vocab_size=tok.get_vocab_size(), n_layer=1, n_head=2, n_kv_head=1,
-                       n_embd=32)
-    model = GPT.build(config, torch.device("cpu"), seed=3)
+    model = tiny_gpt(seed=3, sequence_len=sequence_len, vocab_size=tok.get_vocab_size(), n_kv_head=1)
+    config = model.config
     ckpt_dir = root / "ckpt" / "sft"
     save_checkpoint(ckpt_dir, model.state_dict(), {}, {"model_config": config.to_dict(),
                                                        "tokenizer_sha256": tok.sha256})

@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from _tiny_model import randomize, tiny_gpt
 from lockstep.checkpoint import (
     CheckpointError,
     clean_incomplete,
@@ -24,7 +25,7 @@ from lockstep.checkpoint import (
     verify_checkpoint,
 )
 from lockstep.io import sha256_file
-from lockstep.model import GPT, GPTConfig
+from lockstep.model import GPT
 from lockstep.optim import AdamW
 
 
@@ -161,12 +162,9 @@ TOKENIZER_SHA = "a" * 64
 
 def _model_checkpoint(path, **meta_overrides) -> GPT:
     """A random 1-layer GPT saved as a training stage would save it."""
-    config = GPTConfig(sequence_len=32, vocab_size=64, n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
-    model = GPT.build(config, "cpu", seed=4)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in model.parameters():  # not the init: zero-initialised projections would hide a bad load
-            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    # not the init: zero-initialised projections would hide a bad load
+    model = randomize(tiny_gpt(seed=4, sequence_len=32, vocab_size=64), seed=5, scale=0.1)
+    config = model.config
     meta = {"stage": "sft", "step": 3, "model_config": config.to_dict(), "tokenizer_sha256": TOKENIZER_SHA, **meta_overrides}
     save_checkpoint(path, model.state_dict(), {0: {}}, {k: v for k, v in meta.items() if v is not None})
     return model

@@ -229,17 +229,15 @@ def test_server_config_takes_its_boundary_values() -> None:
 
 @pytest.fixture(scope="module")
 def ckpt_and_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    import torch
-
+    from _tiny_model import tiny_gpt
     from lockstep.checkpoint import save_checkpoint
-    from lockstep.model import GPT, GPTConfig
     from lockstep.tokenizer import train_tokenizer
 
     root = tmp_path_factory.mktemp("serve")
     tok = train_tokenizer("byte", [])
     tok.save(root / "tokenizer")
-    config = GPTConfig(sequence_len=256, vocab_size=tok.get_vocab_size(), n_layer=1, n_head=2, n_kv_head=1, n_embd=16)
-    model = GPT.build(config, torch.device("cpu"), seed=0)
+    model = tiny_gpt(sequence_len=256, vocab_size=tok.get_vocab_size(), n_kv_head=1, n_embd=16)
+    config = model.config
     save_checkpoint(root / "ckpt", model.state_dict(), {}, {"step": 0, "model_config": config.to_dict(),
                                                              "tokenizer_sha256": tok.sha256})
     return root / "ckpt", root / "tokenizer"

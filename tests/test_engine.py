@@ -8,20 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _tiny_model import randomize, tiny_gpt
 from lockstep.engine import Engine, KVCache, sample_next
 from lockstep.model import GPT, GPTConfig
 from lockstep.sampling import GREEDY_TEMPERATURE, is_greedy
 
 
 def random_model(seed: int = 0, **kw) -> GPT:
-    cfg = dict(sequence_len=64, vocab_size=265, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
-    cfg.update(kw)
-    model = GPT.build(GPTConfig(**cfg), "cpu", seed=seed)
-    g = torch.Generator().manual_seed(seed + 100)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    return model.eval()
+    model = tiny_gpt(seed=seed, **{"n_layer": 2, "n_head": 4, **kw})
+    return randomize(model, seed=seed + 100, scale=0.5).eval()
 
 
 def reference_greedy(model: GPT, prompt: list[int], max_tokens: int, stop_ids) -> list[int]:

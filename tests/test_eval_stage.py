@@ -11,15 +11,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
+from _tiny_model import randomize, tiny_gpt
 from lockstep.cache import CacheError
 from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.checkpoint import save_checkpoint
 from lockstep.config import FieldError, build_config
 from lockstep.engine import Engine
 from lockstep.evaluate.run import EvalConfig, EvalPaths, make_generate, run_eval_stage
-from lockstep.model import GPT, GPTConfig
 from lockstep.runtime import RuntimeConfig, init_runtime
 from lockstep.tokenizer import train_tokenizer
 
@@ -33,8 +32,8 @@ def test_run_eval_stage_tiny(tmp_path: Path) -> None:
     build_pretrain_cache({"train": [TEXT] * 4, "val": [TEXT] * 4}, tmp_path / "cache" / "pretrain" / "bard",
                          tokenizer=tok, max_train_tokens=None, max_val_tokens=None, shard_bytes=1 << 20, seed=0,
                          shuffle_buffer=4, num_threads=1)
-    config = GPTConfig(sequence_len=256, vocab_size=tok.get_vocab_size(), n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
-    model = GPT.build(config, torch.device("cpu"), seed=0)
+    model = tiny_gpt(sequence_len=256, vocab_size=tok.get_vocab_size())
+    config = model.config
     save_checkpoint(tmp_path / "ckpt", model.state_dict(), {0: {}},
                     {"step": 0, "model_config": config.to_dict(), "tokenizer_sha256": tok.sha256})
     cfg = EvalConfig(bpb_max_tokens=1024, bpb_batch_rows=2, core_stages=("midtrain",), core_max_items=2,
@@ -84,8 +83,8 @@ def bpb_only(tmp_path: Path):
     tok = train_tokenizer("byte", [TEXT])
     tok.save(tmp_path / "tokenizer")
     _pretrain(tok, tmp_path / "cache" / "pretrain" / "bard")
-    config = GPTConfig(sequence_len=T_BPB, vocab_size=tok.get_vocab_size(), n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
-    model = GPT.build(config, torch.device("cpu"), seed=0)
+    model = tiny_gpt(sequence_len=T_BPB, vocab_size=tok.get_vocab_size())
+    config = model.config
     save_checkpoint(tmp_path / "ckpt", model.state_dict(), {0: {}},
                     {"step": 0, "model_config": config.to_dict(), "tokenizer_sha256": tok.sha256})
     cfg = EvalConfig(bpb_max_tokens=512, bpb_batch_rows=2, core_stages=(), chat_stages=())
@@ -166,12 +165,7 @@ def test_sft_val_splits_scored_and_an_empty_one_skipped(bpb_only, caplog) -> Non
 
 
 def test_make_generate_batched_equals_one_at_a_time(tok) -> None:
-    config = GPTConfig(sequence_len=48, vocab_size=tok.get_vocab_size(), n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
-    model = GPT.build(config, torch.device("cpu"), seed=0)
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    model = randomize(tiny_gpt(sequence_len=48, vocab_size=tok.get_vocab_size(), n_layer=2, n_head=4), seed=3, scale=0.5)
     engine = Engine(model.eval(), tok)
     # A stop id the engine does not know (the letter "e") cuts replies the way <|assistant_end|> does.
     stop_ids = {*engine.stop_ids, ord("e")}

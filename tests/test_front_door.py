@@ -15,11 +15,11 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
+from _tiny_model import randomize, tiny_gpt
 from lockstep.checkpoint import MANIFEST_FILE, META_FILE, save_checkpoint
 from lockstep.cli import app as cli_app
 from lockstep.config import ConfigError, build_config
 from lockstep.io import sha256_file
-from lockstep.model import GPT, GPTConfig
 from lockstep.runtime import DeviceError, RuntimeConfig, device_from_name
 from lockstep.tokenizer import train_tokenizer
 
@@ -41,12 +41,8 @@ def random_ckpt(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("random_ckpt")
     tok = train_tokenizer("byte", [])
     tok.save(root / "tokenizer")
-    config = GPTConfig(sequence_len=64, vocab_size=tok.get_vocab_size(), n_layer=1, n_head=2, n_kv_head=1, n_embd=32)
-    model = GPT.build(config, torch.device("cpu"), seed=0)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    model = randomize(tiny_gpt(vocab_size=tok.get_vocab_size(), n_kv_head=1), seed=1, scale=0.5)
+    config = model.config
     save_checkpoint(root / "ckpt" / "sft", model.state_dict(), {},
                     {"model_config": config.to_dict(), "tokenizer_sha256": tok.sha256})
     return root / "ckpt" / "sft", root / "tokenizer"

@@ -9,25 +9,14 @@ import math
 import pytest
 import torch
 
+from _tiny_model import randomize, tiny_config
 from lockstep import kernels, ops
 from lockstep.config import ConfigError
 from lockstep.model import GPT, IGNORE_INDEX, GPTConfig, attend, cross_entropy
 
 
 def tiny(**kw) -> GPTConfig:
-    base = dict(sequence_len=32, vocab_size=100, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
-    base.update(kw)
-    return GPTConfig(**base)
-
-
-def randomize(model: GPT, seed: int = 0) -> GPT:
-    """Give the zero-initialised projections and the tiny lm_head real values, so outputs depend
-    on every weight."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    return model
+    return tiny_config(**{"sequence_len": 32, "vocab_size": 100, "n_layer": 2, "n_head": 4, **kw})
 
 
 def tokens(B: int, T: int, V: int, seed: int = 0) -> torch.Tensor:

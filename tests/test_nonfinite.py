@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 
+from _tiny_model import tiny_gpt
 from lockstep.checkpoint import list_checkpoints, load_checkpoint
-from lockstep.model import GPT, GPTConfig
+from lockstep.model import GPT
 from lockstep.optim import OptimConfig
 from lockstep.rl import RLConfig, Rollouts, train_rl
 from lockstep.runtime import Runtime
@@ -142,8 +143,7 @@ def test_non_finite_weights_are_never_checkpointed(tmp_path) -> None:
 # --- RL ---
 
 def _policy() -> GPT:
-    cfg = GPTConfig(sequence_len=64, vocab_size=265, n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
-    return GPT.build(cfg, "cpu", seed=0)
+    return tiny_gpt()
 
 
 def _rl(model: GPT, tok, monkeypatch: pytest.MonkeyPatch, on_step=None, **kw):

@@ -6,20 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _tiny_model import randomize, tiny_gpt
 from lockstep.config import ConfigError, build_config
-from lockstep.model import GPT, GPTConfig
+from lockstep.model import GPT
 from lockstep.rl import RLConfig, Rollouts, policy_loss_backward, reward, rollout
 from lockstep.engine import Engine
 
 
 def tiny_model(seed: int = 0) -> GPT:
-    cfg = GPTConfig(sequence_len=64, vocab_size=265, n_layer=2, n_head=2, n_kv_head=2, n_embd=32)
-    model = GPT.build(cfg, "cpu", seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    return model
+    return randomize(tiny_gpt(seed=seed, n_layer=2), seed=seed + 1)
 
 
 @pytest.mark.parametrize("completion,ok", [

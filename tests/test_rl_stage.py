@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from _tiny_model import tiny_gpt
 from lockstep import checkpoint as ckpt
-from lockstep.model import GPT, GPTConfig
+from lockstep.model import GPT
 from lockstep.rl import Rollouts
 from lockstep.sources import SOURCE_CONFIGS, fetch_source
 from lockstep.tokenizer import train_tokenizer
@@ -19,8 +20,8 @@ from lockstep.tokenizer import train_tokenizer
 def rl_workspace(tmp_path: Path) -> Path:
     tok = train_tokenizer("byte", [])
     tok.save(tmp_path / "tokenizer")
-    cfg = GPTConfig(sequence_len=512, vocab_size=tok.get_vocab_size(), n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
-    model = GPT.build(cfg, "cpu", seed=0)
+    model = tiny_gpt(sequence_len=512, vocab_size=tok.get_vocab_size())
+    cfg = model.config
     ckpt.save_checkpoint(tmp_path / "sft", model.state_dict(), {0: {"optimizers": []}},
                          {"stage": "sft", "model_config": cfg.to_dict(), "tokenizer_sha256": tok.sha256, "step": 0})
     fetch_source("synth_math", SOURCE_CONFIGS["synth_math"](n_train=8, n_val=2), tmp_path / "raw/synth_math", seed=1)

@@ -14,11 +14,12 @@ import torch
 import torch.nn.functional as F
 from test_chat_model import write_tiny_checkpoint
 
+from _tiny_model import randomize, tiny_gpt
 from lockstep import kernels, ops
 from lockstep.chat import load_backend
 from lockstep.config import ConfigError, build_config
 from lockstep.engine import KVCache
-from lockstep.model import GPT, GPTConfig
+from lockstep.model import GPT
 from lockstep.ops import IGNORE_INDEX, KERNEL_OPS, REFERENCE_OPS, RMS_EPS
 from lockstep.runtime import RuntimeConfig, init_runtime
 
@@ -26,13 +27,7 @@ from lockstep.runtime import RuntimeConfig, init_runtime
 def _model(vocab_size: int = 70, seed: int = 0, **kw) -> GPT:
     """A tiny model whose weights are all non-zero (the zero-initialised projections included),
     so every path through it matters."""
-    cfg = dict(sequence_len=32, vocab_size=vocab_size, n_layer=2, n_head=4, n_kv_head=2, n_embd=32)
-    m = GPT.build(GPTConfig(**{**cfg, **kw}), "cpu")
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
-    return m
+    return randomize(tiny_gpt(**{"sequence_len": 32, "vocab_size": vocab_size, "n_layer": 2, "n_head": 4, **kw}), seed=seed)
 
 
 def _loss_and_grads(m: GPT, idx, y, reduction: str, autocast: bool):

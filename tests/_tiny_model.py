@@ -1,0 +1,34 @@
+"""The tiny GPT the tests build, in one place: `tiny_config`/`tiny_gpt` give a one-layer,
+32-channel model over the byte vocabulary on the CPU, each field overridable by keyword, and
+`randomize` replaces the init with random weights for tests whose outputs must depend on every
+weight (the zero-initialised projections and the near-zero lm_head included)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lockstep.model import GPT, GPTConfig
+
+TINY = dict(sequence_len=64, vocab_size=265, n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
+
+
+def tiny_config(**overrides: Any) -> GPTConfig:
+    """TINY with `overrides` (any GPTConfig field)."""
+    return GPTConfig(**{**TINY, **overrides})
+
+
+def tiny_gpt(*, seed: int = 0, **overrides: Any) -> GPT:
+    """GPT.build(tiny_config(**overrides), "cpu", seed=seed)."""
+    return GPT.build(tiny_config(**overrides), "cpu", seed=seed)
+
+
+def randomize(model: GPT, seed: int = 0, scale: float = 0.3) -> GPT:
+    """Every parameter drawn from N(0, scale^2) by a generator seeded with `seed`, in place;
+    returns the model."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+    return model
