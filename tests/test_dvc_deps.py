@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from lockstep.cli import app
 from lockstep.codeid import CodeScanError, code_revision, module_files
-from lockstep.dvcdeps import DepsError, problems, project_roots, rewrite, stage_deps
+from lockstep.dev.dvcdeps import DepsError, problems, project_roots, rewrite, stage_deps
 
 ROOT = Path(__file__).resolve().parents[1]
 

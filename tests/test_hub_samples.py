@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from lockstep import hub_samples as hs
+from lockstep.dev import hub_samples as hs
 from lockstep.cli import app
 from lockstep.config import build_config
 from lockstep.records import problem_to_conversation
@@ -67,12 +67,6 @@ def test_cli_check_names_a_changed_row_and_an_extra_file_and_write_fixes_them(tm
     assert fixed.exit_code == 0, fixed.output
     assert runner.invoke(app, ["dev", "hub-samples", "--root", str(copy)]).exit_code == 0
     assert not (copy / "gsm8k" / "main" / "stray.jsonl").exists()
-
-
-def test_no_stage_imports_the_generators() -> None:
-    for stage in (ROOT / "stages").glob("*.py"):
-        text = stage.read_text()
-        assert "hub_samples" not in text and "rehearsal" not in text, stage
 
 
 def test_fineweb_edu_sample_has_the_full_schema_and_streams_to_its_budgets(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from lockstep import rehearsal
+from lockstep.dev import rehearsal
 from lockstep.cli import app
 from lockstep.evaluate.run import EvalConfig
 from lockstep.presets import write_preset

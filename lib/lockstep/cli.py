@@ -135,7 +135,7 @@ def dev_deps(
     """Check that every stage's code deps in dvc.yaml are exactly the files it imports (exit 1 if
     not); with --write, regenerate them."""
     from lockstep.codeid import CodeScanError
-    from lockstep.dvcdeps import DepsError, problems, rewrite
+    from lockstep.dev.dvcdeps import DepsError, problems, rewrite
 
     def regenerate() -> str:
         text = rewrite(dvc_yaml)
@@ -198,11 +198,11 @@ def exp_summary(
 @dev_app.command("evalsets")
 def dev_evalsets(
     evalsets: Path = typer.Option(Path("evalsets"), "--evalsets", help="the eval sets folder whose generated files to check"),
-    write: bool = typer.Option(False, "--write", help="regenerate the files from lockstep.evaluate.evalsets_build"),
+    write: bool = typer.Option(False, "--write", help="regenerate the files from lockstep.dev.evalsets_build"),
 ) -> None:
     """Check that the generated eval set files are exactly the generator's output (exit 1 if not);
     with --write, regenerate them."""
-    from lockstep.evaluate.evalsets_build import EvalsetBuildError, drifted, write_evalsets
+    from lockstep.dev.evalsets_build import EvalsetBuildError, drifted, write_evalsets
 
     if not evalsets.is_dir():
         typer.echo(f"error: {evalsets} is not a folder; pass the eval sets folder with --evalsets", err=True)
@@ -222,11 +222,11 @@ def dev_evalsets(
 @dev_app.command("hub-samples")
 def dev_hub_samples(
     root: Path = typer.Option(Path("corpus/hub"), "--root", help="the folder of hub-layout samples to check"),
-    write: bool = typer.Option(False, "--write", help="regenerate the files from lockstep.hub_samples"),
+    write: bool = typer.Option(False, "--write", help="regenerate the files from lockstep.dev.hub_samples"),
 ) -> None:
     """Check that the hub-layout sample files (the rehearsal's data) hold exactly the generator's
     rows (exit 1 if not); with --write, regenerate them."""
-    from lockstep.hub_samples import HubSampleError, drifted, write_samples
+    from lockstep.dev.hub_samples import HubSampleError, drifted, write_samples
 
     def regenerate() -> str:
         changed = write_samples(root)
@@ -242,16 +242,16 @@ def dev_hub_samples(
 @dev_app.command("rehearsal")
 def dev_rehearsal(
     presets_dir: Path = typer.Option(Path("presets"), "--presets-dir", help="folder holding d12.yaml and rehearsal.yaml"),
-    write: bool = typer.Option(False, "--write", help="regenerate rehearsal.yaml from d12.yaml and lockstep.rehearsal"),
+    write: bool = typer.Option(False, "--write", help="regenerate rehearsal.yaml from d12.yaml and lockstep.dev.rehearsal"),
 ) -> None:
     """Check that presets/rehearsal.yaml is d12.yaml with the rehearsal's sample paths and sizes
     (exit 1 if not); with --write, regenerate it."""
-    from lockstep.rehearsal import RehearsalError, is_stale, write_rehearsal
+    from lockstep.dev.rehearsal import RehearsalError, is_stale, write_rehearsal
 
     target = presets_dir / "rehearsal.yaml"
     _check_or_write(write=write,
                     regenerate=lambda: f"rewrote {target}" if write_rehearsal(presets_dir) else f"already right: {target}",
-                    check=lambda: ([f"{target}: differs from what {presets_dir / 'd12.yaml'} and lockstep.rehearsal give"]
+                    check=lambda: ([f"{target}: differs from what {presets_dir / 'd12.yaml'} and lockstep.dev.rehearsal give"]
                                    if is_stale(presets_dir) else []),
                     errors=(RehearsalError, OSError), ok=f"{target}: generated from {presets_dir / 'd12.yaml'} as it is now",
                     fix=f"lockstep dev rehearsal --write --presets-dir {presets_dir}")

@@ -40,7 +40,7 @@ class StageDeps:
 
 
 def project_roots(root: Path) -> dict[str, Path]:
-    """The project's packages in a checkout: lib/lockstep and stages (the layout in ARCHITECTURE.md)."""
+    """The project's packages in a checkout: lib/lockstep and stages (the layout in the README)."""
     roots = {"lockstep": root / "lib" / "lockstep", "stages": root / "stages"}
     for name, path in roots.items():
         if not (path / "__init__.py").is_file():
