@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 
 from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.cli import app
+from lockstep.dev.parity_files import write_dataset_snapshot, write_rendered_samples
 from lockstep.io import canonical_json
 from lockstep.loaders import SFTExampleDataset
-from lockstep.parity import dump_first_batch, write_dataset_snapshot, write_rendered_samples
+from lockstep.parity import dump_first_batch
 from lockstep.parity_diff import compare_artifacts, describe_text_difference
 
 

@@ -1,13 +1,15 @@
 """Parity artifacts: the dataset snapshot, rendered samples and first batch that the data and
 training stages write, one fixed JSON serialization each, so that two runs can be diffed
-(lockstep.parity_diff names the first difference). Writes small JSON files; trains nothing."""
+(lockstep.parity_diff names the first difference). Writes small JSON files; trains nothing. The
+stages write through the collectors here while they stream; writing an artifact from a plain list
+outside any stage is lockstep.dev.parity_files'."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lockstep.io import canonical_json, write_json_atomic
@@ -186,40 +188,6 @@ class RenderedSamples:
                     piece[t] = self.tokenizer.decode([t])
             samples.append({**sample, "pieces": [piece[t] for t in sample["ids"]]})
         return {"artifact": "rendered_samples", "bos_id": self.bos_id, "samples": samples}
-
-
-def write_dataset_snapshot(
-    records: Iterable[Any] | Mapping[str, Iterable[Any]], path: str | os.PathLike[str], n: int = 8
-) -> dict[str, Any]:
-    """`dataset_snapshot.json`: the first `n` records (per split when given a split mapping) and
-    a sha256 of all of them. Reads `records` once."""
-    col = SnapshotCollector(n)
-    splits = records if isinstance(records, Mapping) else {"all": records}
-    for split, recs in splits.items():
-        for r in recs:
-            col.add(split, r)
-    obj = col.to_json()
-    write_json_atomic(path, obj)
-    return obj
-
-
-def write_rendered_samples(
-    samples: Iterable[tuple[Sequence[int], Sequence[int] | None]],
-    path: str | os.PathLike[str],
-    *,
-    tokenizer: Any,
-    n: int = 8,
-    split: str = "train",
-) -> dict[str, Any]:
-    """`rendered_samples.json` from (ids, mask or None) pairs: the first `n`, decoded per id."""
-    rs = RenderedSamples(tokenizer, n, bos_id=int(tokenizer.get_bos_token_id()))
-    for ids, mask in samples:
-        rs.add(split, ids, mask)
-        if rs._count[split] >= n:
-            break
-    obj = rs.to_json()
-    write_json_atomic(path, obj)
-    return obj
 
 
 def dump_first_batch(
