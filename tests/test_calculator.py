@@ -1,10 +1,14 @@
 """Calculator tool tests: allowed arithmetic and counting, the adversarial corpus (each refused
-within 100 ms and 10 MB), and concurrent use from a thread pool."""
+within 100 ms and 10 MB), concurrent use from a thread pool, and the parser's warnings silenced
+for the parse only, never for the process."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 import time
 import tracemalloc
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -97,3 +101,25 @@ def test_thread_pool_gives_the_same_answers():
     with ThreadPoolExecutor(max_workers=8) as pool:
         got = list(pool.map(evaluate, [e for e, _ in work]))
     assert got == [w for _, w in work]
+
+
+# Each makes ast.parse warn "invalid decimal literal" (SyntaxWarning) before the evaluator refuses it.
+WARNING_CALLS = ["1if 1 else 2", "2or 3"]
+
+
+def test_import_leaves_the_warning_filters_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "lockstep.calculator")
+    before = list(warnings.filters)
+    importlib.import_module("lockstep.calculator")
+    assert warnings.filters == before
+
+
+@pytest.mark.parametrize("expr", WARNING_CALLS)
+def test_parser_warnings_are_silenced_for_the_parse_only(expr: str) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before = list(warnings.filters)
+        assert evaluate(expr) is None
+        assert caught == [] and warnings.filters == before
+        warnings.warn_explicit("after", SyntaxWarning, "<unknown>", 1)
+        assert [str(w.message) for w in caught] == ["after"]

@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 import warnings
 from fractions import Fraction
-
-# Model-written tool calls such as `12a` make the parser warn on stderr before it refuses them;
-# a refusal is already the answer, so those warnings (issued for the anonymous `<unknown>` source
-# that ast.parse compiles) are noise in logs and chat sessions.
-warnings.filterwarnings("ignore", category=SyntaxWarning, module="<unknown>")
 
 # The text the engine forces between <|output_start|> and <|output_end|> when evaluate() refuses.
 NO_RESULT = "no result"
@@ -29,6 +25,10 @@ MAX_DIGITS = 18  # per numeric literal, integer and fraction digits together
 MAX_MAGNITUDE = 10**30
 RESULT_DECIMALS = 10
 
+# warnings.catch_warnings swaps the process-wide filter list on entry and back on exit, so two
+# calls inside it at once could restore each other's list; parses take microseconds, so they queue.
+_PARSE_LOCK = threading.Lock()
+
 _ALLOWED_CHARS = frozenset("0123456789.+-*/() \t'\"_,abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ!?:;#&%$@=<>[]{}|~^`")
 
 
@@ -43,7 +43,8 @@ def evaluate(expr: str) -> str | None:
     integer when whole, else rounded to 10 decimals with trailing zeros dropped. Thousands
     separators between digits (`1,000`) are accepted, as GSM8K writes them.
 
-    Safe to call from many threads at once: no global state, no signals, bounded work."""
+    Safe to call from many threads at once: no signals, bounded work, and the one global it
+    touches (the warning filters, around the parse) behind a lock."""
     try:
         if not isinstance(expr, str):
             return None
@@ -65,13 +66,23 @@ def evaluate(expr: str) -> str | None:
         if _SIGN_RUN.search(text):
             return None
         text = _drop_thousands_commas(text)
-        tree = ast.parse(text, mode="eval")
+        tree = _parse(text)
         value = _eval(tree.body, text, 0)
         if isinstance(value, str):
             return None
         return _format(value)
     except (_Refused, SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError, OverflowError, SystemError):
         return None
+
+
+def _parse(text: str) -> ast.Expression:
+    """`ast.parse(text, mode="eval")` without the parser's SyntaxWarnings. Model-written tool
+    calls such as `12a` or `1if 2` make it warn on stderr before the evaluator refuses them; a
+    refusal is already the answer, so the warnings are noise in logs and chat sessions. The filter
+    holds for this call only: the process's filters are the same before and after."""
+    with _PARSE_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        return ast.parse(text, mode="eval")
 
 
 def _drop_thousands_commas(text: str) -> str:
