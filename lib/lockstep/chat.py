@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Protocol, TextIO
 
 from lockstep.checkpoint import load_model
 from lockstep.engine import Engine
@@ -27,7 +27,7 @@ from lockstep.sampling import (
     check_temperature,
     check_top_p,
 )
-from lockstep.tokenizer import load_tokenizer
+from lockstep.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class EngineBackend:
     """A ChatBackend over lockstep.engine: renders the conversation with the tokenizer, samples with
     the engine (calculator tool on) and decodes the reply incrementally."""
 
-    def __init__(self, engine: Any, tokenizer: Any, *, model_id: str, context_tokens: int):
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, *, model_id: str, context_tokens: int):
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_id = model_id

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from lockstep.cache import CacheError
-from lockstep.tokenizer import load_tokenizer
+from lockstep.tokenizer import Tokenizer, load_tokenizer
 
 
 def to_token_array(ids: np.ndarray, vocab_size: int, dtype: np.dtype, where: str) -> np.ndarray:
@@ -53,7 +53,7 @@ def _bos_join(ids_lists: list[list[int]], bos_id: int, vocab_size: int, dtype: n
 
 
 def encode_join(
-    texts: list[str], tokenizer: Any, bos_id: int, vocab_size: int, dtype: np.dtype, where: str
+    texts: list[str], tokenizer: Tokenizer, bos_id: int, vocab_size: int, dtype: np.dtype, where: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """(tokens (N,) of `dtype`: each text's ids after a BOS, document lengths counting BOS (D,))."""
     encode_arrays = getattr(tokenizer, "encode_arrays", None)
@@ -124,7 +124,7 @@ class EncodePool:
     `tokenizer.sha256` (checked here, before any worker starts), so both paths encode with the
     same tokenizer."""
 
-    def __init__(self, tokenizer_dir: str | os.PathLike[str], tokenizer: Any, *, num_workers: int, bos_id: int,
+    def __init__(self, tokenizer_dir: str | os.PathLike[str], tokenizer: Tokenizer, *, num_workers: int, bos_id: int,
                  vocab_size: int, dtype: np.dtype) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise CacheError(f"num_workers={num_workers!r} must be an integer >= 1 (tokenizer worker processes)")

@@ -10,13 +10,16 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from lockstep.calculator import NO_RESULT, evaluate
 from lockstep.model import GPT
 from lockstep.sampling import UNSCALED_TEMPERATURE, check_temperature, check_top_p, is_greedy, nucleus_top_p
+
+if TYPE_CHECKING:
+    from lockstep.tokenizer import Tokenizer
 
 # Cache rows grow in steps of this many positions when a sequence outruns them.
 CACHE_GROW_TOKENS = 128
@@ -259,12 +262,12 @@ def _fill_from_the_end(alive: Sequence[bool]) -> list[int]:
 class Engine:
     """Samples completions of one prompt from a GPT: the prompt is prefilled once, its cache
     copied to `num_samples` rows, and the rows decoded together; or decodes many prompts greedily
-    in one batch (`generate_greedy`). The tokenizer-like object supplies the special ids
+    in one batch (`generate_greedy`). Of the tokenizer it uses the special ids
     (`encode_special`) and, for tool calls, `decode` and `encode`."""
 
     STOP_TOKENS = ("<|assistant_end|>", "<|bos|>")
 
-    def __init__(self, model: GPT, tokenizer: Any):
+    def __init__(self, model: GPT, tokenizer: Tokenizer):
         self.model = model
         self.tokenizer = tokenizer
         sp = tokenizer.encode_special

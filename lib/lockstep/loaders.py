@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,6 +22,9 @@ from lockstep.cache import (
 )
 from lockstep.io import canonical_json
 from lockstep.model import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from lockstep.tokenizer import Tokenizer
 
 
 def _to_device(arr: np.ndarray, device: torch.device | str) -> torch.Tensor:
@@ -288,7 +291,7 @@ def open_sft_dataset(cache_dir: str | os.PathLike[str], split: str, **kwargs: An
 def inspect_cache(
     cache_dir: str | os.PathLike[str],
     *,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     split: str = "train",
     seed: int = 0,
     window_tokens: int = 64,

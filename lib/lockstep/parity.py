@@ -10,9 +10,12 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lockstep.io import canonical_json, write_json_atomic
+
+if TYPE_CHECKING:
+    import torch
 
 SNAPSHOT_FILE = "dataset_snapshot.json"
 RENDERED_FILE = "rendered_samples.json"
@@ -142,12 +145,20 @@ class SnapshotCollector:
         }
 
 
+class Decoder(Protocol):
+    """What rendered samples ask of a tokenizer (lockstep.tokenizer.Tokenizer has it). A protocol
+    rather than that class: the fetch stages import this module (through lockstep.snapshot), and
+    their code deps must not take in the tokenizer's files."""
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
 class RenderedSamples:
     """The first `n` rendered samples per split: ids, each id decoded alone, and the loss mask.
     Pieces are decoded in `to_json`, once per distinct id, so that `add` stays cheap while a
     cache build's encoding threads run."""
 
-    def __init__(self, tokenizer: Any, n: int, *, bos_id: int | None = None) -> None:
+    def __init__(self, tokenizer: Decoder, n: int, *, bos_id: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.n = n
         self.bos_id = bos_id
@@ -192,9 +203,9 @@ class RenderedSamples:
 
 def dump_first_batch(
     path: str | os.PathLike[str],
-    x: Any,
-    y: Any,
-    y_masked: Any = None,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    y_masked: torch.Tensor | None = None,
     *,
     rows: Sequence[Mapping[str, Any]] | None = None,
     meta: Mapping[str, Any] | None = None,

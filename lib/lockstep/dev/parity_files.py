@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lockstep.io import write_json_atomic
 from lockstep.parity import RenderedSamples, SnapshotCollector
+
+if TYPE_CHECKING:
+    from lockstep.tokenizer import Tokenizer
 
 
 def write_dataset_snapshot(
@@ -32,12 +35,11 @@ def write_rendered_samples(
     samples: Iterable[tuple[Sequence[int], Sequence[int] | None]],
     path: str | os.PathLike[str],
     *,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     n: int = 8,
     split: str = "train",
 ) -> dict[str, Any]:
-    """`rendered_samples.json` from (ids, mask or None) pairs: the first `n`, decoded per id.
-    `tokenizer` needs `decode` and `get_bos_token_id`."""
+    """`rendered_samples.json` from (ids, mask or None) pairs: the first `n`, decoded per id."""
     rs = RenderedSamples(tokenizer, n, bos_id=int(tokenizer.get_bos_token_id()))
     for ids, mask in samples:
         if not rs.wants(split):
