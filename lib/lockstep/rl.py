@@ -17,7 +17,6 @@ Choices, and why:
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +33,7 @@ from lockstep.model import IGNORE_INDEX
 from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, set_lr
 from lockstep.records import user_prompt
 from lockstep.sampling import UNSCALED_TEMPERATURE
+from lockstep.seeds import derive_seed
 from lockstep.train import NonFiniteGuard, check_schedule, lr_multiplier
 
 
@@ -85,8 +85,8 @@ def reward(completion: str, reference_answer: str) -> float:
 
 
 def _derived_seed(*parts: Any) -> int:
-    digest = hashlib.sha256(":".join(str(p) for p in ("lockstep-rl", *parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+    """RL's seeds: lockstep.seeds.derive_seed in the `lockstep-rl` namespace."""
+    return derive_seed("lockstep-rl", *parts)
 
 
 def prompt_ids(tokenizer: Any, question: str) -> list[int]:

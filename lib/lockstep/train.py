@@ -9,7 +9,6 @@ other ranks exchange their state with it over the process group, so nodes need n
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
@@ -30,6 +29,7 @@ from lockstep.model import GPT, IGNORE_INDEX, GPTConfig, LossReduction
 from lockstep.objectives import check_ancestor_table, model_prefix_smooth_loss
 from lockstep.optim import OptimConfig, all_reduce_grads, build_optimizers, global_grad_norm, muon_momentum, set_lr
 from lockstep.runtime import Runtime, barrier, peak_flops
+from lockstep.seeds import derived_generator
 
 log = logging.getLogger("lockstep.train")
 # The per-step series `train` reports, by file: columns besides `step`, results only.
@@ -245,8 +245,7 @@ def batch_generator(seed: int, step: int, micro: int) -> torch.Generator:
     """The generator for one micro-batch, from (seed, step, global micro-batch index) alone: data
     order needs no saved state, a resumed run draws exactly the batches an uninterrupted one
     would, and the same global batch splits over any number of ranks."""
-    digest = hashlib.sha256(f"lockstep-batch:{seed}:{step}:{micro}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    return derived_generator("lockstep-batch", seed, step, micro)
 
 
 

@@ -1,0 +1,25 @@
+"""Seeds derived from the params seed: one place that says how a purpose (a batch, a rollout, a
+held-out draw) gets its own seed, so a value drawn anywhere is a function of the params seed
+and the purpose's name alone, never of what ran before it. Not a random number generator
+itself: callers seed their own `torch.Generator` from what it returns."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+_SEED_BITS = 63  # torch.Generator.manual_seed takes any int, but a positive int64 is portable
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from `parts` (a namespace first, then the params seed and indices): the first
+    8 bytes, little-endian, of the sha256 of their `str()` joined by `:`. Hash-derived rather than
+    arithmetic, so neighbouring parts (step 3 and step 4, seed 1 and seed 2) give unrelated seeds."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << _SEED_BITS) - 1)
+
+
+def derived_generator(*parts: object) -> torch.Generator:
+    """A CPU torch.Generator seeded with `derive_seed(*parts)`."""
+    return torch.Generator().manual_seed(derive_seed(*parts))
