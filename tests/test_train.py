@@ -11,6 +11,7 @@ from lockstep.config import ConfigError
 from lockstep.io import sha256_file
 from lockstep.model import GPT, IGNORE_INDEX
 from lockstep.optim import OptimConfig
+from lockstep.rl import RLConfig
 from lockstep.runtime import Runtime
 from lockstep.train import ModelParams, TrainConfig, grad_accum_steps, horizon_steps, lr_multiplier, train
 
@@ -60,6 +61,17 @@ def test_lr_schedule_shape() -> None:
     assert m[0] == 0.5 and m[1] == 1.0 and m[4] == 1.0
     assert m[5] == 1.0 and m[9] == pytest.approx(0.2 + 0.8 * 0.1)
     assert all(a >= b for a, b in zip(m[1:], m[2:]))
+
+
+def test_schedule_fields_are_shared_with_rl() -> None:
+    assert _cfg(warmup_steps=2).lr_multiplier(0, 10) == lr_multiplier(0, 10, warmup_steps=2, warmdown_frac=0.4,
+                                                                       final_lr_frac=0.0)
+    assert RLConfig().warmdown_frac == 0.5 and TrainConfig().warmdown_frac == 0.4  # the sections' own defaults
+    for section in (TrainConfig, RLConfig):
+        with pytest.raises(ConfigError, match="warmdown_frac"):
+            section(warmdown_frac=1.5)
+        with pytest.raises(ConfigError, match="warmup_steps"):
+            section(warmup_steps=-1)
 
 
 def test_horizon_precedence() -> None:

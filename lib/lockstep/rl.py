@@ -34,12 +34,13 @@ from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, set_
 from lockstep.records import user_prompt
 from lockstep.sampling import UNSCALED_TEMPERATURE
 from lockstep.seeds import derive_seed
-from lockstep.train import NonFiniteGuard, check_schedule, lr_multiplier
+from lockstep.train import LRSchedule, NonFiniteGuard
 
 
 @dataclass(frozen=True)
-class RLConfig:
-    """The `rl` params section."""
+class RLConfig(LRSchedule):
+    """The `rl` params section. The schedule's fields come from lockstep.train.LRSchedule, with
+    a longer warmdown by default."""
 
     problems: str = "synth_math"  # raw snapshot of problem records: train split trains, val split evaluates
     num_steps: int = 30  # policy updates
@@ -51,9 +52,7 @@ class RLConfig:
     device_batch_rows: int = 16  # completions per forward/backward pass
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(matrix_lr=0.002, embed_lr=0.02, unembed_lr=0.0004,
                                                                     muon_momentum_warmup_steps=0))
-    warmup_steps: int = 0
     warmdown_frac: float = 0.5  # last fraction of steps decays linearly to final_lr_frac
-    final_lr_frac: float = 0.0
     eval_every_steps: int = 10  # held-out pass@k; 0 = only before and after
     eval_problems: int = 100  # held-out problems scored (the first ones of the val split)
     pass_k: int = 8  # completions sampled per held-out problem at `temperature`: pass@1 and pass@k from them
@@ -62,15 +61,15 @@ class RLConfig:
     nonfinite_patience: int = 0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("num_steps", "problems_per_step", "max_new_tokens", "device_batch_rows", "eval_problems", "pass_k"):
             check_range(name, getattr(self, name), ge=1)
         check_range("group_size", self.group_size, ge=2, why="the advantage compares completions of one problem")
         check_range("temperature", self.temperature, gt=0, why="rollouts must explore")
         if self.top_k is not None:
             check_range("top_k", self.top_k, ge=1, why="or null for the full distribution")
-        for name in ("warmup_steps", "eval_every_steps", "nonfinite_patience"):
+        for name in ("eval_every_steps", "nonfinite_patience"):
             check_range(name, getattr(self, name), ge=0)
-        check_schedule(self.warmdown_frac, self.final_lr_frac)
 
 
 def reward(completion: str, reference_answer: str) -> float:
@@ -256,8 +255,7 @@ def train_rl(model: nn.Module, tokenizer: Any, *, train_problems: Sequence[dict[
             opt.zero_grad(set_to_none=True)
         loss, n_tokens = policy_loss_backward(model, ro, device=device, rows_per_pass=cfg.device_batch_rows,
                                               autocast=autocast)
-        lrm = lr_multiplier(step, cfg.num_steps, warmup_steps=cfg.warmup_steps, warmdown_frac=cfg.warmdown_frac,
-                            final_lr_frac=cfg.final_lr_frac)
+        lrm = cfg.lr_multiplier(step, cfg.num_steps)
         if n_tokens:
             # The loss is already a host float; the norm's transfer is one per update, against one
             # per sampled token in the rollouts.

@@ -66,9 +66,31 @@ class ModelParams:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class LRSchedule:
+    """The learning-rate schedule's fields and their checks, in every section that trains (the
+    training stages' TrainConfig and `rl`'s RLConfig): warmup, constant, then a linear warmdown
+    (lr_multiplier)."""
+
+    warmup_steps: int = 0  # steps rising linearly from 1/warmup_steps of the peak LR
+    warmdown_frac: float = 0.4  # last fraction of steps decays linearly ...
+    final_lr_frac: float = 0.0  # ... to this fraction of the peak LR
+
+    def __post_init__(self) -> None:
+        check_range("warmup_steps", self.warmup_steps, ge=0)
+        check_range("warmdown_frac", self.warmdown_frac, ge=0, le=1, why="the fraction of steps that decay the learning rate")
+        check_range("final_lr_frac", self.final_lr_frac, ge=0, le=1, why="the end of the decay, as a fraction of the peak")
+
+    def lr_multiplier(self, step: int, total_steps: int) -> float:
+        """The peak-LR multiplier of step `step` (0-based) of `total_steps`."""
+        return lr_multiplier(step, total_steps, warmup_steps=self.warmup_steps, warmdown_frac=self.warmdown_frac,
+                             final_lr_frac=self.final_lr_frac)
+
+
+@dataclass(frozen=True)
+class TrainConfig(LRSchedule):
     """A training stage's params section: `pretrain`'s, and the base of MidtrainConfig and
-    SFTConfig, which differ only in their default `max_epochs`."""
+    SFTConfig, which differ only in their default `max_epochs`. The schedule's fields come from
+    LRSchedule."""
 
     mixture: dict[str, float] = field(default_factory=dict)  # cache name -> sampling weight
     batch_tokens: int = 8192  # tokens per optimizer step, all ranks and micro-batches together
@@ -78,9 +100,6 @@ class TrainConfig:
     num_steps: int = 0
     target_flops: float = 0.0
     tokens_params_ratio: float = 0.0  # 20 = Chinchilla-optimal
-    warmup_steps: int = 0
-    warmdown_frac: float = 0.4  # last fraction of steps decays linearly ...
-    final_lr_frac: float = 0.0  # ... to this fraction of the peak LR
     loss: Literal["all", "assistant"] = "all"  # SFT trains on assistant tokens only
     # ce: cross-entropy. prefix_smooth: the target also puts prefix_weight on each ancestor of
     # the true token in the vocabulary's prefix tree (lockstep.objectives); validation bpb is
@@ -104,17 +123,17 @@ class TrainConfig:
     max_epochs: float | None = 1.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_range("batch_tokens", self.batch_tokens, ge=1, why="tokens per optimizer step")
         check_range("device_batch_rows", self.device_batch_rows, ge=1, why="sequences per forward pass per rank")
         for name, w in self.mixture.items():
             check_range(f"mixture.{name}", w, gt=0, why="a sampling weight (drop the entry to exclude the cache)")
-        for name in ("num_steps", "warmup_steps", "eval_every_steps", "sample_every_steps", "sample_tokens",
+        for name in ("num_steps", "eval_every_steps", "sample_every_steps", "sample_tokens",
                      "checkpoint_every_steps", "nonfinite_patience"):
             check_range(name, getattr(self, name), ge=0)
         for name in ("target_flops", "tokens_params_ratio"):
             check_range(name, getattr(self, name), ge=0, why="0 leaves this horizon unset")
         check_range("peak_flops", self.peak_flops, ge=0, why="FLOP/s per device; 0 takes the datasheet or a measured peak")
-        check_schedule(self.warmdown_frac, self.final_lr_frac)
         check_range("eval_tokens", self.eval_tokens, ge=1, why="val tokens per evaluation; the final one always runs")
         check_range("prefix_weight", self.prefix_weight, ge=0, why="weight of each ancestor in the target (0 = cross-entropy)")
         check_range("keep_last", self.keep_last, ge=2, why="so a crash mid-save still leaves a complete checkpoint")
@@ -213,12 +232,6 @@ def horizon_key(cfg: TrainConfig) -> str:
         if getattr(cfg, key) > 0:
             return key
     return "num_steps"
-
-
-def check_schedule(warmdown_frac: float, final_lr_frac: float) -> None:
-    """The checks of lr_multiplier's schedule fields, for every config section that has them."""
-    check_range("warmdown_frac", warmdown_frac, ge=0, le=1, why="the fraction of steps that decay the learning rate")
-    check_range("final_lr_frac", final_lr_frac, ge=0, le=1, why="the end of the decay, as a fraction of the peak")
 
 
 def lr_multiplier(step: int, total_steps: int, *, warmup_steps: int, warmdown_frac: float, final_lr_frac: float) -> float:
@@ -555,8 +568,7 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
     while step < total_steps:
         rt.synchronize()
         t0 = time.perf_counter()
-        mult = lr_multiplier(step, total_steps, warmup_steps=cfg.warmup_steps, warmdown_frac=cfg.warmdown_frac,
-                             final_lr_frac=cfg.final_lr_frac)
+        mult = cfg.lr_multiplier(step, total_steps)
         set_lr(optimizers, mult, momentum=muon_momentum(step, cfg.optim))
         micro = []
         for i in range(accum):
