@@ -2,10 +2,8 @@
 accumulation, clipping, the stop on NaN/inf, val bits per byte (lockstep.bpb), samples,
 checkpoints and resume. It does not know where batches come from (any object with
 `get_batch(*, B, generator)`) or how text is encoded; finding caches, building the model and
-publishing a stage's outputs is lockstep.train_stage. Over 400 lines because the loop and the
-pieces only it uses (its config, horizon, schedule, NaN guard, checkpoint save and resume) read
-best side by side. Under torch.distributed rank 0 alone reads and writes the run folder; the
-other ranks exchange their state with it over the process group, so nodes need no shared disk."""
+publishing a stage's outputs is lockstep.train_stage; saving and resuming the run folder over
+ranks (rank 0 alone touches it) is lockstep.resume."""
 
 from __future__ import annotations
 
@@ -21,20 +19,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lockstep import checkpoint as ckpt
+from lockstep import resume
 from lockstep.bpb import measure_bpb
 from lockstep.config import ConfigError, FieldError, check_range
-from lockstep.io import read_json, write_json_atomic
 from lockstep.model import GPT, IGNORE_INDEX, GPTConfig, LossReduction
 from lockstep.objectives import check_ancestor_table, model_prefix_smooth_loss
 from lockstep.optim import OptimConfig, all_reduce_grads, build_optimizers, global_grad_norm, muon_momentum, set_lr
-from lockstep.runtime import Runtime, barrier, peak_flops
+from lockstep.runtime import Runtime, peak_flops
 from lockstep.seeds import derived_generator
 
 log = logging.getLogger("lockstep.train")
 # The per-step series `train` reports, by file: columns besides `step`, results only.
 SERIES_COLUMNS: dict[str, tuple[str, ...]] = {"train": ("train_loss", "lr_mult"), "val": ("val_bpb",)}
-PROGRESS_FILE = "progress.json"  # per-step series, throughput and wall time so far, beside the checkpoints
 
 
 @dataclass(frozen=True)
@@ -324,111 +320,6 @@ class TrainResult:
     peak: dict[str, Any]
 
 
-def _gather_objects(obj: Any, rt: Runtime) -> list[Any]:
-    if not rt.distributed:
-        return [obj]
-    out: list[Any] = [None] * rt.world_size
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _cpu(obj: Any) -> Any:
-    """`obj` with every tensor in it moved to the CPU, for sending over the process group."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_cpu(v) for v in obj)
-    return obj
-
-
-def _save(model: nn.Module, optimizers: list[torch.optim.Optimizer], rt: Runtime, run_dir: Path, step: int,
-          meta: dict[str, Any], keep_last: int) -> Path:
-    """Checkpoint the run. Rank 0 alone touches the run folder: the other ranks send it their
-    optimizer state (Muon's is sharded, one owner rank per matrix) one rank at a time, so that a
-    job spread over nodes with separate disks still leaves every file on rank 0's disk."""
-    final = ckpt.step_dir(run_dir, step)
-    state = {"optimizers": [o.state_dict() for o in optimizers]}
-    if rt.is_main:
-        ckpt.write_optim_state(ckpt.begin_checkpoint(final), 0, state)
-    for sender in range(1, rt.world_size):
-        if rt.rank == sender:
-            dist.send_object_list([_cpu(state)], dst=0)
-        elif rt.is_main:
-            received: list[Any] = [None]
-            dist.recv_object_list(received, src=sender)
-            ckpt.write_optim_state(ckpt.partial_dir(final), sender, received[0])
-    if rt.is_main:
-        # The global RNG is unused by the loop (batches come from per-step generators) but is
-        # stored so code that draws from it (dropout, say) resumes exactly too.
-        ckpt.finish_checkpoint(ckpt.partial_dir(final), final, model_state=model.state_dict(),
-                               meta={**meta, "step": step, "world_size": rt.world_size,
-                                     # Data order is stateless (batch_generator): the next step is all a loader needs.
-                                     "loader": {"kind": "per-step generators", "next_step": step}},
-                               rng_states={"torch_cpu": torch.get_rng_state()})
-        ckpt.prune_checkpoints(run_dir, keep_last)
-    barrier(rt)
-    return final
-
-
-@dataclass
-class _Resume:
-    """What a rank resumes from: rank 0 reads it from the run folder, the others receive it."""
-
-    path: Path
-    step: int
-    world_size: int  # ranks that wrote the checkpoint
-    rng_states: dict[str, torch.Tensor]
-    progress: dict[str, Any]  # the run's progress.json ({} without one)
-    stored: ckpt.Checkpoint | None = None  # rank 0 only: the others get weights and optimizer state from it
-
-
-def _find_resume(run_dir: Path, rt: Runtime) -> _Resume | None:
-    """The latest complete checkpoint in `run_dir`, as rank 0 finds it on its disk, told to every
-    rank (a collective under torch.distributed). The other ranks never look at the run folder:
-    on a multi-node job it exists on rank 0's node only."""
-    found: _Resume | None = None
-    if rt.is_main:
-        latest = ckpt.latest_checkpoint(run_dir)
-        if latest is not None:
-            state = ckpt.load_checkpoint(latest)
-            progress_file = run_dir / PROGRESS_FILE
-            progress = read_json(progress_file, what="run progress") if progress_file.is_file() else {}
-            found = _Resume(path=latest, step=state.step, world_size=state.meta.get("world_size"),
-                            rng_states=state.rng_states, progress=progress, stored=state)
-    if rt.distributed:
-        header = [None if found is None else {**vars(found), "stored": None}]
-        dist.broadcast_object_list(header, src=0)
-        if not rt.is_main:
-            found = None if header[0] is None else _Resume(**header[0])
-    return found
-
-
-def _resume_into(resume: _Resume, model: nn.Module, optimizers: list[torch.optim.Optimizer], rt: Runtime) -> None:
-    """Load `resume` into `model` and this rank's `optimizers` (a collective under
-    torch.distributed: rank 0 broadcasts the weights and sends each rank its optimizer state)."""
-    stored = resume.stored
-    if rt.is_main:
-        assert stored is not None
-        model.load_state_dict({k: v.to(rt.device) for k, v in stored.model_state.items()})
-    if rt.distributed:
-        with torch.no_grad():
-            for tensor in model.state_dict().values():
-                dist.broadcast(tensor, src=0)
-    if rt.is_main:
-        assert stored is not None
-        mine = stored.optim_state(0)
-        for receiver in range(1, rt.world_size):
-            dist.send_object_list([stored.optim_state(receiver)], dst=receiver)
-    else:
-        received: list[Any] = [None]
-        dist.recv_object_list(received, src=0)
-        mine = received[0]
-    for opt, sd in zip(optimizers, mine["optimizers"], strict=True):
-        opt.load_state_dict(sd)
-
-
 def _fmt_count(x: float) -> str:
     for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= div:
@@ -485,30 +376,24 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
     meta = {**meta, "total_steps": total_steps}
     guard = NonFiniteGuard(cfg.nonfinite_patience, keys=f"{params_section}." if params_section else "", announce=rt.is_main)
 
-    if rt.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        removed = ckpt.clean_incomplete(run_dir)
-        if removed:
-            log.info("removed %d incomplete checkpoint(s) in %s", len(removed), run_dir)
-    barrier(rt)
+    removed = resume.open_run_dir(run_dir, rt)
+    if removed:
+        log.info("removed %d incomplete checkpoint(s) in %s", len(removed), run_dir)
     start_step, train_time_s = 0, 0.0
     series: list[dict[str, float]] = []  # results only: what `on_step` sees and the plots hold
     rates: list[tuple[int, float]] = []  # (step, tokens/s): timings stay out of the series
-    resume = _find_resume(run_dir, rt)
-    latest = None if resume is None else resume.path
-    if resume is not None:
-        if resume.world_size != rt.world_size:
-            raise ckpt.CheckpointError(f"{latest} was written by {resume.world_size} ranks, this run has "
-                                       f"{rt.world_size}; set runtime.nproc and runtime.nnodes back or delete {run_dir}")
-        _resume_into(resume, model, optimizers, rt)
-        start_step = resume.step
-        if "torch_cpu" in resume.rng_states:
-            torch.set_rng_state(resume.rng_states["torch_cpu"])
-        if resume.progress:
-            train_time_s = float(resume.progress.get("train_time_s", 0.0))
+    found = resume.find(run_dir, rt)
+    latest = None if found is None else found.path
+    if found is not None:
+        resume.load(found, model, optimizers, rt)
+        start_step = found.step
+        if "torch_cpu" in found.rng_states:
+            torch.set_rng_state(found.rng_states["torch_cpu"])
+        if found.progress:
+            train_time_s = float(found.progress.get("train_time_s", 0.0))
             # Replay the series up to the checkpoint so per-step plots cover the whole run.
-            series = [row for row in resume.progress.get("series", []) if row["step"] <= start_step]
-            rates = [(step, rate) for step, rate in resume.progress.get("tok_per_s", []) if step <= start_step]
+            series = [row for row in found.progress.get("series", []) if row["step"] <= start_step]
+            rates = [(step, rate) for step, rate in found.progress.get("tok_per_s", []) if step <= start_step]
         if rt.is_main:
             log.info("resuming from %s (step %d/%d)", latest, start_step, total_steps)
     if rt.is_main:
@@ -626,12 +511,9 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
             do_samples()
         if last or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0):
             guard.check_weights(model, step)
-            if rt.is_main:
-                # Before the checkpoint, so that every checkpoint a rerun may resume from has its
-                # series on disk (a resume keeps the rows up to its own step and drops the rest).
-                write_json_atomic(run_dir / PROGRESS_FILE, {"step": step, "train_time_s": train_time_s, "series": series,
-                                                            "tok_per_s": rates})
-            checkpoint_path = _save(model, optimizers, rt, run_dir, step, meta, cfg.keep_last)
+            checkpoint_path = resume.save(model, optimizers, rt, run_dir, step, meta, cfg.keep_last,
+                                          progress={"step": step, "train_time_s": train_time_s, "series": series,
+                                                    "tok_per_s": rates})
         if stop_at_step is not None and step >= stop_at_step:
             break
 
