@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from lockstep.model import GPT, IGNORE_INDEX, GPTConfig, cross_entropy
-from lockstep.objectives import PAD_ID, AncestorTableError, check_ancestor_table, model_prefix_smooth_loss, prefix_smooth_loss
+from lockstep.objectives import (PAD_ID, AncestorTableError, build, check_ancestor_table, cross_entropy_objective,
+                                 model_prefix_smooth_loss, prefix_smooth_loss)
 from lockstep.tokenizer.prefix_tree import prefix_tree
 
 # "a", "ab", "abc": a chain of three tokens, each the parent of the next
@@ -257,3 +259,37 @@ def test_model_fast_path_under_bf16_autocast_is_fp32_and_close(kernels):
     torch.testing.assert_close(low, exact, rtol=2e-2, atol=2e-2)
     low.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_build_picks_the_objective_once():
+    from lockstep.config import ConfigError
+    from lockstep.tokenizer import NoPrefixTreeError
+    from lockstep.train import TrainConfig
+    from lockstep.train_stage import build_objective
+
+    class Tree:
+        ancestors = np.array([[PAD_ID, PAD_ID], [0, PAD_ID], [1, 0]])  # 2 -> 1 -> 0
+        depths = np.array([0, 1, 2])
+
+    class Tokens:
+        def prefix_tree(self):
+            return Tree()
+
+        def get_vocab_size(self):
+            return 3
+
+    class NoTree(Tokens):
+        def prefix_tree(self):
+            raise NoPrefixTreeError("sentencepiece ids are not byte strings")
+
+    smooth = TrainConfig(objective="prefix_smooth", prefix_weight=0.5)
+    assert build(TrainConfig(), NoTree()) is cross_entropy_objective  # ce never asks for a tree
+    loss = build(smooth, Tokens())
+    model = GPT.build(GPTConfig.from_depth(1, 3, 4, head_dim=32), "cpu", seed=0)
+    x, y = torch.tensor([[0, 1, 2, 1]]), torch.tensor([[1, 2, 1, 0]])
+    expected = model_prefix_smooth_loss(model, x, y, torch.from_numpy(Tree.ancestors), torch.from_numpy(Tree.depths), 0.5)
+    assert torch.equal(loss(model, x, y, "mean"), expected)
+    with pytest.raises(ConfigError, match=r"sft.objective=prefix_smooth: sentencepiece"):
+        build_objective(smooth, NoTree(), "sft", torch.device("cpu"))
+    with pytest.raises(AncestorTableError, match="vocabulary of 4"):
+        build(smooth, type("Wider", (Tokens,), {"get_vocab_size": lambda self: 4})())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lockstep import objectives
 from lockstep.checkpoint import load_checkpoint
 from lockstep.config import ConfigError
 from lockstep.io import sha256_file
@@ -128,12 +129,21 @@ def test_prefix_smooth_objective_trains_and_weight_zero_is_cross_entropy(tmp_pat
     # token i spells i in binary, so its parent is i // 2 (a binary tree; 0 and 1 have none)
     from lockstep.tokenizer.prefix_tree import prefix_tree
 
-    tree = prefix_tree([f"{i:b}".encode() for i in range(V)])
-    table = (torch.from_numpy(tree.ancestors), torch.from_numpy(tree.depths))
+    class BinaryTokens:
+        def prefix_tree(self):
+            return prefix_tree([f"{i:b}".encode() for i in range(V)])
+
+        def get_vocab_size(self) -> int:
+            return V
+
+    def smooth_cfg(weight: float) -> TrainConfig:
+        return _cfg(objective="prefix_smooth", prefix_weight=weight)
+
+    assert objectives.build(_cfg(), BinaryTokens()) is objectives.cross_entropy_objective
     _, ce = _run(tmp_path / "ce", _cfg())
-    _, zero = _run(tmp_path / "zero", _cfg(objective="prefix_smooth", prefix_weight=0.0), ancestors=table)
+    _, zero = _run(tmp_path / "zero", smooth_cfg(0.0), loss=objectives.build(smooth_cfg(0.0), BinaryTokens()))
     assert zero.losses == ce.losses  # w = 0 is the cross-entropy, bit for bit
-    model, smooth = _run(tmp_path / "smooth", _cfg(objective="prefix_smooth", prefix_weight=0.3), ancestors=table)
+    model, smooth = _run(tmp_path / "smooth", smooth_cfg(0.3), loss=objectives.build(smooth_cfg(0.3), BinaryTokens()))
     assert smooth.losses != ce.losses and all(torch.isfinite(torch.tensor(l)) for _, l in smooth.losses)
     with pytest.raises(ValueError, match="ancestor table"):
         _run(tmp_path / "none", _cfg(objective="prefix_smooth"))

@@ -1,8 +1,9 @@
 """Training objectives on a model's logits: the prefix-smoothed loss, whose target spreads weight
 from the true next token to its ancestors in the vocabulary's prefix tree, beside the plain
-cross-entropy it reduces to at weight 0. Pure tensor functions: they know nothing of params,
+cross-entropy it reduces to at weight 0, and `build`, which picks a stage's loss function once
+from its `objective` setting. The losses are pure tensor functions: they know nothing of params,
 stages, or which tokenizer kind produced the ancestor table (lockstep.tokenizer.prefix_tree builds
-it for bpe).
+it for bpe); `build` asks the tokenizer for it.
 
 The ancestor table is two tensors: `ancestors` (V, max_depth) int64, row i the ids of token i's
 proper ancestors, nearest first, and `depths` (V,) int64, how many entries of row i are real.
@@ -13,7 +14,10 @@ is never a target (LZ78's id 0) is not listed either."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Protocol
 
+import numpy as np
 import torch
 
 from lockstep.model import GPT, IGNORE_INDEX, LossReduction, cross_entropy
@@ -52,6 +56,70 @@ def check_ancestor_table(ancestors: torch.Tensor, depths: torch.Tensor, vocab_si
         i, k = int(bad[0, 0]), int(bad[0, 1])
         raise AncestorTableError(f"{where}: token {i}'s ancestor {k} is {int(ancestors[i, k])}, which is not "
                                  f"another id in [0, {V}); padding belongs past the depth {int(depths[i])} only")
+
+
+# A training loss: (model, x (B, T), targets (B, T), reduction) -> the reduced loss, as
+# lockstep.model.cross_entropy reduces (targets use IGNORE_INDEX).
+Objective = Callable[[GPT, torch.Tensor, torch.Tensor, LossReduction], torch.Tensor]
+
+
+class ObjectiveSettings(Protocol):
+    """The params a stage picks its objective with (lockstep.train.TrainConfig has them)."""
+
+    @property
+    def objective(self) -> str: ...
+
+    @property
+    def prefix_weight(self) -> float: ...
+
+
+class AncestorTables(Protocol):
+    """A vocabulary's ancestor table as numpy arrays (lockstep.tokenizer.prefix_tree.PrefixTree)."""
+
+    @property
+    def ancestors(self) -> np.ndarray: ...
+
+    @property
+    def depths(self) -> np.ndarray: ...
+
+
+class PrefixTreeSource(Protocol):
+    """What `build` needs of a tokenizer (lockstep.tokenizer.Tokenizer is one)."""
+
+    def prefix_tree(self) -> AncestorTables: ...
+
+    def get_vocab_size(self) -> int: ...
+
+
+def cross_entropy_objective(model: GPT, x: torch.Tensor, targets: torch.Tensor,
+                            reduction: LossReduction = "mean") -> torch.Tensor:
+    """The model's own cross-entropy (its fused head when it uses kernels)."""
+    return model(x, targets, loss_reduction=reduction)
+
+
+def prefix_smooth_objective(ancestors: torch.Tensor, depths: torch.Tensor, weight: float) -> Objective:
+    """The prefix-smoothed loss (`model_prefix_smooth_loss`) with a fixed ancestor table and weight."""
+
+    def loss(model: GPT, x: torch.Tensor, targets: torch.Tensor, reduction: LossReduction = "mean") -> torch.Tensor:
+        return model_prefix_smooth_loss(model, x, targets, ancestors, depths, weight, reduction)
+
+    return loss
+
+
+def build(cfg: ObjectiveSettings, tokenizer: PrefixTreeSource, *, device: torch.device | str = "cpu") -> Objective:
+    """The loss function `cfg.objective` names, built once per stage: `ce`, the model's
+    cross-entropy; `prefix_smooth`, the prefix-smoothed loss at `cfg.prefix_weight` over the
+    tokenizer's prefix tree, its ancestor table moved to `device` and checked against the
+    tokenizer's vocabulary. A tokenizer without a prefix tree raises its NoPrefixTreeError."""
+    if cfg.objective == "ce":
+        return cross_entropy_objective
+    if cfg.objective != "prefix_smooth":
+        raise ValueError(f"objective={cfg.objective!r} is not one of 'ce', 'prefix_smooth'")
+    tree = tokenizer.prefix_tree()
+    ancestors = torch.from_numpy(tree.ancestors).to(device)
+    depths = torch.from_numpy(tree.depths).to(device)
+    check_ancestor_table(ancestors, depths, tokenizer.get_vocab_size(), where="the tokenizer's ancestor table")
+    return prefix_smooth_objective(ancestors, depths, cfg.prefix_weight)
 
 
 def _reduce(rows: torch.Tensor, targets: torch.Tensor, counted: torch.Tensor, reduction: str) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The shared training loop for pretrain, midtrain and SFT: horizon, LR schedule, gradient
 accumulation, clipping, the stop on NaN/inf, val bits per byte (lockstep.bpb), samples,
 checkpoints and resume. It does not know where batches come from (any object with
-`get_batch(*, B, generator)`) or how text is encoded; finding caches, building the model and
+`get_batch(*, B, generator)`), how text is encoded or which objective it minimises (a loss
+function from lockstep.objectives.build); finding caches, building the model and
 publishing a stage's outputs is lockstep.train_stage; saving and resuming the run folder over
 ranks (rank 0 alone touches it) is lockstep.resume."""
 
@@ -22,8 +23,8 @@ from torch import nn
 from lockstep import resume
 from lockstep.bpb import measure_bpb
 from lockstep.config import ConfigError, FieldError, check_range
-from lockstep.model import GPT, IGNORE_INDEX, GPTConfig, LossReduction
-from lockstep.objectives import check_ancestor_table, model_prefix_smooth_loss
+from lockstep.model import GPT, IGNORE_INDEX, GPTConfig
+from lockstep.objectives import Objective, cross_entropy_objective
 from lockstep.optim import OptimConfig, all_reduce_grads, build_optimizers, global_grad_norm, muon_momentum, set_lr
 from lockstep.runtime import Runtime, peak_flops
 from lockstep.seeds import derived_generator
@@ -340,7 +341,7 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
           sample_prompts: Sequence[Sequence[int]] = (), decode: Callable[[list[int]], str] | None = None,
           on_step: Callable[[dict[str, float]], None] | None = None, stop_at_step: int | None = None,
           params_section: str = "", val_seed: int | None = None,
-          ancestors: tuple[torch.Tensor, torch.Tensor] | None = None) -> TrainResult:
+          loss: Objective | None = None) -> TrainResult:
     """Train `model` (already on rt.device, fp32 master weights) in place, resuming from the
     latest complete checkpoint in `run_dir` if there is one. `meta` (model config, stage config,
     tokenizer sha256, ...) goes into every checkpoint. `stop_at_step` ends early after that step,
@@ -351,8 +352,8 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
     `params_section` names where `cfg` came from (`pretrain`), for the keys that error names.
     `val_seed` picks the validation windows (the stages pass the data seed, so that runs with
     different training seeds are measured on the same text); by default it is `seed`.
-    `ancestors` is the vocabulary's ancestor table (ancestors, depths), which
-    `cfg.objective: prefix_smooth` needs (lockstep.objectives).
+    `loss` is the objective (lockstep.objectives.build); by default the model's cross-entropy,
+    which `cfg.objective: ce` asks for.
 
     `on_step` gets each result row on rank 0, as SERIES_COLUMNS names them: `{step, train_loss,
     lr_mult}` after an applied step, `{step, val_bpb}` after an evaluation. A resumed run replays
@@ -412,17 +413,17 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
         if on_step:
             on_step(row)
 
-    step_loss: Callable[..., torch.Tensor] = model
-    if cfg.objective == "prefix_smooth":
-        if ancestors is None:
-            raise ValueError("objective prefix_smooth needs the vocabulary's ancestor table (ancestors=...)")
-        anc, depths = (t.to(rt.device) for t in ancestors)
-        check_ancestor_table(anc, depths, model.config.vocab_size, where="the tokenizer's ancestor table")
+    if loss is None:
+        if cfg.objective != "ce":
+            raise ValueError(f"objective {cfg.objective} needs the vocabulary's ancestor table: pass "
+                             "loss=lockstep.objectives.build(cfg, tokenizer)")
+        loss = cross_entropy_objective
+    objective = loss
 
-        def step_loss(x: torch.Tensor, y: torch.Tensor, loss_reduction: LossReduction = "mean") -> torch.Tensor:
-            return model_prefix_smooth_loss(model, x, y, anc, depths, cfg.prefix_weight, loss_reduction)
+    def loss_sum(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return objective(model, x, y, "sum")
 
-    fwd = torch.compile(step_loss) if rt.compile else step_loss
+    fwd = torch.compile(loss_sum) if rt.compile else loss_sum
     model.train()
     losses: list[tuple[int, float]] = []
     dts: list[float] = []
@@ -465,20 +466,20 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
         if rt.distributed:
             dist.all_reduce(n_targets)
         denom = n_targets.clamp(min=1.0).item()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
+        total = torch.zeros((), dtype=torch.float64, device=rt.device)
         for x, y in micro:
             with rt.autocast():
-                loss = fwd(x, y, loss_reduction="sum")
-            (loss / denom).backward()
-            loss_sum += loss.detach().double()
+                micro_loss = fwd(x, y)
+            (micro_loss / denom).backward()
+            total += micro_loss.detach().double()
         all_reduce_grads(params, average=False)
         if rt.distributed:
-            dist.all_reduce(loss_sum)
+            dist.all_reduce(total)
         grad_norm = global_grad_norm(params, cfg.optim.grad_clip)
         # Loss and gradient norm reach the host in one transfer, the one the loop always made to
         # log the loss, now before the optimizer step so a bad step is never applied. After the
         # all-reduces every rank holds the same loss and gradients, so all ranks decide alike.
-        loss_total, norm = torch.stack([loss_sum, grad_norm.to(loss_sum)]).tolist()
+        loss_total, norm = torch.stack([total, grad_norm.to(total)]).tolist()
         train_loss = loss_total / denom
         applied = guard.check(step + 1, total_steps, train_loss, norm)
         if applied:

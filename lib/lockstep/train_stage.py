@@ -1,8 +1,8 @@
 """A training stage's work around lockstep.train.train, shared by pretrain, midtrain and SFT: find
 the caches a mixture names and build the train/val mixtures, build the model (fresh, or from the
-checkpoint the stage starts from), name the run folder, write the first-batch parity artifact,
-check that no mixture component is read more than `max_epochs` times (lockstep.budget),
-train, then publish the final checkpoint, the per-step series and the metrics. Typed configs,
+checkpoint the stage starts from) and the objective (lockstep.objectives.build), name the run
+folder, write the first-batch parity artifact, check that no mixture component is read more than
+`max_epochs` times (lockstep.budget), train, then publish the final checkpoint, the per-step series and the metrics. Typed configs,
 paths and the code revision come from the caller (stages/pretrain.py, midtrain.py, sft.py);
 nothing here reads params.yaml or argv."""
 
@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from lockstep import checkpoint as ckpt
+from lockstep import objectives
 from lockstep.budget import (ComponentEpochs, Holding, check_epochs, epoch_line, epochs_facts, mixture_epochs,
                              sft_holding)
 from lockstep.config import ConfigError, config_to_dict
@@ -254,10 +255,13 @@ def token_structure(tok: Tokenizer, embedding: str) -> tuple[np.ndarray, np.ndar
     return tok.hierarchical_parents(), tree.last_byte
 
 
-def ancestor_table(tok: Tokenizer, stage: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ancestors, depths) of the tokenizer's prefix tree, for `objective: prefix_smooth`."""
-    tree = _prefix_tree(tok, f"{stage}.objective=prefix_smooth")
-    return torch.from_numpy(tree.ancestors), torch.from_numpy(tree.depths)
+def build_objective(cfg: TrainConfig, tok: Tokenizer, stage: str, device: torch.device) -> objectives.Objective:
+    """The stage's loss function (lockstep.objectives.build); ConfigError naming
+    `<stage>.objective` when the objective needs a prefix tree the tokenizer does not have."""
+    try:
+        return objectives.build(cfg, tok, device=device)
+    except NoPrefixTreeError as e:
+        raise ConfigError(f"{stage}.objective={cfg.objective}: {e}") from None
 
 
 def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, rt: Runtime, seed: int,
@@ -298,7 +302,7 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
     epochs = stage_epochs(stage, cfg, train_data, total_steps=total_steps, seq_len=seq_len)
     val_data, _ = build_mixture(paths.cache, cfg, split="val", seq_len=seq_len, device=rt.device, tok=tok, stage=stage)
     token_bytes = torch.from_numpy(tok.token_bytes().astype("int64"))
-    ancestors = ancestor_table(tok, stage) if cfg.objective == "prefix_smooth" else None
+    loss = build_objective(cfg, tok, stage, rt.device)
 
     identity = {"seed": seed, "data_seed": data_seed, "runtime": runtime_config.identity(), "model": gcfg.to_dict(),
                 stage: config_to_dict(cfg), "tokenizer_sha256": tok.sha256, "caches": train_ids, "init": init_identity,
@@ -318,7 +322,7 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
         result = train(model, cfg=cfg, rt=rt, train_data=train_data, val_data=val_data, token_bytes=token_bytes,
                        run_dir=run_dir, seed=seed, meta=meta, sample_prompts=sample_prompts(stage, tok),
                        decode=tok.decode, on_step=series.add if series is not None else None, params_section=stage,
-                       val_seed=data_seed, ancestors=ancestors)
+                       val_seed=data_seed, loss=loss)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(resume_note(stage, run_dir)) from None
     metrics = None
