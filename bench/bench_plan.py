@@ -26,7 +26,7 @@ from lockstep.config import build_config
 from lockstep.model import GPT
 from lockstep.plan import calibrate_tok_per_s, make_plan
 from lockstep.runtime import RuntimeConfig, init_runtime
-from lockstep.train import ModelParams, TrainConfig, train
+from lockstep.train import ModelParams, TrainConfig, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,8 +65,8 @@ def main() -> None:
         rt = rt or init_runtime(rt_cfg)
         model = GPT.build(gcfg, rt.device, seed=r).use_kernels(rt.kernels)
         with tempfile.TemporaryDirectory() as tmp:
-            result = train(model, cfg=run_cfg, rt=rt, train_data=RandomWindows(gcfg.vocab_size, gcfg.sequence_len),
-                           val_data=None, token_bytes=None, run_dir=Path(tmp), seed=r, meta={"code_revision": "bench"})
+            trainer = Trainer(model, run_cfg, rt, data=RandomWindows(gcfg.vocab_size, gcfg.sequence_len), seed=r)
+            result = trainer.fit(Path(tmp), {"code_revision": "bench"})
         # Both sides are medians of timed steps (the loop's tok/s leaves its first step out).
         planned_s = args.steps * cfg.batch_tokens / tok_s
         measured_s = args.steps * cfg.batch_tokens / result.tok_per_s

@@ -19,7 +19,7 @@ from lockstep.model import GPT, GPTConfig
 from lockstep.optim import OptimConfig
 from lockstep.runtime import Runtime, keep_heap_memory, measure_matmul_peak_flops
 from lockstep.tokenizer import train_tokenizer
-from lockstep.train import TrainConfig, train
+from lockstep.train import TrainConfig, Trainer, Validation
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TEXT = ROOT.parent / "shared" / "fixtures" / "tinyshakespeare" / "input.txt"
@@ -74,8 +74,8 @@ def main() -> None:
                           optim=OptimConfig(muon_momentum_warmup_steps=args.steps))
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
-            res = train(model, cfg=cfg, rt=rt, train_data=train_src, val_data=val_src, token_bytes=token_bytes,
-                        run_dir=Path(tmp) / "run", seed=0, meta={"stage": "bench", "code_revision": "bench"})
+            trainer = Trainer(model, cfg, rt, data=train_src, seed=0, validation=Validation(val_src, token_bytes))
+            res = trainer.fit(Path(tmp) / "run", {"stage": "bench", "code_revision": "bench"})
             wall_s = time.perf_counter() - t0
         rows.append((name, res.tok_per_s, res.mfu, peak, res.final_eval["val_bpb"], res.losses[-1][1], wall_s))
         print(f"{name}: {res.tok_per_s:,.0f} tok/s (median step) | MFU {100 * res.mfu:.1f}% of measured {name} matmul peak "

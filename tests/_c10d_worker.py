@@ -13,8 +13,7 @@ from pathlib import Path
 import torch
 
 from lockstep.runtime import RuntimeConfig, init_runtime, shutdown, writer_host
-from lockstep.train import train
-from test_train import V, ToySource, _cfg, _model
+from test_train import _cfg, _fit, _model
 
 
 def main(stop_at_step: int) -> None:
@@ -27,9 +26,7 @@ def main(stop_at_step: int) -> None:
         # As the stage preamble does: DVC marks the node it runs on with DVC_STAGE.
         writer_host(rt, launched_by_dvc="DVC_STAGE" in os.environ)
         model = _model()
-        res = train(model, cfg=_cfg(num_steps=4), rt=rt, train_data=ToySource(), val_data=ToySource(),
-                    token_bytes=torch.ones(V, dtype=torch.int32), run_dir=Path("run"), seed=5,
-                    meta={"stage": "test", "code_revision": "test"}, stop_at_step=stop_at_step)
+        res = _fit(model, _cfg(num_steps=4), Path("run"), rt, stop_at_step=stop_at_step)
         if rt.is_main:
             torch.save({"state": model.state_dict(), "losses": res.losses, "resumed_from": res.resumed_from,
                         "bpb": res.final_eval.get("val_bpb")}, "result.pt")

@@ -11,9 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lockstep.runtime import Runtime
-from lockstep.train import train
-
-from test_train import V, ToySource, _cfg, _model
+from test_train import _cfg, _fit, _model
 
 
 def _free_port() -> int:
@@ -29,9 +27,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     try:
         rt = Runtime(device=torch.device("cpu"), dtype=torch.float32, reason="test", rank=rank, world_size=world)
         model = _model()
-        res = train(model, cfg=_cfg(num_steps=4), rt=rt, train_data=ToySource(), val_data=ToySource(),
-                    token_bytes=torch.ones(V, dtype=torch.int32), run_dir=os.path.join(out_dir, "run"), seed=5,
-                    meta={"stage": "test", "code_revision": "test"})
+        res = _fit(model, _cfg(num_steps=4), os.path.join(out_dir, "run"), rt)
         if rank == 0:
             torch.save({"state": model.state_dict(), "losses": res.losses, "bpb": res.final_eval["val_bpb"]},
                        os.path.join(out_dir, "rank0.pt"))
@@ -43,9 +39,7 @@ def test_two_gloo_ranks_match_one_rank(tmp_path) -> None:
     mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="fork", join=True)
     two = torch.load(tmp_path / "rank0.pt", weights_only=True)
     one_model = _model()
-    one = train(one_model, cfg=_cfg(num_steps=4), rt=Runtime(device=torch.device("cpu"), dtype=torch.float32, reason="test"),
-                train_data=ToySource(), val_data=ToySource(), token_bytes=torch.ones(V, dtype=torch.int32),
-                run_dir=tmp_path / "one", seed=5, meta={"stage": "test", "code_revision": "test"})
+    one = _fit(one_model, _cfg(num_steps=4), tmp_path / "one")
     # Same batches, same normalisation; only the order of float sums differs across ranks.
     for (s1, l1), (s2, l2) in zip(one.losses, two["losses"], strict=True):
         assert s1 == s2 and abs(l1 - l2) < 1e-5

@@ -21,9 +21,8 @@ import torch
 import stages._runtime as stage_runtime
 from lockstep.config import ConfigError, build_config
 from lockstep.runtime import Runtime, RuntimeConfig, split_endpoint, torchrun_argv
-from lockstep.train import train
 from stages._common import Preamble
-from test_train import V, ToySource, _cfg, _model
+from test_train import _cfg, _fit, _model
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -172,9 +171,7 @@ def test_two_nodes_through_c10d_match_one_process(tmp_path: Path) -> None:
 
     torch.set_num_threads(1)
     one_model = _model()
-    one = train(one_model, cfg=_cfg(num_steps=4), rt=Runtime(device=torch.device("cpu"), dtype=torch.float32, reason="test"),
-                train_data=ToySource(), val_data=ToySource(), token_bytes=torch.ones(V, dtype=torch.int32),
-                run_dir=tmp_path / "one", seed=5, meta={"stage": "test", "code_revision": "test"})
+    one = _fit(one_model, _cfg(num_steps=4), tmp_path / "one")
     # Same batches, same normalisation; only the order of float sums differs across ranks.
     for (s1, l1), (s2, l2) in zip(one.losses[2:], two["losses"], strict=True):
         assert s1 == s2 and abs(l1 - l2) < 1e-5

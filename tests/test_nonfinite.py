@@ -15,7 +15,7 @@ from lockstep.model import GPT
 from lockstep.optim import OptimConfig
 from lockstep.rl import RLConfig, Rollouts, train_rl
 from lockstep.runtime import Runtime
-from lockstep.train import ModelParams, NonFiniteError, TrainConfig, train
+from lockstep.train import ModelParams, NonFiniteError, TrainConfig, Trainer, Validation
 
 V, T = 64, 32
 ACCUM = 2  # micro-batches per step in _cfg: batch_tokens / (device_batch_rows * T)
@@ -46,9 +46,10 @@ def _cfg(**kw) -> TrainConfig:
     return TrainConfig(**base)
 
 
-def _run(model: GPT, run_dir, cfg: TrainConfig, **kw):
-    return train(model, cfg=cfg, rt=CPU, train_data=ToySource(), val_data=ToySource(), token_bytes=torch.ones(V, dtype=torch.int32),
-                 run_dir=run_dir, seed=5, meta={"stage": "test", "code_revision": "test"}, **kw)
+def _run(model: GPT, run_dir, cfg: TrainConfig, *, stop_at_step: int | None = None, **kw):
+    trainer = Trainer(model, cfg, CPU, data=ToySource(), seed=5, validation=Validation(ToySource(), torch.ones(V, dtype=torch.int32)),
+                      **kw)
+    return trainer.fit(run_dir, {"stage": "test", "code_revision": "test"}, stop_at_step=stop_at_step)
 
 
 def _nan_loss_on(model: torch.nn.Module, steps: set[int], passes_per_step: int = ACCUM) -> None:

@@ -12,7 +12,7 @@ import torch
 from lockstep.model import GPT
 from lockstep.runtime import Runtime
 from lockstep.series import SeriesError, SeriesWriter, is_timed, read_series_file
-from lockstep.train import SERIES_COLUMNS, ModelParams, TrainConfig, train
+from lockstep.train import SERIES_COLUMNS, ModelParams, TrainConfig, Trainer, Validation
 
 COLUMNS = {"train": ("train_loss", "lr_mult"), "val": ("val_bpb",)}
 
@@ -92,9 +92,9 @@ def test_training_series_hold_results_only(tmp_path: Path) -> None:
     cfg = TrainConfig(batch_tokens=2 * T, device_batch_rows=2, num_steps=3, eval_every_steps=2, eval_tokens=2 * T,
                       checkpoint_every_steps=0, peak_flops=1e12)
     writer = SeriesWriter(tmp_path / "plots", SERIES_COLUMNS)
-    train(model, cfg=cfg, rt=Runtime(device=torch.device("cpu"), dtype=torch.float32, reason="test"),
-          train_data=Stream(), val_data=Stream(), token_bytes=torch.ones(V, dtype=torch.int64), run_dir=tmp_path / "run",
-          seed=1, meta={"code_revision": "test"}, on_step=writer.add)
+    trainer = Trainer(model, cfg, Runtime(device=torch.device("cpu"), dtype=torch.float32, reason="test"), data=Stream(),
+                      seed=1, validation=Validation(Stream(), torch.ones(V, dtype=torch.int64)), on_step=writer.add)
+    trainer.fit(tmp_path / "run", {"code_revision": "test"})
     writer.write()
     assert [s for s, _ in read_series_file(tmp_path / "plots" / "train.tsv")["train_loss"]] == [1, 2, 3]
     assert [s for s, _ in read_series_file(tmp_path / "plots" / "val.tsv")["val_bpb"]] == [2, 3]

@@ -1,11 +1,16 @@
-"""Training loop: schedule and horizon, learning on a toy source, bit-exact resume and
-byte-identical outputs on CPU."""
+"""Training loop: schedule and horizon, one Trainer step and its state, learning on a toy source,
+bit-exact resume and byte-identical outputs on CPU."""
 
 from __future__ import annotations
+
+import ast
+import copy
+from pathlib import Path
 
 import pytest
 import torch
 
+import lockstep.train
 from lockstep import objectives
 from lockstep.checkpoint import load_checkpoint
 from lockstep.config import ConfigError
@@ -14,7 +19,8 @@ from lockstep.model import GPT, IGNORE_INDEX
 from lockstep.optim import OptimConfig
 from lockstep.rl import RLConfig
 from lockstep.runtime import Runtime
-from lockstep.train import ModelParams, TrainConfig, grad_accum_steps, horizon_steps, lr_multiplier, train
+from lockstep.train import (ModelParams, TrainConfig, Trainer, TrainResult, Validation, grad_accum_steps, horizon_steps,
+                            lr_multiplier)
 
 V, T = 64, 32
 CPU = Runtime(device=torch.device("cpu"), dtype=torch.float32, reason="test")
@@ -49,11 +55,20 @@ def _cfg(**kw) -> TrainConfig:
     return TrainConfig(**base)
 
 
+def _trainer(model: GPT, cfg: TrainConfig, rt: Runtime = CPU, **kw) -> Trainer:
+    """A Trainer on ToySource batches and validation windows, seed 5."""
+    return Trainer(model, cfg, rt, data=ToySource(), seed=5, validation=Validation(ToySource(), torch.ones(V, dtype=torch.int32)),
+                   **kw)
+
+
+def _fit(model: GPT, cfg: TrainConfig, run_dir, rt: Runtime = CPU, *, stop_at_step: int | None = None, **kw) -> TrainResult:
+    return _trainer(model, cfg, rt, **kw).fit(Path(run_dir), {"stage": "test", "code_revision": "test"},
+                                              stop_at_step=stop_at_step)
+
+
 def _run(run_dir, cfg: TrainConfig, **kw):
     model = _model()
-    res = train(model, cfg=cfg, rt=CPU, train_data=ToySource(), val_data=ToySource(), token_bytes=torch.ones(V, dtype=torch.int32),
-                run_dir=run_dir, seed=5, meta={"stage": "test", "code_revision": "test"}, **kw)
-    return model, res
+    return model, _fit(model, cfg, run_dir, **kw)
 
 
 def test_lr_schedule_shape() -> None:
@@ -73,6 +88,43 @@ def test_schedule_fields_are_shared_with_rl() -> None:
             section(warmdown_frac=1.5)
         with pytest.raises(ConfigError, match="warmup_steps"):
             section(warmup_steps=-1)
+
+
+def test_one_step_changes_loss_counter_and_optimizer_state() -> None:
+    model = _model()
+    trainer = _trainer(model, _cfg())
+    before = copy.deepcopy(model.state_dict())
+    assert trainer.step_count == 0 and not any(o.state for o in trainer.optimizers)
+    stats = trainer.step()
+    assert stats.step == trainer.step_count == 1 and stats.applied
+    assert stats.lr_mult == 1.0 and torch.isfinite(torch.tensor(stats.train_loss))  # warmup_steps=1: full LR at step 0
+    assert all(o.state for o in trainer.optimizers)  # AdamW moments and Muon momentum now exist
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    second = trainer.step()
+    assert second.step == 2 and second.train_loss != stats.train_loss
+    assert [s for s, _ in trainer.losses] == [1, 2]
+
+
+def test_state_dict_round_trip_continues_exactly() -> None:
+    trainer = _trainer(_model(), _cfg())
+    trainer.step()
+    trainer.step()
+    state = copy.deepcopy(trainer.state_dict())
+    continued = [trainer.step().train_loss for _ in range(2)]
+    fresh_model = GPT.build(ModelParams(depth=1, sequence_len=T, head_dim=16).gpt_config(V), "cpu", seed=99)
+    fresh = _trainer(fresh_model, _cfg())
+    fresh.load_state_dict(state)
+    assert fresh.step_count == 2
+    assert [fresh.step().train_loss for _ in range(2)] == continued
+    for (k, a), b in zip(trainer.model.state_dict().items(), fresh_model.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def test_no_function_in_train_module_over_80_lines() -> None:
+    tree = ast.parse(Path(lockstep.train.__file__).read_text())
+    lengths = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    assert max(lengths.values()) <= 80, sorted(lengths.items(), key=lambda kv: -kv[1])[:3]
 
 
 def test_horizon_precedence() -> None:

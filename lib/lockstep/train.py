@@ -1,10 +1,11 @@
-"""The shared training loop for pretrain, midtrain and SFT: horizon, LR schedule, gradient
-accumulation, clipping, the stop on NaN/inf, val bits per byte (lockstep.bpb), samples,
-checkpoints and resume. It does not know where batches come from (any object with
+"""The shared training loop for pretrain, midtrain and SFT, as a Trainer with named steps
+(`step`, `evaluate`, `sample`, `state_dict`/`load_state_dict`, `fit`), and the pieces only it
+uses: its config, horizon, LR schedule, gradient accumulation, clipping, the stop on NaN/inf and
+val bits per byte (lockstep.bpb). It does not know where batches come from (any object with
 `get_batch(*, B, generator)`), how text is encoded or which objective it minimises (a loss
-function from lockstep.objectives.build); finding caches, building the model and
-publishing a stage's outputs is lockstep.train_stage; saving and resuming the run folder over
-ranks (rank 0 alone touches it) is lockstep.resume."""
+function from lockstep.objectives.build); saving and resuming the run folder over ranks is
+lockstep.resume; finding caches, building the model and publishing a stage's outputs is
+lockstep.train_stage."""
 
 from __future__ import annotations
 
@@ -336,129 +337,135 @@ def _fmt_eta(s: float) -> str:
     return f"{s:.0f}s"
 
 
-def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource, val_data: BatchSource | None,
-          token_bytes: torch.Tensor | None, run_dir: Path, seed: int, meta: dict[str, Any],
-          sample_prompts: Sequence[Sequence[int]] = (), decode: Callable[[list[int]], str] | None = None,
-          on_step: Callable[[dict[str, float]], None] | None = None, stop_at_step: int | None = None,
-          params_section: str = "", val_seed: int | None = None,
-          loss: Objective | None = None) -> TrainResult:
-    """Train `model` (already on rt.device, fp32 master weights) in place, resuming from the
-    latest complete checkpoint in `run_dir` if there is one. `meta` (model config, stage config,
-    tokenizer sha256, ...) goes into every checkpoint. `stop_at_step` ends early after that step,
-    as a kill would (tests). Only rank 0 logs and writes.
 
+@dataclass(frozen=True)
+class Validation:
+    """What `Trainer.evaluate` measures on: val batches, bytes per token id (lockstep.bpb), and the
+    seed that picks the windows (the stages pass the data seed, so that runs with different
+    training seeds are measured on the same text; None: the training seed)."""
+
+    data: BatchSource
+    token_bytes: torch.Tensor
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Prompts `Trainer.sample` continues greedily on rank 0, and how their ids become text."""
+
+    prompts: Sequence[Sequence[int]]
+    decode: Callable[[list[int]], str]
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one `Trainer.step` did."""
+
+    step: int  # steps completed after it
+    train_loss: float  # loss per counted target of the global batch
+    lr_mult: float
+    applied: bool  # False: the loss or gradient norm was NaN/inf and the update skipped
+    dt_s: float
+
+
+class Trainer:
+    """Trains `model` (already on rt.device, fp32 master weights) in place with `cfg`'s horizon,
+    schedule and optimizers. `step()` runs one optimizer step, `evaluate()` measures val bits per
+    byte, `sample()` writes greedy samples, `state_dict()`/`load_state_dict()` hold this rank's
+    whole state, and `fit(run_dir, meta)` runs to the horizon with checkpoints in `run_dir`,
+    resuming from its latest complete one. Only rank 0 logs and writes.
+
+    `loss` is the objective (lockstep.objectives.build; by default the model's cross-entropy).
     A step whose loss or gradient norm is NaN or inf is not applied; more of them in a row than
     `cfg.nonfinite_patience` raise NonFiniteError, as do non-finite weights at a checkpoint.
     `params_section` names where `cfg` came from (`pretrain`), for the keys that error names.
-    `val_seed` picks the validation windows (the stages pass the data seed, so that runs with
-    different training seeds are measured on the same text); by default it is `seed`.
-    `loss` is the objective (lockstep.objectives.build); by default the model's cross-entropy,
-    which `cfg.objective: ce` asks for.
 
     `on_step` gets each result row on rank 0, as SERIES_COLUMNS names them: `{step, train_loss,
     lr_mult}` after an applied step, `{step, val_bpb}` after an evaluation. A resumed run replays
     the rows up to its checkpoint first, so the callback sees the whole run. Timings stay out of
     the rows (they go to the log and the TrainResult): the series are equal for equal runs."""
-    run_dir = Path(run_dir)
-    # Training draws from its own generators; the global one is seeded anyway, so that its state
-    # saved in every checkpoint is a function of the seed, not of what the process did before.
-    torch.manual_seed(seed)
-    seq_len = model.config.sequence_len
-    accum = grad_accum_steps(cfg, seq_len=seq_len, world_size=rt.world_size)
-    rows = cfg.device_batch_rows
-    flops_per_token = model.flops_per_token()
-    num_params = model.num_params(exclude_embedding=True)
-    total_steps, why = horizon_steps(cfg, flops_per_token=flops_per_token, num_params=num_params)
-    optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd, rank=rt.rank, world_size=rt.world_size,
-                                  ns_dtype=rt.dtype)
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not meta.get("code_revision"):
-        raise ValueError("meta must carry the stage's code_revision (lockstep.codeid.code_revision of its entry module)")
-    meta = {**meta, "total_steps": total_steps}
-    guard = NonFiniteGuard(cfg.nonfinite_patience, keys=f"{params_section}." if params_section else "", announce=rt.is_main)
 
-    removed = resume.open_run_dir(run_dir, rt)
-    if removed:
-        log.info("removed %d incomplete checkpoint(s) in %s", len(removed), run_dir)
-    start_step, train_time_s = 0, 0.0
-    series: list[dict[str, float]] = []  # results only: what `on_step` sees and the plots hold
-    rates: list[tuple[int, float]] = []  # (step, tokens/s): timings stay out of the series
-    found = resume.find(run_dir, rt)
-    latest = None if found is None else found.path
-    if found is not None:
-        resume.load(found, model, optimizers, rt)
-        start_step = found.step
-        if "torch_cpu" in found.rng_states:
-            torch.set_rng_state(found.rng_states["torch_cpu"])
-        if found.progress:
-            train_time_s = float(found.progress.get("train_time_s", 0.0))
-            # Replay the series up to the checkpoint so per-step plots cover the whole run.
-            series = [row for row in found.progress.get("series", []) if row["step"] <= start_step]
-            rates = [(step, rate) for step, rate in found.progress.get("tok_per_s", []) if step <= start_step]
-        if rt.is_main:
-            log.info("resuming from %s (step %d/%d)", latest, start_step, total_steps)
-    if rt.is_main:
-        log.info("horizon %d steps (%s); %d micro-batches x %d rows x %d tokens x %d ranks = %d tokens/step",
-                 total_steps, why, accum, rows, seq_len, rt.world_size, cfg.batch_tokens)
-    peak, peak_why = peak_flops(rt, declared=cfg.peak_flops)
-    if rt.is_main:
-        log.info("MFU peak %.3g FLOP/s per device (%s); %d params, %d FLOPs/token", peak, peak_why, num_params, flops_per_token)
+    def __init__(self, model: GPT, cfg: TrainConfig, rt: Runtime, *, data: BatchSource, seed: int,
+                 loss: Objective | None = None, validation: Validation | None = None, samples: Samples | None = None,
+                 on_step: Callable[[dict[str, float]], None] | None = None, params_section: str = "") -> None:
+        # Training draws from its own generators; the global one is seeded anyway, so that its state
+        # saved in every checkpoint is a function of the seed, not of what the process did before.
+        torch.manual_seed(seed)
+        self.model, self.cfg, self.rt, self.data, self.seed = model, cfg, rt, data, seed
+        self.validation, self.samples, self.on_step = validation, samples, on_step
+        self.seq_len = model.config.sequence_len
+        self.accum = grad_accum_steps(cfg, seq_len=self.seq_len, world_size=rt.world_size)
+        self.flops_per_token = model.flops_per_token()
+        self.num_params = model.num_params(exclude_embedding=True)
+        self.total_steps, self.horizon_why = horizon_steps(cfg, flops_per_token=self.flops_per_token,
+                                                           num_params=self.num_params)
+        self.optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd, rank=rt.rank,
+                                           world_size=rt.world_size, ns_dtype=rt.dtype)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.guard = NonFiniteGuard(cfg.nonfinite_patience, keys=f"{params_section}." if params_section else "",
+                                    announce=rt.is_main)
+        self.peak, self.peak_why = peak_flops(rt, declared=cfg.peak_flops)
+        self._forward = self._loss_sum(loss)
+        model.train()
+        self.step_count = 0  # optimizer steps completed, resumed ones included
+        self.start_step = 0  # where this process started (a resumed checkpoint's step)
+        self.train_time_s = 0.0  # wall time in steps, all sessions of the run
+        self.series: list[dict[str, float]] = []  # results only: what `on_step` sees and the plots hold
+        self.rates: list[tuple[int, float]] = []  # (step, tokens/s): timings stay out of the series
+        self.losses: list[tuple[int, float]] = []  # (step, loss) of the updates applied in this process
+        self.dts: list[float] = []  # this process's step times, the warm-up step left out
+        self.last_eval: dict[str, float] = {}
 
-    if rt.is_main and on_step:
-        for row in series:
-            on_step(row)
+    def _loss_sum(self, loss: Objective | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """(x, y) -> the objective summed over the micro-batch's targets, compiled if the runtime says so."""
+        if loss is None:
+            if self.cfg.objective != "ce":
+                raise ValueError(f"objective {self.cfg.objective} needs the vocabulary's ancestor table: pass "
+                                 "loss=lockstep.objectives.build(cfg, tokenizer)")
+            loss = cross_entropy_objective
+        model = self.model
 
-    def record(row: dict[str, float]) -> None:
-        series.append(row)
-        if on_step:
-            on_step(row)
+        def loss_sum(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return loss(model, x, y, "sum")
 
-    if loss is None:
-        if cfg.objective != "ce":
-            raise ValueError(f"objective {cfg.objective} needs the vocabulary's ancestor table: pass "
-                             "loss=lockstep.objectives.build(cfg, tokenizer)")
-        loss = cross_entropy_objective
-    objective = loss
+        return torch.compile(loss_sum) if self.rt.compile else loss_sum
 
-    def loss_sum(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return objective(model, x, y, "sum")
-
-    fwd = torch.compile(loss_sum) if rt.compile else loss_sum
-    model.train()
-    losses: list[tuple[int, float]] = []
-    dts: list[float] = []
-    checkpoint_path = latest
-    eval_result: dict[str, float] = {}
-
-    def do_eval(step: int) -> dict[str, float]:
-        if val_data is None or token_bytes is None:
-            return {}
-        r = validation_bpb(model, val_data, token_bytes, rt, rows=rows, seq_len=seq_len, eval_tokens=cfg.eval_tokens,
-                           seed=seed if val_seed is None else val_seed, loss=cfg.loss)
-        if rt.is_main:
-            log.info("step %d/%d | val bpb %.4f | unigram bpb %.4f", step, total_steps, r["val_bpb"], r["unigram_bpb"])
-            record({"step": step, "val_bpb": r["val_bpb"]})
-        return r
-
-    def do_samples() -> list[str]:
-        if not (rt.is_main and sample_prompts and decode):
-            return []
-        out = []
-        for prompt in sample_prompts:
-            text = decode(list(prompt) + greedy_sample(model, prompt, cfg.sample_tokens, rt))
-            log.info("sample: %r", text)
-            out.append(text)
-        return out
-
-    step = start_step
-    while step < total_steps:
+    def step(self) -> StepStats:
+        """One optimizer step: the scheduled LR, the global batch of this step (its micro-batches
+        split over ranks), gradients, clipping and the update, unless the loss or gradient norm
+        is not finite (then the update is skipped, or NonFiniteError raised past the patience)."""
+        cfg, rt, step = self.cfg, self.rt, self.step_count
         rt.synchronize()
         t0 = time.perf_counter()
-        mult = cfg.lr_multiplier(step, total_steps)
-        set_lr(optimizers, mult, momentum=muon_momentum(step, cfg.optim))
+        mult = cfg.lr_multiplier(step, self.total_steps)
+        set_lr(self.optimizers, mult, momentum=muon_momentum(step, cfg.optim))
+        train_loss, norm = self._gradients(step)
+        applied = self.guard.check(step + 1, self.total_steps, train_loss, norm)
+        if applied:
+            for opt in self.optimizers:
+                opt.step()
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        rt.synchronize()  # time honestly: queued GPU work belongs to this step
+        dt = time.perf_counter() - t0
+        self.step_count = step = step + 1
+        self.train_time_s += dt
+        if applied:
+            self.losses.append((step, train_loss))
+            # The first step of a process carries compile and allocator warm-up: left out of throughput.
+            if len(self.losses) > 1 or self.total_steps - self.start_step == 1:
+                self.dts.append(dt)
+            if rt.is_main:
+                self._report(step, train_loss, mult, dt)
+        return StepStats(step=step, train_loss=train_loss, lr_mult=mult, applied=applied, dt_s=dt)
+
+    def _gradients(self, step: int) -> tuple[float, float]:
+        """Accumulate the gradients of step `step`'s global batch; (loss per target, gradient norm)
+        on the host, the same on every rank."""
+        cfg, rt, rows = self.cfg, self.rt, self.cfg.device_batch_rows
         micro = []
-        for i in range(accum):
-            batch = train_data.get_batch(B=rows, generator=batch_generator(seed, step, rt.rank * accum + i))
+        for i in range(self.accum):
+            batch = self.data.get_batch(B=rows, generator=batch_generator(self.seed, step, rt.rank * self.accum + i))
             micro.append((batch[0].to(rt.device, non_blocking=True), _targets(batch, cfg.loss).to(rt.device, non_blocking=True)))
         # Normalise by the target count of the whole global batch, so an SFT batch with few
         # assistant tokens weighs each token the same, and 1 or N ranks give the same gradient.
@@ -466,70 +473,159 @@ def train(model: GPT, *, cfg: TrainConfig, rt: Runtime, train_data: BatchSource,
         if rt.distributed:
             dist.all_reduce(n_targets)
         denom = n_targets.clamp(min=1.0).item()
-        total = torch.zeros((), dtype=torch.float64, device=rt.device)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
         for x, y in micro:
             with rt.autocast():
-                micro_loss = fwd(x, y)
-            (micro_loss / denom).backward()
-            total += micro_loss.detach().double()
-        all_reduce_grads(params, average=False)
+                loss = self._forward(x, y)
+            (loss / denom).backward()
+            loss_sum += loss.detach().double()
+        all_reduce_grads(self.params, average=False)
         if rt.distributed:
-            dist.all_reduce(total)
-        grad_norm = global_grad_norm(params, cfg.optim.grad_clip)
+            dist.all_reduce(loss_sum)
+        grad_norm = global_grad_norm(self.params, cfg.optim.grad_clip)
         # Loss and gradient norm reach the host in one transfer, the one the loop always made to
         # log the loss, now before the optimizer step so a bad step is never applied. After the
         # all-reduces every rank holds the same loss and gradients, so all ranks decide alike.
-        loss_total, norm = torch.stack([total, grad_norm.to(total)]).tolist()
-        train_loss = loss_total / denom
-        applied = guard.check(step + 1, total_steps, train_loss, norm)
-        if applied:
-            for opt in optimizers:
-                opt.step()
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
-        rt.synchronize()  # time honestly: queued GPU work belongs to this step
-        dt = time.perf_counter() - t0
-        step += 1
-        train_time_s += dt
-        if applied:
-            losses.append((step, train_loss))
-            # The first step of a process carries compile and allocator warm-up: left out of throughput.
-            if len(losses) > 1 or total_steps - start_step == 1:
-                dts.append(dt)
-        tok_s = cfg.batch_tokens / dt
-        mfu = flops_per_token * tok_s / (peak * rt.world_size)
-        if rt.is_main and applied:
-            med = sorted(dts)[len(dts) // 2] if dts else dt
-            lr_now = optimizers[-1].param_groups[0]["lr"]
-            log.info("step %d/%d | loss %.4f | lr %.3g | dt %.0fms | tok/s %s | mfu %.1f%% | eta %s", step, total_steps,
-                     train_loss, lr_now, dt * 1e3, _fmt_count(tok_s), 100 * mfu, _fmt_eta(med * (total_steps - step)))
-            record({"step": step, "train_loss": train_loss, "lr_mult": mult})
-            rates.append((step, tok_s))
-        last = step == total_steps
-        if cfg.eval_every_steps and step % cfg.eval_every_steps == 0 and not last:
-            eval_result = do_eval(step)
-        if cfg.sample_every_steps and step % cfg.sample_every_steps == 0 and not last:
-            do_samples()
-        if last or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0):
-            guard.check_weights(model, step)
-            checkpoint_path = resume.save(model, optimizers, rt, run_dir, step, meta, cfg.keep_last,
-                                          progress={"step": step, "train_time_s": train_time_s, "series": series,
-                                                    "tok_per_s": rates})
-        if stop_at_step is not None and step >= stop_at_step:
-            break
+        loss_total, norm = torch.stack([loss_sum, grad_norm.to(loss_sum)]).tolist()
+        return loss_total / denom, norm
 
-    if step == total_steps:
-        eval_result = do_eval(step)
-    samples = do_samples() if step == total_steps else []
-    assert checkpoint_path is not None
-    tokens = step * cfg.batch_tokens
-    if dts:
-        tok_per_s = cfg.batch_tokens / sorted(dts)[len(dts) // 2]
-    else:  # nothing timed in this process (a finished run re-run): the recorded steps' median
-        recorded = sorted(rate for _, rate in rates)
-        tok_per_s = recorded[len(recorded) // 2] if recorded else float("nan")
-    return TrainResult(step=step, total_steps=total_steps, losses=losses, final_eval=eval_result, samples=samples,
-                       checkpoint=checkpoint_path, resumed_from=start_step, tokens=tokens,
-                       flops=float(flops_per_token) * tokens, tok_per_s=tok_per_s,
-                       mfu=flops_per_token * tok_per_s / (peak * rt.world_size),
-                       train_time_s=train_time_s, peak={"flops_per_s": peak, "source": peak_why})
+    def _report(self, step: int, train_loss: float, mult: float, dt: float) -> None:
+        """Rank 0, after an applied step: the progress line, the series row and the throughput."""
+        tok_s = self.cfg.batch_tokens / dt
+        mfu = self.flops_per_token * tok_s / (self.peak * self.rt.world_size)
+        med = sorted(self.dts)[len(self.dts) // 2] if self.dts else dt
+        lr_now = self.optimizers[-1].param_groups[0]["lr"]
+        log.info("step %d/%d | loss %.4f | lr %.3g | dt %.0fms | tok/s %s | mfu %.1f%% | eta %s", step, self.total_steps,
+                 train_loss, lr_now, dt * 1e3, _fmt_count(tok_s), 100 * mfu, _fmt_eta(med * (self.total_steps - step)))
+        self._record({"step": step, "train_loss": train_loss, "lr_mult": mult})
+        self.rates.append((step, tok_s))
+
+    def _record(self, row: dict[str, float]) -> None:
+        self.series.append(row)
+        if self.on_step:
+            self.on_step(row)
+
+    def evaluate(self) -> dict[str, float]:
+        """Val bits per byte now (validation_bpb; every rank takes part), logged and recorded on
+        rank 0; {} without `validation`."""
+        v, cfg = self.validation, self.cfg
+        if v is None:
+            return {}
+        r = validation_bpb(self.model, v.data, v.token_bytes, self.rt, rows=cfg.device_batch_rows, seq_len=self.seq_len,
+                           eval_tokens=cfg.eval_tokens, seed=self.seed if v.seed is None else v.seed, loss=cfg.loss)
+        if self.rt.is_main:
+            log.info("step %d/%d | val bpb %.4f | unigram bpb %.4f", self.step_count, self.total_steps, r["val_bpb"],
+                     r["unigram_bpb"])
+            self._record({"step": self.step_count, "val_bpb": r["val_bpb"]})
+        return r
+
+    def sample(self) -> list[str]:
+        """Greedy continuations of the sample prompts, logged (rank 0 only; [] elsewhere)."""
+        if not (self.rt.is_main and self.samples and self.samples.prompts):
+            return []
+        out = []
+        for prompt in self.samples.prompts:
+            text = self.samples.decode(list(prompt) + greedy_sample(self.model, prompt, self.cfg.sample_tokens, self.rt))
+            log.info("sample: %r", text)
+            out.append(text)
+        return out
+
+    def progress(self) -> dict[str, Any]:
+        """The run's progress so far, as PROGRESS_FILE holds it: the series and throughput rows
+        and the wall time in steps."""
+        return {"step": self.step_count, "train_time_s": self.train_time_s, "series": self.series,
+                "tok_per_s": self.rates}
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's whole training state: the step, weights, its optimizers' state (Muon's is
+        sharded over ranks), the global RNG and the progress. Like torch's state dicts it holds
+        the live tensors: copy it to keep it past the next step."""
+        return {"step": self.step_count, "model": self.model.state_dict(),
+                "optimizers": [o.state_dict() for o in self.optimizers],
+                "rng_states": {"torch_cpu": torch.get_rng_state()}, "progress": self.progress()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state` (a `state_dict()` of a Trainer with the same model, config and rank)."""
+        self.model.load_state_dict(state["model"])
+        for opt, sd in zip(self.optimizers, state["optimizers"], strict=True):
+            opt.load_state_dict(sd)
+        self._restore(state["step"], state["rng_states"], state["progress"])
+
+    def _restore(self, step: int, rng_states: dict[str, torch.Tensor], progress: dict[str, Any]) -> None:
+        self.step_count = self.start_step = step
+        if "torch_cpu" in rng_states:
+            torch.set_rng_state(rng_states["torch_cpu"])
+        if progress:
+            self.train_time_s = float(progress.get("train_time_s", 0.0))
+            # Replay the series up to the checkpoint so per-step plots cover the whole run.
+            self.series = [row for row in progress.get("series", []) if row["step"] <= step]
+            self.rates = [(s, rate) for s, rate in progress.get("tok_per_s", []) if s <= step]
+
+    def fit(self, run_dir: Path, meta: dict[str, Any], *, stop_at_step: int | None = None) -> TrainResult:
+        """Train to the horizon, resuming from the latest complete checkpoint in `run_dir` if there
+        is one, with evaluations, samples and checkpoints as `cfg` schedules them. `meta` (model
+        config, stage config, tokenizer sha256, code revision, ...) goes into every checkpoint.
+        `stop_at_step` ends early after that step, as a kill would (tests)."""
+        if not meta.get("code_revision"):
+            raise ValueError("meta must carry the stage's code_revision (lockstep.codeid.code_revision of its entry module)")
+        run_dir, cfg, total = Path(run_dir), self.cfg, self.total_steps
+        meta = {**meta, "total_steps": total}
+        checkpoint = self._open(run_dir)
+        while self.step_count < total:
+            self.step()
+            step = self.step_count
+            last = step == total
+            if cfg.eval_every_steps and step % cfg.eval_every_steps == 0 and not last:
+                self.last_eval = self.evaluate()
+            if cfg.sample_every_steps and step % cfg.sample_every_steps == 0 and not last:
+                self.sample()
+            if last or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0):
+                self.guard.check_weights(self.model, step)
+                checkpoint = resume.save(self.model, self.optimizers, self.rt, run_dir, step, meta, cfg.keep_last,
+                                         progress=self.progress())
+            if stop_at_step is not None and step >= stop_at_step:
+                break
+        samples: list[str] = []
+        if self.step_count == total:
+            self.last_eval = self.evaluate()
+            samples = self.sample()
+        assert checkpoint is not None
+        return self._result(checkpoint, samples)
+
+    def _open(self, run_dir: Path) -> Path | None:
+        """Prepare the run folder and resume from its latest checkpoint (collectives); log the
+        plan; replay the resumed series to `on_step`. Returns the checkpoint resumed from."""
+        rt, cfg = self.rt, self.cfg
+        removed = resume.open_run_dir(run_dir, rt)
+        if removed:
+            log.info("removed %d incomplete checkpoint(s) in %s", len(removed), run_dir)
+        found = resume.find(run_dir, rt)
+        if found is not None:
+            resume.load(found, self.model, self.optimizers, rt)
+            self._restore(found.step, found.rng_states, found.progress)
+            if rt.is_main:
+                log.info("resuming from %s (step %d/%d)", found.path, found.step, self.total_steps)
+        if rt.is_main:
+            log.info("horizon %d steps (%s); %d micro-batches x %d rows x %d tokens x %d ranks = %d tokens/step",
+                     self.total_steps, self.horizon_why, self.accum, cfg.device_batch_rows, self.seq_len, rt.world_size,
+                     cfg.batch_tokens)
+            log.info("MFU peak %.3g FLOP/s per device (%s); %d params, %d FLOPs/token", self.peak, self.peak_why,
+                     self.num_params, self.flops_per_token)
+            if self.on_step:
+                for row in self.series:
+                    self.on_step(row)
+        return None if found is None else found.path
+
+    def _result(self, checkpoint: Path, samples: list[str]) -> TrainResult:
+        cfg, step = self.cfg, self.step_count
+        tokens = step * cfg.batch_tokens
+        if self.dts:
+            tok_per_s = cfg.batch_tokens / sorted(self.dts)[len(self.dts) // 2]
+        else:  # nothing timed in this process (a finished run re-run): the recorded steps' median
+            recorded = sorted(rate for _, rate in self.rates)
+            tok_per_s = recorded[len(recorded) // 2] if recorded else float("nan")
+        mfu = self.flops_per_token * tok_per_s / (self.peak * self.rt.world_size)
+        return TrainResult(step=step, total_steps=self.total_steps, losses=self.losses, final_eval=self.last_eval,
+                           samples=samples, checkpoint=checkpoint, resumed_from=self.start_step, tokens=tokens,
+                           flops=float(self.flops_per_token) * tokens, tok_per_s=tok_per_s, mfu=mfu,
+                           train_time_s=self.train_time_s, peak={"flops_per_s": self.peak, "source": self.peak_why})

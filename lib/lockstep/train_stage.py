@@ -1,10 +1,10 @@
-"""A training stage's work around lockstep.train.train, shared by pretrain, midtrain and SFT: find
-the caches a mixture names and build the train/val mixtures, build the model (fresh, or from the
-checkpoint the stage starts from) and the objective (lockstep.objectives.build), name the run
+"""A training stage's work around lockstep.train.Trainer, shared by pretrain, midtrain and SFT:
+find the caches a mixture names and build the train/val mixtures, build the model (fresh, or from
+the checkpoint the stage starts from) and the objective (lockstep.objectives.build), name the run
 folder, write the first-batch parity artifact, check that no mixture component is read more than
-`max_epochs` times (lockstep.budget), train, then publish the final checkpoint, the per-step series and the metrics. Typed configs,
-paths and the code revision come from the caller (stages/pretrain.py, midtrain.py, sft.py);
-nothing here reads params.yaml or argv."""
+`max_epochs` times (lockstep.budget), train, then publish the final checkpoint, the per-step
+series and the metrics. Typed configs, paths and the code revision come from the caller
+(stages/pretrain.py, midtrain.py, sft.py); nothing here reads params.yaml or argv."""
 
 from __future__ import annotations
 
@@ -40,12 +40,14 @@ from lockstep.train import (
     BatchSource,
     ModelParams,
     NonFiniteError,
+    Samples,
     TrainConfig,
+    Trainer,
     TrainResult,
+    Validation,
     batch_generator,
     horizon_key,
     horizon_steps,
-    train,
 )
 
 # Errors whose message says what to fix: a training stage's entry point prints them as one line.
@@ -319,10 +321,11 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
         dump_first_batch(paths.plots / FIRST_BATCH_FILE, first[0], first[1], first[2] if len(first) > 2 else None,
                          rows=train_data.last_rows, meta={"stage": stage, "step": 0, "micro_batch": 0})
     try:
-        result = train(model, cfg=cfg, rt=rt, train_data=train_data, val_data=val_data, token_bytes=token_bytes,
-                       run_dir=run_dir, seed=seed, meta=meta, sample_prompts=sample_prompts(stage, tok),
-                       decode=tok.decode, on_step=series.add if series is not None else None, params_section=stage,
-                       val_seed=data_seed, loss=loss)
+        trainer = Trainer(model, cfg, rt, data=train_data, seed=seed, loss=loss,
+                          validation=Validation(val_data, token_bytes, seed=data_seed),
+                          samples=Samples(sample_prompts(stage, tok), tok.decode),
+                          on_step=series.add if series is not None else None, params_section=stage)
+        result = trainer.fit(run_dir, meta)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(resume_note(stage, run_dir)) from None
     metrics = None
