@@ -97,6 +97,12 @@ def preamble(stage: str, params_path: Path = PARAMS_FILE) -> Preamble:
                     started_s=started_s)
 
 
+def add_params_option(parser: argparse.ArgumentParser) -> None:
+    """The `--params` option every stage that reads params takes: the params file, params.yaml by
+    default (tests and `lockstep` commands point it elsewhere)."""
+    parser.add_argument("--params", type=Path, default=PARAMS_FILE, help=f"params file ({PARAMS_FILE})")
+
+
 def parse_training_args(stage: str, argv: list[str] | None, *, init: bool, description: str) -> argparse.Namespace:
     """The command line of a training stage (pretrain, midtrain, sft): its paths, and `--init`
     (the checkpoint to start from) when `init`."""
@@ -108,7 +114,7 @@ def parse_training_args(stage: str, argv: list[str] | None, *, init: bool, descr
     p.add_argument("--runinfo", type=Path, required=True, help=f"run facts JSON: timings, device (data/runinfo/{stage}.json)")
     p.add_argument("--plots", type=Path, required=True, help=f"per-step series folder (data/plots/{stage})")
     p.add_argument("--runs", type=Path, required=True, help="git-ignored folder for intermediate checkpoints")
-    p.add_argument("--params", type=Path, default=PARAMS_FILE)
+    add_params_option(p)
     if init:
         p.add_argument("--init", type=Path, required=True, help="checkpoint to start from")
     return p.parse_args(argv)

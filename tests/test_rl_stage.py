@@ -82,7 +82,7 @@ def test_ctrl_c_says_a_rerun_starts_over(rl_workspace: Path, repo_root: Path, mo
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(rl, "train_rl", ctrl_c)
+    monkeypatch.setattr("lockstep.rl_stage.train_rl", ctrl_c)
     assert entry(lambda: rl.main(_args(rl_workspace)), errors=rl.STAGE_ERRORS) == 130
     assert capsys.readouterr().err == ("interrupted: rl keeps no intermediate checkpoints, so nothing was saved; "
                                        f"`dvc repro` runs it again from {rl_workspace / 'sft'}\n")

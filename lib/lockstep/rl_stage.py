@@ -1,0 +1,106 @@
+"""The `rl` stage's work around lockstep.rl.train_rl: load the SFT checkpoint and the tokenizer,
+read the problem snapshot's train and held-out splits, train, then publish the RL checkpoint, the
+per-step series, the metrics (held-out pass@1 and pass@k before and after, each with the problems
+it is over) and the run facts. Typed configs, paths and the code revision come from the caller
+(stages/rl.py); nothing here reads params.yaml or argv."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lockstep import checkpoint as ckpt
+from lockstep.config import ConfigError, config_to_dict
+from lockstep.io import sha256_file, write_json_atomic
+from lockstep.rl import RLConfig, RLResult, series_columns, train_rl
+from lockstep.runinfo import git_commit
+from lockstep.runtime import Runtime
+from lockstep.series import SeriesWriter
+from lockstep.snapshot import SnapshotError, iter_records, read_meta
+from lockstep.tokenizer import TokenizerFileError, load_tokenizer
+from lockstep.train import NonFiniteError
+
+# Errors whose message says what to fix: the stage's entry point prints them as one `error:` line.
+ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError, TokenizerFileError, SnapshotError, FileNotFoundError)
+
+
+@dataclass(frozen=True)
+class RLStagePaths:
+    """Where the rl stage reads and writes (dvc.yaml names each)."""
+
+    init: Path  # the checkpoint to start from (data/ckpt/sft)
+    raw: Path  # raw snapshots root; `rl.problems` names the folder under it
+    tokenizer: Path
+    out: Path  # the final checkpoint folder
+    metrics: Path  # the metrics JSON: results
+    runinfo: Path  # the run facts JSON: timings, device, commit, what decides the numerics
+    plots: Path  # per-step series
+
+
+def rl_metrics(result: RLResult, cfg: RLConfig, n_problems: int) -> dict[str, Any]:
+    """The stage's metrics JSON: held-out rates before and after, each with the number of problems
+    it is over (`<name>.n`), and the run's reward and length figures; equal for equal runs."""
+    k = cfg.pass_k
+    rates = {
+        "pass@1_before": result.before["pass@1"], "pass@1": result.after["pass@1"],
+        f"pass@{k}_before": result.before[f"pass@{k}"], f"pass@{k}": result.after[f"pass@{k}"],
+        "greedy_acc_before": result.before["greedy"], "greedy_acc": result.after["greedy"],
+    }
+    return {
+        **rates, **{f"{name}.n": n_problems for name in rates},
+        "completion_len": result.after["completion_len"], "reward_first_step": result.mean_reward_first,
+        "reward_last_step": result.mean_reward_last, "steps": result.steps, "rollout_tokens": result.rollout_tokens,
+    }
+
+
+def run_rl_stage(*, cfg: RLConfig, paths: RLStagePaths, rt: Runtime, seed: int, code_revision: str,
+                 started_s: float) -> dict[str, Any]:
+    """Run the rl stage end to end in this process and return its metrics. `seed` draws the
+    rollouts; `code_revision` goes into the checkpoint; `started_s` (time.perf_counter) is when
+    the stage began. The policy is the init checkpoint's, refused if it was trained with another
+    tokenizer. RL keeps no intermediate checkpoints: Ctrl-C raises KeyboardInterrupt carrying the
+    line that says a rerun starts over, and nothing is written."""
+    log = logging.getLogger("lockstep.rl")
+    tok = load_tokenizer(paths.tokenizer)
+    model, _ = ckpt.load_model(paths.init, rt.device, tokenizer_sha256=tok.sha256)
+    model.use_kernels(rt.kernels)
+    snapshot = paths.raw / cfg.problems
+    if read_meta(snapshot).get("kind") != "problem":
+        raise ConfigError(f"rl.problems={cfg.problems!r}: {snapshot} does not hold problem records; name a GSM8K-format source")
+    train_problems = list(iter_records(snapshot, "train"))
+    val_problems = list(iter_records(snapshot, "val"))
+    n_scored = min(cfg.eval_problems, len(val_problems))
+    log.info("problems: %d train, %d held out (%d scored)", len(train_problems), len(val_problems), n_scored)
+
+    series = SeriesWriter(paths.plots, series_columns(cfg))
+    t0 = time.perf_counter()
+    try:
+        result = train_rl(model, tok, train_problems=train_problems, val_problems=val_problems, cfg=cfg,
+                          device=rt.device, seed=seed, autocast=rt.autocast(), log=log.info, on_step=series.add)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"rl keeps no intermediate checkpoints, so nothing was saved; `dvc repro` runs it "
+                                f"again from {paths.init}") from None
+    wall_s = time.perf_counter() - t0
+
+    meta = {"stage": "rl", "model_config": model.config.to_dict(), "stage_config": config_to_dict(cfg),
+            "tokenizer_sha256": tok.sha256, "seed": seed, "step": result.steps,
+            "init_manifest_sha256": sha256_file(paths.init / ckpt.MANIFEST_FILE), "runtime": rt.settings(),
+            "code_revision": code_revision}
+    state = {k: v.detach().to("cpu", torch.float32) if v.is_floating_point() else v.detach().cpu()
+             for k, v in model.state_dict().items()}
+    ckpt.save_checkpoint(paths.out, state, {0: result.optimizer_state}, meta)
+    series.write()
+    metrics = rl_metrics(result, cfg, n_scored)
+    write_json_atomic(paths.runinfo, {"train_time_s": result.train_time_s, "wall_time_s": wall_s,
+                                      "stage_wall_time_s": time.perf_counter() - started_s, "device": rt.describe(),
+                                      "git_commit": git_commit()})
+    write_json_atomic(paths.metrics, metrics)
+    k = cfg.pass_k
+    log.info("done: held-out pass@1 %.3f -> %.3f, pass@%d %.3f -> %.3f", result.before["pass@1"],
+             result.after["pass@1"], k, result.before[f"pass@{k}"], result.after[f"pass@{k}"])
+    return metrics
