@@ -10,7 +10,7 @@ from typing import Any
 
 from lockstep.cache_build import CacheConfig
 from lockstep.cache_stage import ERRORS, run_cache_stage
-from stages._common import entry, preamble
+from stages._common import add_params_option, entry, preamble
 
 STAGE_ERRORS = ERRORS
 
@@ -21,8 +21,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--raw", type=Path, required=True, help="raw snapshot folder, data/raw/<source>")
     ap.add_argument("--tokenizer", type=Path, required=True, help="tokenizer folder, data/tokenizer")
     ap.add_argument("--out", type=Path, required=True, help="cache folder to write, data/cache/<kind>/<name>")
+    add_params_option(ap)
     args = ap.parse_args(argv)
-    pre = preamble("cache")
+    pre = preamble("cache", args.params)
     cfg = pre.section(f"cache.{args.name}", CacheConfig)
     return run_cache_stage(args.name, cfg, raw=args.raw, tokenizer=args.tokenizer, out=args.out,
                            data_seed=pre.data_seed)

@@ -63,3 +63,13 @@ def test_cache_stage_removes_work_left_by_a_killed_run_of_the_same_cache(workdir
     other.mkdir()
     main(["notes", "--raw", "raw/notes", "--tokenizer", "tok", "--out", "cache/pretrain/notes"])
     assert sorted(p.name for p in root.iterdir()) == [".roam.x1y2z3w4.tmp", "notes"]
+
+
+def test_cache_stage_reads_the_params_file_that_params_names(workdir):
+    from stages.cache import main
+
+    other = workdir / "other.yaml"
+    other.write_text(yaml.safe_dump({"seed": 3, "data_seed": 4, "cache": {
+        "notes": {"kind": "pretrain", "shard_bytes": 512, "shuffle_buffer": 4, "max_val_tokens": 50}}}), encoding="utf-8")
+    meta = main(["notes", "--raw", "raw/notes", "--tokenizer", "tok", "--out", "cache/pretrain/notes", "--params", str(other)])
+    assert meta["val_tokens"] == 50  # params.yaml says 100

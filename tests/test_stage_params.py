@@ -1,0 +1,41 @@
+"""Every stage that dvc.yaml gives a `params:` list takes `--params`, the file it reads them from
+(params.yaml by default), so tests and scratch runs point a stage at another file the same way."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _stages_with_params() -> dict[str, bool]:
+    """{module name under stages/: whether its dvc.yaml entry lists params}."""
+    dag = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    found: dict[str, bool] = {}
+    for entry in dag.values():
+        body = entry.get("do", entry)
+        module = body["cmd"].split()[2].removeprefix("stages.")
+        found[module] = found.get(module, False) or bool(body.get("params"))
+    return found
+
+
+def test_every_stage_module_is_in_the_dag() -> None:
+    modules = {p.stem for p in (ROOT / "stages").glob("*.py") if not p.stem.startswith("_")}
+    assert modules == set(_stages_with_params())
+
+
+@pytest.mark.parametrize("module", sorted(m for m, reads in _stages_with_params().items() if reads))
+def test_a_stage_that_reads_params_takes_params(module: str, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(repo_root))
+    main = importlib.import_module(f"stages.{module}").main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    assert "--params" in out.getvalue(), f"stages.{module} has no --params option"
