@@ -7,35 +7,12 @@ import argparse
 import time
 from pathlib import Path
 
-from lockstep.cache import CacheError
-from lockstep.checkpoint import CheckpointError
-from lockstep.config import ConfigError
-from lockstep.evaluate.run import STAGES, EvalConfig, EvalPaths, run_eval_stage
+from lockstep.evaluate.run import ERRORS, STAGES, EvalConfig, EvalPaths, check_inputs, run_eval_stage
 from lockstep.runtime import RuntimeConfig, shutdown
-from lockstep.snapshot import SnapshotError
-from lockstep.tokenizer.base import TokenizerFileError
-from stages._common import entry, preamble
+from stages._common import add_params_option, entry, preamble
 from stages._runtime import start_runtime
 
-# Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
-STAGE_ERRORS = (ConfigError, CacheError, CheckpointError, SnapshotError, TokenizerFileError, FileNotFoundError)
-
-
-def check_inputs(stage: str, cfg: EvalConfig, raw: Path, evalsets: Path) -> None:
-    """Refuse, before any model loads, a snapshot or eval set file that the `eval` section lists
-    for this stage's chat tasks and that is not there, naming the key that lists it."""
-    if stage not in cfg.chat_stages:
-        return
-    for key in ("math_sources", "conversation_sources"):
-        for source in getattr(cfg, key):
-            if not (raw / source).is_dir():
-                raise ConfigError(f"eval.{key} lists {source!r}, which has no snapshot at {raw / source}: add it under "
-                                  f"`fetch:` in params.yaml and run `dvc repro fetch@{source}`, or drop it from eval.{key}")
-    for key in ("categorical_files", "code_files"):
-        for rel in getattr(cfg, key):
-            if not (evalsets / rel).is_file():
-                raise ConfigError(f"eval.{key} lists {rel!r}, which is not a file under {evalsets}: fix the name, drop it "
-                                  f"from eval.{key}, or regenerate the shipped sets with `lockstep dev evalsets --write`")
+STAGE_ERRORS = ERRORS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="metrics JSON, results only (data/metrics/eval_STAGE.json)")
     parser.add_argument("--runinfo", type=Path, required=True, help="run facts JSON: device, time (data/runinfo/eval_STAGE.json)")
     parser.add_argument("--predictions", type=Path, required=True, help="per-item predictions folder (data/eval/STAGE)")
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    add_params_option(parser)
     args = parser.parse_args(argv)
     pre = preamble(f"eval.{args.stage}", args.params)
     cfg = pre.section("eval", EvalConfig)

@@ -8,22 +8,18 @@ import argparse
 from pathlib import Path
 
 from lockstep.config import ConfigError
-from lockstep.sources import SOURCE_CONFIGS, SourceFormatError, SplitLayoutError, fetch_source
-from lockstep.sources.common import SourceUnavailableError
+from lockstep.sources import ERRORS, SOURCE_CONFIGS, fetch_source
 from lockstep.sources.fields import source_config
-from lockstep.snapshot import BadRecordError, SnapshotError
-from stages._common import entry, preamble
+from stages._common import add_params_option, entry, preamble
 
-# Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
-STAGE_ERRORS = (ConfigError, SourceFormatError, SplitLayoutError, SourceUnavailableError, BadRecordError,
-                SnapshotError, FileNotFoundError)
+STAGE_ERRORS = ERRORS
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("name", help="the entry under `fetch:` in params.yaml")
     ap.add_argument("--out", type=Path, required=True, help="snapshot folder, e.g. data/raw/<name>")
-    ap.add_argument("--params", type=Path, default=Path("params.yaml"))
+    add_params_option(ap)
     ap.add_argument("--resume-dir", type=Path, default=None,
                     help="resume folder of a long fetch, outside --out (e.g. data/partial/fetch/<name>); "
                          "an interrupted fetch run again with the same params carries on from it")

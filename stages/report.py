@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lockstep.report import build_report, environment_info
+from lockstep.report import ERRORS, build_report, environment_info
 from stages._common import entry, setup
+
+STAGE_ERRORS = ERRORS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,4 +28,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(entry(main, errors=(FileNotFoundError,)))
+    raise SystemExit(entry(main, errors=STAGE_ERRORS))

@@ -13,7 +13,7 @@ from lockstep.tokenizer.base import TokenizerFileError
 from lockstep.tokenizer.lz78 import LZ78VocabError
 from lockstep.tokenizer.pipeline import TokenizerConfig, run_tokenizer_stage
 from lockstep.tokenizer.spm import SentencePieceTrainingError
-from stages._common import entry, preamble
+from stages._common import add_params_option, entry, preamble
 
 # Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
 STAGE_ERRORS = (ConfigError, SnapshotError, TokenizerFileError, FileNotFoundError)
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw", type=Path, required=True, help="folder of raw snapshots (data/raw)")
     parser.add_argument("--out", type=Path, required=True, help="tokenizer output folder (data/tokenizer)")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics JSON (data/metrics/tokenizer.json)")
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    add_params_option(parser)
     args = parser.parse_args(argv)
     pre = preamble("tokenizer", args.params)
     # rustbpe logs one INFO line per percent of merges; the stage logs its own summary instead.

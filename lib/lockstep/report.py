@@ -26,6 +26,8 @@ from lockstep.stats import bootstrap_ratio_interval, wilson_interval
 # Report columns as nanochat's card names them, with the pipeline stage behind each.
 STAGE_COLUMNS: tuple[tuple[str, str], ...] = (("BASE", "pretrain"), ("MID", "midtrain"), ("SFT", "sft"), ("RL", "rl"))
 HEADLINE_KEYS = ("core", "chatcore")
+# Errors whose message says what to fix: the report stage's entry point prints them as one line.
+ERRORS = (FileNotFoundError,)
 COUNT_SUFFIX = ".n"  # `<metric>.n`: the number of items a rate is over
 Interval = tuple[float, float, int]  # low, high, items
 

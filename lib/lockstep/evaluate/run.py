@@ -18,19 +18,21 @@ import torch
 import torch.distributed as dist
 
 from lockstep.bpb import BpbSums, measure_bpb
-from lockstep.cache import CacheTooSmallError, list_caches, open_pretrain_split
-from lockstep.checkpoint import load_model
-from lockstep.config import FieldError, check_range
+from lockstep.cache import CacheError, CacheTooSmallError, list_caches, open_pretrain_split
+from lockstep.checkpoint import CheckpointError, load_model
+from lockstep.config import ConfigError, FieldError, check_range
 from lockstep.engine import Engine
 from lockstep.evaluate import chat, core
 from lockstep.evaluate.sandbox import SandboxLimits
 from lockstep.io import atomic_dir, canonical_json, write_json_atomic
 from lockstep.loaders import ShardedTokenLoader, open_sft_dataset
-from lockstep.snapshot import iter_records
-from lockstep.tokenizer import load_tokenizer
+from lockstep.snapshot import SnapshotError, iter_records
+from lockstep.tokenizer import TokenizerFileError, load_tokenizer
 
 log = logging.getLogger("lockstep.eval")
 STAGES = ("pretrain", "midtrain", "sft", "rl")
+# Errors whose message says what to fix: the eval stage's entry point prints them as one line.
+ERRORS = (ConfigError, CacheError, CheckpointError, SnapshotError, TokenizerFileError, FileNotFoundError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +95,23 @@ class EvalPaths:
     out: Path  # metrics JSON: results, each accuracy with its item count `<metric>.n`
     predictions: Path  # folder of <task>.jsonl: per-item records (bpb_<cache>.jsonl: per document)
     runinfo: Path  # run facts JSON: device, dtype, world size, time
+
+
+def check_inputs(stage: str, cfg: EvalConfig, raw: Path, evalsets: Path) -> None:
+    """Refuse, before any model loads, a snapshot or eval set file that the `eval` section lists
+    for this stage's chat tasks and that is not there, naming the key that lists it."""
+    if stage not in cfg.chat_stages:
+        return
+    for key in ("math_sources", "conversation_sources"):
+        for source in getattr(cfg, key):
+            if not (raw / source).is_dir():
+                raise ConfigError(f"eval.{key} lists {source!r}, which has no snapshot at {raw / source}: add it under "
+                                  f"`fetch:` in params.yaml and run `dvc repro fetch@{source}`, or drop it from eval.{key}")
+    for key in ("categorical_files", "code_files"):
+        for rel in getattr(cfg, key):
+            if not (evalsets / rel).is_file():
+                raise ConfigError(f"eval.{key} lists {rel!r}, which is not a file under {evalsets}: fix the name, drop it "
+                                  f"from eval.{key}, or regenerate the shipped sets with `lockstep dev evalsets --write`")
 
 
 class _Autocast:

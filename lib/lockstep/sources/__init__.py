@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from lockstep.config import config_to_dict
+from lockstep.config import ConfigError, config_to_dict
 from lockstep.io import atomic_dir
-from lockstep.sources.common import SourceFormatError, SplitLayoutError
+from lockstep.sources.common import SourceFormatError, SourceUnavailableError, SplitLayoutError
 from lockstep.sources.dolly15k import Dolly15kConfig
 from lockstep.sources.fineweb_edu import FinewebEduConfig
 from lockstep.sources.gsm8k import Gsm8kConfig
@@ -57,7 +57,12 @@ SOURCE_CONFIGS: dict[str, type] = {
     "synth_chat": SynthChatConfig,
 }
 
+# Errors whose message says what to fix: the fetch stage's entry point prints them as one line.
+ERRORS = (ConfigError, SourceFormatError, SplitLayoutError, SourceUnavailableError, BadRecordError, SnapshotError,
+          FileNotFoundError)
+
 __all__ = [
+    "ERRORS",
     "SOURCE_CONFIGS",
     "BadRecordError",
     "SnapshotError",
