@@ -18,7 +18,7 @@ from lockstep import checkpoint as ckpt
 from lockstep.config import ConfigError, config_to_dict
 from lockstep.io import sha256_file, write_json_atomic
 from lockstep.rl import RLConfig, RLResult, series_columns, train_rl
-from lockstep.runinfo import git_commit
+from lockstep.runinfo import write_runinfo
 from lockstep.runtime import Runtime
 from lockstep.series import SeriesWriter
 from lockstep.snapshot import SnapshotError, iter_records, read_meta
@@ -96,9 +96,9 @@ def run_rl_stage(*, cfg: RLConfig, paths: RLStagePaths, rt: Runtime, seed: int, 
     ckpt.save_checkpoint(paths.out, state, {0: result.optimizer_state}, meta)
     series.write()
     metrics = rl_metrics(result, cfg, n_scored)
-    write_json_atomic(paths.runinfo, {"train_time_s": result.train_time_s, "wall_time_s": wall_s,
-                                      "stage_wall_time_s": time.perf_counter() - started_s, "device": rt.describe(),
-                                      "git_commit": git_commit()})
+    write_runinfo(paths.runinfo, {"train_time_s": result.train_time_s, "wall_time_s": wall_s,
+                                  "stage_wall_time_s": time.perf_counter() - started_s, "device": rt.describe()},
+                  device=rt.device)
     write_json_atomic(paths.metrics, metrics)
     k = cfg.pass_k
     log.info("done: held-out pass@1 %.3f -> %.3f, pass@%d %.3f -> %.3f", result.before["pass@1"],

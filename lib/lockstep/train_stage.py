@@ -29,7 +29,7 @@ from lockstep.loaders import Mixture, PretrainTokenStreamDataset, SFTExampleData
 from lockstep.model import GPT, GPTConfig
 from lockstep.parity import FIRST_BATCH_FILE, dump_first_batch
 from lockstep.records import user_prompt
-from lockstep.runinfo import git_commit, nan_to_null
+from lockstep.runinfo import nan_to_null, write_runinfo
 from lockstep.runtime import Runtime, RuntimeConfig, barrier
 from lockstep.series import SeriesWriter
 from lockstep.tokenizer import NoPrefixTreeError, Tokenizer, TokenizerFileError, load_tokenizer
@@ -219,7 +219,7 @@ def stage_runinfo(result: TrainResult, rt: Runtime, *, started_s: float,
     info = {
         "flops": result.flops, "tok_per_s": result.tok_per_s, "mfu": result.mfu, "train_time_s": result.train_time_s,
         "stage_wall_time_s": time.perf_counter() - started_s, "peak_flops": result.peak, "device": rt.describe(),
-        "resumed_from_step": result.resumed_from, "git_commit": git_commit(), "samples": result.samples,
+        "resumed_from_step": result.resumed_from, "samples": result.samples,
         "epochs": epochs, "setup": setup,
     }
     return nan_to_null(info)
@@ -334,9 +334,9 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
         publish_checkpoint(result.checkpoint, paths.out)
         series.write()
         metrics = stage_metrics(result, model)
-        write_json_atomic(paths.runinfo, stage_runinfo(result, rt, started_s=started_s,
-                                                        epochs=epochs_facts(epochs, cfg.max_epochs),
-                                                        setup=stage_setup(gcfg, cfg)))
+        write_runinfo(paths.runinfo, stage_runinfo(result, rt, started_s=started_s,
+                                                   epochs=epochs_facts(epochs, cfg.max_epochs),
+                                                   setup=stage_setup(gcfg, cfg)), device=rt.device)
         write_json_atomic(paths.metrics, metrics)
         log.info("done: val bpb %.4f (unigram %.4f), %d steps, %s", metrics["val_bpb"] or float("nan"),
                  metrics["unigram_bpb"] or float("nan"), result.step, paths.out)

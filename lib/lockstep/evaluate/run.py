@@ -26,6 +26,7 @@ from lockstep.evaluate import chat, core
 from lockstep.evaluate.sandbox import SandboxLimits
 from lockstep.io import atomic_dir, canonical_json, write_json_atomic
 from lockstep.loaders import ShardedTokenLoader, open_sft_dataset
+from lockstep.runinfo import write_runinfo
 from lockstep.snapshot import SnapshotError, iter_records
 from lockstep.tokenizer import TokenizerFileError, load_tokenizer
 
@@ -340,6 +341,6 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, da
         with atomic_dir(paths.predictions) as tmp:
             for name, recs in gathered.items():
                 (tmp / f"{name}.jsonl").write_text("".join(canonical_json(r) for r in recs), encoding="utf-8")
-        write_json_atomic(paths.runinfo, runinfo)
+        write_runinfo(paths.runinfo, runinfo, device=rt.device)
         write_json_atomic(paths.out, metrics)
     return metrics
