@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lockstep.runinfo import write_runinfo
+from lockstep.runinfo import NUMERICS_KEY, numerics_differences, numerics_facts, write_runinfo
 
 
 def test_write_runinfo_adds_the_shared_facts_and_writes_canonical_json(tmp_path: Path) -> None:
@@ -22,3 +22,29 @@ def test_write_runinfo_adds_the_shared_facts_and_writes_canonical_json(tmp_path:
 def test_write_runinfo_keeps_a_fact_the_stage_gave(tmp_path: Path) -> None:
     info = write_runinfo(tmp_path / "r.json", {"git_commit": "feedbeef"})
     assert info["git_commit"] == "feedbeef"
+
+
+def test_write_runinfo_records_what_decides_the_numerics(tmp_path: Path) -> None:
+    import torch
+
+    info = write_runinfo(tmp_path / "r.json", {}, device="cpu")
+    facts = info[NUMERICS_KEY]
+    assert facts == numerics_facts("cpu")
+    assert facts["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert facts["torch"] == torch.__version__ and facts["torch_git"] == torch.version.git_version
+    assert facts["cuda"] == torch.version.cuda and facts["threads"] == torch.get_num_threads()
+    assert facts["device_type"] == "cpu" and facts["device_name"]
+
+
+def test_threads_are_a_numerics_fact(restore_process_state) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    assert numerics_facts()["threads"] == 1
+
+
+def test_numerics_differences_name_each_fact_that_differs() -> None:
+    a = {NUMERICS_KEY: {"cpu_capability": "AVX2", "threads": 2, "torch": "2.5.0"}}
+    b = {NUMERICS_KEY: {"cpu_capability": "AVX512", "threads": 2, "torch": "2.5.0"}}
+    assert numerics_differences(a, b) == ["cpu_capability A 'AVX2', B 'AVX512'"]
+    assert numerics_differences(a, a) == [] and numerics_differences({}, {}) == []
