@@ -195,3 +195,43 @@ def test_parity_between_two_dvc_experiments(tmp_path, monkeypatch):
     assert result.exit_code == 0 and "no difference" in result.output
     result = CliRunner().invoke(app, ["parity", "straight-quotes", "no-such-experiment"])
     assert result.exit_code == 2
+
+
+def _run_with_facts(root: Path, metrics: dict, numerics: dict | None) -> Path:
+    """A run folder as a training stage leaves it: data/metrics/pretrain.json and its run facts."""
+    (root / "data" / "metrics").mkdir(parents=True)
+    (root / "data" / "runinfo").mkdir(parents=True)
+    (root / "data" / "metrics" / "pretrain.json").write_text(canonical_json(metrics), encoding="utf-8")
+    facts = {"train_time_s": 1.0, **({"numerics": numerics} if numerics is not None else {})}
+    (root / "data" / "runinfo" / "pretrain.json").write_text(canonical_json(facts), encoding="utf-8")
+    return root
+
+
+HOST_A = {"cpu_capability": "AVX512", "threads": 2, "torch": "2.5.0", "device_name": "cpu A"}
+
+
+def test_parity_says_which_numerics_facts_differ_when_metrics_do(tmp_path):
+    a = _run_with_facts(tmp_path / "a", {"val_bpb": 1.929335, "steps": 10}, HOST_A)
+    b = _run_with_facts(tmp_path / "b", {"val_bpb": 1.929728, "steps": 10},
+                        {**HOST_A, "cpu_capability": "AVX2", "device_name": "cpu B"})
+    diffs = compare_artifacts(a, b)
+    assert diffs == ["data/metrics/pretrain.json: val_bpb: A 1.929335, B 1.929728; what decides the numerics differs: "
+                     "cpu_capability A 'AVX512', B 'AVX2'; device_name A 'cpu A', B 'cpu B'"]
+    result = CliRunner().invoke(app, ["parity", str(a), str(b)])
+    assert result.exit_code == 1
+    assert "first difference: data/metrics/pretrain.json: val_bpb" in result.output
+    assert "cpu_capability A 'AVX512', B 'AVX2'" in result.output
+
+
+def test_parity_says_when_the_numerics_facts_agree_or_are_missing(tmp_path):
+    a = _run_with_facts(tmp_path / "a", {"val_bpb": 1.0}, HOST_A)
+    b = _run_with_facts(tmp_path / "b", {"val_bpb": 2.0}, HOST_A)
+    c = _run_with_facts(tmp_path / "c", {"val_bpb": 2.0}, None)
+    (same,) = compare_artifacts(a, b)
+    assert same.endswith("both ran with the same CPU path, torch build, threads and device, so their params, seed, "
+                         "code or inputs differ")
+    (missing,) = compare_artifacts(a, c)
+    assert "run facts of B do not record what decides the numerics" in missing
+    # Equal metrics are no difference, whatever the hosts.
+    d = _run_with_facts(tmp_path / "d", {"val_bpb": 1.0}, {**HOST_A, "threads": 8})
+    assert compare_artifacts(a, d) == []

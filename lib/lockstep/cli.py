@@ -262,7 +262,9 @@ def parity(
     run_a: str = typer.Argument(..., help="run A: a folder of artifacts, or a git/DVC experiment ref"),
     run_b: str = typer.Argument(..., help="run B: a folder of artifacts, or a git/DVC experiment ref"),
 ) -> None:
-    """Compare two runs' parity artifacts and name the first difference (exit 1 when they differ)."""
+    """Compare two runs' parity artifacts, then the metrics of each stage with run facts, and name
+    the first difference; for differing metrics, say which facts that decide the numerics (CPU
+    path, torch build, threads, device) differ (exit 1 when anything differs)."""
     from lockstep.parity_diff import compare_runs
 
     try:

@@ -1,6 +1,9 @@
 """The comparison behind `lockstep parity`: read two runs' parity artifacts (lockstep.parity) and
 name the first difference in words, upstream first (the dataset snapshot explains a different
-rendered sample, which explains a different first batch)."""
+rendered sample, which explains a different first batch). Then, for each stage that writes run
+facts (data/runinfo/<stage>.json), compare its metrics; where they differ, say which of the facts
+that decide a run's numerics (lockstep.runinfo.numerics_facts: CPU path, torch build, threads,
+device) differ between the two runs, or that none does."""
 
 from __future__ import annotations
 
@@ -17,12 +20,15 @@ from dvc.scm import SCMError
 
 from lockstep.io import canonical_json, read_json
 from lockstep.parity import FIRST_BATCH_FILE, RENDERED_FILE, SNAPSHOT_FILE
+from lockstep.runinfo import NUMERICS_KEY, numerics_differences
 
 # Pipeline order: the first difference upstream explains the ones downstream.
 ARTIFACT_ORDER = (SNAPSHOT_FILE, RENDERED_FILE, "meta.json", FIRST_BATCH_FILE)
 # Folders of the data stages in pipeline order (data/raw/<source>, data/tokenizer, data/cache/...);
 # artifacts anywhere else (training runs) come after them.
 STAGE_DIRS = ("raw", "tokenizer", "cache")
+# Folders of a stage's metrics and run facts (data/metrics/<stage>.json, data/runinfo/<stage>.json).
+METRICS_DIR, RUNINFO_DIR = "metrics", "runinfo"
 
 _SPECIAL_PIECE = re.compile(r"<\|[a-z_]+\|>")
 _QUOTES = str.maketrans(
@@ -214,15 +220,56 @@ def _order_key(rel: str) -> tuple[int, int, str]:
     return (stage, ARTIFACT_ORDER.index(rel.rsplit("/", 1)[-1]), rel)
 
 
+def _stage_facts(root: Path) -> dict[str, tuple[Path, Path]]:
+    """{metrics file relative to `root`: (its path, the stage's run facts path)} for every stage
+    with run facts under `root` (a `runinfo/<stage>.json` beside a `metrics/` folder)."""
+    found = {}
+    for runinfo in sorted(root.rglob(f"{RUNINFO_DIR}/*.json")):
+        metrics = runinfo.parent.parent / METRICS_DIR / runinfo.name
+        found[metrics.relative_to(root).as_posix()] = (metrics, runinfo)
+    return found
+
+
+def explain_numerics(runinfo_a: Mapping[str, Any], runinfo_b: Mapping[str, Any]) -> str:
+    """Why two runs of a stage may compute different numbers, from their run facts: the facts
+    that decide the numerics and differ, or that they agree on all of them."""
+    if NUMERICS_KEY not in runinfo_a or NUMERICS_KEY not in runinfo_b:
+        missing = " and ".join(t for t, r in (("A", runinfo_a), ("B", runinfo_b)) if NUMERICS_KEY not in r)
+        return (f"run facts of {missing} do not record what decides the numerics ({NUMERICS_KEY}); "
+                "rerun the stage to record them")
+    differences = numerics_differences(runinfo_a, runinfo_b)
+    if differences:
+        return "what decides the numerics differs: " + "; ".join(differences)
+    return ("both ran with the same CPU path, torch build, threads and device, so their params, seed, code or "
+            "inputs differ")
+
+
+def compare_metrics(root_a: Path, root_b: Path) -> list[str]:
+    """One line per stage with run facts whose metrics differ between two run folders: the first
+    differing metric, then `explain_numerics` of the two runs' facts."""
+    sa, sb = _stage_facts(root_a), _stage_facts(root_b)
+    lines = []
+    for rel in sorted(set(sa) & set(sb)):
+        (ma, ra), (mb, rb) = sa[rel], sb[rel]
+        if not (ma.is_file() and mb.is_file()):
+            continue
+        d = compare_json(read_json(ma, what="metrics"), read_json(mb, what="metrics"))
+        if d:
+            facts_a, facts_b = read_json(ra, what="run facts"), read_json(rb, what="run facts")
+            lines.append(f"{rel}: {d}; {explain_numerics(facts_a, facts_b)}")
+    return lines
+
+
 def compare_artifacts(run_a: str | os.PathLike[str], run_b: str | os.PathLike[str]) -> list[str]:
-    """Compare the parity artifacts of two run folders, in pipeline order. Returns one line per
-    artifact that differs (the first line names the earliest difference); [] when all agree."""
+    """Compare the parity artifacts of two run folders, in pipeline order, then the metrics of
+    the stages with run facts (`compare_metrics`). Returns one line per artifact or stage that
+    differs (the first line names the earliest difference); [] when all agree."""
     root_a, root_b = Path(run_a), Path(run_b)
     for r in (root_a, root_b):
         if not r.is_dir():
             raise FileNotFoundError(f"{r} is not a folder; pass two run folders (or two DVC experiment refs)")
     fa, fb = _collect(root_a), _collect(root_b)
-    if not fa and not fb:
+    if not fa and not fb and not _stage_facts(root_a) and not _stage_facts(root_b):
         raise FileNotFoundError(f"no parity artifacts ({', '.join(ARTIFACT_ORDER)}) under {root_a} or {root_b}")
     diffs = []
     for rel in sorted(set(fa) | set(fb), key=_order_key):
@@ -234,12 +281,13 @@ def compare_artifacts(run_a: str | os.PathLike[str], run_b: str | os.PathLike[st
         d = cmp(ja, jb)
         if d:
             diffs.append(f"{rel}: {d}")
-    return diffs
+    return diffs + compare_metrics(root_a, root_b)
 
 
 def materialize_rev(rev: str, out_dir: Path, *, repo: str | os.PathLike[str] = ".") -> Path:
-    """Copy the parity artifacts of a git revision or DVC experiment ref into `out_dir`, through
-    DVC's filesystem view of that revision (files in DVC outputs come from the local cache)."""
+    """Copy the parity artifacts, metrics and run facts of a git revision or DVC experiment ref
+    into `out_dir`, through DVC's filesystem view of that revision (files in DVC outputs, the run
+    facts among them, come from the local cache; one missing there is left out)."""
     fs = DVCFileSystem(os.fspath(repo), rev=rev)
     names = set(ARTIFACT_ORDER)
     n = 0
@@ -251,11 +299,18 @@ def materialize_rev(rev: str, out_dir: Path, *, repo: str | os.PathLike[str] = "
             "pass two run folders, or two names from `dvc exp list`"
         ) from None
     for path in paths:
-        if path.rsplit("/", 1)[-1] in names:
+        parts = path.rsplit("/", 2)
+        facts = len(parts) == 3 and parts[1] in (METRICS_DIR, RUNINFO_DIR) and parts[2].endswith(".json")
+        if parts[-1] in names or facts:
             dest = out_dir / path.lstrip("/")
             dest.parent.mkdir(parents=True, exist_ok=True)
-            fs.get_file(path, os.fspath(dest))
-            n += 1
+            try:
+                fs.get_file(path, os.fspath(dest))
+            except FileNotFoundError:
+                if not facts:
+                    raise
+                continue  # run facts not in the local cache: `dvc pull` brings them
+            n += 1 if parts[-1] in names else 0
     if n == 0:
         raise FileNotFoundError(f"revision {rev!r} holds no parity artifacts ({', '.join(ARTIFACT_ORDER)})")
     return out_dir
