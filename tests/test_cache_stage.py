@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from _cache_stage import make_workdir, tree
+from _cache_stage import make_workdir, one_error_line, run_stage, tree
 from lockstep.cache import CacheError, open_pretrain_split, open_sft_split
 
 
@@ -73,3 +73,20 @@ def test_cache_stage_reads_the_params_file_that_params_names(workdir):
         "notes": {"kind": "pretrain", "shard_bytes": 512, "shuffle_buffer": 4, "max_val_tokens": 50}}}), encoding="utf-8")
     meta = main(["notes", "--raw", "raw/notes", "--tokenizer", "tok", "--out", "cache/pretrain/notes", "--params", str(other)])
     assert meta["val_tokens"] == 50  # params.yaml says 100
+
+
+@pytest.mark.parametrize("name,kind,setting,key", [
+    ("notes", "pretrain", {"val_frac": 0.1}, "cache.notes.val_frac=0.1 applies to SFT caches only"),
+    ("math", "sft", {"max_train_tokens": 100}, "cache.math.max_train_tokens=100 applies to pretrain caches only"),
+    ("math", "sft", {"max_val_tokens": 10}, "cache.math.max_val_tokens=10 applies to pretrain caches only"),
+    ("math", "sft", {"num_workers": 2}, "cache.math.num_workers=2 applies to pretrain caches only"),
+])  # fmt: skip
+def test_a_setting_of_the_other_cache_kind_is_one_error_line(tmp_path, monkeypatch, repo_root, capsys, name, kind,
+                                                             setting, key):
+    make_workdir(tmp_path, monkeypatch, repo_root)
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text(encoding="utf-8"))
+    params["cache"][name].update(setting)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    status, err = run_stage(monkeypatch, capsys, name, kind)
+    assert status == 1 and key in one_error_line(err)
+    assert not (tmp_path / "cache" / kind / name).exists()

@@ -33,7 +33,7 @@ from lockstep.cache import (
     dtype_name,
     token_dtype,
 )
-from lockstep.config import check_range
+from lockstep.config import FieldError, check_range
 from lockstep.encode import EncodePool, available_cores, encode_join, to_token_array
 from lockstep.io import atomic_dir, atomic_open, sha256_file, write_json_atomic
 from lockstep.parity import MAX_SAMPLE_TOKENS, RenderedSamples, SnapshotCollector
@@ -91,6 +91,18 @@ class CacheConfig:
             check_range("num_workers", self.num_workers, ge=1, le=MAX_ENCODE_PARALLELISM,
                         why=f"tokenizer processes; {no_machine}, and a count above this machine's cores is capped to "
                             "them; null uses every core, 1 encodes in the stage's process")
+        # Settings of the other cache kind are refused, not ignored: FieldError names the key and
+        # build_config prefixes `cache.<name>.`.
+        if self.kind == "pretrain" and self.val_frac is not None:
+            raise FieldError("val_frac", self.val_frac, "applies to SFT caches only; remove it (pretrain keeps the "
+                                                        "snapshot's split)")
+        if self.kind == "sft":
+            for name in ("max_train_tokens", "max_val_tokens"):
+                if getattr(self, name) is not None:
+                    raise FieldError(name, getattr(self, name), "applies to pretrain caches only; remove it")
+            if self.num_workers is not None:
+                raise FieldError("num_workers", self.num_workers, "applies to pretrain caches only (SFT rendering "
+                                                                  "runs in the stage's process); remove it")
 
 
 def encode_workers(requested: int | None, *, key: str = "num_workers") -> int:

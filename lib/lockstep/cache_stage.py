@@ -30,8 +30,8 @@ def run_cache_stage(name: str, cfg: CacheConfig, *, raw: Path, tokenizer: Path, 
                     data_seed: int) -> dict[str, Any]:
     """Build the cache `cache.<name>` (`cfg`) from the snapshot `raw` with the tokenizer folder
     `tokenizer` into `out`, shuffled and split as `data_seed` draws; return its meta.json. A
-    snapshot of the wrong record kind, or a setting of the other cache kind, raises CacheError
-    naming the key to change."""
+    snapshot of the wrong record kind raises CacheError naming the key to change (CacheConfig
+    itself refuses a setting of the other cache kind)."""
     log = logging.getLogger("lockstep.cache")
     tok = load_tokenizer(tokenizer)
     raw_meta = read_meta(raw)
@@ -40,8 +40,6 @@ def run_cache_stage(name: str, cfg: CacheConfig, *, raw: Path, tokenizer: Path, 
     if cfg.kind == "pretrain":
         if kind != "document":
             raise CacheError(f"cache.{name}: kind pretrain needs a document snapshot, {raw} holds {kind}s; set kind: sft")
-        if cfg.val_frac is not None:
-            raise CacheError(f"cache.{name}.val_frac applies to SFT caches only; remove it (pretrain keeps the snapshot's split)")
         # CacheConfig refused counts above any machine's; one above this machine's cores is capped.
         workers = encode_workers(cfg.num_workers, key=f"cache.{name}.num_workers")
         log.info("cache %s: encoding %s", name,
@@ -65,11 +63,6 @@ def run_cache_stage(name: str, cfg: CacheConfig, *, raw: Path, tokenizer: Path, 
     else:
         if kind not in ("conversation", "problem"):
             raise CacheError(f"cache.{name}: kind sft needs a conversation or problem snapshot, {raw} holds {kind}s")
-        if cfg.max_train_tokens is not None or cfg.max_val_tokens is not None:
-            raise CacheError(f"cache.{name}: max_train_tokens/max_val_tokens apply to pretrain caches only; remove them")
-        if cfg.num_workers is not None:
-            raise CacheError(f"cache.{name}.num_workers applies to pretrain caches only (SFT rendering runs in "
-                             "the stage's process); remove it")
         if cfg.val_frac is None:
             examples: Any = {"train": iter_records(raw, "train"), "val": iter_records(raw, "val")}
         else:

@@ -361,7 +361,7 @@ def serve(
     import uvicorn
 
     from lockstep.chat import load_backend
-    from lockstep.config import FieldError
+    from lockstep.config import FieldError, build_config
     from lockstep.server import ServerConfig, create_app
 
     # The options that set a ServerConfig field, to name them in its errors.
@@ -371,7 +371,8 @@ def serve(
         raise typer.Exit(2)
     try:
         # Checked before the model loads: a bad option fails in a second, not after the weights.
-        config = ServerConfig(workers=workers, max_queued=max_queued, allowed_origins=tuple(allow_origin))
+        config = build_config(ServerConfig, {"workers": workers, "max_queued": max_queued,
+                                             "allowed_origins": list(allow_origin)})
     except FieldError as e:
         typer.echo(f"error: {options.get(e.key, e.key)}={e.value!r} {e.requirement}", err=True)
         raise typer.Exit(2) from None
