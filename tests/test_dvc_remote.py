@@ -1,5 +1,5 @@
 """The team workflow over a DVC remote, on a toy git + DVC project shaped like lockstep's DAG
-(cached data and checkpoint folders, `cache: false` metrics, run facts and plots): `dvc push` from
+(cached data, checkpoint folders and run facts; `cache: false` metrics and plots): `dvc push` from
 one clone, `git clone` + `dvc pull` into another, and there `dvc status` is clean and `dvc repro`
 runs nothing. Also: in this repository, git keeps exactly the outputs DVC does not cache."""
 
@@ -58,8 +58,7 @@ stages:
       - data/ckpt/pretrain
       - data/plots/pretrain:
           cache: false
-      - data/runinfo/pretrain.json:
-          cache: false
+      - data/runinfo/pretrain.json
     metrics:
       - data/metrics/pretrain.json:
           cache: false
@@ -85,11 +84,13 @@ def test_push_clone_pull_reruns_nothing(tmp_path: Path) -> None:
     sh(first, env, DVC, "repro")
     assert _ran(log) == ["fetch", "tokenizer", "pretrain"]
     sh(first, env, DVC, "remote", "add", "-d", "store", remote)
-    # The user commits what git shows: code, dvc.lock, .dvc/config and the uncached outputs.
+    # The user commits what git shows: code, dvc.lock, .dvc/config and the uncached outputs (results);
+    # the run facts, which differ on every rerun, travel through the remote.
     sh(first, env, "git", "add", "-A")
     sh(first, env, "git", "commit", "-q", "-m", "pipeline run")
     committed = set(sh(first, env, "git", "ls-files").split())
-    assert {"data/metrics/pretrain.json", "data/plots/pretrain/train.tsv", "data/runinfo/pretrain.json"} <= committed
+    assert {"data/metrics/pretrain.json", "data/plots/pretrain/train.tsv"} <= committed
+    assert "data/runinfo/pretrain.json" not in committed
     assert not {p for p in committed if p.startswith(("data/ckpt/pretrain/", "data/tokenizer/", "data/raw/notes/"))}
     sh(first, env, DVC, "push")
 
@@ -103,7 +104,8 @@ def test_push_clone_pull_reruns_nothing(tmp_path: Path) -> None:
     again = sh(second, env, DVC, "repro")
     assert not re.findall(r"Running stage '([^']+)'", again), again
     assert _ran(log) == [] and (second / "dvc.lock").read_bytes() == lock
-    for out in ("data/raw/notes/part_0.txt", "data/tokenizer/part_0.txt", "data/ckpt/pretrain/part_0.txt"):
+    for out in ("data/raw/notes/part_0.txt", "data/tokenizer/part_0.txt", "data/ckpt/pretrain/part_0.txt",
+                "data/runinfo/pretrain.json"):
         assert (second / out).read_bytes() == (first / out).read_bytes(), out
     assert sh(second, env, "git", "status", "--porcelain") == ""
 
@@ -130,3 +132,11 @@ def test_git_keeps_exactly_the_uncached_outputs() -> None:
     assert [p for p in uncached if _ignored(p)] == [], "cache: false outputs that git ignores"
     assert [p for p in cached if not _ignored(p)] == [], "cached outputs git would commit"
     assert _ignored("runs/pretrain-0123/step_00000001/model.safetensors")
+
+
+def test_git_tracks_no_run_facts_and_no_report() -> None:
+    """Run facts and the report card carry timings, hosts and the commit, so every rerun rewrote
+    them; they are DVC-cached outputs, and git holds none of their files."""
+    tracked = subprocess.run(["git", "ls-files", "data/runinfo", "data/report"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout
+    assert tracked == ""
