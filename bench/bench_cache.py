@@ -30,7 +30,8 @@ from lockstep.cache_build import CacheConfig, build_pretrain_cache
 from lockstep.sources import iter_records
 from lockstep.io import sha256_file, write_json
 from lockstep.snapshot import SnapshotWriter
-from lockstep.tokenizer import load_tokenizer, train_tokenizer
+from lockstep.tokenizer import load_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 
 _LETTERS = "etaoinshrdlcumwfgypbvkjxqz"
 

@@ -21,7 +21,7 @@ this one run.
 random trie: each code a random earlier code plus one of 58 ASCII or 6 two-byte characters, so
 the file lacks some byte prefixes, as character-level dictionaries do) and, each in a fresh
 process after numba has compiled on a tiny file:
-- loading: `LZ78Tokenizer.from_dictionary` plus the first `encode` (which builds the encoder's
+- loading: `from_dictionary` plus the first `encode` (which builds the encoder's
   table), wall time and peak resident size (targets: 10M lines under 60 s and 2 GB); the
   baseline is the plain reader (`fast=False`) on a --baseline-lines file, timed against the fast
   one on the same file.
@@ -47,8 +47,10 @@ import rustbpe
 
 from lockstep.snapshot import iter_records
 from lockstep.tokenizer import SPECIAL_TOKENS, load_tokenizer
-from lockstep.tokenizer.bpe import SPLIT_PATTERN, TRAIN_BUFFER_TEXTS
-from lockstep.tokenizer.lz78_trie import STRATEGIES, encode_batch, train_lz78
+from lockstep.tokenizer.bpe import SPLIT_PATTERN
+from lockstep.tokenizer.bpe_train import TRAIN_BUFFER_TEXTS
+from lockstep.tokenizer.lz78.train import STRATEGIES, train_lz78
+from lockstep.tokenizer.lz78.trie import encode_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -251,17 +253,17 @@ def run_child(kind: str, args: list[str]) -> None:
     import numpy as np
 
     from lockstep.tokenizer import load_tokenizer
-    from lockstep.tokenizer.lz78 import LZ78Tokenizer
+    from lockstep.tokenizer.lz78.train import from_dictionary, train as train_lz78_tokenizer
 
     facts: dict = {}
     if kind == "load":
         path, fast, warm = Path(args[0]), args[1] == "fast", Path(args[2])
         t0 = time.perf_counter()
-        LZ78Tokenizer.from_dictionary(warm, fast=fast).encode("warm up")
+        from_dictionary(warm, fast=fast).encode("warm up")
         facts["compile_s"] = time.perf_counter() - t0
         base = reset_peak()
         t0 = time.perf_counter()
-        tok = LZ78Tokenizer.from_dictionary(path, fast=fast)
+        tok = from_dictionary(path, fast=fast)
         facts["load_s"] = time.perf_counter() - t0
         tok.encode("the first encode builds the encoder's table")
         facts["load_encode_s"] = time.perf_counter() - t0
@@ -297,7 +299,7 @@ def scale(argv: list[str]) -> None:
         sys.exit("the scale benchmark reads peak memory from Linux /proc")
     import numpy as np
 
-    from lockstep.tokenizer.lz78 import LZ78Tokenizer
+    from lockstep.tokenizer.lz78.train import from_dictionary, train as train_lz78_tokenizer
 
     gb = 1024**3
     with tempfile.TemporaryDirectory(prefix="bench_lz78_") as tmp:
@@ -325,7 +327,7 @@ def scale(argv: list[str]) -> None:
 
         source = args.text.read_text(encoding="utf-8") if args.text else default_text()
         text = source * max(1, int(args.decode_mb * 1e6 / len(source.encode())))
-        tok = LZ78Tokenizer.train_from_iterator([source[:4_000_000]], vocab_size=args.vocab_size)
+        tok = train_lz78_tokenizer([source[:4_000_000]], vocab_size=args.vocab_size)
         tok.save(tmp_dir / "tok")
         ids = np.array(tok.encode(text), np.int32)
         np.save(tmp_dir / "ids.npy", ids)

@@ -22,7 +22,8 @@ import torch
 
 from lockstep.model import GPT, GPTConfig, cross_entropy
 from lockstep.objectives import model_prefix_smooth_loss, prefix_smooth_loss
-from lockstep.tokenizer import load_tokenizer, train_tokenizer
+from lockstep.tokenizer import load_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TEXT = ROOT.parent / "shared" / "fixtures" / "tinyshakespeare" / "input.txt"

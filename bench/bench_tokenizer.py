@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT))  # for `stages._common` when run as a script
 from lockstep.config import ConfigError  # noqa: E402
 from lockstep.sources import SOURCE_CONFIGS, fetch_source  # noqa: E402
 from lockstep.tokenizer.base import SPECIAL_TOKENS  # noqa: E402
-from lockstep.tokenizer.bpe import SPLIT_PATTERN, TRAIN_BUFFER_TEXTS  # noqa: E402
+from lockstep.tokenizer.bpe import SPLIT_PATTERN  # noqa: E402
+from lockstep.tokenizer.bpe_train import TRAIN_BUFFER_TEXTS  # noqa: E402
 from lockstep.tokenizer.pipeline import CappedTexts, TokenizerConfig, capped_train_texts, run_tokenizer_stage  # noqa: E402
 from stages._common import load_params, section  # noqa: E402
 

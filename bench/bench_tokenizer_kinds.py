@@ -26,10 +26,9 @@ sys.path.insert(0, str(ROOT / "lib"))
 from lockstep.snapshot import iter_records  # noqa: E402
 from lockstep.sources.shakespeare import plays_dir, split_scenes  # noqa: E402
 from lockstep.tokenizer.base import Tokenizer  # noqa: E402
-from lockstep.tokenizer.bpe import BPETokenizer  # noqa: E402
-from lockstep.tokenizer.hf import HFTokenizer  # noqa: E402
+from lockstep.tokenizer.kinds import train_tokenizer  # noqa: E402
 
-KINDS: dict[str, type[Tokenizer]] = {"bpe": BPETokenizer, "hf": HFTokenizer}
+KINDS = ("bpe", "hf")
 
 
 def read_texts(raw: Path | None) -> list[str]:
@@ -67,7 +66,7 @@ def main() -> None:
     tok: dict[str, Tokenizer] = {}
     for r in range(args.repeats):
         for kind in list(KINDS) if r % 2 == 0 else list(KINDS)[::-1]:
-            seconds, tok[kind] = timed(lambda: KINDS[kind].train_from_iterator(texts, vocab_size=args.vocab))  # noqa: B023
+            seconds, tok[kind] = timed(lambda: train_tokenizer(kind, texts, vocab_size=args.vocab))  # noqa: B023
             train_s[kind].append(seconds)
     for t in tok.values():  # warm-up: thread pools and per-thread encoders exist before timing
         t.encode(texts[:64], num_threads=args.threads)

@@ -18,7 +18,7 @@ import torch
 from lockstep.model import GPT, GPTConfig
 from lockstep.optim import OptimConfig
 from lockstep.runtime import Runtime, keep_heap_memory, measure_matmul_peak_flops
-from lockstep.tokenizer import train_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 from lockstep.train import TrainConfig, Trainer, Validation
 
 ROOT = Path(__file__).resolve().parents[1]

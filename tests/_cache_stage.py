@@ -13,7 +13,7 @@ from lockstep.io import sha256_file
 from lockstep.sources import fetch_source
 from lockstep.sources.roam import RoamConfig
 from lockstep.sources.synth_math import SynthMathConfig
-from lockstep.tokenizer import train_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 
 
 def make_workdir(tmp_path: Path, monkeypatch, repo_root: Path) -> Path:

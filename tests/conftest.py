@@ -28,7 +28,7 @@ def shared_fixtures() -> Path:
 @pytest.fixture(scope="session")
 def tok():
     """The `byte` tokenizer (id = byte value, specials after): needs no training data."""
-    from lockstep.tokenizer import train_tokenizer
+    from lockstep.tokenizer.kinds import train_tokenizer
 
     return train_tokenizer("byte", [])
 

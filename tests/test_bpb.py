@@ -17,7 +17,7 @@ from lockstep.evaluate.run import EvalConfig, EvalPaths, run_eval_stage
 from lockstep.optim import OptimConfig
 from lockstep.records import text_message
 from lockstep.runtime import RuntimeConfig, init_runtime
-from lockstep.tokenizer import train_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 from lockstep.train import ModelParams, TrainConfig
 from lockstep.train_stage import TrainStagePaths, run_training_stage
 

@@ -263,7 +263,7 @@ def test_tokenizer_mismatch_is_refused(built):
 _SLOW_BUILD = """
 import sys, time
 from lockstep.cache_build import build_pretrain_cache
-from lockstep.tokenizer import train_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 def docs():
     for i in range(100000):
         if i == 40:

@@ -82,7 +82,7 @@ class _ListsOnly:
 @pytest.mark.parametrize("kind", ["bpe", "byte", "char"])
 def test_array_and_list_paths_write_identical_caches(kind: str, tmp_path) -> None:
     from lockstep.cache_build import build_pretrain_cache
-    from lockstep.tokenizer import train_tokenizer
+    from lockstep.tokenizer.kinds import train_tokenizer
 
     docs = [f"Document {i}: the quick brown fox <|bos|> jumps é {i * 7919}." * (1 + i % 5) for i in range(300)]
     tok = train_tokenizer(kind, docs, vocab_size=300 if kind == "bpe" else None)

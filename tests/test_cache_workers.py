@@ -16,7 +16,7 @@ from lockstep.cache import CacheError
 from lockstep.cache_build import build_pretrain_cache
 from lockstep.config import ConfigError
 from lockstep.io import sha256_file
-from lockstep.tokenizer import train_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 
 DOCS = [f"Document {i}: the quick brown fox <|bos|> jumps é {i * 7919}. " * (1 + i % 7) for i in range(400)]
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.tokenizer import TokenizerFileError, load_tokenizer, train_tokenizer
+from lockstep.tokenizer import TokenizerFileError, load_tokenizer
+
+from lockstep.tokenizer.kinds import train_tokenizer
 from lockstep.tokenizer.base import NoSpecialTokensError
 from lockstep.tokenizer.char import CHAR_FILE, CharTokenizer
 
@@ -127,7 +129,7 @@ def test_a_tokenizer_without_specials_refuses_bos_and_chat_with_a_clear_error() 
         lambda: tok.render_conversation(CONVERSATION),
         lambda: tok.render_for_completion(CONVERSATION),
     ):
-        with pytest.raises(NoSpecialTokensError, match=r"without special tokens.*tokenizer.char_specials: true"):
+        with pytest.raises(NoSpecialTokensError, match=r"without special tokens.*tokenizer.options.specials: true"):
             call()
 
 

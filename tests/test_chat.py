@@ -20,7 +20,7 @@ from lockstep.chat import (
     run_chat,
 )
 from lockstep.records import text_message
-from lockstep.tokenizer import train_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 
 
 class ScriptedEngine:

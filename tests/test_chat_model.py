@@ -20,7 +20,7 @@ from lockstep.checkpoint import CheckpointError, save_checkpoint
 from lockstep.cli import app as cli_app
 from lockstep.records import text_message
 from lockstep.server import ServerConfig, create_app
-from lockstep.tokenizer import train_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 
 
 def write_tiny_checkpoint(root: Path, *, sequence_len: int = 256) -> tuple[Path, Path]:

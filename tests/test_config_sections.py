@@ -85,18 +85,18 @@ TOKENIZER_BASE = {"kind": "bpe", "vocab_size": 280, "train_sources": ["notes"], 
     ({"max_chars": 1.5}, "tokenizer.max_chars"),
     ({"metric_sources": ["nowhere"]}, "tokenizer.metric_sources"),
     ({"metric_sources": "notes"}, "tokenizer.metric_sources"),
-    ({"kind": "sentencepiece", "spm_model_type": "word"}, "tokenizer.spm_model_type"),
-    ({"kind": "char", "char_max_alphabet": 0}, "tokenizer.char_max_alphabet"),
-    ({"kind": "char", "char_max_alphabet": 257}, "tokenizer.char_max_alphabet"),
-    ({"kind": "char", "char_order": "alphabetical"}, "tokenizer.char_order"),
-    ({"char_specials": False}, "tokenizer.char_specials"),
-    ({"char_specials": "no"}, "tokenizer.char_specials"),
-    ({"kind": "lz78", "lz78_strategy": "greedy"}, "tokenizer.lz78_strategy"),
-    ({"kind": "lz78", "lz78_gate_period_phrases": 0}, "tokenizer.lz78_gate_period_phrases"),
-    ({"kind": "lz78", "lz78_gate_min_count": -1}, "tokenizer.lz78_gate_min_count"),
-    ({"kind": "lz78", "lz78_round_factor": 0}, "tokenizer.lz78_round_factor"),
-    ({"kind": "lz78", "lz78_dictionary": "/etc/passwd"}, "tokenizer.lz78_dictionary"),
-    ({"lz78_dictionary": "corpus/dictionaries/x.tsv"}, "tokenizer.lz78_dictionary"),
+    ({"kind": "sentencepiece", "options": {"model_type": "word"}}, "tokenizer.options.model_type"),
+    ({"kind": "char", "options": {"max_alphabet": 0}}, "tokenizer.options.max_alphabet"),
+    ({"kind": "char", "options": {"max_alphabet": 257}}, "tokenizer.options.max_alphabet"),
+    ({"kind": "char", "options": {"order": "alphabetical"}}, "tokenizer.options.order"),
+    ({"options": {"specials": False}}, "tokenizer.options.specials"),
+    ({"kind": "char", "options": {"specials": "no"}}, "tokenizer.options.specials"),
+    ({"kind": "lz78", "options": {"strategy": "greedy"}}, "tokenizer.options.strategy"),
+    ({"kind": "lz78", "options": {"gate_period_phrases": 0}}, "tokenizer.options.gate_period_phrases"),
+    ({"kind": "lz78", "options": {"gate_min_count": -1}}, "tokenizer.options.gate_min_count"),
+    ({"kind": "lz78", "options": {"round_factor": 0}}, "tokenizer.options.round_factor"),
+    ({"kind": "lz78", "options": {"dictionary": "/etc/passwd"}}, "tokenizer.options.dictionary"),
+    ({"lz78_dictionary": "corpus/dictionaries/x.tsv"}, "tokenizer.options.dictionary"),
     ({"encode_threads": 0}, "tokenizer.encode_threads"),
     ({"encode_threads": 10**6}, "tokenizer.encode_threads"),
     ({"artifact_records": -1}, "tokenizer.artifact_records"),
@@ -114,8 +114,8 @@ def test_tokenizer_key_at_a_bad_value_is_one_error_line(tmp_path: Path, raw: Pat
     {"max_chars": 1},
     {"encode_threads": 1024},
     {"artifact_records": 0},
-    {"kind": "char", "char_max_alphabet": 1},
-    {"kind": "char", "char_max_alphabet": 256},
+    {"kind": "char", "options": {"max_alphabet": 1}},
+    {"kind": "char", "options": {"max_alphabet": 256}},
 ])
 def test_tokenizer_boundary_values_run(tmp_path: Path, raw: Path, overrides: dict) -> None:
     status, stderr = _tokenizer_stage(tmp_path, raw, {**TOKENIZER_BASE, **overrides})
@@ -231,7 +231,7 @@ def test_server_config_takes_its_boundary_values() -> None:
 def ckpt_and_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from _tiny_model import tiny_gpt
     from lockstep.checkpoint import save_checkpoint
-    from lockstep.tokenizer import train_tokenizer
+    from lockstep.tokenizer.kinds import train_tokenizer
 
     root = tmp_path_factory.mktemp("serve")
     tok = train_tokenizer("byte", [])

@@ -26,7 +26,7 @@ def test_smoke_pipeline_with_lz78_structured_and_prefix_smooth(tmp_path: Path) -
     work.mkdir()
     preset_copy(work, "smoke")
     params = yaml.safe_load((work / "params.yaml").read_text())
-    params["tokenizer"].update(kind="lz78", lz78_chunking=True)
+    params["tokenizer"].update(kind="lz78", options={"chunking": True})
     params["model"]["embedding"] = "structured"
     for stage in ("pretrain", "midtrain"):
         params[stage].update(objective="prefix_smooth", prefix_weight=0.2)

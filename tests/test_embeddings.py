@@ -16,9 +16,10 @@ from lockstep.engine import Engine
 from lockstep.embeddings import EMBEDDINGS, NO_BYTE_ROW
 from lockstep.model import GPT, GPTConfig
 from lockstep.optim import split_params
-from lockstep.tokenizer import train_tokenizer
-from lockstep.tokenizer.lz78 import LZ78Tokenizer
-from lockstep.tokenizer.lz78_tsv import CompressedDictionary, write_compressed_tsv
+from lockstep.tokenizer.kinds import train_tokenizer
+from lockstep.tokenizer.lz78.train import from_dictionary
+from lockstep.tokenizer.lz78.train import train as train_lz78_tokenizer
+from lockstep.tokenizer.lz78.tsv import CompressedDictionary, write_compressed_tsv
 from lockstep.train_stage import token_structure
 
 
@@ -97,7 +98,7 @@ def test_weights_keep_their_top_level_names_and_sort_into_one_group_each(embeddi
 
 
 def test_checkpoint_reloads_without_the_tokenizer_and_generates_the_same(tmp_path):
-    tok = LZ78Tokenizer.train_from_iterator(CORPUS, vocab_size=600)
+    tok = train_lz78_tokenizer(CORPUS, vocab_size=600)
     tree = tok.prefix_tree()
     cfg = config(tok.get_vocab_size(), "tuple")
     model = GPT.build(cfg, "cpu", seed=3, token_structure=(tree.parent, tree.last_byte)).eval()
@@ -111,7 +112,7 @@ def test_checkpoint_reloads_without_the_tokenizer_and_generates_the_same(tmp_pat
 
 
 def test_hierarchical_needs_a_compressed_dictionary(tmp_path):
-    lz = LZ78Tokenizer.train_from_iterator(CORPUS, vocab_size=600)
+    lz = train_lz78_tokenizer(CORPUS, vocab_size=600)
     with pytest.raises(ConfigError, match="use model.embedding: structured"):
         token_structure(lz, "hierarchical")
     with pytest.raises(ConfigError, match="model.embedding=tuple: .*no prefix tree"):
@@ -123,7 +124,7 @@ def test_hierarchical_needs_a_compressed_dictionary(tmp_path):
                              (b"", b"a", b"b", b"abc", b"t", b"h", b"e"), np.array([0, 1, 2, 3, 4, 5, 6], np.int32),
                              d.source_codes)
     write_compressed_tsv(tmp_path / "d.tsv", d)
-    tok = LZ78Tokenizer.from_dictionary(tmp_path / "d.tsv")
+    tok = from_dictionary(tmp_path / "d.tsv")
     parents, last = token_structure(tok, "hierarchical")
     structured, _ = token_structure(tok, "structured")
     abc = tok.encode("abc")

@@ -20,7 +20,7 @@ from lockstep.config import FieldError, build_config
 from lockstep.engine import Engine
 from lockstep.evaluate.run import EvalConfig, EvalPaths, make_generate, run_eval_stage
 from lockstep.runtime import RuntimeConfig, init_runtime
-from lockstep.tokenizer import train_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "First Citizen: Before we proceed any further, hear me speak. All: Speak, speak. " * 20

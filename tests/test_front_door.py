@@ -21,7 +21,7 @@ from lockstep.cli import app as cli_app
 from lockstep.config import ConfigError, build_config
 from lockstep.io import sha256_file
 from lockstep.runtime import DeviceError, RuntimeConfig, device_from_name
-from lockstep.tokenizer import train_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 

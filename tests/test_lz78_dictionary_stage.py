@@ -1,8 +1,8 @@
-"""`tokenizer.lz78_dictionary` through the tokenizer stage's entry point: every bad dictionary file
+"""`tokenizer.options.dictionary` (kind lz78) through the tokenizer stage's entry point: every bad dictionary file
 (a code past 2^63, a 10,000-digit id, a header and nothing else, a missing file, a folder, a link
 out of corpus/dictionaries/) ends in exactly one `error:` line that names the key, the file and,
-where there is one, the line, with nothing published; `tokenizer.lz78_prefixes` is checked like
-the other lz78 keys, and both of its values run."""
+where there is one, the line, with nothing published; `tokenizer.options.prefixes` is checked like
+the other lz78 options, and both of its values run."""
 
 from __future__ import annotations
 
@@ -64,8 +64,8 @@ def test_a_bad_dictionary_file_is_one_error_line(tmp_path: Path, raw: Path, monk
                                                  text: str, where: str) -> None:
     (tmp_path / "corpus" / "dictionaries").mkdir(parents=True)
     (tmp_path / "corpus" / "dictionaries" / name).write_text(text, encoding="utf-8")
-    status, stderr = run_stage(tmp_path, raw, {**SECTION, "lz78_dictionary": f"corpus/dictionaries/{name}"}, monkeypatch)
-    assert_one_error_line(status, stderr, "tokenizer.lz78_dictionary")
+    status, stderr = run_stage(tmp_path, raw, {**SECTION, "options": {"dictionary": f"corpus/dictionaries/{name}"}}, monkeypatch)
+    assert_one_error_line(status, stderr, "tokenizer.options.dictionary")
     assert where in stderr
     assert not (tmp_path / "tok").exists() and not (tmp_path / "metrics.json").exists()
 
@@ -83,22 +83,22 @@ def test_a_dictionary_path_that_is_no_file_inside_the_folder(tmp_path: Path, raw
     outside.write_text(GOOD, encoding="utf-8")
     outside.chmod(0)
     (folder / "link.tsv").symlink_to(outside)
-    status, stderr = run_stage(tmp_path, raw, {**SECTION, "lz78_dictionary": f"corpus/dictionaries/{name}"}, monkeypatch)
-    assert_one_error_line(status, stderr, "tokenizer.lz78_dictionary")
+    status, stderr = run_stage(tmp_path, raw, {**SECTION, "options": {"dictionary": f"corpus/dictionaries/{name}"}}, monkeypatch)
+    assert_one_error_line(status, stderr, "tokenizer.options.dictionary")
     assert where in stderr
     assert not (tmp_path / "tok").exists() and not (tmp_path / "metrics.json").exists()
 
 
 def test_lz78_prefixes_is_checked_and_both_values_run(tmp_path: Path, raw: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for bad in ({"lz78_prefixes": "open", "lz78_dictionary": "corpus/dictionaries/good.tsv"},
-                {"lz78_prefixes": "closed", "train_sources": ["notes"], "vocab_size": 300}):  # nothing to close
+    for bad in ({"options": {"prefixes": "open", "dictionary": "corpus/dictionaries/good.tsv"}},
+                {"options": {"prefixes": "closed"}, "train_sources": ["notes"], "vocab_size": 300}):  # nothing to close
         status, stderr = run_stage(tmp_path, raw, {**SECTION, **bad}, monkeypatch)
-        assert_one_error_line(status, stderr, "tokenizer.lz78_prefixes")
+        assert_one_error_line(status, stderr, "tokenizer.options.prefixes")
     (tmp_path / "corpus" / "dictionaries").mkdir(parents=True)
     (tmp_path / "corpus" / "dictionaries" / "good.tsv").write_text(GOOD, encoding="utf-8")
     vocab = {}
     for prefixes in ("file", "closed"):
-        section = {**SECTION, "lz78_dictionary": "corpus/dictionaries/good.tsv", "lz78_prefixes": prefixes}
+        section = {**SECTION, "options": {"dictionary": "corpus/dictionaries/good.tsv", "prefixes": prefixes}}
         status, stderr = run_stage(tmp_path, raw, section, monkeypatch)
         assert status == 0, stderr
         vocab[prefixes] = json.loads((tmp_path / "metrics.json").read_text())["vocab_size"]

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from lockstep.tokenizer.lz78 import LZ78Tokenizer
-from lockstep.tokenizer.lz78_trie import train_lz78
-from lockstep.tokenizer.lz78_tsv import CompressedDictionary, read_lz78_tsv, write_compressed_tsv, write_lz78_tsv
+from lockstep.tokenizer.lz78.train import from_dictionary, train_lz78
+from lockstep.tokenizer.lz78.train import train as train_lz78_tokenizer
+from lockstep.tokenizer.lz78.tsv import CompressedDictionary, read_lz78_tsv, write_compressed_tsv, write_lz78_tsv
 
 # The documented comment line below which byte fields use escapes (docs/tokenizers.md, "LZ78").
 ESCAPED_MARKER = "# escaped:"
@@ -139,7 +140,7 @@ def test_compressed_export_is_read_by_the_reference_rules(tmp_path: Path) -> Non
     write_compressed_tsv(tmp_path / "c.tsv", CompressedDictionary.from_trie(trie))
     tokens = reference_tokens(tmp_path / "c.tsv", "compressed")
     assert tokens == {c: trie.token_bytes(c) for c in range(1, trie.n_codes + 1)}
-    assert_same_ids(LZ78Tokenizer.from_dictionary(tmp_path / "c.tsv"), tokens)
+    assert_same_ids(from_dictionary(tmp_path / "c.tsv"), tokens)
 
 
 # --- files written the reference's way, read by lockstep ------------------------------------------
@@ -165,7 +166,7 @@ def test_reference_files_keep_their_ids(tmp_path: Path, name: str) -> None:
     layout, text = REFERENCE_FILES[name]
     path = write(tmp_path / "d.tsv", text)
     tokens = reference_tokens(path, layout)
-    tok = LZ78Tokenizer.from_dictionary(path)
+    tok = from_dictionary(path)
     assert tok.n_codes == len(tokens)
     assert [tok.id_to_token(i).encode() for i in range(1, tok.n_codes + 1)] == [tokens[i] for i in range(1, len(tokens) + 1)]
     assert_same_ids(tok, tokens, TEXTS + ["hello world, ll llo or", "abcab ba abc", "étéété ét aïa ©🙂"])
@@ -182,7 +183,7 @@ def test_both_ways_on_a_text(tmp_path: Path) -> None:
                                           "70\t60\tn\t\\n\n80\t0\tç\tç\n90\t80\ta\tça\n")
     theirs = reference_tokens(path, "lz78")
     text = "the thé ça \\n\\t ç a\n" * 3
-    tok = LZ78Tokenizer.from_dictionary(path)
+    tok = from_dictionary(path)
     assert tok.encode(text) == reference_encode(theirs, text.encode())
     # Lockstep's export of that tokenizer, and of one it trained, read by the reference's rules.
     for trie, name in ((tok.trie, "ours_read.tsv"), (train_lz78(PRINTABLE_DOCS, 90).trie, "ours_trained.tsv")):
@@ -201,7 +202,7 @@ def test_round_trip_on_tiny_shakespeare(tmp_path: Path, shared_fixtures: Path) -
     and every other code reads back exactly."""
     text = (shared_fixtures / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
     data = text.encode()
-    by_line = LZ78Tokenizer.train_from_iterator(text.split("\n"), vocab_size=4096)
+    by_line = train_lz78_tokenizer(text.split("\n"), vocab_size=4096)
     write_lz78_tsv(tmp_path / "lines.tsv", by_line.trie)
     assert ESCAPED_MARKER not in (tmp_path / "lines.tsv").read_text(encoding="utf-8")
     tokens = reference_tokens(tmp_path / "lines.tsv", "lz78")
@@ -209,7 +210,7 @@ def test_round_trip_on_tiny_shakespeare(tmp_path: Path, shared_fixtures: Path) -
     assert len(tokens) == 3830 and len(ids) == 441_150  # the figures docs/tokenizers.md gives
     assert ids == reference_encode(tokens, data)
 
-    whole = LZ78Tokenizer.train_from_iterator([text], vocab_size=4096)
+    whole = train_lz78_tokenizer([text], vocab_size=4096)
     write_lz78_tsv(tmp_path / "whole.tsv", whole.trie)
     tokens = reference_tokens(tmp_path / "whole.tsv", "lz78")
     with_newline = {c for c in range(1, 3831) if b"\n" in whole.trie.token_bytes(c)}

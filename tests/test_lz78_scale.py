@@ -67,10 +67,10 @@ def test_reading_a_dictionary_costs_hundreds_of_bytes_a_line(tmp_path: Path) -> 
     write_dictionary(tmp_path / "big.tsv", n)
     write_dictionary(tmp_path / "small.tsv", 50)
     facts = peak_growth("""
-        from lockstep.tokenizer.lz78 import LZ78Tokenizer
-        LZ78Tokenizer.from_dictionary(sys.argv[2]).encode("warm up the compiled paths")
+        from lockstep.tokenizer.lz78.train import from_dictionary
+        from_dictionary(sys.argv[2]).encode("warm up the compiled paths")
         mark()
-        tok = LZ78Tokenizer.from_dictionary(sys.argv[1])
+        tok = from_dictionary(sys.argv[1])
         report(n_codes=tok.n_codes, ids=tok.encode("cab"))
     """, str(tmp_path / "big.tsv"), str(tmp_path / "small.tsv"))
     assert facts["n_codes"] == n
@@ -82,8 +82,8 @@ def test_decoding_costs_a_few_bytes_per_byte_of_text(tmp_path: Path) -> None:
     write_dictionary(tmp_path / "d.tsv", 20_000)
     facts = peak_growth("""
         import numpy as np
-        from lockstep.tokenizer.lz78 import LZ78Tokenizer
-        tok = LZ78Tokenizer.from_dictionary(sys.argv[1])
+        from lockstep.tokenizer.lz78.train import from_dictionary
+        tok = from_dictionary(sys.argv[1])
         rng = np.random.default_rng(0)
         words = ["the", "cab", "cafe", "abbey", "zebra", "quiz", "fact", "élan"]
         text = " ".join(words[i] for i in rng.integers(0, len(words), size=1_500_000))

@@ -9,18 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lockstep.tokenizer.lz78_trie import (
-    STRATEGIES,
-    LZ78Trie,
-    LZ78TrieError,
-    ancestor_chains,
-    count_uses,
-    encode,
-    encode_batch,
-    fallback_byte,
-    prune,
-    train_lz78,
-)
+from lockstep.tokenizer.lz78.train import STRATEGIES, count_uses, prune, train_lz78
+from lockstep.tokenizer.lz78.trie import LZ78Trie, LZ78TrieError, ancestor_chains, encode, encode_batch, fallback_byte
 
 
 def tokens(trie: LZ78Trie) -> list[bytes]:
@@ -242,7 +232,7 @@ def test_codes_in_any_order_and_prefixes_that_are_no_codes():
                       min_size=1, max_size=25),
        text=st.binary(max_size=60).map(lambda b: bytes(x % 4 + 97 for x in b)))
 def test_any_token_set_encodes_by_longest_match(vocab, text):
-    from lockstep.tokenizer.lz78_tsv import trie_from_tokens
+    from lockstep.tokenizer.lz78.tsv import trie_from_tokens
 
     trie = trie_from_tokens(vocab)
     assert tokens(trie) == vocab

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from lockstep.tokenizer.lz78 import LZ78Tokenizer
-from lockstep.tokenizer.lz78_trie import ancestor_chains, train_lz78
-from lockstep.tokenizer.lz78_tsv import (
+from lockstep.tokenizer.lz78.train import from_dictionary, train_lz78
+from lockstep.tokenizer.lz78.trie import ancestor_chains
+from lockstep.tokenizer.lz78.tsv import (
     CompressedDictionary,
     LZ78DictionaryError,
     dictionary_layout,
@@ -242,7 +242,7 @@ SYMBOLS = [b"a", b"b", "é".encode(), b"\\", "🙂".encode(), b"\t", b"\n", b"\x
 def lz78_files(draw) -> bytes:
     """An lz78-layout file, usually well formed (random codes and parents, raw and escaped lines,
     comments, CRLF, a root line), sometimes with one byte changed, deleted or a line repeated."""
-    from lockstep.tokenizer.lz78_tsv import raw_writable
+    from lockstep.tokenizer.lz78.tsv import raw_writable
 
     n = draw(st.integers(1, 14))
     codes = draw(st.lists(st.integers(1, 10**18), min_size=n, max_size=n, unique=True))
@@ -297,11 +297,11 @@ def test_fast_reader_equals_the_plain_reader(tmp_path_factory, data):
 
 def test_edges_of_input(tmp_path):
     # Header-only files, an empty one, a folder and a missing file: one error naming the file.
-    lz78_readers = (read_lz78_tsv, lambda p: read_lz78_tsv(p, fast=True), LZ78Tokenizer.from_dictionary)
+    lz78_readers = (read_lz78_tsv, lambda p: read_lz78_tsv(p, fast=True), from_dictionary)
     for name, text, readers in (("header.tsv", "# lz78\ncode\tparent_code\tchar\tpattern\n", lz78_readers),
                                 ("empty.tsv", "", lz78_readers), ("root.tsv", "0\t0\t\t\n", lz78_readers),
                                 ("branches.tsv", "0\t\t-1\t-1\t\n1\ta\t0\t-1\ta\n",
-                                 (read_compressed_tsv, LZ78Tokenizer.from_dictionary))):
+                                 (read_compressed_tsv, from_dictionary))):
         path = write(tmp_path, text, name)
         for read in readers:
             with pytest.raises(LZ78DictionaryError, match=f"{name}: no dictionary lines with a code"):
@@ -315,7 +315,7 @@ def test_edges_of_input(tmp_path):
 
 
 def test_project_dictionary_resolves_links_first(tmp_path):
-    from lockstep.tokenizer.lz78 import project_dictionary
+    from lockstep.tokenizer.lz78.train import project_dictionary
 
     folder = tmp_path / "corpus" / "dictionaries"
     folder.mkdir(parents=True)
@@ -336,7 +336,7 @@ def test_project_dictionary_resolves_links_first(tmp_path):
 
 
 def test_the_lz78_layout_refuses_a_code_that_adds_several_characters(tmp_path):
-    from lockstep.tokenizer.lz78_tsv import trie_from_tokens
+    from lockstep.tokenizer.lz78.tsv import trie_from_tokens
 
     trie = trie_from_tokens([b"abc", b"a"])  # abc adds "bc" to a; ab is a prefix node, no code
     with pytest.raises(ValueError, match="code 1 adds 'bc' to its parent code 2: .*write_compressed_tsv, or close"):

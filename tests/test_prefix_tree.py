@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from lockstep.objectives import check_ancestor_table
-from lockstep.tokenizer import NoPrefixTreeError, load_tokenizer, train_tokenizer
+from lockstep.tokenizer import NoPrefixTreeError, load_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 from lockstep.tokenizer.base import TokenizerFileError
 from lockstep.tokenizer.prefix_tree import NO_TOKEN, prefix_tree
 

@@ -13,7 +13,7 @@ from lockstep import checkpoint as ckpt
 from lockstep.model import GPT
 from lockstep.rl import Rollouts
 from lockstep.sources import SOURCE_CONFIGS, fetch_source
-from lockstep.tokenizer import train_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from lockstep.chat import Delta, EngineBackend, SamplingSettings, run_chat
 from lockstep.engine import Engine, sample_next
 from lockstep.sampling import GREEDY_TEMPERATURE, TOP_P_FLOOR, nucleus_top_p
 from lockstep.server import ServerConfig, create_app
-from lockstep.tokenizer import train_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 
 SUBNORMAL = 5e-324  # the smallest positive float64
 # fp32 rounds anything under about 7e-46 (half its smallest subnormal, 1.4e-45) to 0: the value

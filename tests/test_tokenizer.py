@@ -18,8 +18,8 @@ from lockstep.tokenizer import (
     Tokenizer,
     TokenizerFileError,
     load_tokenizer,
-    train_tokenizer,
 )
+from lockstep.tokenizer.kinds import train_tokenizer
 
 
 # name -> (kind, vocab_size, kind options): every kind, sentencepiece in both model types.

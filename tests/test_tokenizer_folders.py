@@ -22,7 +22,8 @@ import yaml
 from typer.testing import CliRunner
 
 from lockstep.io import sha256_of_manifest
-from lockstep.tokenizer import TokenizerFileError, load_tokenizer, train_tokenizer
+from lockstep.tokenizer import TokenizerFileError, load_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 from stages._common import entry
 
 ROOT = Path(__file__).resolve().parents[1]

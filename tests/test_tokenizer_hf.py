@@ -20,6 +20,8 @@ from lockstep.sources.shakespeare import plays_dir, split_scenes
 from lockstep.tokenizer.base import SPECIAL_TOKENS, TokenizerFileError, load_tokenizer
 from lockstep.tokenizer.bpe import SPLIT_PATTERN, BPETokenizer
 from lockstep.tokenizer.hf import TOKENIZER_FILE, HFTokenizer, from_byte_level
+from lockstep.tokenizer.hf_train import train as train_hf
+from lockstep.tokenizer.bpe_train import train as train_bpe
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = [
@@ -45,8 +47,8 @@ def pair(vocab_size: int, n_plays: int | None) -> tuple[BPETokenizer, HFTokenize
     if key not in _CACHE:
         texts = play_texts(n_plays)
         _CACHE[key] = (
-            BPETokenizer.train_from_iterator(texts, vocab_size=vocab_size),
-            HFTokenizer.train_from_iterator(texts, vocab_size=vocab_size),
+            train_bpe(texts, vocab_size=vocab_size),
+            train_hf(texts, vocab_size=vocab_size),
             texts,
         )
     return _CACHE[key]  # type: ignore[return-value]
@@ -194,22 +196,22 @@ def test_tampered_or_foreign_file_is_refused(tmp_path: Path) -> None:
 
 def test_bad_training_arguments() -> None:
     with pytest.raises(ValueError, match="vocab_size=264 must be at least 265"):
-        HFTokenizer.train_from_iterator(CORPUS, vocab_size=264)
+        train_hf(CORPUS, vocab_size=264)
     with pytest.raises(ValueError, match="unknown hf tokenizer option"):
-        HFTokenizer.train_from_iterator(CORPUS, vocab_size=300, min_frequency=2)
+        train_hf(CORPUS, vocab_size=300, min_frequency=2)
 
 
 def test_small_corpus_same_as_bpe_and_round_trips() -> None:
-    bpe = BPETokenizer.train_from_iterator(CORPUS, vocab_size=330)
-    hf = HFTokenizer.train_from_iterator(CORPUS, vocab_size=330)
+    bpe = train_bpe(CORPUS, vocab_size=330)
+    hf = train_hf(CORPUS, vocab_size=330)
     assert_same_as_bpe(bpe, hf, CORPUS)
     assert [hf.decode(ids) for ids in hf.encode(CORPUS)] == CORPUS
 
 
 _TRAIN_IN_CHILD = """
 import sys
-from lockstep.tokenizer.hf import HFTokenizer
-print(HFTokenizer.train_from_iterator(sys.stdin.read().split("\\0"), vocab_size=700).sha256)
+from lockstep.tokenizer.hf_train import train as train_hf
+print(train_hf(sys.stdin.read().split("\\0"), vocab_size=700).sha256)
 """
 
 
@@ -224,4 +226,4 @@ def test_training_is_identical_across_processes() -> None:
             [sys.executable, "-c", _TRAIN_IN_CHILD], input="\0".join(texts), env=env, capture_output=True, text=True, check=True
         )
         shas.append(done.stdout.strip())
-    assert shas[0] == shas[1] == HFTokenizer.train_from_iterator(texts, vocab_size=700).sha256
+    assert shas[0] == shas[1] == train_hf(texts, vocab_size=700).sha256

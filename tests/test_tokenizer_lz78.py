@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from _text_corpus import CORPUS
 from lockstep.tokenizer.base import SPECIAL_TOKENS, TokenizerFileError, load_tokenizer
 from lockstep.tokenizer.lz78 import N_RESERVED, LZ78Tokenizer, LZ78VocabError
+from lockstep.tokenizer.lz78.train import from_dictionary
+from lockstep.tokenizer.lz78.train import train as train_lz78_tokenizer
 
 VOCAB = 320
 _TOKS: dict[tuple[bool, str], LZ78Tokenizer] = {}
@@ -25,7 +27,7 @@ _TOKS: dict[tuple[bool, str], LZ78Tokenizer] = {}
 def tiny(chunking: bool = False, strategy: str = "standard") -> LZ78Tokenizer:
     key = (chunking, strategy)
     if key not in _TOKS:
-        _TOKS[key] = LZ78Tokenizer.train_from_iterator(CORPUS, vocab_size=VOCAB, chunking=chunking, strategy=strategy)
+        _TOKS[key] = train_lz78_tokenizer(CORPUS, vocab_size=VOCAB, chunking=chunking, strategy=strategy)
     return _TOKS[key]
 
 
@@ -104,7 +106,7 @@ def test_fast_encoder_and_threads_equal_the_reference(chunking: bool, texts: lis
 
 def test_reference_training_gives_the_same_files() -> None:
     for chunking, strategy in KINDS:
-        ref = LZ78Tokenizer.train_from_iterator(CORPUS, vocab_size=VOCAB, chunking=chunking, strategy=strategy, fast=False)
+        ref = train_lz78_tokenizer(CORPUS, vocab_size=VOCAB, chunking=chunking, strategy=strategy, fast=False)
         assert ref.sha256 == tiny(chunking, strategy).sha256, (chunking, strategy)
 
 
@@ -181,13 +183,13 @@ def test_inconsistent_files_are_refused(tmp_path) -> None:
 
 def test_bad_vocab_and_options() -> None:
     with pytest.raises(LZ78VocabError, match=f"at least {N_RESERVED + 1}"):
-        LZ78Tokenizer.train_from_iterator(CORPUS, vocab_size=N_RESERVED)
+        train_lz78_tokenizer(CORPUS, vocab_size=N_RESERVED)
     with pytest.raises(LZ78VocabError, match="lower vocab_size"):
-        LZ78Tokenizer.train_from_iterator(["abc"], vocab_size=N_RESERVED + 50)
+        train_lz78_tokenizer(["abc"], vocab_size=N_RESERVED + 50)
     with pytest.raises(ValueError, match="unknown lz78 tokenizer option"):
-        LZ78Tokenizer.train_from_iterator(CORPUS, vocab_size=VOCAB, max_codes=5)
+        train_lz78_tokenizer(CORPUS, vocab_size=VOCAB, max_codes=5)
     with pytest.raises(ValueError, match="strategy"):
-        LZ78Tokenizer.train_from_iterator(CORPUS, vocab_size=VOCAB, strategy="greedy")
+        train_lz78_tokenizer(CORPUS, vocab_size=VOCAB, strategy="greedy")
 
 
 def test_chat_rendering() -> None:
@@ -209,12 +211,12 @@ def test_chat_rendering() -> None:
 
 _TRAIN_AND_SAVE = textwrap.dedent("""
     import sys
-    from lockstep.tokenizer.lz78 import LZ78Tokenizer
+    from lockstep.tokenizer.lz78.train import train as train_lz78_tokenizer
     texts = [f"doc {i}: " + " ".join(f"w{(i * 7 + j) % 23} x{j % 5}" for j in range(40)) + " 🙂 é\\n" for i in range(60)]
-    LZ78Tokenizer.train_from_iterator(texts, vocab_size=370, strategy="frequency_gated",
-                                      gate_period_phrases=16).save(f"{sys.argv[1]}/frequency_gated")
-    LZ78Tokenizer.train_from_iterator(texts, vocab_size=340, chunking=True,
-                                      strategy="multi_round").save(f"{sys.argv[1]}/multi_round")
+    train_lz78_tokenizer(texts, vocab_size=370, strategy="frequency_gated",
+                         gate_period_phrases=16).save(f"{sys.argv[1]}/frequency_gated")
+    train_lz78_tokenizer(texts, vocab_size=340, chunking=True,
+                         strategy="multi_round").save(f"{sys.argv[1]}/multi_round")
 """)
 
 
@@ -258,18 +260,18 @@ def test_prefix_tree_is_the_trie_without_the_root(tmp_path) -> None:
 
 
 def test_a_dictionary_in_the_lz78_layout_gives_the_same_tokenizer(tmp_path) -> None:
-    from lockstep.tokenizer.lz78_tsv import write_lz78_tsv
+    from lockstep.tokenizer.lz78.tsv import write_lz78_tsv
 
     tok = tiny()
     write_lz78_tsv(tmp_path / "d.tsv", tok.trie)
-    brought = LZ78Tokenizer.from_dictionary(tmp_path / "d.tsv")
+    brought = from_dictionary(tmp_path / "d.tsv")
     assert np.array_equal(brought.token_parents(), tok.token_parents()) and not brought.has_hierarchical_parents
     assert brought.encode(CORPUS[:5]) == tok.encode(CORPUS[:5])
     with pytest.raises(LZ78VocabError, match="compressed"):
         brought.hierarchical_parents()
     (tmp_path / "bad.tsv").write_text("# three columns\n1\t0\ta\n")
     with pytest.raises(ValueError, match="3 tab-separated columns"):
-        LZ78Tokenizer.from_dictionary(tmp_path / "bad.tsv")
+        from_dictionary(tmp_path / "bad.tsv")
 
 
 # --- dictionaries that lack prefixes of their tokens ------------------------------------------------
@@ -295,13 +297,13 @@ def longest_match(tokens: list[bytes], data: bytes, fallback: int) -> list[int]:
 
 
 def test_a_dictionary_file_keeps_its_tokens_or_closes_them(tmp_path) -> None:
-    from lockstep.tokenizer.lz78_tsv import CompressedDictionary, write_compressed_tsv
+    from lockstep.tokenizer.lz78.tsv import CompressedDictionary, write_compressed_tsv
 
     write_compressed_tsv(tmp_path / "d.tsv", CompressedDictionary.from_tokens(OPEN_TOKENS))
     text = "then the theme: a band and them, tea at ten"
     data = text.encode()
     # Default: the file's six tokens are the codes, matched longest first as the reference does.
-    tok = LZ78Tokenizer.from_dictionary(tmp_path / "d.tsv")
+    tok = from_dictionary(tmp_path / "d.tsv")
     assert tok.n_codes == 6 and tok.training == {"dictionary": "d.tsv", "layout": "compressed", "prefixes": "file"}
     assert [tok.id_to_token(i).encode() for i in range(1, 7)] == OPEN_TOKENS
     assert tok.encode(text) == longest_match(OPEN_TOKENS, data, 7)
@@ -311,7 +313,7 @@ def test_a_dictionary_file_keeps_its_tokens_or_closes_them(tmp_path) -> None:
     assert tok.prefix_tree().ancestors[3, :1].tolist() == [1] and tok.prefix_tree().depths[3] == 1
     # Closed: the six keep their ids, t, th, an follow shortest first, and every code is its
     # parent plus one byte.
-    closed = LZ78Tokenizer.from_dictionary(tmp_path / "d.tsv", prefixes="closed")
+    closed = from_dictionary(tmp_path / "d.tsv", prefixes="closed")
     pieces = [closed.id_to_token(i).encode() for i in range(1, closed.n_codes + 1)]
     assert pieces == OPEN_TOKENS + [b"t", b"th", b"an"]
     assert closed.encode(text) == longest_match(pieces, data, closed.n_codes + 1)
@@ -333,17 +335,17 @@ def test_structured_embeddings_refuse_codes_they_cannot_tell_apart(tmp_path) -> 
 
     # é and © (0xc3 0xa9, 0xc2 0xa9) add two bytes to no parent and end in the same byte.
     (tmp_path / "d.tsv").write_text("1\t0\té\té\n2\t0\t©\t©\n3\t0\ta\ta\n", encoding="utf-8")
-    tok = LZ78Tokenizer.from_dictionary(tmp_path / "d.tsv")
+    tok = from_dictionary(tmp_path / "d.tsv")
     assert "codes 1 (b'\\xc3\\xa9') and 2 (b'\\xc2\\xa9')" in tok.structure_clash()
     for embedding in ("structured", "tuple"):
-        with pytest.raises(ConfigError, match=f"model.embedding={embedding}: .*tokenizer.lz78_prefixes: closed"):
+        with pytest.raises(ConfigError, match=f"model.embedding={embedding}: .*tokenizer.options.prefixes: closed"):
             token_structure(tok, embedding)
-    closed = LZ78Tokenizer.from_dictionary(tmp_path / "d.tsv", prefixes="closed")
+    closed = from_dictionary(tmp_path / "d.tsv", prefixes="closed")
     assert closed.structure_clash() is None and closed.n_codes == 5
     parents, last = token_structure(closed, "structured")
     assert parents[1] != parents[2] and last[1] == last[2] == 0xA9
     with pytest.raises(ValueError, match="prefixes='open'"):
-        LZ78Tokenizer.from_dictionary(tmp_path / "d.tsv", prefixes="open")
+        from_dictionary(tmp_path / "d.tsv", prefixes="open")
 
 
 @pytest.mark.parametrize("kind", KINDS[:2])

@@ -21,10 +21,11 @@ from lockstep.sources import SnapshotError, fetch_source, iter_records
 from lockstep.sources.roam import RoamConfig
 from lockstep.sources.synth_chat import SynthChatConfig
 from lockstep.sources.synth_math import SynthMathConfig
-from lockstep.tokenizer import load_tokenizer, pipeline, train_tokenizer
+from lockstep.tokenizer import load_tokenizer, pipeline
 from lockstep.tokenizer.base import NoSpecialTokensError
-from lockstep.tokenizer.lz78 import LZ78Tokenizer
-from lockstep.tokenizer.lz78_tsv import CompressedDictionary, write_compressed_tsv
+from lockstep.tokenizer.kinds import train_tokenizer
+from lockstep.tokenizer.lz78.train import train as train_lz78_tokenizer
+from lockstep.tokenizer.lz78.tsv import CompressedDictionary, write_compressed_tsv
 from lockstep.tokenizer.pipeline import (
     CappedTexts,
     TokenizerConfig,
@@ -101,24 +102,40 @@ def test_config_refuses_bad_values() -> None:
         build_config(TokenizerConfig, {"vocab": 10, "train_sources": ["a"]}, where="tokenizer")
     with pytest.raises(ConfigError, match=r"^tokenizer.train_sources=\[\] names no raw source"):
         build_config(TokenizerConfig, {"kind": "bpe"}, where="tokenizer")
-    assert build_config(TokenizerConfig, {"kind": "byte"}).train_options(0) == {"vocab_size": None}
-    # The char keys' defaults keep today's char tokenizer: the most frequent bytes, specials after.
-    assert build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"]}).train_options(0) == {
-        "vocab_size": None, "max_alphabet": 65, "order": "frequency", "specials": True}  # fmt: skip
-    ref = build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"], "char_order": "sorted",
-                                         "char_specials": False}, where="tokenizer")  # fmt: skip
-    assert ref.train_options(0) == {"vocab_size": None, "max_alphabet": 65, "order": "sorted", "specials": False}
-    with pytest.raises(ConfigError, match=r"tokenizer.char_order='alphabetical' must be one of \['frequency', 'sorted'\]"):
-        build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"], "char_order": "alphabetical"}, where="tokenizer")
-    with pytest.raises(ConfigError, match="tokenizer.char_specials=false applies to kind char only"):
-        build_config(TokenizerConfig, {"kind": "bpe", "train_sources": ["a"], "char_specials": False}, where="tokenizer")
-    with pytest.raises(ConfigError, match=r"tokenizer.char_max_alphabet=0 must be an integer in \[1, 256\]"):
-        build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"], "char_max_alphabet": 0}, where="tokenizer")
+    byte = build_config(TokenizerConfig, {"kind": "byte"})
+    assert not byte.kind_options.uses_vocab_size() and byte.kind_options.train_kwargs(seed=0, root=Path(".")) == {}
+    # The char options' defaults keep today's char tokenizer: the most frequent bytes, specials after.
+    char = build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"]})
+    assert not char.kind_options.uses_vocab_size()
+    assert char.kind_options.train_kwargs(seed=0, root=Path(".")) == {"max_alphabet": 65, "order": "frequency", "specials": True}
+    ref = build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"],
+                                         "options": {"order": "sorted", "specials": False}}, where="tokenizer")  # fmt: skip
+    assert ref.kind_options.train_kwargs(seed=0, root=Path(".")) == {"max_alphabet": 65, "order": "sorted", "specials": False}
+    with pytest.raises(ConfigError, match=r"tokenizer.options.order='alphabetical' must be one of \['frequency', 'sorted'\]"):
+        build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"], "options": {"order": "alphabetical"}},
+                     where="tokenizer")  # fmt: skip
+    # Options belong to their kind: another kind's are unknown keys, listing the valid ones.
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) tokenizer.options.specials; valid keys: $"):
+        build_config(TokenizerConfig, {"kind": "bpe", "train_sources": ["a"], "options": {"specials": False}}, where="tokenizer")
+    with pytest.raises(ConfigError, match=r"tokenizer.options.max_alphabet=0 must be an integer in \[1, 256\]"):
+        build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"], "options": {"max_alphabet": 0}}, where="tokenizer")
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("lz78_strategy", "options.strategy"), ("lz78_gate_period_phrases", "options.gate_period_phrases"),
+    ("lz78_gate_min_count", "options.gate_min_count"), ("lz78_round_factor", "options.round_factor"),
+    ("lz78_chunking", "options.chunking"), ("lz78_dictionary", "options.dictionary"), ("lz78_prefixes", "options.prefixes"),
+    ("spm_model_type", "options.model_type"), ("char_max_alphabet", "options.max_alphabet"),
+    ("char_order", "options.order"), ("char_specials", "options.specials"),
+])  # fmt: skip
+def test_a_flat_key_of_one_kind_names_its_new_place(old: str, new: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^tokenizer.{old} has moved: set tokenizer.{new} instead \(with kind: \w+\)$"):
+        build_config(TokenizerConfig, {"kind": "bpe", "train_sources": ["a"], old: 1}, where="tokenizer")
 
 
 _TRAIN_IN_CHILD = """
 import sys
-from lockstep.tokenizer import train_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 texts = ["Whether 'tis nobler in the mind to suffer\\n", "The slings and arrows of outrageous fortune, 1234 \\u00e9\\u6f22"] * 3
 for kind, vocab in (("char", None), ("bpe", 290), ("sentencepiece", 300)):
     print(kind, train_tokenizer(kind, texts, vocab_size=vocab).sha256)
@@ -193,11 +210,11 @@ def test_stage_end_to_end_is_reproducible(tmp_path: Path, kind: str) -> None:
 
 def test_stage_reads_a_brought_lz78_dictionary(tmp_path: Path) -> None:
     raw = _snapshots(tmp_path)
-    trained = LZ78Tokenizer.train_from_iterator(list(snapshot_texts(raw / "notes", "train")), vocab_size=300)
+    trained = train_lz78_tokenizer(list(snapshot_texts(raw / "notes", "train")), vocab_size=300)
     (tmp_path / "corpus" / "dictionaries").mkdir(parents=True)
     write_compressed_tsv(tmp_path / "corpus" / "dictionaries" / "notes.tsv", CompressedDictionary.from_trie(trained.trie))
     cfg = TokenizerConfig(kind="lz78", vocab_size=999, train_sources=(), metric_sources=("notes",),
-                          lz78_dictionary="corpus/dictionaries/notes.tsv")  # fmt: skip
+                          options={"dictionary": "corpus/dictionaries/notes.tsv"})  # fmt: skip
     m = run_tokenizer_stage(cfg, raw, tmp_path / "tok", tmp_path / "m.json", seed=3, root=tmp_path)
     tok = load_tokenizer(tmp_path / "tok")
     # the file decides the vocabulary, and a canonical compressed trie keeps every code
@@ -205,13 +222,13 @@ def test_stage_reads_a_brought_lz78_dictionary(tmp_path: Path) -> None:
     assert tok.has_hierarchical_parents and (tmp_path / "tok" / "lz78_hier_parent.npy").is_file()
     text = "The tokenizer learns merges from text like this, 74."
     assert tok.encode(text) == trained.encode(text)
-    with pytest.raises(ConfigError, match="kind lz78 only"):
-        TokenizerConfig(kind="bpe", train_sources=("notes",), lz78_dictionary="corpus/dictionaries/notes.tsv")
+    with pytest.raises(ConfigError, match="unknown key"):
+        TokenizerConfig(kind="bpe", train_sources=("notes",), options={"dictionary": "corpus/dictionaries/notes.tsv"})
     for bad in ("/tmp/notes.tsv", "corpus/dictionaries/../notes.tsv", "notes.tsv"):
         with pytest.raises(ConfigError, match="under corpus/dictionaries/"):
-            TokenizerConfig(kind="lz78", lz78_dictionary=bad)
-    with pytest.raises(ConfigError, match="lz78_round_factor=0"):
-        TokenizerConfig(kind="lz78", train_sources=("notes",), lz78_round_factor=0)
+            TokenizerConfig(kind="lz78", options={"dictionary": bad})
+    with pytest.raises(ConfigError, match="options.round_factor=0"):
+        TokenizerConfig(kind="lz78", train_sources=("notes",), options={"round_factor": 0})
 
 
 def test_stage_reports_the_bytes_a_char_alphabet_loses(tmp_path: Path) -> None:
@@ -219,7 +236,7 @@ def test_stage_reports_the_bytes_a_char_alphabet_loses(tmp_path: Path) -> None:
     math source loses them to id 0 and still encodes one token per byte, so bytes/token reads 1.0;
     the stage says how many bytes were lost and counts only the survivors in kept_bytes_per_token."""
     raw = _snapshots(tmp_path)
-    cfg = TokenizerConfig(kind="char", char_max_alphabet=20, train_sources=("notes",), metric_sources=("notes", "math"))
+    cfg = TokenizerConfig(kind="char", options={"max_alphabet": 20}, train_sources=("notes",), metric_sources=("notes", "math"))
     m = run_tokenizer_stage(cfg, raw, tmp_path / "tok", tmp_path / "m.json", seed=3)
     assert json.loads((tmp_path / "m.json").read_text()) == m
     # The alphabet by hand: the 20 most frequent bytes of the train text, ties to the lower byte.
@@ -236,11 +253,11 @@ def test_stage_reports_the_bytes_a_char_alphabet_loses(tmp_path: Path) -> None:
 
 
 def test_stage_reference_rule_without_special_tokens(tmp_path: Path) -> None:
-    """`char_order: sorted, char_specials: false`: the saved tokenizer gives the reference rule's
+    """char `order: sorted, specials: false`: the saved tokenizer gives the reference rule's
     ids on the train text, the artifact renders documents without BOS and leaves chat sources out,
     and a cache refuses the tokenizer at once."""
     raw = _snapshots(tmp_path)
-    cfg = TokenizerConfig(kind="char", char_order="sorted", char_specials=False, char_max_alphabet=24,
+    cfg = TokenizerConfig(kind="char", options={"order": "sorted", "specials": False, "max_alphabet": 24},
                           train_sources=("notes", "chat"), metric_sources=("notes", "math", "chat"))  # fmt: skip
     m = run_tokenizer_stage(cfg, raw, tmp_path / "tok", tmp_path / "m.json", seed=3)
     corpus = b"".join(t.encode("utf-8") for t in capped_train_texts(cfg, [raw / "notes", raw / "chat"]))
@@ -260,7 +277,7 @@ def test_stage_reference_rule_without_special_tokens(tmp_path: Path) -> None:
     first_doc = next(iter(snapshot_texts(raw / "notes", "train"))).encode("utf-8")
     assert rendered["samples"][0]["ids"] == [stoi.get(b, 0) for b in first_doc][: len(rendered["samples"][0]["ids"])]
 
-    with pytest.raises(NoSpecialTokensError, match="tokenizer.char_specials: true"):
+    with pytest.raises(NoSpecialTokensError, match="tokenizer.options.specials: true"):
         build_sft_cache({"train": iter_records(raw / "chat", "train")}, tmp_path / "cache", tokenizer=tok, val_frac=None, seed=3)
     assert not (tmp_path / "cache").exists()
 

@@ -13,7 +13,7 @@ import yaml
 
 from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.checkpoint import load_checkpoint
-from lockstep.tokenizer import train_tokenizer
+from lockstep.tokenizer.kinds import train_tokenizer
 
 _WORDS = "the king said to the queen that the castle was cold and the night was long".split()
 

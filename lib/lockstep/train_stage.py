@@ -252,7 +252,7 @@ def token_structure(tok: Tokenizer, embedding: str) -> tuple[np.ndarray, np.ndar
         return tree.parent, tree.last_byte
     if not getattr(tok, "has_hierarchical_parents", False):
         raise ConfigError("model.embedding=hierarchical needs the hierarchical parents of a `compressed` LZ78 dictionary "
-                          f"(tokenizer.kind: lz78, tokenizer.lz78_dictionary: {DICTIONARY_DIR}/<file>.tsv in the compressed "
+                          f"(tokenizer.kind: lz78, tokenizer.options.dictionary: {DICTIONARY_DIR}/<file>.tsv in the compressed "
                           f"layout); this {tok.kind} tokenizer has none: use model.embedding: structured")
     return tok.hierarchical_parents(), tree.last_byte
 

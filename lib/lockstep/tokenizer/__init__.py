@@ -1,14 +1,12 @@
-"""Tokenizers behind one interface (bpe, hf, lz78, sentencepiece, char, byte) and the chat template. Does not
-read raw snapshots; `lockstep.tokenizer.pipeline` does that for the tokenizer stage."""
+"""Tokenizers behind one interface and the chat template: what every stage that loads a tokenizer
+imports. Each kind's encoder and loader is imported here (bpe, hf, lz78, sentencepiece, char,
+byte), so `load_tokenizer` reads any saved folder; the kinds' trainers and options are not: they
+sit in `lockstep.tokenizer.kinds`' table, on the tokenizer stage's path only. Does not read raw
+snapshots; `lockstep.tokenizer.pipeline` does that for the tokenizer stage."""
 
-# Importing the kind modules registers them with load_tokenizer/train_tokenizer; the heavy
-# libraries (tiktoken, rustbpe, tokenizers, numba, sentencepiece) are imported only when a kind is used.
-from lockstep.tokenizer import bpe as _bpe  # noqa: F401
-from lockstep.tokenizer import byte as _byte  # noqa: F401
-from lockstep.tokenizer import char as _char  # noqa: F401
-from lockstep.tokenizer import hf as _hf  # noqa: F401
-from lockstep.tokenizer import lz78 as _lz78  # noqa: F401
-from lockstep.tokenizer import spm as _spm  # noqa: F401
+# Importing the encoder modules registers them with load_tokenizer; the heavy libraries (tiktoken,
+# tokenizers, numba, sentencepiece) are imported only when a kind is used.
+from lockstep.tokenizer import bpe, byte, char, hf, lz78, spm  # noqa: F401
 from lockstep.tokenizer.base import (
     SPECIAL_TOKENS,
     ConversationError,
@@ -17,7 +15,6 @@ from lockstep.tokenizer.base import (
     TokenizerFileError,
     conversation_texts,
     load_tokenizer,
-    train_tokenizer,
 )
 
 __all__ = [
@@ -28,5 +25,4 @@ __all__ = [
     "TokenizerFileError",
     "conversation_texts",
     "load_tokenizer",
-    "train_tokenizer",
 ]

@@ -84,8 +84,9 @@ def token_bytes_npy(token_bytes: np.ndarray) -> bytes:
 class Tokenizer(ABC):
     """Text <-> token ids for one tokenizer kind, plus the chat template.
 
-    Subclasses provide the kind-specific pieces (ordinary encoding, decoding, their plain files);
-    this class owns the special tokens, the saved layout and identity, and rendering. Ordinary
+    Subclasses provide the kind-specific pieces (ordinary encoding, decoding, their plain files,
+    loading them); this class owns the special tokens, the saved layout and identity, and
+    rendering. A kind's trainer lives apart, in lockstep.tokenizer.kinds' table. Ordinary
     encoding never yields a special id, whatever the text contains: special tokens enter a
     sequence only through `prepend`/`append`, `encode_special` and the renderers.
     """
@@ -108,11 +109,6 @@ class Tokenizer(ABC):
         self._prefix_tree: PrefixTree | None = None
 
     # ---- kind-specific pieces -------------------------------------------------------------
-
-    @classmethod
-    @abstractmethod
-    def train_from_iterator(cls, texts: Iterable[str], *, vocab_size: int | None = None, **options: Any) -> Tokenizer:
-        """Learn a tokenizer of this kind from `texts`."""
 
     @classmethod
     @abstractmethod
@@ -151,7 +147,8 @@ class Tokenizer(ABC):
         `has_prefix_tree` provide it; the prefix tree is built from it unless a kind knows its
         own (lz78)."""
         raise NoPrefixTreeError(f"a {self.kind} tokenizer's ids are not distinct byte strings, so it has no prefix tree: "
-                                "use model.embedding: flat and objective: ce with it, or a bpe, hf or lz78 tokenizer")
+                                "use model.embedding: flat and objective: ce with it, or a kind whose ids are byte strings "
+                                f"(any but {', '.join(sorted(k for k, c in _KINDS.items() if not c.has_prefix_tree))})")
 
     def prefix_tree(self) -> PrefixTree:
         """The vocabulary's prefix tree: per id its ancestors (proper byte-prefixes that are
@@ -252,7 +249,7 @@ class Tokenizer(ABC):
             raise NoSpecialTokensError(
                 f"this {self.kind} tokenizer ({self.get_vocab_size()} ids) was built without special tokens, so it has no "
                 f"{needed}: it encodes plain text only, while token caches, training and chat need <|bos|> and the chat "
-                "template. Rebuild it with them (tokenizer.char_specials: true, the default) to use it past the tokenizer stage"
+                "template. Rebuild it with them (tokenizer.options.specials: true, the default) to use it past the tokenizer stage"
             )
 
     def get_special_tokens(self) -> dict[str, int]:
@@ -461,12 +458,21 @@ def conversation_texts(conversation: Mapping[str, Any]) -> list[str]:
 
 # ---- loading ---------------------------------------------------------------------------------
 
+# kind name -> the class that loads its folders; filled by `register_kind` as each kind's encoder
+# module is imported (lockstep.tokenizer imports them all). Training goes through
+# lockstep.tokenizer.kinds.
 _KINDS: dict[str, type[Tokenizer]] = {}
 
 
 def register_kind(cls: type[Tokenizer]) -> type[Tokenizer]:
+    """Class decorator: `load_tokenizer` builds folders whose meta.json names `cls.kind` with `cls`."""
     _KINDS[cls.kind] = cls
     return cls
+
+
+def unregister_kind(kind: str) -> None:
+    """Undo `register_kind` (for a kind registered only for a while, e.g. in a test)."""
+    _KINDS.pop(kind, None)
 
 
 def tokenizer_class(kind: str) -> type[Tokenizer]:
@@ -575,12 +581,6 @@ def _read_meta(directory: Path) -> dict[str, Any]:
         if not isinstance(meta.get(key), int if key == "vocab_size" else str):
             raise TokenizerFileError(f"{path} lacks a well-formed `{key}`; {REBUILD}")
     return meta
-
-
-def train_tokenizer(kind: str, texts: Iterable[str], *, vocab_size: int | None = None, **kind_options: Any) -> Tokenizer:
-    """Train a tokenizer of `kind` ("bpe", "sentencepiece", "char", "byte") on `texts`.
-    `vocab_size` counts the special tokens; char and byte fix their own size and take None."""
-    return tokenizer_class(kind).train_from_iterator(texts, vocab_size=vocab_size, **kind_options)
 
 
 def decode_with_specials(ids: Iterable[int], id_to_special: Mapping[int, str], piece_bytes: Any) -> str:

@@ -24,7 +24,6 @@ N_BYTES = 256
 SPLIT_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
-TRAIN_BUFFER_TEXTS = 8192
 
 
 def ranks_to_bytes(ranks: dict[bytes, int]) -> bytes:
@@ -93,25 +92,6 @@ class BPETokenizer(Tokenizer):
         if enc is None:
             enc = self._per_thread.enc = self._new_encoding()
         return enc
-
-    @classmethod
-    def train_from_iterator(
-        cls, texts: Iterable[str], *, vocab_size: int | None = None, pattern: str = SPLIT_PATTERN, **options: Any
-    ) -> BPETokenizer:
-        import rustbpe
-
-        if options:
-            raise ValueError(f"unknown bpe tokenizer option(s) {sorted(options)}; the only option is pattern")
-        min_vocab = N_BYTES + len(SPECIAL_TOKENS)
-        if vocab_size is None or vocab_size < min_vocab:
-            raise ValueError(f"bpe vocab_size={vocab_size} must be at least {min_vocab} (256 byte tokens + 9 special tokens)")
-        trainer = rustbpe.Tokenizer()
-        # The special tokens are appended after the learned ranks, so learn vocab_size - 9.
-        trainer.train_from_iterator(
-            iter(texts), vocab_size=vocab_size - len(SPECIAL_TOKENS), buffer_size=TRAIN_BUFFER_TEXTS, pattern=pattern
-        )
-        ranks = {bytes(token): int(rank) for token, rank in trainer.get_mergeable_ranks()}
-        return cls(ranks, pattern)
 
     @classmethod
     def _from_files(cls, directory: Path, meta: dict[str, Any]) -> BPETokenizer:

@@ -24,15 +24,6 @@ class ByteTokenizer(Tokenizer):
         super().__init__({name: N_BYTES + i for i, name in enumerate(SPECIAL_TOKENS)})
 
     @classmethod
-    def train_from_iterator(cls, texts: Iterable[str], *, vocab_size: int | None = None, **options: Any) -> ByteTokenizer:
-        if options:
-            raise ValueError(f"the byte tokenizer takes no options, got {sorted(options)}")
-        fixed = N_BYTES + len(SPECIAL_TOKENS)
-        if vocab_size is not None and vocab_size != fixed:
-            raise ValueError(f"the byte tokenizer has exactly {fixed} ids; pass vocab_size=None (got {vocab_size})")
-        return cls()
-
-    @classmethod
     def _from_files(cls, directory: Path, meta: dict[str, Any]) -> ByteTokenizer:
         tok = cls()
         stored = json.loads((directory / BYTE_FILE).read_text(encoding="utf-8"))

@@ -60,41 +60,6 @@ class CharTokenizer(Tokenizer):
         self._id_to_byte = bytes(alphabet)
 
     @classmethod
-    def train_from_iterator(
-        cls,
-        texts: Iterable[str],
-        *,
-        vocab_size: int | None = None,
-        max_alphabet: int = DEFAULT_MAX_ALPHABET,
-        order: CharOrder = "frequency",
-        specials: bool = True,
-        **options: Any,
-    ) -> CharTokenizer:
-        if options:
-            raise ValueError(f"unknown char tokenizer option(s) {sorted(options)}; valid: max_alphabet, order, specials")
-        if order not in CHAR_ORDERS:
-            raise ValueError(f"char order={order!r} must be one of {list(CHAR_ORDERS)}")
-        if vocab_size is not None:
-            raise ValueError(
-                f"the char tokenizer's size comes from its corpus (capped by max_alphabet={max_alphabet}); "
-                f"pass vocab_size=None (got {vocab_size})"
-            )
-        if not 1 <= max_alphabet <= 256:
-            raise ValueError(f"max_alphabet={max_alphabet} must be between 1 and 256")
-        counts = np.zeros(256, dtype=np.int64)
-        for text in texts:
-            counts += np.bincount(np.frombuffer(text.encode("utf-8"), dtype=np.uint8), minlength=256)
-        seen = np.flatnonzero(counts)
-        if seen.size == 0:
-            raise ValueError("the char tokenizer needs a non-empty training corpus")
-        if order == "sorted":
-            keep = seen[:max_alphabet]  # flatnonzero is ascending: the lowest byte values
-        else:
-            # Stable sort on -count keeps the lower byte value first among equal counts.
-            keep = np.argsort(-counts, kind="stable")[: min(max_alphabet, seen.size)]
-        return cls(sorted(int(b) for b in keep), order=order, specials=specials)
-
-    @classmethod
     def _from_files(cls, directory: Path, meta: dict[str, Any]) -> CharTokenizer:
         path = directory / CHAR_FILE
         stored = json.loads(path.read_text(encoding="utf-8"))

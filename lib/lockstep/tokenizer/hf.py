@@ -24,7 +24,7 @@ special strings in text unless they set it too.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,6 @@ from lockstep.tokenizer.bpe import N_BYTES, SPLIT_PATTERN
 from lockstep.tokenizer.unicode import without_lone_surrogates
 
 TOKENIZER_FILE = "tokenizer.json"
-# Joins a text's chunks for the trainer. Byte 0xFF never occurs in UTF-8, so as a Latin-1
-# character it cannot be part of a chunk; U+DCFF is what encodes to it under surrogateescape.
-_CHUNK_JOIN = "\udcff"
-_CHUNK_SEP = "\xff"
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -122,38 +118,6 @@ class HFTokenizer(Tokenizer):
         assert added == self.get_special_tokens(), (added, self.get_special_tokens())
         return tok
 
-    # ---- training -------------------------------------------------------------------------
-
-    @classmethod
-    def train_from_iterator(
-        cls, texts: Iterable[str], *, vocab_size: int | None = None, pattern: str = SPLIT_PATTERN, **options: Any
-    ) -> HFTokenizer:
-        if options:
-            raise ValueError(f"unknown hf tokenizer option(s) {sorted(options)}; the only option is pattern")
-        min_vocab = N_BYTES + len(SPECIAL_TOKENS)
-        if vocab_size is None or vocab_size < min_vocab:
-            raise ValueError(f"hf vocab_size={vocab_size} must be at least {min_vocab} (256 byte tokens + 9 special tokens)")
-        hf = _hf()
-        splitter = hf.pre_tokenizers.Split(hf.Regex(pattern), behavior="isolated")
-        alphabet = [chr(b) for b in range(N_BYTES)]
-        trainer_tok = hf.Tokenizer(hf.models.BPE())
-        trainer_tok.pre_tokenizer = hf.pre_tokenizers.Split(_CHUNK_SEP, behavior="removed")
-        trainer = hf.trainers.BpeTrainer(
-            # The special tokens are added after the learned ranks, so learn vocab_size - 9.
-            vocab_size=vocab_size - len(SPECIAL_TOKENS),
-            min_frequency=0,
-            show_progress=False,
-            special_tokens=[],
-            initial_alphabet=alphabet,
-        )
-        trainer_tok.train_from_iterator(_latin1_chunks(texts, splitter), trainer=trainer)
-        learned = json.loads(trainer_tok.to_str())["model"]
-        # The trainer numbered its alphabet by code point, which is byte order here.
-        assert all(learned["vocab"][c] == b for b, c in enumerate(alphabet)), "tokenizers numbered the alphabet out of byte order"
-        ranks = {t.encode("latin-1"): i for t, i in learned["vocab"].items()}
-        merges = [(a.encode("latin-1"), b.encode("latin-1")) for a, b in learned["merges"]]
-        return cls(ranks, merges, pattern)
-
     # ---- files ----------------------------------------------------------------------------
 
     @classmethod
@@ -226,13 +190,3 @@ class HFTokenizer(Tokenizer):
         """Token bytes -> id of the learned tokens (specials excluded), the layout of `bpe`'s
         tiktoken ranks."""
         return dict(self._ranks)
-
-
-def _latin1_chunks(texts: Iterable[str], splitter: Any) -> Iterator[str]:
-    """Each text as its split chunks, every chunk's UTF-8 bytes read as Latin-1 characters, the
-    chunks joined by the 0xFF character (which the trainer's pre-tokenizer splits on)."""
-    for text in texts:
-        if not isinstance(text, str):
-            raise TypeError(f"hf training texts must be str, got {type(text).__name__}")
-        chunks = [piece for piece, _ in splitter.pre_tokenize_str(text)]
-        yield _CHUNK_JOIN.join(chunks).encode("utf-8", "surrogateescape").decode("latin-1")

@@ -10,19 +10,18 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
 
-from lockstep.config import ConfigError, FieldError, check_range
+from lockstep.config import FieldError, build_config, check_range
 from lockstep.io import atomic_dir, write_json, write_json_atomic
 from lockstep.parity import RENDERED_FILE, RenderedSamples
 from lockstep.records import problem_to_conversation
 from lockstep.snapshot import first_records, iter_records, read_meta, verify_split
-from lockstep.tokenizer.base import Tokenizer, conversation_texts, train_tokenizer
-from lockstep.tokenizer.char import CharOrder
-from lockstep.tokenizer.lz78 import DICTIONARY_DIR, LZ78Tokenizer, project_dictionary
-from lockstep.tokenizer.lz78_tsv import LZ78DictionaryError
+from lockstep.tokenizer.base import Tokenizer, conversation_texts
+from lockstep.tokenizer.kinds import KINDS
+from lockstep.tokenizer.options import KindOptions
 
 log = logging.getLogger("lockstep.tokenizer")
 
@@ -36,103 +35,68 @@ DOC_SAMPLE_TOKENS = 256
 
 @dataclass(frozen=True)
 class TokenizerConfig:
-    """The `tokenizer:` params section."""
+    """The `tokenizer:` params section: what every kind shares, and the chosen kind's own
+    `options` (a mapping in params, its kind's `KindOptions` dataclass once built)."""
 
-    kind: Literal["bpe", "hf", "lz78", "sentencepiece", "char", "byte"] = "bpe"
-    # ids in all, the 9 special tokens included (bpe, hf, lz78, sentencepiece); char and byte fix
-    # their own, and so does an lz78 tokenizer read from lz78_dictionary
+    kind: str = "bpe"  # one of lockstep.tokenizer.kinds.KINDS
+    # ids in all, the 9 special tokens included; a kind that fixes its own size (char, byte, an
+    # lz78 dictionary file) does not use it
     vocab_size: int = 4096
     train_sources: tuple[str, ...] = ()  # raw snapshots whose train split is learned from, in this order
     max_chars: int = 20_000_000  # characters of train text read, across train_sources in order
     metric_sources: tuple[str, ...] = ()  # bytes/token is reported on each one's val split
-    spm_model_type: Literal["bpe", "unigram"] = "bpe"  # sentencepiece only
-    char_max_alphabet: int = 65  # char only: most distinct bytes kept
-    # char only: which distinct bytes the cap keeps, the most frequent ("frequency") or the lowest
-    # byte values ("sorted", the reference rule of char-level parity runs); ids follow byte order
-    # either way.
-    char_order: CharOrder = "frequency"
-    # char only: append the 9 special tokens. false gives exactly one id per kept byte, for id
-    # parity with references that have none; such a tokenizer has no <|bos|> or chat template,
-    # so the cache, training and chat stages refuse it.
-    char_specials: bool = True
-    # lz78 only: how the dictionary is learned (lockstep.tokenizer.lz78_trie.train_lz78):
-    # standard (the plain parse, stops adding at the budget), frequency_gated (evicts leaves that
-    # fewer than lz78_gate_min_count phrases reached, every lz78_gate_period_phrases phrases), or
-    # multi_round (parse to lz78_round_factor x the budget, keep the most used codes)
-    lz78_strategy: Literal["standard", "frequency_gated", "multi_round"] = "standard"
-    lz78_gate_period_phrases: int = 4096
-    lz78_gate_min_count: int = 2
-    lz78_round_factor: int = 4
-    lz78_chunking: bool = False  # lz78 only: split text with bpe's pattern first; no token spans two chunks
-    # lz78 only: a dictionary trained elsewhere (TSV, `lz78` or `compressed` layout) instead of
-    # training one; a path under corpus/dictionaries/, which the tokenizer stage depends on
-    lz78_dictionary: str | None = None
-    # lz78_dictionary only: the byte prefixes of its tokens that the file lacks stay out ("file":
-    # ids and longest-match splits as the reference LZ78 tokenizer gives them) or become extra
-    # codes after the file's ("closed": every code is its parent plus one byte)
-    lz78_prefixes: Literal["file", "closed"] = "file"
-    encode_threads: int = 1  # the encoder's threads for counting val tokens (bpe, sentencepiece)
+    encode_threads: int = 1  # the encoder's threads for counting val tokens
     artifact_records: int = 8  # records per source rendered into rendered_samples.json (parity artifact)
+    # the kind's own options, `tokenizer.options.<key>` (docs/tokenizers.md lists them per kind)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    # Keys of this section before each kind had its own options: refused, naming the new key.
+    MOVED_KEYS: ClassVar[dict[str, tuple[str, str]]] = {}
 
     def __post_init__(self) -> None:
         # FieldError names the key within the section; build_config adds the `tokenizer.` prefix,
         # and the stage's entry prints the one `error:` line.
-        learns = self.kind in ("bpe", "hf", "sentencepiece", "char") or (self.kind == "lz78" and self.lz78_dictionary is None)
-        if learns and not self.train_sources:
+        if self.kind not in KINDS:
+            raise FieldError("kind", self.kind, f"must be one of {sorted(KINDS)}")
+        options_class = KINDS[self.kind].options
+        options = self.options
+        if not isinstance(options, options_class):
+            if not isinstance(options, Mapping):
+                raise FieldError("options", options, f"must be a mapping of the {self.kind} kind's options")
+            try:
+                options = build_config(options_class, options, where="tokenizer.options")
+            except FieldError as e:  # re-raised relative to this section, like this class's own
+                raise FieldError(e.key.removeprefix("tokenizer."), e.value, e.requirement) from None
+            object.__setattr__(self, "options", options)
+        if options.learns() and not self.train_sources:
             raise FieldError("train_sources", list(self.train_sources),
                              f"names no raw source; a {self.kind} tokenizer learns from the train split of at least one: "
                              "list them, e.g. [wikitext]")
-        # The smallest vocabulary each learning kind can build (its trainer refuses less): every
-        # byte value and the 9 special tokens, plus sentencepiece's <unk> and one learned piece,
-        # or lz78's root and one learned code. A billion ids is past any embedding table worth
-        # training and well inside the uint32 ids of the token files.
-        least = {"bpe": 265, "hf": 265, "sentencepiece": 267, "lz78": 267}.get(self.kind)
-        if least is not None and self.lz78_dictionary is None:
-            check_range("vocab_size", self.vocab_size, ge=least, le=10**9,
+        # A billion ids is past any embedding table worth training and well inside the uint32 ids
+        # of the token files.
+        if options.MIN_VOCAB is not None and options.uses_vocab_size():
+            check_range("vocab_size", self.vocab_size, ge=options.MIN_VOCAB, le=10**9,
                         why=f"ids in all for a {self.kind} tokenizer, 256 bytes and 9 special tokens included")
         check_range("max_chars", self.max_chars, ge=1, why="characters of train text the tokenizer learns from")
         # More threads than any machine's cores only costs memory; a huge count fails to start them.
         check_range("encode_threads", self.encode_threads, ge=1, le=1024, why="threads counting val tokens")
         check_range("artifact_records", self.artifact_records, ge=0, why="records per source in rendered_samples.json; 0 keeps none")
-        check_range("char_max_alphabet", self.char_max_alphabet, ge=1, le=256, why="distinct byte values a char tokenizer keeps")
-        if self.lz78_dictionary is not None:
-            if self.kind != "lz78":
-                raise ConfigError(f"tokenizer.lz78_dictionary applies to kind lz78 only; set kind: lz78, or "
-                                  f"lz78_dictionary: null to train a {self.kind} tokenizer")
-            path = PurePosixPath(self.lz78_dictionary)
-            if path.is_absolute() or ".." in path.parts or path.parts[:2] != DICTIONARY_DIR.parts:
-                raise ConfigError(f"tokenizer.lz78_dictionary={self.lz78_dictionary!r} must be a relative path under "
-                                  f"{DICTIONARY_DIR}/ (the folder the tokenizer stage depends on, so a changed "
-                                  f"dictionary reruns it): copy the file there and name it as {DICTIONARY_DIR}/<file>")
-        if self.lz78_prefixes != "file" and self.lz78_dictionary is None:
-            raise FieldError("lz78_prefixes", self.lz78_prefixes,
-                             "applies to a dictionary read from tokenizer.lz78_dictionary (a trained one has every "
-                             "prefix already): set lz78_dictionary, or lz78_prefixes: file")
-        for name in ("lz78_gate_period_phrases", "lz78_gate_min_count", "lz78_round_factor"):
-            check_range(name, getattr(self, name), ge=1, why="lz78 training only")
-        if not self.char_specials and self.kind != "char":
-            raise ConfigError(
-                f"tokenizer.char_specials=false applies to kind char only; a {self.kind} tokenizer always has the special "
-                "tokens: set char_specials: true, or kind: char"
-            )
 
-    def train_options(self, seed: int) -> dict[str, Any]:
-        """Arguments for train_tokenizer beyond kind and texts."""
-        if self.kind == "sentencepiece":
-            return {"vocab_size": self.vocab_size, "model_type": self.spm_model_type, "seed": seed}
-        if self.kind == "char":
-            return {"vocab_size": None, "max_alphabet": self.char_max_alphabet, "order": self.char_order,
-                    "specials": self.char_specials}  # fmt: skip
-        if self.kind == "byte":
-            return {"vocab_size": None}
-        if self.kind == "lz78":
-            options: dict[str, Any] = {"vocab_size": self.vocab_size, "chunking": self.lz78_chunking, "strategy": self.lz78_strategy}
-            if self.lz78_strategy == "frequency_gated":
-                options.update(gate_period_phrases=self.lz78_gate_period_phrases, gate_min_count=self.lz78_gate_min_count)
-            elif self.lz78_strategy == "multi_round":
-                options["round_factor"] = self.lz78_round_factor
-            return options
-        return {"vocab_size": self.vocab_size}
+    @property
+    def kind_options(self) -> KindOptions:
+        """The chosen kind's options, built and checked."""
+        return self.options  # type: ignore[return-value]  # built in __post_init__
+
+    def train(self, texts: Iterable[str], *, seed: int, root: Path = Path(".")) -> Tokenizer:
+        """Train the configured kind on `texts` with its options; `seed` is the data seed, `root`
+        the project folder (for options that name a file in it)."""
+        options = self.kind_options
+        vocab_size = self.vocab_size if options.uses_vocab_size() else None
+        return KINDS[self.kind].train(texts, vocab_size=vocab_size, **options.train_kwargs(seed=seed, root=Path(root)))
+
+
+TokenizerConfig.MOVED_KEYS.update({old: (f"options.{new}", f"with kind: {name}")
+                                   for name, kind in KINDS.items() for old, new in kind.options.FORMER_KEYS.items()})
 
 
 def record_texts(kind: str, record: Mapping[str, Any]) -> list[str]:
@@ -285,7 +249,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
 
     Every snapshot part the stage reads is checked against its meta.json before training, so a
     damaged snapshot fails in seconds, before the long step, and nothing is published.
-    `cfg.lz78_dictionary`, when set, is read relative to `root` (the project) instead of training."""
+    Options that name a file (lz78's `dictionary`) are read relative to `root`, the project."""
     raw_dir, out_dir = Path(raw_dir), Path(out_dir)
     train_dirs = [_snapshot_dir(raw_dir, name) for name in cfg.train_sources]
     metric_dirs = {name: _snapshot_dir(raw_dir, name) for name in cfg.metric_sources}
@@ -300,21 +264,12 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
     samples = SampleRecords.read(sample_dirs, cfg.artifact_records)
     t_read = time.perf_counter()
     train_texts = capped_train_texts(cfg, train_dirs, verify=False)
-    if cfg.lz78_dictionary is not None:
-        try:
-            tok: Tokenizer = LZ78Tokenizer.from_dictionary(project_dictionary(root, cfg.lz78_dictionary),
-                                                           chunking=cfg.lz78_chunking, prefixes=cfg.lz78_prefixes)
-        except LZ78DictionaryError as e:
-            raise ConfigError(f"tokenizer.lz78_dictionary={cfg.lz78_dictionary!r}: {e}") from None
-        log.info("lz78 dictionary %s: %d codes, vocab %d (tokenizer.vocab_size is not used)",
-                 cfg.lz78_dictionary, tok.n_codes, tok.get_vocab_size())
-    else:
-        tok = train_tokenizer(cfg.kind, train_texts, **cfg.train_options(seed))
+    tok = cfg.train(train_texts, seed=seed, root=root)
     t_train = time.perf_counter()
     log.info("trained %s tokenizer | vocab %d | %d texts | %d chars | %.2fs",
              cfg.kind, tok.get_vocab_size(), train_texts.texts, train_texts.chars, t_train - t_read)  # fmt: skip
     if not tok.has_special_tokens:
-        log.warning("the tokenizer has no special tokens (tokenizer.char_specials: false): it is for ids and metrics; "
+        log.warning("the tokenizer has no special tokens (tokenizer.options.specials: false): it is for ids and metrics; "
                     "the cache, training and chat stages will refuse it (no <|bos|>, no chat template)")  # fmt: skip
 
     rendered = rendered_samples(tok, samples, cfg.artifact_records)
@@ -331,7 +286,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
         log.info("bytes/token %-14s %.3f (%d bytes, %d unknown)", name, m["bytes_per_token"], m["bytes"], m["unknown_bytes"])
         if m["unknown_bytes"]:
             log.warning("%s: %d of %d val bytes (%.2f%%) are outside the %s alphabet and encode to id 0, lost on decode; "
-                        "raise tokenizer.char_max_alphabet or train on text that has them",
+                        "raise tokenizer.options.max_alphabet or train on text that has them",
                         name, m["unknown_bytes"], m["bytes"], 100 * m["unknown_bytes"] / m["bytes"], cfg.kind)  # fmt: skip
     metrics = {
         "kind": cfg.kind,

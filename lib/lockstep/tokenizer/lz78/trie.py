@@ -1,10 +1,11 @@
-"""The LZ78 dictionary core: training a byte trie by the LZ78 parse (strategies `standard`,
-`frequency_gated`, `multi_round`), greedy longest-match encoding of bytes to codes, spelling codes
-as bytes, and ancestor chains. Bytes in, code arrays out; knows nothing about text, vocab layout
-or special tokens (the LZ78 tokenizer kind maps codes to ids).
+"""The LZ78 dictionary core on the encoding path: the byte trie, greedy longest-match encoding of
+bytes to codes, spelling codes as bytes, and ancestor chains. Bytes in, code arrays out; knows
+nothing about text, vocab layout or special tokens (the LZ78 tokenizer kind maps codes to ids),
+nor about learning a trie (`lockstep.tokenizer.lz78.train`) or reading one from a file
+(`lockstep.tokenizer.lz78.tsv`).
 
 Every function has a plain Python reference and a compiled path (`fast=True`, numba kernels in
-`lockstep.tokenizer.lz78_kernels`) that gives identical results; tests/test_lz78_trie.py checks
+`lockstep.tokenizer.lz78.kernels`) that gives identical results; tests/test_lz78_trie.py checks
 the two against each other and against brute-force longest match. The reference is the
 specification: read it first.
 
@@ -21,7 +22,6 @@ matches, and for a byte b that no code starts with, the fallback marker `-1 - b`
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,14 +29,6 @@ from typing import Any
 
 import numpy as np
 
-STRATEGIES = ("standard", "frequency_gated", "multi_round")
-# frequency_gated defaults: an eviction pass every 4096 phrases while the dictionary is full,
-# dropping leaves that fewer than 2 phrases walked through (a leaf seen once is the phrase that
-# created it and nothing since).
-GATE_PERIOD_PHRASES = 4096
-GATE_MIN_COUNT = 2
-# multi_round trains this many times the budget before pruning.
-ROUND_FACTOR = 4
 # Encoding splits a batch into this many contiguous groups of documents per thread, so one slow
 # thread on a busy machine holds back a small share of the batch.
 GROUPS_PER_THREAD = 4
@@ -197,22 +189,12 @@ class LZ78Trie:
         return self._tables["kernel"]
 
 
-@dataclass(frozen=True, eq=False)
-class LZ78Training:
-    """What training returns: the trie, and `uses[c]`, how many times greedy encoding of the
-    training documents emits code c (uses[0]: bytes that fell back). For multi_round these are
-    the counts re-taken after pruning."""
-
-    trie: LZ78Trie
-    uses: np.ndarray
-
-
 def _kernels() -> Any:
     # numba: about 0.5 s to import and a few seconds to compile on first call; the reference path
     # and code that only loads a trie need neither.
-    from lockstep.tokenizer import lz78_kernels
+    from lockstep.tokenizer.lz78 import kernels
 
-    return lz78_kernels
+    return kernels
 
 
 def _check_docs(docs: Sequence[bytes]) -> list[bytes]:
@@ -228,124 +210,6 @@ def _pack(docs: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(docs) + 1, np.int64)
     np.cumsum([len(d) for d in docs], out=offsets[1:])
     return np.frombuffer(b"".join(docs), np.uint8), offsets
-
-
-# --- training ---------------------------------------------------------------------------------
-
-
-def _parse_reference(docs: list[bytes], max_codes: int, gated: bool, period: int, min_count: int) -> LZ78Trie:
-    """The LZ78 parse: walk the trie from the root along a document's bytes; at the first byte with
-    no child, add the code (current node, byte), emit it and restart at the root on the next byte.
-    A document ends mid-walk without adding anything.
-
-    `standard` (not gated) stops at max_codes codes. `frequency_gated` reads every byte: count[c]
-    is the number of phrases whose walk reached c (1 at creation), a phrase that finds the
-    dictionary full adds nothing, and every `period` phrases, if the dictionary is full, the
-    leaves with count < min_count are evicted (survivors keep their order and counts)."""
-    parent, last_byte, count = [0], [0], [0]
-    children: dict[int, int] = {}
-    phrases = 0
-    for doc in docs:
-        node = 0
-        for b in doc:
-            nxt = children.get(node * 256 + b)
-            if nxt is not None:
-                node = nxt
-                count[node] += 1
-                continue
-            if len(parent) <= max_codes:
-                children[node * 256 + b] = len(parent)
-                parent.append(node)
-                last_byte.append(b)
-                count.append(1)
-                if len(parent) > max_codes and not gated:
-                    return LZ78Trie(np.array(parent), np.array(last_byte))
-            node = 0
-            phrases += 1
-            if gated and len(parent) > max_codes and phrases % period == 0:
-                has_child = set(parent[1:])
-                keep = [c for c in range(1, len(parent)) if c in has_child or count[c] >= min_count]
-                new_code = {old: new for new, old in enumerate(keep, 1)}
-                new_code[0] = 0
-                parent = [0] + [new_code[parent[c]] for c in keep]
-                last_byte = [0] + [last_byte[c] for c in keep]
-                count = [0] + [count[c] for c in keep]
-                children = {p * 256 + b: c for c, (p, b) in enumerate(zip(parent, last_byte)) if c}
-    return LZ78Trie(np.array(parent), np.array(last_byte))
-
-
-def _parse(docs: list[bytes], max_codes: int, gated: bool, period: int, min_count: int, fast: bool) -> LZ78Trie:
-    if not fast:
-        return _parse_reference(docs, max_codes, gated, period, min_count)
-    buf, offsets = _pack(docs)
-    return LZ78Trie(*_kernels().parse(buf, offsets, max_codes, gated, period, min_count))
-
-
-def prune(trie: LZ78Trie, uses: np.ndarray, max_codes: int) -> LZ78Trie:
-    """The trie cut to `max_codes` codes, still prefix-closed: repeatedly drop the leaf with the
-    fewest uses (ties: the newest code first), so a code goes only after all its extensions.
-    Survivors keep their relative order. O(N log N) with a heap; no byte loop, so one version
-    serves both paths."""
-    if not trie.is_prefix_closed:
-        raise LZ78TrieError("prune keeps a trie prefix-closed and needs one to start from; close it first (LZ78Trie.closed)")
-    n = trie.n_codes
-    if n <= max_codes:
-        return trie
-    parent = trie.parent
-    n_children = np.bincount(parent[1:], minlength=n + 1)
-    heap = [(int(uses[c]), -c) for c in range(1, n + 1) if n_children[c] == 0]
-    heapq.heapify(heap)
-    alive = np.ones(n + 1, np.bool_)
-    for _ in range(n - max_codes):
-        _, neg = heapq.heappop(heap)
-        c = -neg
-        alive[c] = False
-        p = int(parent[c])
-        n_children[p] -= 1
-        if p and n_children[p] == 0:
-            heapq.heappush(heap, (int(uses[p]), -p))
-    keep = np.flatnonzero(alive)  # includes the root at 0
-    new_code = np.zeros(n + 1, np.int32)
-    new_code[keep] = np.arange(keep.size, dtype=np.int32)
-    return LZ78Trie(new_code[parent[keep]], trie.last_byte[keep])
-
-
-def train_lz78(
-    docs: Sequence[bytes],
-    max_codes: int,
-    *,
-    strategy: str = "standard",
-    gate_period_phrases: int = GATE_PERIOD_PHRASES,
-    gate_min_count: int = GATE_MIN_COUNT,
-    round_factor: int = ROUND_FACTOR,
-    fast: bool = False,
-) -> LZ78Training:
-    """An LZ78 dictionary of at most `max_codes` codes learned from `docs` (the parse restarts at
-    each document), and the use counts of its codes on `docs`.
-
-    - `standard`: the LZ78 parse, which stops adding codes at max_codes.
-    - `frequency_gated`: the parse over all of `docs`; every `gate_period_phrases` phrases while
-      the dictionary is full, leaves that fewer than `gate_min_count` phrases reached are evicted,
-      so the budget moves from one-off phrases to recurring ones.
-    - `multi_round`: the standard parse to `round_factor` x max_codes codes, use counts by greedy
-      encoding of `docs`, `prune` to max_codes, counts re-taken.
-
-    Deterministic: the same docs and arguments give identical arrays, on either path."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"LZ78 strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
-    for name, value in (("max_codes", max_codes), ("gate_period_phrases", gate_period_phrases),
-                        ("gate_min_count", gate_min_count), ("round_factor", round_factor)):
-        if not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"LZ78 {name}={value!r} must be a positive integer")
-    docs = _check_docs(docs)
-    gated = strategy == "frequency_gated"
-    budget = max_codes * round_factor if strategy == "multi_round" else max_codes
-    trie = _parse(docs, budget, gated, gate_period_phrases, gate_min_count, fast)
-    uses = count_uses(trie, docs, fast=fast)
-    if strategy == "multi_round" and trie.n_codes > max_codes:
-        trie = prune(trie, uses, max_codes)
-        uses = count_uses(trie, docs, fast=fast)
-    return LZ78Training(trie, uses)
 
 
 # --- encoding ---------------------------------------------------------------------------------
@@ -417,12 +281,6 @@ def encode_batch(trie: LZ78Trie, docs: Sequence[bytes], *, num_threads: int = 1,
 def encode(trie: LZ78Trie, data: bytes, *, fast: bool = False) -> np.ndarray:
     """One document's codes; see encode_batch."""
     return encode_batch(trie, [data], fast=fast)[0]
-
-
-def count_uses(trie: LZ78Trie, docs: Sequence[bytes], *, fast: bool = False) -> np.ndarray:
-    """int64 counts over codes 0..N of greedy encoding of `docs`; entry 0 counts fallback bytes."""
-    ids = np.concatenate([np.zeros(0, np.int32), *encode_batch(trie, docs, fast=fast)])
-    return np.bincount(np.maximum(ids, 0), minlength=trie.n_codes + 1).astype(np.int64)
 
 
 # --- ancestor chains --------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 `lz78` layout (one line per code: `code, parent_code, char, pattern`) and the `compressed` layout
 (a Patricia trie: `node_idx, edge_label, parent_idx, output_code, pattern`). Files in, tries and
 per-token metadata out; does not train, encode or build a vocabulary (see
-`lockstep.tokenizer.lz78_trie`).
+`lockstep.tokenizer.lz78.trie`).
 
 The files are the ones the public reference LZ78 tokenizer reads (its `from_tsv`), and what
 lockstep writes, it reads the same way. Both layouts: UTF-8 text, one record per line split on
@@ -42,19 +42,21 @@ given.
 Neither layout need be prefix-closed under bytes (`é` may be a code while its first byte is not;
 a compressed token `abc` may lack `ab`). Reading gives an `LZ78Trie` whose codes 1..N are the
 file's tokens with the ids above, plus nodes N+1..M for the byte prefixes that are no token (see
-`lockstep.tokenizer.lz78_trie`): encoding then takes the longest token that matches, as the
+`lockstep.tokenizer.lz78.trie`): encoding then takes the longest token that matches, as the
 reference does, and `LZ78Trie.closed()` turns those prefixes into codes N+1..M when every prefix
 must be a token. Those nodes are numbered shortest first, ties in the order the tokens (by length,
 then id) first need them.
 
 `read_lz78_tsv(..., fast=True)` runs the numba scan, checks and trie insertion of
-`lockstep.tokenizer.lz78_kernels` (a 10M-line file in seconds, in a few hundred bytes a line);
+`lockstep.tokenizer.lz78.tsv_kernels` (a 10M-line file in seconds, in a few hundred bytes a line);
 the plain reader is the specification, and wherever the fast path meets anything it does not
 accept, the plain reader reads the file and raises its error, so the two agree on every file
 (tests/test_lz78_tsv.py).
 
 Long because each layout's reader checks every rule above and names the line that breaks it; the
-two layouts share the line splitting, escapes and error reporting, so they stay in one module."""
+two layouts share the line splitting, escapes and error reporting, so they stay in one module. Only
+the tokenizer stage's path imports it (through `lz78.train`): stages that load a tokenizer never
+read a dictionary file."""
 
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ from typing import Any
 import numpy as np
 
 from lockstep.io import atomic_open
-from lockstep.tokenizer.lz78_trie import LZ78Trie, chain_matrix
+from lockstep.tokenizer.lz78.trie import LZ78Trie, chain_matrix
 
 LZ78_COLUMNS = ("code", "parent_code", "char", "pattern")
 COMPRESSED_COLUMNS = ("node_idx", "edge_label", "parent_idx", "output_code", "pattern")
@@ -395,7 +397,7 @@ def read_lz78_tsv(path: str | os.PathLike[str], *, fast: bool = False) -> LZ78Di
 def _read_lz78_fast(path: Path) -> LZ78Dictionary | None:
     """`read_lz78_tsv` on the compiled kernels; None where the file needs the plain reader's
     verdict (it raises the error, or reads what the scan does not take)."""
-    from lockstep.tokenizer import lz78_kernels as k
+    from lockstep.tokenizer.lz78 import tsv_kernels as k
 
     try:
         buf = np.fromfile(path, np.uint8)

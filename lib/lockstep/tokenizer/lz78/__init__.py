@@ -1,7 +1,9 @@
-"""The `lz78` tokenizer: an LZ78 dictionary (a trie of byte strings, `lz78_trie`) with byte
-fallback and the special tokens, encoded by greedy longest match over UTF-8 bytes. Saved as plain
-.npy arrays and a JSON config; never pickled. Does not read corpora from disk, and knows nothing
-about how a model embeds its ids (it only exposes the per-id tree metadata).
+"""The `lz78` tokenizer kind's encoder and loader: an LZ78 dictionary (a trie of byte strings,
+`lz78.trie`) with byte fallback and the special tokens, encoded by greedy longest match over UTF-8
+bytes. Saved as plain .npy arrays and a JSON config; never pickled. Does not read corpora or
+dictionary files and does not train: the kind's trainer (`lz78.train`, which also reads a
+dictionary file through `lz78.tsv`) sits off the path of the stages that only load and encode.
+Knows nothing about how a model embeds its ids (it only exposes the per-id tree metadata).
 
 Vocab layout, with N dictionary codes and V = N + 257 + 9 ids in all:
 
@@ -18,10 +20,11 @@ and its byte; the root and the special ids have parent 0 and last byte -1 (they 
 Every chain of parents ends at the root (a parent may be a larger id in a dictionary read from a
 file).
 
-A dictionary read from a file (`from_dictionary`) need not hold every prefix of its tokens. With
-`prefixes="file"` (the default) its tokens are the codes, matched as the reference LZ78 tokenizer
-matches them (the longest token that fits); with `prefixes="closed"` the missing prefixes become
-extra codes N+1.. after the file's, so that every code is its parent plus one byte.
+A dictionary read from a file (`lz78.train.from_dictionary`) need not hold every prefix of its
+tokens. With `prefixes="file"` (the default) its tokens are the codes, matched as the reference
+LZ78 tokenizer matches them (the longest token that fits); with `prefixes="closed"` the missing
+prefixes become extra codes N+1.. after the file's, so that every code is its parent plus one
+byte.
 
 Text with lone surrogates (not encodable as UTF-8) is encoded with each one replaced by U+FFFD,
 as `bpe` does; decoding replaces invalid UTF-8 with U+FFFD, as `bpe` does.
@@ -37,7 +40,6 @@ from typing import Any
 import numpy as np
 import regex
 
-from lockstep.tokenizer import lz78_trie
 from lockstep.tokenizer.base import (
     SPECIAL_TOKENS,
     Tokenizer,
@@ -47,15 +49,15 @@ from lockstep.tokenizer.base import (
     register_kind,
 )
 from lockstep.tokenizer.bpe import N_BYTES, SPLIT_PATTERN
-from lockstep.tokenizer.unicode import without_lone_surrogates
-from lockstep.tokenizer.lz78_trie import LZ78Trie, LZ78TrieError, node_depths
-from lockstep.tokenizer.lz78_tsv import LZ78DictionaryError, dictionary_layout, read_compressed_tsv, read_lz78_tsv
+from lockstep.tokenizer.lz78 import trie as lz78_trie
+from lockstep.tokenizer.lz78.trie import LZ78Trie, LZ78TrieError, node_depths
 from lockstep.tokenizer.prefix_tree import NO_TOKEN, PrefixTree
+from lockstep.tokenizer.unicode import without_lone_surrogates
 
 CONFIG_FILE = "lz78.json"
 PARENT_FILE = "lz78_parent.npy"
 LAST_BYTE_FILE = "lz78_last_byte.npy"
-# Where a user's own dictionaries live (tokenizer.lz78_dictionary): the tokenizer stage depends
+# Where a user's own dictionaries live (tokenizer.options.dictionary): the tokenizer stage depends
 # on the whole folder, so a changed dictionary reruns it.
 DICTIONARY_DIR = PurePosixPath("corpus/dictionaries")
 HIER_PARENT_FILE = "lz78_hier_parent.npy"  # only for a tokenizer read from a `compressed` dictionary
@@ -63,13 +65,12 @@ HIER_PARENT_FILE = "lz78_hier_parent.npy"  # only for a tokenizer read from a `c
 # the per-id parents (nearest code) no longer spell the codes.
 TRIE_PARENT_FILE = "lz78_trie_parent.npy"
 TRIE_LAST_BYTE_FILE = "lz78_trie_last_byte.npy"
-# How a dictionary file's missing prefixes are treated (tokenizer.lz78_prefixes): `file` keeps the
+# How a dictionary file's missing prefixes are treated (tokenizer.options.prefixes): `file` keeps the
 # file's tokens as the codes, as the reference does; `closed` adds the missing prefixes as codes.
 PREFIX_MODES = ("file", "closed")
 # Ids that are not dictionary codes: the root, the 256 fallback bytes and the special tokens.
 N_RESERVED = 1 + N_BYTES + len(SPECIAL_TOKENS)
 NO_BYTE = -1
-TRAINING_OPTIONS = ("strategy", "gate_period_phrases", "gate_min_count", "round_factor")
 
 
 class LZ78VocabError(ValueError):
@@ -92,7 +93,7 @@ class LZ78Tokenizer(Tokenizer):
     `training` records the options the dictionary was learned with, or the file it was read from
     (saved in the config, for provenance only). `hier_parent` (int over codes 0..N) is the
     hierarchical parent of each code, known only for a dictionary read from the `compressed`
-    layout (see `from_dictionary`)."""
+    layout (see `lz78.train.from_dictionary`)."""
 
     kind = "lz78"
 
@@ -144,79 +145,7 @@ class LZ78Tokenizer(Tokenizer):
             hier.setflags(write=False)
             self._hier = hier
 
-    # ---- training and files ---------------------------------------------------------------
-
-    @classmethod
-    def train_from_iterator(
-        cls,
-        texts: Iterable[str],
-        *,
-        vocab_size: int | None = None,
-        chunking: bool = False,
-        fast: bool = True,
-        **options: Any,
-    ) -> LZ78Tokenizer:
-        """Learn the dictionary from the UTF-8 bytes of `texts` (each text, or each chunk when
-        `chunking`, is one document: the parse restarts at its start). `vocab_size` is the total,
-        so the dictionary gets vocab_size - 266 codes. Options: `strategy` ("standard",
-        "frequency_gated", "multi_round") and its parameters, see `lz78_trie.train_lz78`."""
-        unknown = sorted(set(options) - set(TRAINING_OPTIONS))
-        if unknown:
-            raise ValueError(f"unknown lz78 tokenizer option(s) {unknown}; the options are chunking, fast, "
-                             f"{', '.join(TRAINING_OPTIONS)}")
-        if not isinstance(vocab_size, int) or vocab_size <= N_RESERVED:
-            raise LZ78VocabError(f"lz78 vocab_size={vocab_size} must be at least {N_RESERVED + 1}: the root, "
-                                 f"{N_BYTES} fallback bytes and {len(SPECIAL_TOKENS)} special tokens take {N_RESERVED} ids")
-        split = regex.compile(SPLIT_PATTERN) if chunking else None
-        docs: list[bytes] = []
-        for text in texts:
-            if not isinstance(text, str):
-                raise TypeError(f"lz78 trains on str texts, got {type(text).__name__}")
-            if split is None:
-                docs.append(_utf8(text))
-            else:
-                docs.extend(_utf8(chunk) for chunk in split.findall(text))
-        max_codes = vocab_size - N_RESERVED
-        trained = lz78_trie.train_lz78(docs, max_codes, fast=fast, **options)
-        if trained.trie.n_codes < max_codes:
-            raise LZ78VocabError(
-                f"the training text yields {trained.trie.n_codes} LZ78 codes, short of the {max_codes} that "
-                f"vocab_size={vocab_size} needs; lower vocab_size to at most {trained.trie.n_codes + N_RESERVED} "
-                "or train on more text"
-            )
-        training = {"strategy": "standard", **options}
-        return cls(trained.trie, chunking=chunking, fast=fast, training=training)
-
-    @classmethod
-    def from_dictionary(cls, path: str | Path, *, chunking: bool = False, fast: bool = True,
-                        prefixes: str = "file") -> LZ78Tokenizer:
-        """A tokenizer over a dictionary trained elsewhere, in either TSV layout of
-        lockstep.tokenizer.lz78_tsv (told apart by their column count): codes 1..N are the file's
-        tokens, its codes in ascending order. `prefixes` says what becomes of the byte prefixes of
-        tokens that the file lacks: `file` leaves them out, so encoding takes the longest of the
-        file's tokens that matches, as the reference LZ78 tokenizer does; `closed` adds them as
-        codes N+1..M (shortest first), so every code is its parent plus one byte. A `compressed`
-        dictionary keeps its hierarchical parents: a file token's is its nearest coded ancestor
-        node in the file's tree, an added prefix's its trie parent. LZ78DictionaryError names the
-        file, line and fix of a malformed file."""
-        if prefixes not in PREFIX_MODES:
-            raise ValueError(f"prefixes={prefixes!r} must be one of {', '.join(PREFIX_MODES)}")
-        path = Path(path)
-        layout = dictionary_layout(path)
-        source = {"dictionary": path.name, "layout": layout, "prefixes": prefixes}
-        hier = None
-        if layout == "lz78":
-            trie = read_lz78_tsv(path, fast=fast).trie
-        else:
-            compressed = read_compressed_tsv(path)
-            trie = compressed.trie()
-            hier = compressed.hier_parent().astype(np.int64)
-        if prefixes == "closed" and not trie.is_prefix_closed:
-            n = trie.n_codes
-            trie = trie.closed()
-            if hier is not None:
-                hier = np.concatenate([hier, trie.parent[n + 1 :]])  # an added prefix's: its trie parent
-        return cls(trie, chunking=chunking, fast=fast, training=source, hier_parent=hier)
+    # ---- files ----------------------------------------------------------------------------
 
     def _config(self) -> dict[str, Any]:
         return {
@@ -418,7 +347,7 @@ class LZ78Tokenizer(Tokenizer):
         tokenizer read from a `compressed` dictionary; LZ78VocabError otherwise."""
         if self._hier is None:
             raise LZ78VocabError("hierarchical parents exist only for a dictionary read from the `compressed` TSV layout "
-                                 "(tokenizer.lz78_dictionary); use model.embedding: structured for this tokenizer")
+                                 "(tokenizer.options.dictionary); use model.embedding: structured for this tokenizer")
         return np.where(self._hier > 0, self._hier, NO_TOKEN).astype(np.int64)
 
     def structure_clash(self) -> str | None:
@@ -438,7 +367,7 @@ class LZ78Tokenizer(Tokenizer):
         a, b = (int(order[same[0]]) + 1, int(order[same[0] + 1]) + 1)
         return (f"codes {a} ({self._piece(a)!r}) and {b} ({self._piece(b)!r}) both have parent {int(self._parents[a])} and "
                 f"last byte {int(self._last_bytes[a])}, so a structured embedding reads the same rows for both: read the "
-                "dictionary with tokenizer.lz78_prefixes: closed (every code is then its parent plus one byte), or use "
+                "dictionary with tokenizer.options.prefixes: closed (every code is then its parent plus one byte), or use "
                 "model.embedding: flat")
 
     def ancestor_chains(self) -> tuple[np.ndarray, np.ndarray]:
@@ -452,33 +381,6 @@ class LZ78Tokenizer(Tokenizer):
             depths.setflags(write=False)
             self._chains = (chains, depths)
         return self._chains
-
-
-def project_dictionary(root: str | Path, name: str) -> Path:
-    """The file that `tokenizer.lz78_dictionary: name` (a path relative to the project `root`,
-    under DICTIONARY_DIR) stands for, symlinks resolved: LZ78DictionaryError, saying what to do,
-    unless it is a file inside DICTIONARY_DIR. The tokenizer stage depends on that folder only, so
-    a link inside it to a file elsewhere would let the file change without a rerun (and read
-    whatever the link points at)."""
-    root = Path(root)
-    folder = (root / DICTIONARY_DIR).resolve()
-    path = root / name
-    try:
-        real = path.resolve(strict=True)
-    except FileNotFoundError:
-        raise LZ78DictionaryError(f"{path}: no such file; copy the dictionary into {DICTIONARY_DIR}/ and name it "
-                                  f"{DICTIONARY_DIR}/<file>") from None
-    except (OSError, RuntimeError) as e:  # a symlink loop, or a folder on the way that cannot be searched
-        raise LZ78DictionaryError(f"{path}: cannot resolve the path ({e}); copy the dictionary into {DICTIONARY_DIR}/ "
-                                  "as a plain file") from None
-    if not real.is_relative_to(folder):
-        raise LZ78DictionaryError(f"{path} resolves to {real} (through a link), outside {DICTIONARY_DIR}/; copy the file "
-                                  f"into {DICTIONARY_DIR}/ instead of linking to it (the tokenizer stage tracks that folder "
-                                  "only)")
-    if not real.is_file():
-        raise LZ78DictionaryError(f"{path} is {'a folder' if real.is_dir() else 'not a regular file'}; name a TSV "
-                                  f"dictionary file in {DICTIONARY_DIR}/")
-    return real
 
 
 def _id_array(ids: np.ndarray | list[int] | tuple[int, ...]) -> np.ndarray | None:
