@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from lockstep.config import FieldError, build_config, check_range
 from lockstep.io import atomic_dir, write_json, write_json_atomic
 from lockstep.parity import RENDERED_FILE, RenderedSamples
-from lockstep.records import problem_to_conversation
+from lockstep.records import as_conversation
 from lockstep.snapshot import first_records, iter_records, read_meta, verify_split
 from lockstep.tokenizer.base import Tokenizer, conversation_texts
 from lockstep.tokenizer.kinds import KINDS
@@ -105,11 +105,14 @@ def record_texts(kind: str, record: Mapping[str, Any]) -> list[str]:
     python / output parts)."""
     if kind == "document":
         return [record["text"]]
-    if kind == "conversation":
-        return conversation_texts(record)
-    if kind == "problem":
-        return conversation_texts(problem_to_conversation(dict(record)))
-    raise ValueError(f"record kind {kind!r} must be document, conversation or problem")
+    return conversation_texts(_conversation(kind, record))
+
+
+def _conversation(kind: str, record: Mapping[str, Any]) -> dict[str, Any]:
+    """A conversation or problem record as the conversation the chat template renders."""
+    if kind not in ("conversation", "problem"):
+        raise ValueError(f"record kind {kind!r} must be document, conversation or problem")
+    return as_conversation(record, f"a {kind} record")
 
 
 def render_record(tokenizer: Tokenizer, kind: str, record: Mapping[str, Any]) -> tuple[list[int], list[int] | None, int]:
@@ -120,13 +123,7 @@ def render_record(tokenizer: Tokenizer, kind: str, record: Mapping[str, Any]) ->
     if kind == "document":
         bos = [tokenizer.get_bos_token_id()] if tokenizer.has_special_tokens else []
         return [*bos, *tokenizer.encode(record["text"])[:DOC_SAMPLE_TOKENS]], None, DOC_SAMPLE_TOKENS
-    if kind == "conversation":
-        conversation = dict(record)
-    elif kind == "problem":
-        conversation = problem_to_conversation(dict(record))
-    else:
-        raise ValueError(f"record kind {kind!r} must be document, conversation or problem")
-    ids, mask = tokenizer.render_conversation(conversation)
+    ids, mask = tokenizer.render_conversation(_conversation(kind, record))
     return ids, mask, len(ids)
 
 
