@@ -13,7 +13,7 @@ import pytest
 import lockstep.tokenizer  # noqa: F401  # every kind's encoder registers with load_tokenizer
 from lockstep.codeid import module_files
 from lockstep.config import ConfigError, build_config
-from lockstep.dvcdeps import project_roots, stage_deps
+from lockstep.dev.dvcdeps import project_roots, stage_deps
 from lockstep.sources import fetch_source
 from lockstep.sources.synth_math import SynthMathConfig
 from lockstep.tokenizer import base, load_tokenizer
