@@ -7,15 +7,10 @@ import argparse
 import logging
 from pathlib import Path
 
-from lockstep.config import ConfigError
-from lockstep.snapshot import SnapshotError
-from lockstep.tokenizer.base import TokenizerFileError
-from lockstep.tokenizer.kinds import training_errors
-from lockstep.tokenizer.pipeline import TokenizerConfig, run_tokenizer_stage
+from lockstep.tokenizer.pipeline import ERRORS, TokenizerConfig, run_tokenizer_stage
 from stages._common import add_params_option, entry, preamble
 
-# Errors whose message says what to fix: the entry point prints them as one `error: ...` line.
-STAGE_ERRORS = (ConfigError, SnapshotError, TokenizerFileError, FileNotFoundError)
+STAGE_ERRORS = ERRORS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,17 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     # rustbpe logs one INFO line per percent of merges; the stage logs its own summary instead.
     logging.getLogger("rustbpe").setLevel(max(logging.WARNING, pre.log.getEffectiveLevel()))
     cfg = pre.section("tokenizer", TokenizerConfig)
-    if not cfg.kind_options.uses_vocab_size():
-        pre.log.info("tokenizer.kind=%s fixes its own vocabulary here; tokenizer.vocab_size=%d is not used", cfg.kind, cfg.vocab_size)
-    try:
-        run_tokenizer_stage(cfg, args.raw, args.out, args.metrics, seed=pre.data_seed)
-    except training_errors() as e:
-        # Known only once the text (or a dictionary file) is read: the message says what does not
-        # fit; the key is what to change. A message that names its key already is kept as it is.
-        if str(e).startswith("tokenizer."):
-            raise ConfigError(str(e)) from None
-        key = f"tokenizer.vocab_size={cfg.vocab_size}" if cfg.kind_options.uses_vocab_size() else f"tokenizer.options ({cfg.kind})"
-        raise ConfigError(f"{key} does not fit: {e}") from None
+    run_tokenizer_stage(cfg, args.raw, args.out, args.metrics, seed=pre.data_seed)
     return 0
 
 

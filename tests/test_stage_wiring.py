@@ -44,15 +44,8 @@ def test_a_stage_that_reads_params_takes_params(module: str, repo_root: Path, mo
     assert "--params" in out.getvalue(), f"stages.{module} has no --params option"
 
 
-# The tokenizer stage's list waits for lockstep.tokenizer's per-kind options rework, which will
-# give lockstep.tokenizer.pipeline its ERRORS.
-LOCAL_ERROR_LISTS = {"tokenizer"}
-
-
 @pytest.mark.parametrize("module", sorted(_stages_with_params()))
 def test_a_stage_error_list_is_a_library_one(module: str, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    if module in LOCAL_ERROR_LISTS:
-        pytest.skip(f"stages.{module} still lists its own errors")
     monkeypatch.syspath_prepend(str(repo_root))
     errors = importlib.import_module(f"stages.{module}").STAGE_ERRORS
     owners = [name for name, mod in list(sys.modules.items())

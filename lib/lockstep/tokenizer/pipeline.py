@@ -14,16 +14,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from lockstep.config import FieldError, build_config, check_range
+from lockstep.config import ConfigError, FieldError, build_config, check_range
 from lockstep.io import atomic_dir, write_json, write_json_atomic
 from lockstep.parity import RENDERED_FILE, RenderedSamples
 from lockstep.records import as_conversation
-from lockstep.snapshot import first_records, iter_records, read_meta, verify_split
-from lockstep.tokenizer.base import Tokenizer, conversation_texts
-from lockstep.tokenizer.kinds import KINDS
+from lockstep.snapshot import SnapshotError, first_records, iter_records, read_meta, verify_split
+from lockstep.tokenizer.base import Tokenizer, TokenizerFileError, conversation_texts
+from lockstep.tokenizer.kinds import KINDS, training_errors
 from lockstep.tokenizer.options import KindOptions
 
 log = logging.getLogger("lockstep.tokenizer")
+
+# Errors whose message says what to fix: the stage's entry prints them as one `error: ...` line.
+ERRORS = (ConfigError, SnapshotError, TokenizerFileError, FileNotFoundError)
 
 # Texts encoded per batch call while measuring: large enough to use the encoder's threads, small
 # enough that a big val split is never held whole as token lists.
@@ -234,6 +237,20 @@ def _snapshot_dir(raw_dir: Path, name: str) -> Path:
     return path
 
 
+def _train(cfg: TokenizerConfig, texts: Iterable[str], *, seed: int, root: Path) -> Tokenizer:
+    """cfg.train, with a kind's training error (known only once the text or a dictionary file is
+    read: it says what does not fit) raised as a ConfigError naming the key to change."""
+    if not cfg.kind_options.uses_vocab_size():
+        log.info("tokenizer.kind=%s fixes its own vocabulary here; tokenizer.vocab_size=%d is not used", cfg.kind, cfg.vocab_size)
+    try:
+        return cfg.train(texts, seed=seed, root=root)
+    except training_errors() as e:
+        if str(e).startswith("tokenizer."):  # the message names its key already
+            raise ConfigError(str(e)) from None
+        key = f"tokenizer.vocab_size={cfg.vocab_size}" if cfg.kind_options.uses_vocab_size() else f"tokenizer.options ({cfg.kind})"
+        raise ConfigError(f"{key} does not fit: {e}") from None
+
+
 def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metrics_path: Path, *, seed: int,
                         root: Path = Path(".")) -> dict[str, Any]:
     """Train on the capped train text of cfg.train_sources, save to `out_dir` (replaced whole),
@@ -261,7 +278,7 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
     samples = SampleRecords.read(sample_dirs, cfg.artifact_records)
     t_read = time.perf_counter()
     train_texts = capped_train_texts(cfg, train_dirs, verify=False)
-    tok = cfg.train(train_texts, seed=seed, root=root)
+    tok = _train(cfg, train_texts, seed=seed, root=root)
     t_train = time.perf_counter()
     log.info("trained %s tokenizer | vocab %d | %d texts | %d chars | %.2fs",
              cfg.kind, tok.get_vocab_size(), train_texts.texts, train_texts.chars, t_train - t_read)  # fmt: skip
