@@ -39,6 +39,7 @@ from lockstep.io import atomic_dir, atomic_open, sha256_file, write_json_atomic
 from lockstep.parity import MAX_SAMPLE_TOKENS, RenderedSamples, SnapshotCollector
 from lockstep.progress import Progress
 from lockstep.records import as_conversation
+from lockstep.seeds import stream_generator
 
 log = logging.getLogger(__name__)
 
@@ -375,7 +376,7 @@ def build_pretrain_cache(
             pool = stack.enter_context(EncodePool(tokenizer_dir, tokenizer, num_workers=num_workers, bos_id=bos_id,
                                                   vocab_size=ident["vocab_size"], dtype=dtype))
         for offset, split_name in enumerate(SPLITS):
-            gen = torch.Generator().manual_seed(seed + offset)
+            gen = stream_generator(seed, offset, stride=1)
             writer = _ShardWriter(tmp / split_name, dtype, tokens_per_shard)
             cap = caps[split_name]
             n_tokens = n_docs = n_cut = 0

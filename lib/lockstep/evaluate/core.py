@@ -16,6 +16,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
 
+from lockstep.seeds import stream_generator
+
 TaskType = Literal["multiple_choice", "schema", "language_modeling"]
 TASK_TYPES: tuple[str, ...] = ("multiple_choice", "schema", "language_modeling")
 FEWSHOT_SEP = "\n\n"
@@ -129,7 +131,7 @@ def fewshot_indices(n_items: int, index: int, k: int, seed: int) -> list[int]:
     item's prompt does not depend on which other items are evaluated or on which rank."""
     if k <= 0 or n_items <= 1:
         return []
-    g = torch.Generator().manual_seed(seed * 1_000_003 + index)
+    g = stream_generator(seed, index)
     order = [i for i in torch.randperm(n_items, generator=g).tolist() if i != index]
     return order[: min(k, n_items - 1)]
 

@@ -27,6 +27,7 @@ from lockstep.evaluate.sandbox import SandboxLimits
 from lockstep.io import atomic_dir, canonical_json, write_json_atomic
 from lockstep.loaders import ShardedTokenLoader, open_sft_dataset
 from lockstep.runinfo import write_runinfo
+from lockstep.seeds import stream_generator
 from lockstep.snapshot import SnapshotError, iter_records
 from lockstep.tokenizer import TokenizerFileError, load_tokenizer
 
@@ -170,7 +171,7 @@ def _sft_batches(cache_dir: Path, *, rows: int, T: int, max_tokens: int, rt: Any
 
 def _sft_draws(ds: Any, *, rows: int, T: int, max_tokens: int, rt: Any,
                seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed * 7919 + rt.rank)  # ranks draw different examples
+    g = stream_generator(seed, rt.rank, stride=7919)  # ranks draw different examples
     steps = max(1, max_tokens // (rows * T * rt.world_size))
     for _ in range(steps):
         x, _y, y_masked = ds.get_batch(B=rows, generator=g)

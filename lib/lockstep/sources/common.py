@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import torch
 
 from lockstep.io import sha256_file, sha256_of_manifest
+from lockstep.seeds import stream_generator
 from lockstep.snapshot import SnapshotWriter, split_sizes
 
 T = TypeVar("T")
@@ -42,9 +43,7 @@ class SplitLayoutError(ValueError):
 
 def generator(seed: int, stream: int = 0) -> torch.Generator:
     """A torch.Generator for one purpose of one source; `stream` keeps purposes independent."""
-    g = torch.Generator()
-    g.manual_seed(int(seed) * 1_000_003 + stream)
-    return g
+    return stream_generator(seed, stream)
 
 
 class Draw:
