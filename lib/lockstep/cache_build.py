@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -40,6 +40,9 @@ from lockstep.parity import MAX_SAMPLE_TOKENS, RenderedSamples, SnapshotCollecto
 from lockstep.progress import Progress
 from lockstep.records import as_conversation
 from lockstep.seeds import stream_generator
+
+if TYPE_CHECKING:
+    from lockstep.tokenizer.base import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +124,7 @@ def encode_workers(requested: int | None, *, key: str = "num_workers") -> int:
     return requested
 
 
-def _tokenizer_identity(tokenizer: Any) -> dict[str, Any]:
+def _tokenizer_identity(tokenizer: Tokenizer) -> dict[str, Any]:
     specials = tokenizer.get_special_tokens() if hasattr(tokenizer, "get_special_tokens") else {}
     return {
         "tokenizer_sha256": str(tokenizer.sha256),
@@ -260,7 +263,7 @@ def _joined(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.
 
 
 def _encode_ahead(
-    batches: Iterable[list[str]], tokenizer: Any, num_threads: int, bos_id: int, vocab_size: int, dtype: np.dtype, where: str
+    batches: Iterable[list[str]], tokenizer: Tokenizer, num_threads: int, bos_id: int, vocab_size: int, dtype: np.dtype, where: str
 ) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
     """(texts, BOS-joined tokens (N,) of `dtype`, document lengths counting BOS (D,)) per batch, in
     order. `num_threads` threads each encode small runs of documents and turn the id lists into
@@ -290,7 +293,7 @@ def build_pretrain_cache(
     texts: Iterable[str] | Mapping[str, Iterable[str]],
     out_dir: str | os.PathLike[str],
     *,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     max_train_tokens: int | None,
     max_val_tokens: int | None,
     shard_bytes: int,
@@ -456,7 +459,7 @@ def build_sft_cache(
     examples: Iterable[Any] | Mapping[str, Iterable[Any]],
     out_dir: str | os.PathLike[str],
     *,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     val_frac: float | None,
     seed: int,
     dataset_name: str = "",

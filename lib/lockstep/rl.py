@@ -21,7 +21,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -35,6 +35,9 @@ from lockstep.records import user_prompt
 from lockstep.sampling import UNSCALED_TEMPERATURE
 from lockstep.seeds import derive_seed
 from lockstep.train import LRSchedule, NonFiniteGuard
+
+if TYPE_CHECKING:
+    from lockstep.tokenizer.base import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ def _derived_seed(*parts: Any) -> int:
     return derive_seed("lockstep-rl", *parts)
 
 
-def prompt_ids(tokenizer: Any, question: str) -> list[int]:
+def prompt_ids(tokenizer: Tokenizer, question: str) -> list[int]:
     return tokenizer.render_for_completion(user_prompt(question))
 
 
@@ -118,7 +121,7 @@ class Rollouts:
         return sum(len(c) for c in self.completions) / len(self.completions)
 
 
-def rollout(engine: Engine, tokenizer: Any, problems: Sequence[dict[str, Any]], cfg: RLConfig, *, seed: int) -> Rollouts:
+def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, Any]], cfg: RLConfig, *, seed: int) -> Rollouts:
     """Sample `group_size` completions for each problem (tools on) and score them."""
     out = Rollouts([], [], [], [], [])
     for i, problem in enumerate(problems):
@@ -173,7 +176,7 @@ def policy_loss_backward(model: nn.Module, ro: Rollouts, *, device: torch.device
 
 
 @torch.no_grad()
-def pass_at_k(engine: Engine, tokenizer: Any, problems: Sequence[dict[str, Any]], *, k: int, temperature: float,
+def pass_at_k(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, Any]], *, k: int, temperature: float,
               max_new_tokens: int, seed: int) -> dict[str, float]:
     """Held-out scores on `problems` from k completions sampled at `temperature` per problem:
     pass@1 is the mean fraction correct (the unbiased pass@1 estimate from k samples), pass@k
@@ -209,7 +212,7 @@ class RLResult:
     optimizer_state: dict[str, Any]  # {"optimizers": [state_dict, ...]}, for the checkpoint
 
 
-def train_rl(model: nn.Module, tokenizer: Any, *, train_problems: Sequence[dict[str, Any]],
+def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence[dict[str, Any]],
              val_problems: Sequence[dict[str, Any]], cfg: RLConfig, device: torch.device, seed: int,
              autocast: Any = None, log: Callable[[str], None] = print,
              on_step: Callable[[dict[str, float]], None] | None = None) -> RLResult:

@@ -105,7 +105,7 @@ def find_cache(root: Path, name: str) -> tuple[str, Path]:
                       "meta.json; add its cache stage or fix the mixture key")
 
 
-def build_mixture(root: Path, cfg: TrainConfig, *, split: str, seq_len: int, device: torch.device, tok: Any,
+def build_mixture(root: Path, cfg: TrainConfig, *, split: str, seq_len: int, device: torch.device, tok: Tokenizer,
                   stage: str) -> tuple[Mixture, dict[str, str]]:
     """The weighted mixture for `split` and the sha256 of each cache's meta.json (its identity)."""
     if not cfg.mixture:
@@ -155,7 +155,7 @@ def stage_epochs(stage: str, cfg: TrainConfig, train_data: Mixture, *, total_ste
     return components
 
 
-def sample_prompts(stage: str, tok: Any) -> list[list[int]]:
+def sample_prompts(stage: str, tok: Tokenizer) -> list[list[int]]:
     """The prompts sampled at the end of training: text openings for pretraining, chat questions
     for the stages that train on conversations."""
     if stage == "pretrain":

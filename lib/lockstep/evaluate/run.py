@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -30,6 +30,9 @@ from lockstep.runinfo import write_runinfo
 from lockstep.seeds import stream_generator
 from lockstep.snapshot import SnapshotError, iter_records
 from lockstep.tokenizer import TokenizerFileError, load_tokenizer
+
+if TYPE_CHECKING:
+    from lockstep.runtime import Runtime
 
 log = logging.getLogger("lockstep.eval")
 STAGES = ("pretrain", "midtrain", "sft", "rl")
@@ -139,7 +142,7 @@ def _cap(items: list[Any], n: int) -> list[Any]:
     return items[:n] if n else items
 
 
-def _pretrain_batches(val_dir: Path, *, rows: int, T: int, max_tokens: int, rt: Any,
+def _pretrain_batches(val_dir: Path, *, rows: int, T: int, max_tokens: int, rt: Runtime,
                       tokenizer_sha256: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]] | None:
     """Sequential val batches, or None when the split is too small for one T-token row per rank.
     A damaged or mismatched cache raises its CacheError: it must fail the stage, not vanish from
@@ -157,7 +160,7 @@ def _pretrain_batches(val_dir: Path, *, rows: int, T: int, max_tokens: int, rt: 
     return (loader.next_batch() for _ in range(steps))
 
 
-def _sft_batches(cache_dir: Path, *, rows: int, T: int, max_tokens: int, rt: Any, pad_id: int,
+def _sft_batches(cache_dir: Path, *, rows: int, T: int, max_tokens: int, rt: Runtime, pad_id: int,
                  tokenizer_sha256: str, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]] | None:
     """Random val batches, or None when no val example is usable at T (an empty split, or every
     prompt longer than T). Damage raises, as for pretrain caches."""
@@ -169,7 +172,7 @@ def _sft_batches(cache_dir: Path, *, rows: int, T: int, max_tokens: int, rt: Any
     return _sft_draws(ds, rows=rows, T=T, max_tokens=max_tokens, rt=rt, seed=seed)
 
 
-def _sft_draws(ds: Any, *, rows: int, T: int, max_tokens: int, rt: Any,
+def _sft_draws(ds: Any, *, rows: int, T: int, max_tokens: int, rt: Runtime,
                seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     g = stream_generator(seed, rt.rank, stride=7919)  # ranks draw different examples
     steps = max(1, max_tokens // (rows * T * rt.world_size))
@@ -179,7 +182,7 @@ def _sft_draws(ds: Any, *, rows: int, T: int, max_tokens: int, rt: Any,
 
 
 def _record_bpb(metrics: dict[str, Any], predictions: dict[str, list[dict[str, Any]]], key: str, sums: BpbSums,
-                cache_dir: Path, rt: Any) -> None:
+                cache_dir: Path, rt: Runtime) -> None:
     """The bits per byte under `key`, and its documents' (nats, bytes) as per-item records, the
     items a bootstrap interval resamples (numbered so that ranks interleave)."""
     if sums.bytes:
@@ -241,7 +244,7 @@ def make_generate(engine: Any, *, stop_ids: set[int], max_new_tokens: int, conte
     return one_at_a_time if batch_rows == 1 else batched
 
 
-def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Any, data_seed: int) -> dict[str, Any]:
+def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime, data_seed: int) -> dict[str, Any]:
     """Evaluate the `stage` checkpoint; rank 0 writes the metrics JSON and the predictions folder.
     `rt` is a lockstep.runtime.Runtime. `data_seed` picks the SFT examples measured and the
     few-shot examples: the same items for every training seed (replies are greedy, so nothing else
