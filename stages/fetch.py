@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     # time (docs/internals.md); the record path stays the library's default and reference.
     meta = fetch_source(args.name, cfg, args.out, seed=pre.data_seed, resume_dir=args.resume_dir, arrow_batches=True)
     c = meta["counts"]
+    if "tasks" in c:  # a file bundle (dclm_core): tasks and items, no splits
+        pre.log.info("fetch %s (%s, %s): %d tasks | %d items | %s -> %s", args.name, source, meta["kind"], c["tasks"],
+                     c["items"], meta["identity"], args.out)
+        return 0
     pre.log.info("fetch %s (%s, %s): train %d | val %d | skipped %d -> %s",
              args.name, source, meta["kind"], c["train"], c["val"], c["skipped"], args.out)
     if "local_splits" in meta:  # which local file fed which split, so a misnamed file shows here

@@ -1,5 +1,6 @@
 """The raw snapshot format: a streaming parquet writer that validates each record against its
-kind (lockstep.records) and writes meta.json last, and checked readers. Knows nothing about where
+kind (lockstep.records) and writes meta.json last, and checked readers; and the file-bundle
+snapshot (an eval bundle's files kept verbatim, `close_bundle` / `open_bundle`). Knows nothing about where
 records come from. A writer can also stop at a finished part and carry on in a later process
 (`state` / `restore`), which is how a long fetch resumes, and take documents as whole Arrow
 tables (`add_documents`, validated with `documents_ok`) with the same bytes as record by record.
@@ -30,6 +31,10 @@ MAX_BAD_EXAMPLES = 5
 # Records buffered per parquet row group; bounds memory while streaming.
 ROW_GROUP_RECORDS = 1024
 DEFAULT_PART_BYTES = 128 * 1024 * 1024
+# A raw snapshot of files kept verbatim (the DCLM eval bundle) rather than parquet records: the
+# files under BUNDLE_DIR, and meta.json (written last) with a sha256 per file.
+BUNDLE_KIND = "eval_bundle"
+BUNDLE_DIR = "eval_bundle"
 
 _PART = pa.struct([("type", pa.string()), ("text", pa.string())])
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.list_(_PART))])
@@ -357,6 +362,12 @@ def read_meta(snapshot_dir: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise SnapshotError(f"{snapshot_dir} has no meta.json, so it is not a finished snapshot; run `dvc repro fetch@{snapshot_dir.name}`")
     meta = read_json(path, what="snapshot meta")
+    if meta.get("kind") == BUNDLE_KIND:
+        raise SnapshotError(
+            f"{snapshot_dir} is an eval bundle (CORE tasks kept as files), not a snapshot of records: it is read "
+            f"by the eval stage through `eval.core_tasks: raw:{snapshot_dir.name}`; take it out of the tokenizer, "
+            "cache or training params that name it"
+        )
     if meta.get("kind") not in KINDS or not isinstance(meta.get("files"), dict):
         raise SnapshotError(f"{path} lacks `kind` or `files`; delete {snapshot_dir} and re-run its fetch stage")
     return meta
@@ -449,3 +460,39 @@ def split_sizes(n: int, val_frac: float) -> int:
     if val_frac == 0.0 or n < 2:
         return 0
     return min(n - 1, max(1, int(math.floor(n * val_frac + 0.5))))
+
+
+def close_bundle(root: str | Path, **meta_fields: Any) -> dict[str, Any]:
+    """Finish a file-bundle snapshot whose files were written under `root/BUNDLE_DIR`: hash every
+    file and write meta.json last (`kind` BUNDLE_KIND, `files`: relative path -> sha256, then
+    `meta_fields`). `root` should be an `atomic_dir` work folder. Returns the meta dict."""
+    root = Path(root)
+    files = {p.relative_to(root).as_posix(): sha256_file(p)
+             for p in sorted((root / BUNDLE_DIR).rglob("*")) if p.is_file()}
+    if not files:
+        raise SnapshotError(f"{root / BUNDLE_DIR} holds no file; nothing to publish")
+    meta = {"format_version": FORMAT_VERSION, "kind": BUNDLE_KIND, "files": files, **meta_fields}
+    write_json_atomic(root / "meta.json", meta)
+    return meta
+
+
+def open_bundle(snapshot_dir: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The folder of a file-bundle snapshot's files and its meta.json, after checking every file
+    listed there against its sha256: a damaged or half-written bundle fails here, naming the file
+    and the stage to rerun, instead of feeding an evaluation."""
+    snapshot_dir = Path(snapshot_dir)
+    path = snapshot_dir / "meta.json"
+    rerun = f"run `dvc repro --force fetch@{snapshot_dir.name}`"
+    if not path.is_file():
+        raise SnapshotError(f"{snapshot_dir} has no meta.json, so it is not a finished snapshot; {rerun}")
+    meta = read_json(path, what="snapshot meta")
+    if meta.get("kind") != BUNDLE_KIND or not isinstance(meta.get("files"), dict):
+        raise SnapshotError(
+            f"{snapshot_dir} is a snapshot of {meta.get('kind')!r} records, not an eval bundle; point "
+            "`eval.core_tasks` at the fetch entry whose source is `dclm_core`"
+        )
+    for name, digest in sorted(meta["files"].items()):
+        f = snapshot_dir / name
+        if not f.is_file() or sha256_file(f) != digest:
+            raise SnapshotError(f"{f} listed in {path} is missing or does not match its sha256; {rerun}")
+    return snapshot_dir / BUNDLE_DIR, meta

@@ -19,6 +19,7 @@ from typing import Any
 from lockstep.config import ConfigError, config_to_dict
 from lockstep.io import atomic_dir
 from lockstep.sources.common import SourceFormatError, SourceUnavailableError, SplitLayoutError
+from lockstep.sources.dclm_core import DclmCoreConfig
 from lockstep.sources.dolly15k import Dolly15kConfig
 from lockstep.sources.fineweb_edu import FinewebEduConfig
 from lockstep.sources.gsm8k import Gsm8kConfig
@@ -28,6 +29,7 @@ from lockstep.sources.roam import RoamConfig
 from lockstep.sources.shards import ResumeFolder
 from lockstep.sources.shakespeare import ShakespeareConfig
 from lockstep.snapshot import (
+    BUNDLE_KIND,
     DEFAULT_PART_BYTES,
     FORMAT_VERSION,
     BadRecordError,
@@ -55,6 +57,8 @@ SOURCE_CONFIGS: dict[str, type] = {
     "shakespeare": ShakespeareConfig,
     "synth_math": SynthMathConfig,
     "synth_chat": SynthChatConfig,
+    # A file bundle, not records: its module defines publish() instead of produce() (see _fetch).
+    "dclm_core": DclmCoreConfig,
 }
 
 # Errors whose message says what to fix: the fetch stage's entry point prints them as one line.
@@ -89,7 +93,8 @@ def _module(source: str) -> Any:
 
 
 def source_kind(source: str) -> str:
-    """The record kind (document / conversation / problem) a source yields."""
+    """The record kind (document / conversation / problem) a source yields, or BUNDLE_KIND for a
+    source whose snapshot is a bundle of files (dclm_core)."""
     return _module(source).KIND
 
 
@@ -151,6 +156,9 @@ def _no_space_is_a_snapshot_error(out_dir: Path, resume_dir: Path | None) -> Ite
 
 def _fetch(name: str, cfg: Any, mod: Any, out_dir: Path, *, seed: int, part_bytes: int, config: dict[str, Any],
            resume_dir: str | Path | None, arrow_batches: bool) -> dict[str, Any]:
+    if mod.KIND == BUNDLE_KIND:  # files kept verbatim (lockstep.snapshot.close_bundle); nothing to resume
+        with atomic_dir(out_dir) as tmp:
+            return mod.publish(cfg, tmp, name=name, config=config, seed=seed)
     if resume_dir is not None:
         decisive = {k: v for k, v in config.items() if k not in RESUME_IGNORED_FIELDS}
         resume = ResumeFolder(resume_dir, base_fields={"snapshot_format": FORMAT_VERSION, "name": name, "source": cfg.source,
