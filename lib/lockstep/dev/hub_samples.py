@@ -1,7 +1,7 @@
 """Generator of the hub-layout samples under `corpus/hub/`: small local copies of FineWeb-Edu,
 WikiText, OpenAssistant oasst1, GSM8K and databricks-dolly-15k in each dataset's own file names,
-columns and dtypes, so that the hub loaders (lockstep.sources) read them exactly as they read a
-real download. The text is our own, built here from templates and word lists; none of it comes
+columns and dtypes, and an eval bundle in the DCLM `eval_bundle.zip` layout, so that the loaders
+(lockstep.sources) read them exactly as they read a real download. The text is our own, built here from templates and word lists; none of it comes
 from the datasets themselves. The `rehearsal` preset trains on these files.
 
 The committed files are exactly this module's output: `lockstep dev hub-samples` compares them
@@ -19,6 +19,7 @@ import io
 import json
 import random
 import uuid
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ OASST1 = "oasst1"  # OpenAssistant/oasst1: data/<split>-00000-of-00001-<hash>.pa
 OASST1_TREES = "oasst1-trees"  # the same trees as the project's `*.trees.jsonl.gz` export, unsplit
 GSM8K = "gsm8k"  # openai/gsm8k: main/{train,test}-00000-of-00001.parquet
 DOLLY15K = "dolly15k"  # databricks/databricks-dolly-15k: databricks-dolly-15k.jsonl
+DCLM_CORE = "dclm-core"  # the DCLM eval bundle: eval_bundle.zip holding eval_bundle/{core.yaml, eval_meta_data.csv, eval_data/}
 FINEWEB_DUMP = "CC-MAIN-2024-10"
 WIKITEXT_CONFIG = "wikitext-103-raw-v1"
 
@@ -46,6 +48,7 @@ WIKITEXT_ARTICLES = {"train": 40, "validation": 6, "test": 6}
 OASST1_TREES_PER_SPLIT = {"train": 48, "validation": 8}
 GSM8K_PROBLEMS = {"train": 160, "test": 40}
 DOLLY_RECORDS = 120
+BUNDLE_ITEMS = 40  # per task of the sample eval bundle
 
 
 class HubSampleError(ValueError):
@@ -448,6 +451,89 @@ def dolly_record(i: int) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# The DCLM eval bundle's layout, with three tasks of our own (one per CORE task type) written
+# from the page topics above: core.yaml, eval_meta_data.csv and eval_data/<category>/<task>.jsonl,
+# zipped under eval_bundle/ as the published zip is.
+
+FIELDS = tuple(dict.fromkeys(field for _t, field, _n in TOPICS))
+BUNDLE_TASKS = (  # label, category, type, shots, random baseline (percent)
+    ("topic_field", "world_knowledge", "multiple_choice", 3, 25),
+    ("topic_schema", "commonsense_reasoning", "schema", 2, 50),
+    ("count_on", "symbolic_problem_solving", "language_modeling", 3, 0),
+)
+
+
+def bundle_items(label: str) -> list[dict[str, Any]]:
+    """BUNDLE_ITEMS items of task `label`, gold positions spread evenly."""
+    out: list[dict[str, Any]] = []
+    for i in range(BUNDLE_ITEMS):
+        d = _Draw("bundle", label, i)
+        topic, field, nouns = TOPICS[i % len(TOPICS)]
+        if label == "topic_field":
+            wrong = [f for f in FIELDS if f != field]
+            choices = [wrong.pop(d.int(0, len(wrong) - 1)) for _ in range(3)]
+            gold = i % 4
+            choices.insert(gold, field)
+            out.append({"query": f"{_cap(d.pick(PEOPLE))} reading about {topic} is learning about",
+                        "choices": choices, "gold": gold})
+        elif label == "topic_schema":
+            other = TOPICS[(i + 1 + d.int(0, len(TOPICS) - 3)) % len(TOPICS)][0]
+            options = [f"The page about {topic} explains", f"The page about {other} explains"]
+            gold = i % 2
+            out.append({"context_options": options if gold == 0 else options[::-1],
+                        "continuation": f"{d.pick(nouns)} and {d.pick(ADJECTIVES)} things.", "gold": gold})
+        else:
+            start, step = d.int(1, 30), d.int(2, 9)
+            seq = [start + step * k for k in range(d.int(3, 5) + 1)]
+            out.append({"context": ", ".join(map(str, seq[:-1])) + ",", "continuation": str(seq[-1])})
+    return out
+
+
+def bundle_members() -> list[tuple[str, bytes]]:
+    """(name, bytes) of each member of the sample eval_bundle.zip, folders as names ending in /."""
+    yaml_lines = ["icl_tasks:"]
+    csv_lines = ["Eval Task,Task Category,Task Type,#shots,Random baseline"]
+    data: list[tuple[str, bytes]] = []
+    for label, category, kind, shots, baseline in BUNDLE_TASKS:
+        yaml_lines += ["-", f"  label: {label}", f"  dataset_uri: {category}/{label}.jsonl", f"  num_fewshot: [{shots}]",
+                       f"  icl_task_type: {kind}", "  continuation_delimiter: ' '"]
+        csv_lines.append(f"{label},{category.replace('_', ' ')},{kind.replace('_', ' ')},{shots},{baseline}")
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in bundle_items(label))
+        data.append((f"eval_bundle/eval_data/{category}/{label}.jsonl", text.encode("utf-8")))
+    folders = ["eval_bundle/", "eval_bundle/eval_data/",
+               *sorted({name.rsplit("/", 1)[0] + "/" for name, _ in data})]
+    return ([(f, b"") for f in folders]
+            + [("eval_bundle/core.yaml", ("\n".join(yaml_lines) + "\n").encode()),
+               ("eval_bundle/eval_meta_data.csv", ("\n".join(csv_lines) + "\n").encode())] + data)
+
+
+@dataclass(frozen=True)
+class ZipFile:
+    """One generated zip archive: stored (not deflated) members with a fixed date, so its bytes,
+    and so the sha256 the rehearsal pins, do not depend on the zlib build."""
+
+    rel: str
+    members: list[tuple[str, bytes]]
+
+    def encode(self) -> bytes:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
+            for name, data in self.members:
+                info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+                info.external_attr = ((0o40755 if name.endswith("/") else 0o100644) << 16) | (0x10 if name.endswith("/") else 0)
+                zf.writestr(info, data)
+        return buf.getvalue()
+
+    def matches(self, path: Path) -> bool:
+        return path.is_file() and path.read_bytes() == self.encode()
+
+
+def dclm_bundle_sha256() -> str:
+    """sha256 of the sample eval_bundle.zip (the rehearsal's `fetch.dclm_core.sha256`)."""
+    return hashlib.sha256(ZipFile(f"{DCLM_CORE}/eval_bundle.zip", bundle_members()).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
 # The files, and the check that the committed ones are this output.
 
 
@@ -483,7 +569,7 @@ def _shard_hash(*key: object) -> str:
     return hashlib.sha256("\x1f".join(map(str, key)).encode()).hexdigest()[:16]
 
 
-def build_samples() -> list[SampleFile]:
+def build_samples() -> list[SampleFile | ZipFile]:
     """Every file under corpus/hub/, in order; raises HubSampleError when the templates repeat
     themselves where the real data does not (a GSM8K test question also in train)."""
     gsm = {s: gsm8k_rows(s) for s in GSM8K_PROBLEMS}
@@ -501,6 +587,7 @@ def build_samples() -> list[SampleFile]:
         *(SampleFile(f"{GSM8K}/main/{s}-00000-of-00001.parquet", rows,
                      pa.schema([("question", pa.string()), ("answer", pa.string())])) for s, rows in gsm.items()),
         SampleFile(f"{DOLLY15K}/databricks-dolly-15k.jsonl", [dolly_record(i) for i in range(DOLLY_RECORDS)], None),
+        ZipFile(f"{DCLM_CORE}/eval_bundle.zip", bundle_members()),
     ]
     return files
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from lockstep.dev import hub_samples
 from lockstep.io import write_bytes_atomic
 from lockstep.sources import SOURCE_CONFIGS
 from lockstep.sources.hub import HubFields
@@ -27,6 +28,7 @@ SAMPLE_PATHS = {
     "dolly15k": "corpus/hub/dolly15k",
     "oasst1": "corpus/hub/oasst1",
     "gsm8k": "corpus/hub/gsm8k",
+    "dclm_core": f"corpus/hub/{hub_samples.DCLM_CORE}/eval_bundle.zip",  # our own tasks in the bundle's layout
 }
 
 
@@ -84,6 +86,8 @@ OVERRIDES: tuple[tuple[str, Any], ...] = (
     ("eval.chat_max_items", 8),
     ("eval.max_new_tokens", 48),
     ("eval.generate_batch", 8),
+    # The sample bundle is not DCLM's zip: pin its own digest, so the check runs as in d12.
+    ("fetch.dclm_core.sha256", hub_samples.dclm_bundle_sha256()),
 )
 
 HEADER = f"""\

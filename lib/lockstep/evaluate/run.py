@@ -28,7 +28,7 @@ from lockstep.io import atomic_dir, canonical_json, write_json_atomic
 from lockstep.loaders import ShardedTokenLoader, open_sft_dataset
 from lockstep.runinfo import write_runinfo
 from lockstep.seeds import stream_generator
-from lockstep.snapshot import SnapshotError, iter_records
+from lockstep.snapshot import SnapshotError, iter_records, open_bundle
 from lockstep.tokenizer import TokenizerFileError, load_tokenizer
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lockstep.eval")
 STAGES = ("pretrain", "midtrain", "sft", "rl")
+CORE_TASK_ROOTS = ("evalsets", "raw")  # eval.core_tasks prefixes: the --evalsets or the --raw folder
 # Errors whose message says what to fix: the eval stage's entry point prints them as one line.
 ERRORS = (ConfigError, CacheError, CheckpointError, SnapshotError, TokenizerFileError, FileNotFoundError)
 
@@ -47,6 +48,9 @@ class EvalConfig:
     bpb_max_tokens: int = 65536  # per val cache (all ranks together); the first tokens of the split
     bpb_batch_rows: int = 8  # rows per forward pass
     core_stages: tuple[str, ...] = ("pretrain", "midtrain")  # checkpoints that get CORE tasks
+    # Where the CORE tasks come from: `evalsets:<folder>`, a folder in the DCLM bundle layout under
+    # --evalsets (our own tasks), or `raw:<fetch name>`, a bundle snapshot under --raw (dclm_core).
+    core_tasks: str = "evalsets:core"
     core_max_items: int = 0  # per task; 0 = all
     chat_stages: tuple[str, ...] = ("midtrain", "sft", "rl")  # checkpoints that get chat tasks
     chat_max_items: int = 0  # per chat task; 0 = all
@@ -81,6 +85,11 @@ class EvalConfig:
                 if not source or PurePosixPath(source).name != source or source in (".", ".."):
                     raise FieldError(name, list(getattr(self, name)),
                                      f"must name raw snapshots (folders under --raw, e.g. synth_math); {source!r} is no folder name")
+        kind, _, where = self.core_tasks.partition(":")
+        if kind not in CORE_TASK_ROOTS or not where or PurePosixPath(where).is_absolute() or ".." in PurePosixPath(where).parts \
+                or (kind == "raw" and PurePosixPath(where).name != where):
+            raise FieldError("core_tasks", self.core_tasks, "must be `evalsets:<folder under --evalsets>` (e.g. evalsets:core) "
+                                                            "or `raw:<fetch name>` (e.g. raw:dclm_core)")
         for name in ("categorical_files", "code_files"):
             for rel in getattr(self, name):
                 path = PurePosixPath(rel)
@@ -102,9 +111,31 @@ class EvalPaths:
     runinfo: Path  # run facts JSON: device, dtype, world size, time
 
 
+def core_tasks_source(cfg: EvalConfig, raw: Path, evalsets: Path) -> tuple[Path, str]:
+    """The folder in the DCLM bundle layout that `eval.core_tasks` names, and what it is: "dclm"
+    (a bundle snapshot whose zip was the published DCLM bundle), "bundle" (another bundle
+    snapshot, e.g. the rehearsal's) or "own" (a folder of our own tasks under --evalsets). A
+    bundle snapshot's files are checked against their sha256 here."""
+    kind, _, where = cfg.core_tasks.partition(":")
+    if kind == "evalsets":
+        folder = evalsets / where
+        if not (folder / "core.yaml").is_file():
+            raise ConfigError(f"eval.core_tasks={cfg.core_tasks!r}: {folder} holds no core.yaml; name a folder under "
+                              f"{evalsets} in the DCLM bundle layout, or `raw:<fetch name>` for a fetched bundle")
+        return folder, "own"
+    if not (raw / where).is_dir():
+        raise ConfigError(f"eval.core_tasks={cfg.core_tasks!r} has no snapshot at {raw / where}: add fetch.{where} "
+                          f"(source: dclm_core) to params.yaml and run `dvc repro fetch@{where}`, or use evalsets:core")
+    folder, meta = open_bundle(raw / where)
+    return folder, "dclm" if meta.get("identity") == "dclm" else "bundle"
+
+
 def check_inputs(stage: str, cfg: EvalConfig, raw: Path, evalsets: Path) -> None:
-    """Refuse, before any model loads, a snapshot or eval set file that the `eval` section lists
-    for this stage's chat tasks and that is not there, naming the key that lists it."""
+    """Refuse, before any model loads, the CORE tasks (for a CORE stage) or a snapshot or eval set
+    file that the `eval` section lists for this stage's chat tasks and that is not there, naming
+    the key that lists it."""
+    if stage in cfg.core_stages:
+        core_tasks_source(cfg, raw, evalsets)
     if stage not in cfg.chat_stages:
         return
     for key in ("math_sources", "conversation_sources"):
@@ -280,7 +311,8 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime
 
     if stage in cfg.core_stages:
         centered_by_task = {}
-        for task in core.load_core_tasks(paths.evalsets / "core", max_items_per_task=cfg.core_max_items or None):
+        core_dir, core_source = core_tasks_source(cfg, paths.raw, paths.evalsets)
+        for task in core.load_core_tasks(core_dir, max_items_per_task=cfg.core_max_items or None):
             recs: list[dict[str, Any]] = []
 
             def on_item(index: int, scored: core.Scored, ok: bool, _task: core.CoreTask = task, _recs: list = recs) -> None:
@@ -296,6 +328,9 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime
             predictions[f"core_{task.label}"] = recs
             log.info("core %s: accuracy %.4f centred %.4f (%d items)", task.label, res["accuracy"], res["centered"], res["items"])
         metrics["core"] = core.core_score(centered_by_task)
+        # What the `core` mean is over, for the report's name of it (lockstep.report.core_label).
+        metrics.update(core_source=core_source, core_tasks=len(centered_by_task),
+                       core_items=sum(metrics[f"core.{label}.accuracy.n"] for label in centered_by_task))
 
     if stage in cfg.chat_stages:
         stop_ids = {tokenizer.encode_special("<|assistant_end|>"), bos}
