@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.report import build_report, flatten, load_metrics, read_series
+from lockstep.report import build_report, flatten, load_metrics, read_series, render_markdown
 from lockstep.series import SeriesWriter
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -42,6 +42,7 @@ def run_files(tmp_path: Path) -> tuple[Path, Path]:
         (metrics / f"{stage}.json").write_text(json.dumps({"train_time_s": 10.0 * n, "tokens": 1000 * n, "final_loss": 3.0 / n}))
         (metrics / f"eval_{stage}.json").write_text(json.dumps({
             "core": 0.1 * n, "bpb": {"shakespeare": 2.0 / n}, "device": "cpu", "dtype": "float32",
+            "core_source": "own", "core_tasks": 3, "core_items": 761,
             **({"chatcore": 0.05 * n, "gsm8k.accuracy": 0.01 * n} if stage != "pretrain" else {}),
         }))
         d = plots / stage
@@ -79,9 +80,10 @@ def test_report_renders_from_fixture(tmp_path: Path, run_files: tuple[Path, Path
     out = build_report(metrics, plots, tmp_path / "report", environment=ENV)
     text = out.read_text()
     assert "| metric | BASE | MID | SFT | RL |" in text
-    assert "| core | 0.1000 | 0.2000 | 0.3000 | 0.4000 |" in text
+    assert "| CORE-style (own tasks, 761 items) | 0.1000 | 0.2000 | 0.3000 | 0.4000 |" in text
     assert "| chatcore | - | 0.1000 | 0.1500 | 0.2000 |" in text
-    assert text.index("| core |") < text.index("| bpb.shakespeare |")
+    assert text.index("| CORE-style (own tasks") < text.index("| bpb.shakespeare |")
+    assert "| core |" not in text and "core_tasks" not in text and "core_source" not in text
     assert "| train_time_s | 10.0000 | 20.0000 | 30.0000 | 40.0000 |" in text
     assert "bytes_per_token.shakespeare" in text and "abc123" in text and "eval_sft: dtype" in text
     charts = sorted(p.name for p in (tmp_path / "report").glob("*.png"))
@@ -156,3 +158,15 @@ def test_header_names_tokenizer_embedding_and_losses(tmp_path: Path) -> None:
                                     "**loss** pretrain prefix_smooth w=0.1, sft ce")
     bare = build_report(metrics, plots, tmp_path / "r2", environment=ENV).read_text()
     assert bare.splitlines()[2] == "**Tokenizer** lz78 (4096 ids) · **embedding** - · **loss** -"
+
+
+def test_the_core_row_says_which_core_it_is() -> None:
+    env = {"commit": "abc"}
+    def row(**facts):
+        text = render_markdown({"eval_pretrain": {"core": 0.2, **facts}}, [], env)
+        return next(line for line in text.splitlines() if "0.2000" in line).split("|")[1].strip()
+
+    assert row(core_source="dclm", core_tasks=22, core_items=11000) == "CORE (DCLM, 22 tasks)"
+    assert row(core_source="own", core_tasks=3, core_items=761) == "CORE-style (own tasks, 761 items)"
+    assert row(core_source="bundle", core_tasks=3, core_items=12) == "CORE-style (bundle not verified as DCLM's, 3 tasks, 12 items)"
+    assert row() == "CORE-style (task source not recorded)"  # metrics from before core_source: never the bare name

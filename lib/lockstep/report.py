@@ -29,6 +29,9 @@ HEADLINE_KEYS = ("core", "chatcore")
 # Errors whose message says what to fix: the report stage's entry point prints them as one line.
 ERRORS = (FileNotFoundError,)
 COUNT_SUFFIX = ".n"  # `<metric>.n`: the number of items a rate is over
+# What an eval's `core` is a mean over (written by lockstep.evaluate.run): named in the row's
+# label, not shown as rows of their own.
+CORE_FACTS = ("core_source", "core_tasks", "core_items")
 Interval = tuple[float, float, int]  # low, high, items
 
 
@@ -179,7 +182,25 @@ def _with_interval(value: Any, iv: Interval | None) -> str:
 
 
 def _numeric(flat: Mapping[str, Any]) -> list[str]:
-    return [k for k, v in flat.items() if not isinstance(v, str) and not k.endswith(COUNT_SUFFIX)]
+    return [k for k, v in flat.items() if not isinstance(v, str) and not k.endswith(COUNT_SUFFIX) and k not in CORE_FACTS]
+
+
+def core_label(flat: Mapping[str, Any]) -> str:
+    """The name an eval's `core` goes by: nanochat's "CORE" only for the DCLM bundle's tasks
+    (its zip checked against the published sha256), "CORE-style" for any other tasks."""
+    source, tasks, items = flat.get("core_source"), flat.get("core_tasks"), flat.get("core_items")
+    if source == "dclm":
+        return f"CORE (DCLM, {tasks} tasks)"
+    if source == "own":
+        return f"CORE-style (own tasks, {items:,} items)" if isinstance(items, int) else "CORE-style (own tasks)"
+    if source == "bundle":
+        return f"CORE-style (bundle not verified as DCLM's, {tasks} tasks, {items:,} items)"
+    return "CORE-style (task source not recorded)"
+
+
+def _core_row_name(stems: list[str], source: Mapping[str, Mapping[str, Any]]) -> str:
+    labels = list(dict.fromkeys(core_label(source[s]) for s in stems if s in source and "core" in source[s]))
+    return " / ".join(labels) or "core"
 
 
 def _stage_table(title: str, stems: list[tuple[str, str]], source: Mapping[str, Mapping[str, Any]],
@@ -188,7 +209,8 @@ def _stage_table(title: str, stems: list[tuple[str, str]], source: Mapping[str, 
     if not present:
         return []
     keys = sorted({k for _, s in present for k in _numeric(source[s])}, key=lambda k: (k not in first, k))
-    rows = [[k, *[_with_interval(source[s].get(k), ivs.get((s, k))) if s in source else "-" for _, s in stems]]
+    names = {"core": _core_row_name([s for _, s in present], source)}
+    rows = [[names.get(k, k), *[_with_interval(source[s].get(k), ivs.get((s, k))) if s in source else "-" for _, s in stems]]
             for k in keys]
     return [f"## {title}", "", *_table(["metric", *[c for c, _ in stems]], rows), ""]
 
@@ -226,7 +248,7 @@ def render_markdown(metrics: Mapping[str, Mapping[str, Any]], charts: list[Path]
     for source in (metrics, runinfo):
         for stem in sorted(source):
             for k, v in sorted(source[stem].items()):
-                if isinstance(v, str):
+                if isinstance(v, str) and k not in CORE_FACTS:
                     env_rows.append([f"{stem}: {k}", v])
     lines += _table(["", "value"], env_rows) + [""]
 
