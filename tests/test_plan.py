@@ -112,7 +112,7 @@ def test_json_schema_through_the_command_line(tmp_path: Path, monkeypatch: pytes
                                  "--cache", str(tmp_path / "none"), "--raw", str(tmp_path / "none")])
     assert r.exit_code == 0, r.output
     plan = json.loads(r.output)
-    assert set(plan) == {"preset", "model", "throughput", "stages", "rl", "disk", "assumptions", "flags"}
+    assert set(plan) == {"preset", "model", "throughput", "stages", "rl", "eval", "disk", "assumptions", "flags"}
     assert plan["preset"] == "d20" and plan["flags"] == []
     assert [s["stage"] for s in plan["stages"]] == ["pretrain", "midtrain", "sft"]
     for s in plan["stages"]:
@@ -141,3 +141,55 @@ def test_calibration_times_real_steps() -> None:
     tok_s = calibrate_tok_per_s(gcfg, rows=2, batch_tokens=128, optim=OptimConfig(),
                                 runtime=RuntimeConfig(device="cpu", dtype="fp32"), steps=2)
     assert 0 < tok_s < float("inf") and torch.get_num_threads() == before
+
+
+def _eval_params(tmp_path: Path, **eval_section) -> dict:
+    """_params with an eval section and the CORE tasks of a hand-made bundle folder: 2 multiple
+    choice items of 3 and 2 choices (2 shots) and one language-modelling item (no shots)."""
+    bundle = tmp_path / "evalsets" / "mine"
+    (bundle / "eval_data" / "x").mkdir(parents=True)
+    (bundle / "core.yaml").write_text(
+        "icl_tasks:\n- {label: mc, dataset_uri: x/mc.jsonl, num_fewshot: [2], icl_task_type: multiple_choice}\n"
+        "- {label: lm, dataset_uri: x/lm.jsonl, num_fewshot: [0], icl_task_type: language_modeling}\n")
+    (bundle / "eval_meta_data.csv").write_text("Eval Task,Random baseline\nmc,40\nlm,0\n")
+    (bundle / "eval_data" / "x" / "mc.jsonl").write_text(
+        json.dumps({"query": "a" * 10, "choices": ["b" * 5, "c" * 5, "d" * 5], "gold": 0}) + "\n"
+        + json.dumps({"query": "e" * 20, "choices": ["f" * 3, "g" * 3], "gold": 1}) + "\n")
+    (bundle / "eval_data" / "x" / "lm.jsonl").write_text(json.dumps({"context": "h" * 30, "continuation": "i" * 5}) + "\n")
+    params = _params()
+    params["eval"] = {"core_tasks": "evalsets:mine", "core_stages": ["pretrain"], "chat_stages": ["sft"],
+                      "math_sources": [], "conversation_sources": [], "code_files": [], **eval_section}
+    return params
+
+
+def test_eval_forward_passes_by_hand(tmp_path: Path) -> None:
+    params = _eval_params(tmp_path, max_new_tokens=10, generate_batch=4)
+    params["tokenizer"]["vocab_size"] = 4096  # 3.39 chars/token
+    (tmp_path / "evalsets" / "chat").mkdir()
+    (tmp_path / "evalsets" / "chat" / "c.jsonl").write_text("{}\n" * 5)  # 5 code items: generated replies
+    params["eval"]["code_files"] = ["chat/c.jsonl"]
+    plan = make_plan(params, device="h100", tok_per_s=1000.0, root=tmp_path)
+    by_stage = {e["stage"]: e for e in plan["eval"]}
+    assert list(by_stage) == ["pretrain", "midtrain", "sft", "rl"]
+    core = by_stage["pretrain"]["core"]
+    # rows: "aaaaaaaaaa bbbbb" (16 chars) x3, "eeee...e fff" (24) x2 with 3 prompts each (2 shots), and
+    # "hhh...h iiiii" (36) once: ceil(3*16/3.39)=15 x3, ceil(3*24/3.39)=22 x2, ceil(36/3.39)=11
+    assert (core["tasks"], core["items"], core["rows"], core["tokens"]) == (2, 3, 6, 15 * 3 + 22 * 2 + 11)
+    assert by_stage["pretrain"]["forward_passes"] == 3 and by_stage["pretrain"]["replies"] == 0
+    # 5 replies, 4 at a time: 2 rounds of 10 decoding steps; 50 generated tokens
+    assert by_stage["sft"]["core"] is None and by_stage["sft"]["replies"] == 5
+    assert by_stage["sft"]["forward_passes"] == 20 and by_stage["sft"]["forward_tokens"] == 50
+    assert by_stage["pretrain"]["time_s_lower_bound"] == pytest.approx(100 / 3000)  # forward = 1/3 of a step
+    capped = make_plan(_eval_params(tmp_path / "b", core_max_items=1), device="h100", root=tmp_path / "b")
+    assert capped["eval"][0]["core"]["items"] == 2  # one per task
+    text = render_text(plan)
+    assert "eval@pretrain" in text and "CORE 2 tasks x 3 items = 6 rows" in text and "chat 5 replies" in text
+
+
+def test_eval_of_the_dclm_bundle_before_it_is_fetched(tmp_path: Path) -> None:
+    params = _params()
+    params["fetch"] = {"dclm_core": {"source": "dclm_core"}}
+    params["eval"] = {"core_tasks": "raw:dclm_core", "core_max_items": 500}
+    core = make_plan(params, device="h100", root=tmp_path, raw_root=tmp_path / "raw")["eval"][0]["core"]
+    assert (core["tasks"], core["items"]) == (22, 22 * 500) and core["tokens"] == core["rows"] * params["model"].get(
+        "sequence_len", 2048) and "published size" in core["basis"]

@@ -1,5 +1,6 @@
 """`lockstep plan`: what a params file will cost, before anything runs and without its data:
-parameters and FLOPs per token from the model itself, tokens and wall time per training stage,
+parameters and FLOPs per token from the model itself, tokens and wall time per training stage
+and the forward passes of each eval stage,
 epochs per mixture component (lockstep.budget; from cache meta.json where caches exist, else
 estimated from the fetch budgets), disk for raw snapshots, caches and checkpoints, and peak memory
 per device. Estimates only: it trains nothing and refuses nothing, but flags what will not fit.
@@ -14,6 +15,7 @@ import math
 import dataclasses
 import os
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,9 @@ import torch
 
 from lockstep.budget import ASSUMED_CHARS_PER_TOKEN, Holding, mixture_epochs, over_limit
 from lockstep.config import build_config
+from lockstep.evaluate.core import load_core_tasks
+from lockstep.evaluate.run import STAGES as EVAL_STAGES
+from lockstep.evaluate.run import EvalConfig
 from lockstep.io import read_json
 from lockstep.loaders import PretrainTokenStreamDataset, open_sft_dataset
 from lockstep.model import GPT, GPTConfig
@@ -37,6 +42,7 @@ from lockstep.runtime import (
     measure_matmul_peak_flops,
 )
 from lockstep.sources import SOURCE_CONFIGS
+from lockstep.sources.dclm_core import extract_zip
 from lockstep.train import STAGE_CONFIGS, ModelParams, horizon_steps
 from lockstep.train_stage import holding_of
 
@@ -99,6 +105,12 @@ SOURCE_FACTS: dict[str, dict[str, Any]] = {
     "synth_math": {"tokens_per_example": 105},
     "synth_chat": {"tokens_per_example": 71},
 }
+
+
+# The DCLM bundle before it is fetched: 22 tasks and 91,037 items, as published with its pinned
+# digest (lockstep.sources.dclm_core). Choices per item are not published; 3 rows per item is an
+# assumption (its multiple-choice tasks have 2 to 5 choices, its language-modelling tasks 1).
+DCLM_CORE_FACTS = {"tasks": 22, "items": 91_037, "rows_per_item": 3}
 
 
 def chars_per_token(vocab_size: int) -> float:
@@ -367,6 +379,95 @@ def plan_rl(params: dict[str, Any], m: dict[str, Any], tp: Throughput) -> dict[s
             "flops": flops, "time_s_lower_bound": tok_equiv / (tp.tok_per_s * tp.gpus)}
 
 
+def _core_folder(cfg: EvalConfig, params: dict[str, Any], *, root: Path, raw_root: Path | None,
+                 work: Path) -> Path | None:
+    """A folder holding the CORE tasks eval.core_tasks names, where one can be found before the
+    eval runs: the own-task folder, a fetched bundle snapshot, or the fetch entry's local zip or
+    folder (unpacked into `work`); None when only the download would tell."""
+    kind, _, where = cfg.core_tasks.partition(":")
+    if kind == "evalsets":
+        folder = root / "evalsets" / where
+        return folder if (folder / "core.yaml").is_file() else None
+    if raw_root is not None and (raw_root / where / "eval_bundle" / "core.yaml").is_file():
+        return raw_root / where / "eval_bundle"
+    path = ((params.get("fetch") or {}).get(where) or {}).get("path")
+    if path is None or not (root / path).exists():
+        return None
+    local = root / path
+    if local.is_file():
+        extract_zip(local, work)
+        local = work
+    return next((c.parent for c in sorted(local.glob("**/core.yaml"), key=lambda c: len(c.parts))), None)
+
+
+def plan_core(cfg: EvalConfig, params: dict[str, Any], *, seq_len: int, cpt: float, root: Path,
+              raw_root: Path | None) -> dict[str, Any]:
+    """One CORE evaluation: items (eval.core_max_items per task), rows (one per choice, one forward
+    batch per item) and tokens. From the task files where they can be read, a row taking
+    (1 + shots) x its item's characters / chars-per-token, at most the context; else from
+    DCLM_CORE_FACTS, every row at the full context (an upper bound)."""
+    cap = cfg.core_max_items or None
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _core_folder(cfg, params, root=root, raw_root=raw_root, work=Path(tmp))
+        tasks = load_core_tasks(folder, max_items_per_task=cap) if folder is not None else None
+    if tasks is None:
+        f = DCLM_CORE_FACTS
+        items = min(f["items"], f["tasks"] * cap) if cap else f["items"]
+        rows = items * f["rows_per_item"]
+        return {"tasks": f["tasks"], "items": items, "rows": rows, "tokens": rows * seq_len,
+                "basis": f"{cfg.core_tasks}: the DCLM bundle's published size, {f['rows_per_item']} rows/item assumed, "
+                         "rows at the full context"}
+    items = rows = tokens = 0
+    for t in tasks:
+        for it in t.items:
+            if t.task_type == "multiple_choice":
+                texts = [f"{it['query']} {c}" for c in it["choices"]]
+            elif t.task_type == "schema":
+                texts = [f"{c} {it['continuation']}" for c in it["context_options"]]
+            else:
+                texts = [f"{it['context']} {it['continuation']}"]
+            items += 1
+            rows += len(texts)
+            tokens += sum(min(seq_len, math.ceil((1 + t.num_fewshot) * len(x) / cpt)) for x in texts)
+    return {"tasks": len(tasks), "items": items, "rows": rows, "tokens": tokens,
+            "basis": f"{cfg.core_tasks}: the task files, {cpt:g} chars/token"}
+
+
+def plan_eval(params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, root: Path,
+              raw_root: Path | None) -> list[dict[str, Any]]:
+    """Each eval@<stage>: CORE forward passes (items, and rows = items x choices) and chat
+    generations (replies x max_new_tokens decoding steps, eval.generate_batch replies per step),
+    with a FLOP-bound time at the planned throughput (a forward is 1/3 of a training step's FLOPs):
+    a lower bound, since decoding one token at a time is bound by memory, not FLOPs."""
+    if "eval" not in params:
+        return []
+    cfg = build_config(EvalConfig, params["eval"] or {}, where="eval")
+    T = m["sequence_len"]
+    cpt = chars_per_token(params["tokenizer"]["vocab_size"])
+    core = plan_core(cfg, params, seq_len=T, cpt=cpt, root=root, raw_root=raw_root) \
+        if set(cfg.core_stages) & set(EVAL_STAGES) else None
+    replies = 0
+    for src in (*cfg.math_sources, *cfg.conversation_sources):
+        entry = (params.get("fetch") or {}).get(src) or {}
+        size = source_size(src, entry, root=root) if entry else None
+        n = int(size.val_examples or 0) if size is not None else 0
+        replies += min(n, cfg.chat_max_items) if cfg.chat_max_items else n
+    for rel in cfg.code_files:
+        f = root / "evalsets" / rel
+        n = sum(1 for line in f.read_text(encoding="utf-8").splitlines() if line.strip()) if f.is_file() else 0
+        replies += min(n, cfg.chat_max_items) if cfg.chat_max_items else n
+    decode_steps = math.ceil(replies / cfg.generate_batch) * cfg.max_new_tokens
+    out = []
+    for stage in EVAL_STAGES:  # dvc.yaml runs eval@ for each
+        c = core if stage in cfg.core_stages else None
+        gen_tokens = replies * cfg.max_new_tokens if stage in cfg.chat_stages else 0
+        tokens = (c["tokens"] if c else 0) + gen_tokens
+        out.append({"stage": stage, "core": c, "replies": replies if stage in cfg.chat_stages else 0,
+                    "forward_passes": (c["items"] if c else 0) + (decode_steps if stage in cfg.chat_stages else 0),
+                    "forward_tokens": tokens, "time_s_lower_bound": tokens / (3 * tp.tok_per_s * tp.gpus)})
+    return out
+
+
 def token_bytes(vocab_size: int) -> int:
     return 2 if vocab_size <= 65536 else 4
 
@@ -466,6 +567,7 @@ def make_plan(params: dict[str, Any], *, device: str = "h100", gpus: int = 1, mf
                        "basis": tp.basis, "memory_bytes_per_device": tp.memory_bytes, "bf16": tp.bf16},
         "stages": stages,
         "rl": plan_rl(params, m, tp),
+        "eval": plan_eval(params, m, tp, root=root, raw_root=raw_root),
         "disk": plan_disk(params, m, gpus=gpus, root=root, raw_root=raw_root, cache_root=cache_root, built=built),
         "assumptions": {
             "chars_per_token": chars_per_token(params["tokenizer"]["vocab_size"]),
@@ -520,6 +622,16 @@ def render_text(plan: dict[str, Any]) -> str:
         out.append(f"{'rl':9} {rl['steps']:>7} {_size(rl['generated_tokens'] + rl['trained_tokens']):>8} "
                    f"{_size(rl['flops']):>8} {'>' + _duration(rl['time_s_lower_bound']):>10} {'':>11}  "
                    f"{_size(rl['generated_tokens'])} generated (at most) + {_size(rl['trained_tokens'])} trained tokens")
+    for e in plan.get("eval", []):
+        what = []
+        if e["core"]:
+            c = e["core"]
+            what.append(f"CORE {c['tasks']} tasks x {_size(c['items'])} items = {_size(c['rows'])} rows ({c['basis']})")
+        if e["replies"]:
+            what.append(f"chat {_size(e['replies'])} replies")
+        out.append(f"{'eval@' + e['stage']:9} {_size(e['forward_passes']):>7} {_size(e['forward_tokens']):>8} "
+                   f"{'':>8} {'>' + _duration(e['time_s_lower_bound']):>10} {'':>11}  "
+                   f"forward passes, tokens: {'; '.join(what) or 'bpb only'}")
     out += ["", "epochs per mixture component (limit: the stage's max_epochs)"]
     for s in plan["stages"]:
         limit = "no limit" if s["max_epochs"] is None else f"limit {s['max_epochs']:g}"

@@ -116,7 +116,7 @@ def _bundle_root(names: list[str], where: str) -> str:
     return roots[0]
 
 
-def _extract_zip(archive: Path, dest: Path) -> None:
+def extract_zip(archive: Path, dest: Path) -> None:
     """The bundle's files from `archive` into `dest` (its `eval_bundle/` prefix dropped), each
     member's CRC checked as it is read; anything outside the bundle folder is left out."""
     try:
@@ -198,7 +198,7 @@ def publish(cfg: DclmCoreConfig, root: Path, *, name: str, config: dict[str, Any
         else:
             archive_sha = _sha256(local)
             _check_sha(cfg, archive_sha, str(local))
-            _extract_zip(local, dest)
+            extract_zip(local, dest)
             source_id = f"local:{local.as_posix()}"
     else:
         # Downloaded inside the work folder, which atomic_dir removes on any failure.
@@ -206,7 +206,7 @@ def publish(cfg: DclmCoreConfig, root: Path, *, name: str, config: dict[str, Any
         _download(cfg, archive)
         archive_sha = _sha256(archive)
         _check_sha(cfg, archive_sha, f"the download of {cfg.url}")
-        _extract_zip(archive, dest)
+        extract_zip(archive, dest)
         archive.unlink()
         source_id = cfg.url
     counts = bundle_counts(dest)
