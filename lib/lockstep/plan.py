@@ -104,6 +104,13 @@ SOURCE_FACTS: dict[str, dict[str, Any]] = {
     # measured on the tiny preset's caches (4,096-id BPE): 419,045 / 4,000 and 211,512 / 3,000
     "synth_math": {"tokens_per_example": 105},
     "synth_chat": {"tokens_per_example": 71},
+    # Chat benchmarks, eval only (val = the hub's test split, no train): published test sizes;
+    # tokens per item estimated from a few hundred items' characters at ~4.5 chars/token.
+    "ai2_arc": {"val_examples_by_config": {"ARC-Easy": 2_376, "ARC-Challenge": 1_172}, "tokens_per_example": 50},
+    "mmlu": {"val_examples_by_config": {"all": 14_042}, "tokens_per_example": 130},
+    "humaneval": {"val_examples_by_config": {"openai_humaneval": 164}, "tokens_per_example": 400},
+    # generated: n_train/n_val from params; one question and its spelled-out reply
+    "spelling_bee": {"tokens_per_example": 90},
 }
 
 
@@ -156,7 +163,13 @@ def source_size(name: str, entry: dict[str, Any], *, root: Path) -> SourceSize |
         chars = sum(p.stat().st_size for p in files)
         return SourceSize(train_chars=chars * (1 - cfg.val_frac), val_chars=chars * cfg.val_frac,
                           basis=f"the size of {folder}")
-    if src in ("synth_math", "synth_chat"):
+    if "val_examples_by_config" in facts:  # an eval-only benchmark: val alone, sized by its config
+        n = facts["val_examples_by_config"].get(cfg.config)
+        if n is None:
+            return None
+        return SourceSize(train_examples=0, val_examples=n, tokens_per_example=facts["tokens_per_example"],
+                          basis=f"{src} {cfg.config}'s published test size")
+    if src in ("synth_math", "synth_chat", "spelling_bee"):
         return SourceSize(train_examples=cfg.n_train, val_examples=cfg.n_val,
                           tokens_per_example=facts["tokens_per_example"], basis=f"fetch.{name}.n_train")
     if "examples" in facts:

@@ -18,16 +18,20 @@ from typing import Any
 
 from lockstep.config import ConfigError, config_to_dict
 from lockstep.io import atomic_dir
+from lockstep.sources.ai2_arc import Ai2ArcConfig
 from lockstep.sources.common import SourceFormatError, SourceUnavailableError, SplitLayoutError
 from lockstep.sources.dclm_core import DclmCoreConfig
 from lockstep.sources.dolly15k import Dolly15kConfig
 from lockstep.sources.fineweb_edu import FinewebEduConfig
 from lockstep.sources.gsm8k import Gsm8kConfig
 from lockstep.sources.gutenberg import GutenbergConfig
+from lockstep.sources.humaneval import HumanevalConfig
+from lockstep.sources.mmlu import MmluConfig
 from lockstep.sources.oasst1 import Oasst1Config
 from lockstep.sources.roam import RoamConfig
 from lockstep.sources.shards import ResumeFolder
 from lockstep.sources.shakespeare import ShakespeareConfig
+from lockstep.sources.spelling_bee import SpellingBeeConfig
 from lockstep.snapshot import (
     BUNDLE_KIND,
     DEFAULT_PART_BYTES,
@@ -59,6 +63,11 @@ SOURCE_CONFIGS: dict[str, type] = {
     "synth_chat": SynthChatConfig,
     # A file bundle, not records: its module defines publish() instead of produce() (see _fetch).
     "dclm_core": DclmCoreConfig,
+    # Chat benchmarks (eval only: their snapshots hold val alone; docs/evaluation.md "ChatCORE").
+    "ai2_arc": Ai2ArcConfig,
+    "mmlu": MmluConfig,
+    "humaneval": HumanevalConfig,
+    "spelling_bee": SpellingBeeConfig,
 }
 
 # Errors whose message says what to fix: the fetch stage's entry point prints them as one line.
