@@ -1,7 +1,8 @@
 """Generator of the hub-layout samples under `corpus/hub/`: small local copies of FineWeb-Edu,
-WikiText, OpenAssistant oasst1, GSM8K and databricks-dolly-15k in each dataset's own file names,
-columns and dtypes, and an eval bundle in the DCLM `eval_bundle.zip` layout, so that the loaders
-(lockstep.sources) read them exactly as they read a real download. The text is our own, built here from templates and word lists; none of it comes
+WikiText, OpenAssistant oasst1, GSM8K and databricks-dolly-15k (and, from lockstep.dev.hub_samples_chat,
+the chat benchmarks ARC, MMLU and HumanEval) in each dataset's own file names, columns and dtypes,
+and an eval bundle in the DCLM `eval_bundle.zip` layout, so that the loaders (lockstep.sources)
+read them exactly as they read a real download. The text is our own, built here from templates and word lists; none of it comes
 from the datasets themselves. The `rehearsal` preset trains on these files.
 
 The committed files are exactly this module's output: `lockstep dev hub-samples` compares them
@@ -28,6 +29,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lockstep.dev.hub_samples_chat import chat_sample_files
 from lockstep.io import write_bytes_atomic
 
 T = TypeVar("T")
@@ -589,6 +591,7 @@ def build_samples() -> list[SampleFile | ZipFile]:
         SampleFile(f"{DOLLY15K}/databricks-dolly-15k.jsonl", [dolly_record(i) for i in range(DOLLY_RECORDS)], None),
         ZipFile(f"{DCLM_CORE}/eval_bundle.zip", bundle_members()),
     ]
+    files += [SampleFile(rel, rows, schema) for rel, rows, schema in chat_sample_files()]  # ARC, MMLU, HumanEval
     return files
 
 

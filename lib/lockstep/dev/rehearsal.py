@@ -29,6 +29,9 @@ SAMPLE_PATHS = {
     "oasst1": "corpus/hub/oasst1",
     "gsm8k": "corpus/hub/gsm8k",
     "dclm_core": f"corpus/hub/{hub_samples.DCLM_CORE}/eval_bundle.zip",  # our own tasks in the bundle's layout
+    "ai2_arc": "corpus/hub/ai2_arc",
+    "mmlu": "corpus/hub/mmlu",
+    "humaneval": "corpus/hub/openai_humaneval",
 }
 
 
@@ -84,6 +87,7 @@ OVERRIDES: tuple[tuple[str, Any], ...] = (
     ("eval.bpb_max_tokens", 4096),
     ("eval.core_max_items", 4),
     ("eval.chat_max_items", 8),
+    ("fetch.spelling_bee.n_val", 16),
     ("eval.max_new_tokens", 48),
     ("eval.generate_batch", 8),
     # The sample bundle is not DCLM's zip: pin its own digest, so the check runs as in d12.

@@ -6,6 +6,7 @@ aggregate. Generation is passed in as a function; this module never builds a mod
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal, InvalidOperation
@@ -151,6 +152,19 @@ def categorical_items(records: Iterable[dict[str, Any]]) -> list[CategoricalItem
     return items
 
 
+def benchmark_categorical_items(records: Iterable[dict[str, Any]]) -> list[CategoricalItem]:
+    """Multiple-choice items from a benchmark snapshot (lockstep.sources.ai2_arc, .mmlu): documents
+    whose `text` is the question, `choices` a JSON list and `answer` a letter."""
+    out = []
+    for i, r in enumerate(records):
+        try:
+            choices = json.loads(r.get("choices") or "")
+        except json.JSONDecodeError:
+            raise ValueError(f"benchmark item {i}: `choices` is not a JSON list; refetch the snapshot") from None
+        out.extend(categorical_items([{"question": r.get("text"), "choices": choices, "answer": r.get("answer")}]))
+    return out
+
+
 def categorical_prompt(item: CategoricalItem) -> dict[str, Any]:
     """The user turn for a categorical item; the reply is one letter."""
     lines = [item.question, ""]
@@ -176,6 +190,12 @@ def code_items(records: Iterable[dict[str, Any]]) -> list[CodeItem]:
             raise ValueError(f"code item {i} misses {missing} (HumanEval format)")
         items.append(CodeItem(str(r["task_id"]), r["prompt"], r["test"], r["entry_point"]))
     return items
+
+
+def benchmark_code_items(records: Iterable[dict[str, Any]]) -> list[CodeItem]:
+    """Code items from a HumanEval snapshot (lockstep.sources.humaneval): documents whose `text`
+    is the prompt, with `task_id`, `test` and `entry_point` beside it."""
+    return code_items({**r, "prompt": r.get("text")} for r in records)
 
 
 def code_program(item: CodeItem, completion: str) -> str:
@@ -210,15 +230,16 @@ def code_context(item: CodeItem) -> str:
 class TaskResult:
     correct: int = 0
     total: int = 0
+    skipped: int = 0  # items left out (a categorical prompt longer than the model's context)
     records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def reduce(self, device: torch.device) -> None:
         """Sum counts over ranks when a process group is up (records stay per rank)."""
         if dist.is_available() and dist.is_initialized():
-            t = torch.tensor([self.correct, self.total], dtype=torch.float64)
+            t = torch.tensor([self.correct, self.total, self.skipped], dtype=torch.float64)
             t = t.to(device) if device.type == "cuda" else t
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
-            self.correct, self.total = int(t[0].item()), int(t[1].item())
+            self.correct, self.total, self.skipped = int(t[0].item()), int(t[1].item()), int(t[2].item())
 
     @property
     def accuracy(self) -> float:
@@ -282,7 +303,10 @@ def evaluate_categorical(
     rank: int = 0,
     world_size: int = 1,
 ) -> TaskResult:
-    """Argmax over the logits of the valid answer letters at the first reply position."""
+    """Argmax over the logits of the valid answer letters at the first reply position: the letter
+    the model prefers among the item's choices' letters (A.. for as many choices as it has), the
+    rule of nanochat's categorical tasks. An item whose prompt does not fit in `max_seq_len` is
+    skipped and counted in `skipped`, never scored and never fatal."""
     letter_ids = []
     for letter in LETTERS:
         ids = tokenizer.encode(letter)
@@ -293,7 +317,8 @@ def evaluate_categorical(
     for index, item in _shard(items, rank, world_size):
         prompt = tokenizer.render_for_completion(categorical_prompt(item))
         if len(prompt) > max_seq_len:
-            raise ValueError(f"categorical item {index} renders to {len(prompt)} tokens > max_seq_len={max_seq_len}; shorten it")
+            result.skipped += 1
+            continue
         logits = model(torch.tensor([prompt], dtype=torch.long, device=device))  # (1, T, V)
         allowed = torch.tensor(letter_ids[: len(item.choices)], device=device)
         pick = int(logits[0, -1, allowed].float().argmax().item())
@@ -340,6 +365,28 @@ def evaluate_code(
 
 def random_baseline_categorical(items: Sequence[CategoricalItem]) -> float:
     return sum(1.0 / len(it.choices) for it in items) / len(items) if items else 0.0
+
+
+# The benchmarks of nanochat's ChatCORE: task -> (how it is scored, its fixed random baseline).
+# ARC and MMLU count as four-choice tasks (0.25) whatever an item's number of choices, as nanochat
+# counts them; the generative tasks have no chance level (0).
+CHATCORE_TASKS: dict[str, tuple[Literal["categorical", "generative", "code"], float]] = {
+    "arc_easy": ("categorical", 0.25),
+    "arc_challenge": ("categorical", 0.25),
+    "mmlu": ("categorical", 0.25),
+    "gsm8k": ("generative", 0.0),
+    "humaneval": ("code", 0.0),
+    "spelling_bee": ("generative", 0.0),
+}
+
+
+def chatcore_of(accuracy_by_task: dict[str, float]) -> float:
+    """ChatCORE over CHATCORE_TASKS' benchmarks: the mean of each task's accuracy centred on its
+    fixed baseline, `(acc - b) / (1 - b)`. Refuses a task that is not one of them."""
+    unknown = sorted(set(accuracy_by_task) - set(CHATCORE_TASKS))
+    if unknown:
+        raise ValueError(f"{unknown} are not ChatCORE tasks; use some of {list(CHATCORE_TASKS)}")
+    return chatcore({t: (acc, CHATCORE_TASKS[t][1]) for t, acc in accuracy_by_task.items()})
 
 
 def chatcore(accuracy_and_baseline: dict[str, tuple[float, float]]) -> float:

@@ -58,6 +58,9 @@ class EvalConfig:
     conversation_sources: tuple[str, ...] = ("synth_chat",)  # tool-use conversations under --raw (val split)
     categorical_files: tuple[str, ...] = ("chat/arc_own.jsonl",)  # under --evalsets
     code_files: tuple[str, ...] = ("chat/code_own.jsonl",)  # under --evalsets
+    # ChatCORE benchmarks: {task: fetch name of its snapshot under --raw (val split)}, tasks from
+    # evaluate.chat.CHATCORE_TASKS. When set, `chatcore` is over these alone, with fixed baselines.
+    chat_tasks: dict[str, str] = dataclasses.field(default_factory=dict)
     max_new_tokens: int = 96  # per generated reply
     generate_batch: int = 1  # chat replies decoded together (Engine.generate_greedy); 1 = one at a time, the reference
     sandbox_timeout_s: float = 5.0
@@ -90,6 +93,21 @@ class EvalConfig:
                 or (kind == "raw" and PurePosixPath(where).name != where):
             raise FieldError("core_tasks", self.core_tasks, "must be `evalsets:<folder under --evalsets>` (e.g. evalsets:core) "
                                                             "or `raw:<fetch name>` (e.g. raw:dclm_core)")
+        bad_tasks = sorted(set(self.chat_tasks) - set(chat.CHATCORE_TASKS))
+        if bad_tasks:
+            raise FieldError("chat_tasks", dict(self.chat_tasks),
+                             f"names unknown task(s) {bad_tasks}; use some of {list(chat.CHATCORE_TASKS)}, each mapped to "
+                             "the fetch name of its snapshot (e.g. arc_easy: arc_easy)")
+        own = {*self.math_sources, *self.conversation_sources,
+               *(PurePosixPath(rel).stem for rel in (*self.categorical_files, *self.code_files))}
+        if own & set(self.chat_tasks):
+            raise FieldError("chat_tasks", dict(self.chat_tasks),
+                             f"repeats {sorted(own & set(self.chat_tasks))}, also evaluated as an own set (math_sources, "
+                             "conversation_sources, categorical_files or code_files); list each task once")
+        for task, source in self.chat_tasks.items():
+            if not source or PurePosixPath(source).name != source or source in (".", ".."):
+                raise FieldError("chat_tasks", dict(self.chat_tasks),
+                                 f"must map each task to a raw snapshot (a folder under --raw); {task}: {source!r} is no folder name")
         for name in ("categorical_files", "code_files"):
             for rel in getattr(self, name):
                 path = PurePosixPath(rel)
@@ -143,6 +161,10 @@ def check_inputs(stage: str, cfg: EvalConfig, raw: Path, evalsets: Path) -> None
             if not (raw / source).is_dir():
                 raise ConfigError(f"eval.{key} lists {source!r}, which has no snapshot at {raw / source}: add it under "
                                   f"`fetch:` in params.yaml and run `dvc repro fetch@{source}`, or drop it from eval.{key}")
+    for task, source in cfg.chat_tasks.items():
+        if not (raw / source).is_dir():
+            raise ConfigError(f"eval.chat_tasks.{task} names {source!r}, which has no snapshot at {raw / source}: add it "
+                              f"under `fetch:` in params.yaml and run `dvc repro fetch@{source}`, or drop {task} from eval.chat_tasks")
     for key in ("categorical_files", "code_files"):
         for rel in getattr(cfg, key):
             if not (evalsets / rel).is_file():
@@ -275,6 +297,35 @@ def make_generate(engine: Any, *, stop_ids: set[int], max_new_tokens: int, conte
     return one_at_a_time if batch_rows == 1 else batched
 
 
+def run_chat_tasks(cfg: EvalConfig, fwd: Callable[[torch.Tensor], torch.Tensor], raw: Path, *, tokenizer: Any,
+                   generate: chat.Generate, limits: SandboxLimits, device: torch.device, max_seq_len: int,
+                   rt: Runtime) -> dict[str, tuple[chat.TaskResult, float]]:
+    """The ChatCORE benchmarks `eval.chat_tasks` lists, each read from its snapshot's val split
+    and scored as CHATCORE_TASKS says: categorical by the preferred answer letter, generative by
+    the final number of a greedy reply, code by the sandbox. {task: (result, fixed baseline)}."""
+    out: dict[str, tuple[chat.TaskResult, float]] = {}
+    for task, source in cfg.chat_tasks.items():
+        kind, baseline = chat.CHATCORE_TASKS[task]
+        records = iter_records(raw / source, "val")
+        if kind == "categorical":
+            items = _cap(chat.benchmark_categorical_items(records), cfg.chat_max_items)
+            res = chat.evaluate_categorical(fwd, items, tokenizer=tokenizer, device=device, max_seq_len=max_seq_len,
+                                            rank=rt.rank, world_size=rt.world_size)
+        elif kind == "code":
+            code = _cap(chat.benchmark_code_items(records), cfg.chat_max_items)
+            with rt.autocast():
+                res = chat.evaluate_code(code, tokenizer=tokenizer, generate=generate, limits=limits,
+                                         rank=rt.rank, world_size=rt.world_size)
+        else:  # GSM8K-format problems, or conversations ending in `#### N` (SpellingBee)
+            rows = list(records)
+            gen = chat.problem_items(rows) if rows and "question" in rows[0] else chat.conversation_items(rows)
+            with rt.autocast():
+                res = chat.evaluate_generative(_cap(gen, cfg.chat_max_items), tokenizer=tokenizer, generate=generate,
+                                               rank=rt.rank, world_size=rt.world_size)
+        out[task] = (res, baseline)
+    return out
+
+
 def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime, data_seed: int) -> dict[str, Any]:
     """Evaluate the `stage` checkpoint; rank 0 writes the metrics JSON and the predictions folder.
     `rt` is a lockstep.runtime.Runtime. `data_seed` picks the SFT examples measured and the
@@ -360,17 +411,27 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime
                 res = chat.evaluate_code(items, tokenizer=tokenizer, generate=generate, limits=limits,
                                          rank=rt.rank, world_size=rt.world_size)
             results[Path(rel).stem] = (res, 0.0)
-        for name, (res, baseline) in results.items():
+        benchmarks = run_chat_tasks(cfg, fwd, paths.raw, tokenizer=tokenizer, generate=generate, limits=limits,
+                                    device=rt.device, max_seq_len=T, rt=rt)
+        accuracy_by_task: dict[str, float] = {}
+        for name, (res, baseline) in {**results, **benchmarks}.items():
             res.reduce(rt.device)
             if res.total == 0:
                 log.warning("chat task %s has no items; left out", name)
                 continue
             metrics[f"chat.{name}.accuracy"] = res.accuracy
             metrics[f"chat.{name}.accuracy.n"] = res.total
-            per_task[name] = (res.accuracy, baseline)
+            if res.skipped:
+                metrics[f"chat.{name}.skipped"] = res.skipped
+            if name in benchmarks:
+                accuracy_by_task[name] = res.accuracy
+                metrics[f"chat.{name}.centered"] = (res.accuracy - baseline) / (1.0 - baseline)
+            else:
+                per_task[name] = (res.accuracy, baseline)
             predictions[f"chat_{name}"] = res.records
             log.info("chat %s: accuracy %.4f (%d items)", name, res.accuracy, res.total)
-        metrics["chatcore"] = chat.chatcore(per_task)
+        # With benchmarks listed, ChatCORE is nanochat's: over them alone, with their fixed baselines.
+        metrics["chatcore"] = chat.chatcore_of(accuracy_by_task) if cfg.chat_tasks else chat.chatcore(per_task)
 
     runinfo = {"device": str(rt.device), "dtype": str(rt.dtype).removeprefix("torch."), "world_size": rt.world_size,
                "eval_time_s": time.monotonic() - t0}
