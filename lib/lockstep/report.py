@@ -21,7 +21,7 @@ from typing import Any
 from lockstep.io import atomic_dir, read_json
 from lockstep.series import SUFFIX as SERIES_SUFFIX
 from lockstep.series import read_series_file
-from lockstep.stats import bootstrap_ratio_interval, wilson_interval
+from lockstep.stats import Z95, bootstrap_ratio_interval, wilson_interval
 
 # Report columns as nanochat's card names them, with the pipeline stage behind each.
 STAGE_COLUMNS: tuple[tuple[str, str], ...] = (("BASE", "pretrain"), ("MID", "midtrain"), ("SFT", "sft"), ("RL", "rl"))
@@ -215,6 +215,86 @@ def _stage_table(title: str, stems: list[tuple[str, str]], source: Mapping[str, 
     return [f"## {title}", "", *_table(["metric", *[c for c, _ in stems]], rows), ""]
 
 
+# The table comparable with nanochat's report card: (column, the metric behind it). A task's
+# accuracy carries its Wilson interval; CORE and ChatCORE, means of centred accuracies, a normal
+# approximation over their tasks (`composite_interval`).
+COMPARABLE_ROWS: tuple[tuple[str, str], ...] = (("base", "pretrain"), ("mid", "midtrain"), ("sft", "sft"), ("rl", "rl"))
+COMPARABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("CORE", "core"), ("ARC-Easy", "chat.arc_easy.accuracy"), ("ARC-Challenge", "chat.arc_challenge.accuracy"),
+    ("MMLU", "chat.mmlu.accuracy"), ("GSM8K", "chat.gsm8k.accuracy"), ("HumanEval", "chat.humaneval.accuracy"),
+    ("SpellingBee", "chat.spelling_bee.accuracy"), ("ChatCORE", "chatcore"),
+)
+CHATCORE_BENCHMARKS = ("arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "spelling_bee")
+# nanochat's published d20 speedrun (its README's report card table, 2025-10-13): {row: {column: value}}.
+# SpellingBee is not in that table.
+NANOCHAT_D20_SOURCE = "nanochat d20, README report card 2025-10-13"
+NANOCHAT_D20: dict[str, dict[str, float]] = {
+    "base": {"CORE": 0.2219},
+    "mid": {"ARC-Easy": 0.3561, "ARC-Challenge": 0.2875, "MMLU": 0.3111, "GSM8K": 0.0250, "HumanEval": 0.0671,
+            "ChatCORE": 0.0730},
+    "sft": {"ARC-Easy": 0.3876, "ARC-Challenge": 0.2807, "MMLU": 0.3151, "GSM8K": 0.0455, "HumanEval": 0.0854,
+            "ChatCORE": 0.0884},
+    "rl": {"GSM8K": 0.0758},
+}
+
+
+def composite_interval(flat: Mapping[str, Any], prefix: str, score: str) -> Interval | None:
+    """95% normal-approximation interval of a mean of centred accuracies (CORE: `core.<task>`,
+    ChatCORE: `chat.<task>`, each with `.accuracy`, `.accuracy.n` and `.centered`): a task's
+    centred value is (acc - b) / (1 - b), so its variance is acc(1-acc)/n / (1-b)^2, with
+    1/(1-b) = (1-centered)/(1-acc); the mean's variance is their sum over K^2. None without tasks."""
+    value = flat.get(score)
+    tasks = sorted({k[len(prefix): -len(".centered")] for k in flat if k.startswith(prefix) and k.endswith(".centered")})
+    if not tasks or not isinstance(value, (int, float)):
+        return None
+    var, n_total = 0.0, 0
+    for t in tasks:
+        acc, n, c = flat.get(f"{prefix}{t}.accuracy"), flat.get(f"{prefix}{t}.accuracy.n"), flat.get(f"{prefix}{t}.centered")
+        if not isinstance(acc, (int, float)) or not isinstance(n, int) or n <= 0 or not isinstance(c, (int, float)):
+            return None
+        scale = (1 - c) / (1 - acc) if acc < 1 else 0.0  # acc = 1 has no variance to scale
+        var += acc * (1 - acc) / n * scale * scale
+        n_total += n
+    half = Z95 * math.sqrt(var) / len(tasks)
+    return (value - half, value + half, n_total)
+
+
+def comparable_table(metrics: Mapping[str, Mapping[str, Any]], ivs: Mapping[tuple[str, str], Interval]) -> list[str]:
+    """The report card's table in nanochat's shape: rows base / mid / sft / rl, columns CORE, the
+    six ChatCORE benchmarks and ChatCORE, each value with its 95% interval and n. nanochat's
+    published d20 rows follow as labelled reference lines only when the run evaluated the same six
+    benchmarks. Empty when no eval stage wrote any of the columns."""
+    rows, seen = [], False
+    for label, stage in COMPARABLE_ROWS:
+        flat = metrics.get(f"eval_{stage}", {})
+        cells = []
+        for col, key in COMPARABLE_COLUMNS:
+            value = flat.get(key)
+            if value is None:
+                cells.append("-")
+                continue
+            seen = True
+            iv = (composite_interval(flat, "core.", key) if key == "core"
+                  else composite_interval(flat, "chat.", key) if key == "chatcore" else ivs.get((f"eval_{stage}", key)))
+            cells.append(_with_interval(value, iv))
+        rows.append([label, *cells])
+    if not seen:
+        return []
+    same_tasks = any(all(f"chat.{t}.accuracy" in metrics.get(f"eval_{st}", {}) for t in CHATCORE_BENCHMARKS)
+                     for _, st in COMPARABLE_ROWS)
+    if same_tasks:
+        for label, _ in COMPARABLE_ROWS:
+            ref = NANOCHAT_D20.get(label, {})
+            if ref:
+                rows.append([f"{label} (reference: {NANOCHAT_D20_SOURCE})",
+                             *[f"{ref[col]:.4f}" if col in ref else "-" for col, _ in COMPARABLE_COLUMNS]])
+    note = ("Each value: score [95% interval] n=items. Accuracies: Wilson interval; CORE and ChatCORE: normal "
+            "approximation over their tasks' centred accuracies.")
+    if same_tasks:
+        note += f" Reference lines: {NANOCHAT_D20_SOURCE}, published without intervals."
+    return ["## Comparable with nanochat", "", note, "", *_table(["stage", *[c for c, _ in COMPARABLE_COLUMNS]], rows), ""]
+
+
 def setup_line(metrics: Mapping[str, Mapping[str, Any]], runinfo: Mapping[str, Mapping[str, Any]]) -> str:
     """One line naming what makes runs differ by design: the tokenizer kind and vocab, the
     embedding, and each training stage's loss. Read from the tokenizer metrics and the training
@@ -242,6 +322,8 @@ def render_markdown(metrics: Mapping[str, Mapping[str, Any]], charts: list[Path]
     lines += ["Rebuilt from `data/metrics` (results), `data/runinfo` (run facts), the eval records in `data/eval` "
               "and `data/plots` by the `report` stage. Intervals are 95%: Wilson for rates over n items, a "
               "bootstrap over n documents for bits per byte.", ""]
+
+    lines += comparable_table(metrics, ivs)
 
     lines += ["## Environment", ""]
     env_rows = [[k, v] for k, v in environment.items()]
