@@ -186,12 +186,13 @@ def _eval_metrics(tasks: tuple[str, ...]) -> dict:
 
 
 def test_comparable_table_rows_columns_intervals_and_reference() -> None:
-    metrics = {"eval_pretrain": {"core": 0.2, **{k: v for k, v in _eval_metrics(()).items() if k.startswith("core")}},
-               "eval_sft": _eval_metrics(tuple(CHATCORE_TASKS))}
+    metrics = {"eval_pretrain": {"core": 0.2, **{k: v for k, v in _eval_metrics(()).items() if k.startswith("core")},
+                                 "core_source": "dclm", "core_tasks": 2, "core_items": 150},
+               "eval_sft": {**_eval_metrics(tuple(CHATCORE_TASKS)), "core_source": "dclm", "core_tasks": 2, "core_items": 150}}
     ivs = intervals(metrics, None)
     lines = comparable_table(metrics, ivs)
     header = next(ln for ln in lines if ln.startswith("| stage"))
-    assert header == ("| stage | CORE | ARC-Easy | ARC-Challenge | MMLU | GSM8K | HumanEval | SpellingBee | ChatCORE |")
+    assert header == ("| stage | CORE (DCLM, 2 tasks) | ARC-Easy | ARC-Challenge | MMLU | GSM8K | HumanEval | SpellingBee | ChatCORE |")
     body = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| stage")]
     assert [ln.split(" | ")[0][2:] for ln in body[:4]] == ["base", "mid", "sft", "rl"]
     lo, hi = wilson_interval(0.4 * 80, 80)
@@ -202,6 +203,13 @@ def test_comparable_table_rows_columns_intervals_and_reference() -> None:
     assert body[1].count(" - ") == 8  # mid: nothing evaluated
     refs = [ln for ln in body if "reference: nanochat d20" in ln]
     assert len(refs) == 4 and "0.2219" in refs[0] and "0.0884" in refs[2] and "0.0758" in refs[3]
+    # CORE on other tasks than DCLM's: the column says so, and nanochat's CORE is not set beside it.
+    for stem in ("eval_pretrain", "eval_sft"):
+        metrics[stem] = {**metrics[stem], "core_source": "own"}
+    lines = comparable_table(metrics, intervals(metrics, None))
+    assert next(ln for ln in lines if ln.startswith("| stage")).startswith("| stage | CORE-style (own tasks, 150 items) |")
+    refs = [ln for ln in lines if "reference: nanochat d20" in ln]
+    assert len(refs) == 3 and not any("0.2219" in ln for ln in refs) and "0.0884" in refs[1]  # base had only CORE
     # Without all six benchmarks (the tiny preset's own sets), no reference line.
     metrics["eval_sft"] = _eval_metrics(("gsm8k", "humaneval"))
     assert not any("reference" in ln for ln in comparable_table(metrics, intervals(metrics, None)))

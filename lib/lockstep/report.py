@@ -280,11 +280,14 @@ def comparable_table(metrics: Mapping[str, Mapping[str, Any]], ivs: Mapping[tupl
         rows.append([label, *cells])
     if not seen:
         return []
-    same_tasks = any(all(f"chat.{t}.accuracy" in metrics.get(f"eval_{st}", {}) for t in CHATCORE_BENCHMARKS)
-                     for _, st in COMPARABLE_ROWS)
+    stems = [f"eval_{st}" for _, st in COMPARABLE_ROWS]
+    same_tasks = any(all(f"chat.{t}.accuracy" in metrics.get(s, {}) for t in CHATCORE_BENCHMARKS) for s in stems)
+    # nanochat's CORE is the DCLM bundle's: its reference value stands beside ours only when every
+    # stage's CORE was measured on that bundle too.
+    dclm_core = all(metrics[s].get("core_source") == "dclm" for s in stems if "core" in metrics.get(s, {}))
     if same_tasks:
         for label, _ in COMPARABLE_ROWS:
-            ref = NANOCHAT_D20.get(label, {})
+            ref = {col: v for col, v in NANOCHAT_D20.get(label, {}).items() if col != "CORE" or dclm_core}
             if ref:
                 rows.append([f"{label} (reference: {NANOCHAT_D20_SOURCE})",
                              *[f"{ref[col]:.4f}" if col in ref else "-" for col, _ in COMPARABLE_COLUMNS]])
@@ -292,7 +295,9 @@ def comparable_table(metrics: Mapping[str, Mapping[str, Any]], ivs: Mapping[tupl
             "approximation over their tasks' centred accuracies.")
     if same_tasks:
         note += f" Reference lines: {NANOCHAT_D20_SOURCE}, published without intervals."
-    return ["## Comparable with nanochat", "", note, "", *_table(["stage", *[c for c, _ in COMPARABLE_COLUMNS]], rows), ""]
+    # The CORE column goes by the name of what it measured ("CORE-style (own tasks, ...)" unless DCLM's).
+    header = ["stage", *[_core_row_name(stems, metrics) if key == "core" else c for c, key in COMPARABLE_COLUMNS]]
+    return ["## Comparable with nanochat", "", note, "", *_table(header, rows), ""]
 
 
 def setup_line(metrics: Mapping[str, Mapping[str, Any]], runinfo: Mapping[str, Mapping[str, Any]]) -> str:
