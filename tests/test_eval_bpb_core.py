@@ -57,7 +57,7 @@ def _task(task_type: str, items: list[dict], shots: int = 0, delim: str = " ", b
 
 def _run(model: BigramModel, task: CoreTask) -> float:
     tok = CharTokenizer()
-    return evaluate_task(model, task, encode=tok.encode, bos_id=0, max_seq_len=512, device=torch.device("cpu"), seed=7)["accuracy"]
+    return evaluate_task(model, task, encode=tok.encode, bos_id=0, max_seq_len=512, device=torch.device("cpu"))["accuracy"]
 
 
 @pytest.mark.parametrize("shots", [0, 1])
@@ -78,14 +78,18 @@ def test_multiple_choice_planted(shots: int) -> None:
 
 
 def test_schema_planted() -> None:
+    # The span is the continuation's tokens only. With a " " delimiter (a token of its own here) the
+    # space belongs to the context, and a bigram model predicts "b" from " " alike after both
+    # contexts; the old shared-suffix span scored that space too and this test relied on it. The
+    # continuation carries its own leading space instead, so "g"/"t" -> " " is inside the span.
     tok = CharTokenizer()
-    items = [{"context_options": ["The cat", "The dog"], "continuation": "barked.", "gold": 1}]
+    items = [{"context_options": ["The cat", "The dog"], "continuation": " barked.", "gold": 1}]
     model = BigramModel()
     model.plant(tok, "g barked.")  # only the dog context makes the shared continuation likely
-    assert _run(model, _task("schema", items)) == 1.0
+    assert _run(model, _task("schema", items, delim="")) == 1.0
     model2 = BigramModel()
     model2.plant(tok, "t barked.")
-    assert _run(model2, _task("schema", items)) == 0.0
+    assert _run(model2, _task("schema", items, delim="")) == 0.0
 
 
 def test_language_modeling_planted() -> None:
@@ -100,16 +104,19 @@ def test_language_modeling_planted() -> None:
 def test_render_spans_cover_only_the_continuation() -> None:
     tok = CharTokenizer()
     task = _task("multiple_choice", [{"query": "Is it", "choices": ["yes", "no"], "gold": 0}])
-    scored = render_item(task, 0, tok.encode, 0, seed=1)
-    for row, (s, e) in zip(scored.rows, scored.spans):
-        assert tok.decode(row[s:e]) in ("yes", "no")
+    scored = render_item(task, 0, tok.encode, 0)
+    # Each choice's own tokens: the delimiter is a token of its own here (one id per character), so
+    # it belongs to the context and is not scored.
+    assert [tok.decode(row[s:e]) for row, (s, e) in zip(scored.rows, scored.spans)] == ["yes", "no"]
 
 
-def test_fewshot_is_deterministic_and_excludes_the_item() -> None:
-    a = fewshot_indices(10, 3, 4, seed=5)
-    assert a == fewshot_indices(10, 3, 4, seed=5)
-    assert 3 not in a and len(set(a)) == 4
-    assert fewshot_indices(10, 3, 4, seed=6) != a or fewshot_indices(10, 4, 4, seed=5) != a
+def test_fewshot_follows_the_reference_seed_rule() -> None:
+    # The reference samples item i's shots from the other items with random.Random(1234 + i); the
+    # values below are that rule's draws under CPython's `random` (stable across versions).
+    assert fewshot_indices(10, 3, 4) == [2, 7, 9, 1]
+    assert fewshot_indices(5, 0, 3) == [4, 1, 3]
+    assert sorted(fewshot_indices(3, 1, 5)) == [0, 2]  # fewer items than k: all the others
+    assert fewshot_indices(10, 3, 0) == [] and fewshot_indices(1, 0, 2) == []
 
 
 def test_centered_and_core_score() -> None:

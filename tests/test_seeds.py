@@ -40,7 +40,7 @@ def test_seeds_fit_a_generator_and_differ_by_part() -> None:
 
 
 def test_stream_seeds_are_the_former_formulas() -> None:
-    """Sources and few-shot picks (seed * 1_000_003 + i), eval draws per rank (seed * 7919 + rank)
+    """Sources (seed * 1_000_003 + i), eval draws per rank (seed * 7919 + rank)
     and cache splits (seed + offset) draw exactly what they drew before the helper."""
     from lockstep.seeds import stream_generator, stream_seed
 

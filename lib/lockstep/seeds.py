@@ -1,5 +1,5 @@
 """Seeds derived from the params seed: the one place that says how a purpose (a batch, a rollout,
-a held-out draw, a source's split, a few-shot pick) gets its own seed, so a value drawn anywhere
+a held-out draw, a source's split, an eval draw) gets its own seed, so a value drawn anywhere
 is a function of the params seed and the purpose alone, never of what ran before it. Two forms:
 `derive_seed` hashes (training, RL), `stream_seed` is arithmetic (data and eval draws, whose
 values predate the hash and stay as they were). Not a random number generator itself: callers
@@ -30,7 +30,7 @@ def derived_generator(*parts: object) -> torch.Generator:
 def stream_seed(seed: int, stream: int, *, stride: int = 1_000_003) -> int:
     """`seed * stride + stream`: stream `stream` of the params seed. Streams of one seed never
     meet while `0 <= stream < stride`; each caller's stride is part of the values it has drawn
-    (sources and few-shot picks 1_000_003, eval example draws per rank 7919, cache splits 1), so
+    (sources 1_000_003, eval example draws per rank 7919, cache splits 1), so
     it stays as it is."""
     return int(seed) * stride + stream
 

@@ -1,12 +1,18 @@
 """CORE-style in-context evaluation of base models (the DCLM paper's metric): tasks in the DCLM
 eval-bundle layout, few-shot prompts, the three task types scored from a model's logits, and
-accuracy centred on each task's random baseline. Does not generate text; see evaluate.chat."""
+accuracy centred on each task's random baseline. Does not generate text; see evaluate.chat.
+
+Item order and few-shot draws follow the reference implementation (nanochat's core_eval), so one
+item's result can be compared with its result there; the span rules are ours and stated in
+docs/evaluation.md ("Scoring rules")."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
 import json
+import math
+import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -16,11 +22,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
 
-from lockstep.seeds import stream_generator
-
 TaskType = Literal["multiple_choice", "schema", "language_modeling"]
 TASK_TYPES: tuple[str, ...] = ("multiple_choice", "schema", "language_modeling")
 FEWSHOT_SEP = "\n\n"
+# The reference's fixed seeds: a task file's items are shuffled with random.Random(ORDER_SEED)
+# before any per-task cap, and item i's shots are random.Random(FEWSHOT_SEED_BASE + i).sample(...)
+# of the other items. Matching them is what makes per-item results comparable with the reference.
+ORDER_SEED = 1337
+FEWSHOT_SEED_BASE = 1234
+
+
+class CoreItemError(RuntimeError):
+    """A failure while rendering or scoring one item, naming its task and item index."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,10 +48,15 @@ class CoreTask:
 
 @dataclasses.dataclass(frozen=True)
 class Scored:
-    """One item's rendering: token rows (one per option) and the [start, end) span scored in each."""
+    """One item's rendering: token rows (one per option) and the [start, end) span scored in each.
+    A span may be empty (an option that adds no token to its context); such an option cannot win."""
 
     rows: list[list[int]]
     spans: list[tuple[int, int]]
+
+    def scorable(self) -> bool:
+        """Whether any option has a token to score."""
+        return any(e > s for s, e in self.spans)
 
 
 def _relative_uri(uri: str) -> str:
@@ -75,8 +93,9 @@ def load_core_tasks(bundle_dir: Path, *, max_items_per_task: int | None = None) 
     """Tasks from a folder in the DCLM eval-bundle layout: `core.yaml` (`icl_tasks` entries with
     label, dataset_uri, num_fewshot, icl_task_type, continuation_delimiter),
     `eval_meta_data.csv` (columns `Eval Task` and `Random baseline`, in percent) and
-    `eval_data/<dataset_uri>` JSON-lines files. Items keep file order; `max_items_per_task`
-    takes the first N."""
+    `eval_data/<dataset_uri>` JSON-lines files. Items are put in the reference's order (the file's
+    items shuffled by `random.Random(ORDER_SEED)`), and `max_items_per_task` takes the first N of
+    that order: a spread over the whole file, since many task files are sorted."""
     bundle_dir = Path(bundle_dir)
     spec_path = bundle_dir / "core.yaml"
     meta_path = bundle_dir / "eval_meta_data.csv"
@@ -111,6 +130,7 @@ def load_core_tasks(bundle_dir: Path, *, max_items_per_task: int | None = None) 
             for line_no, line in enumerate(f, 1):
                 if line.strip():
                     items.append(_check_item(task_type, json.loads(line), f"{data_path}:{line_no}"))
+        random.Random(ORDER_SEED).shuffle(items)
         if max_items_per_task is not None:
             items = items[:max_items_per_task]
         tasks.append(
@@ -126,14 +146,20 @@ def load_core_tasks(bundle_dir: Path, *, max_items_per_task: int | None = None) 
     return tasks
 
 
-def fewshot_indices(n_items: int, index: int, k: int, seed: int) -> list[int]:
-    """k distinct items other than `index`, drawn from a generator seeded by (seed, index), so an
-    item's prompt does not depend on which other items are evaluated or on which rank."""
-    if k <= 0 or n_items <= 1:
+def fewshot_indices(n_items: int, index: int, k: int) -> list[int]:
+    """The reference's shots for item `index`: `random.Random(FEWSHOT_SEED_BASE + index)` samples k
+    of the other items (all of them when there are fewer than k). Depends only on the item's
+    position, not on which other items are evaluated or on which rank."""
+    if k <= 0:
         return []
-    g = stream_generator(seed, index)
-    order = [i for i in torch.randperm(n_items, generator=g).tolist() if i != index]
-    return order[: min(k, n_items - 1)]
+    others = [i for i in range(n_items) if i != index]
+    return random.Random(FEWSHOT_SEED_BASE + index).sample(others, min(k, len(others)))
+
+
+def _lm_context(item: dict[str, Any]) -> str:
+    # The reference trims a language-modelling context (some files carry trailing whitespace that
+    # would merge into the continuation's first token).
+    return str(item["context"]).strip()
 
 
 def _shot_text(task: CoreTask, item: dict[str, Any]) -> str:
@@ -142,27 +168,25 @@ def _shot_text(task: CoreTask, item: dict[str, Any]) -> str:
         return item["query"] + d + item["choices"][item["gold"]]
     if task.task_type == "schema":
         return item["context_options"][item["gold"]] + d + item["continuation"]
-    return item["context"] + d + item["continuation"]
+    return _lm_context(item) + d + item["continuation"]
 
 
-def _common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
-    n = min(len(r) for r in rows)
-    for i in range(n):
-        if any(r[i] != rows[0][i] for r in rows[1:]):
-            return i
-    return n
+def _diverge(context: Sequence[int], full: Sequence[int]) -> int:
+    """Where `full` stops repeating `context`: the first token that is not the context's own."""
+    n = min(len(context), len(full))
+    return next((i for i in range(n) if context[i] != full[i]), n)
 
 
-def _common_suffix_len(rows: Sequence[Sequence[int]]) -> int:
-    return _common_prefix_len([list(reversed(r)) for r in rows])
-
-
-def render_item(task: CoreTask, index: int, encode: Callable[[str], list[int]], bos_id: int, seed: int) -> Scored:
+def render_item(task: CoreTask, index: int, encode: Callable[[str], list[int]], bos_id: int) -> Scored:
     """Token rows for item `index` with its few-shot prefix, and the span of each row that is
-    scored: the continuation after the shared prefix (multiple choice, language modelling) or the
-    shared continuation after each context (schema)."""
+    scored: the answer's tokens. Each row renders `context + delimiter + answer` as one string
+    (as the model read text in training) next to `context + delimiter` alone, and its span runs from
+    the first token where the two differ to the end: the choice (multiple choice), the shared
+    continuation after that row's context (schema), the continuation (language modelling). A
+    delimiter space that the tokenizer merges into the answer's first word is scored with it; a
+    delimiter that stands as its own token is not."""
     item = task.items[index]
-    shots = fewshot_indices(len(task.items), index, task.num_fewshot, seed)
+    shots = fewshot_indices(len(task.items), index, task.num_fewshot)
     prefix = "".join(_shot_text(task, task.items[i]) + FEWSHOT_SEP for i in shots)
     d = task.continuation_delimiter
 
@@ -170,44 +194,55 @@ def render_item(task: CoreTask, index: int, encode: Callable[[str], list[int]], 
         return [bos_id, *encode(text)]
 
     if task.task_type == "multiple_choice":
-        rows = [tok(prefix + item["query"] + d + c) for c in item["choices"]]
-        # Tokenize whole strings (as the model saw text in training) and score from where the options
-        # diverge, backed off to the end of the question so a first word the answers share is scored too.
-        start = min(_common_prefix_len(rows), len(tok(prefix + item["query"] + d)))
-        spans = [(start, len(r)) for r in rows]
+        pairs = [(prefix + item["query"] + d, c) for c in item["choices"]]
     elif task.task_type == "schema":
-        rows = [tok(prefix + ctx + d + item["continuation"]) for ctx in item["context_options"]]
-        n_cont = min(_common_suffix_len(rows), len(encode(d + item["continuation"])))
-        n_cont = max(n_cont, 1)
-        spans = [(len(r) - n_cont, len(r)) for r in rows]
+        pairs = [(prefix + ctx + d, item["continuation"]) for ctx in item["context_options"]]
     else:
-        context = tok(prefix + item["context"] + d)
-        full = tok(prefix + item["context"] + d + item["continuation"])
-        start = _common_prefix_len([context, full])
-        rows, spans = [full], [(start, len(full))]
-    for r, (s, e) in zip(rows, spans):
-        if not 1 <= s < e <= len(r):
-            raise ValueError(f"task {task.label!r} item {index}: empty continuation after tokenizing; check the item text")
+        pairs = [(prefix + _lm_context(item) + d, item["continuation"])]
+    rows, spans = [], []
+    context_tokens: dict[str, list[int]] = {}
+    for context, answer in pairs:
+        if context not in context_tokens:  # multiple choice: one context for every choice
+            context_tokens[context] = tok(context)
+        full = tok(context + answer)
+        rows.append(full)
+        spans.append((_diverge(context_tokens[context], full), len(full)))
     return Scored(rows, spans)
 
 
-def _crop(scored: Scored, max_seq_len: int) -> Scored:
-    # Keep the end of each row (the scored continuation), dropping the oldest few-shot text.
+def crop(scored: Scored, max_seq_len: int) -> Scored | None:
+    """Each row cut to its last `max_seq_len` tokens (the reference's cropping: the oldest few-shot
+    text goes first, the scored span stays whole), or None when some span does not fit: its tokens
+    plus the one before them (which predicts the first) exceed `max_seq_len`."""
     rows, spans = [], []
     for r, (s, e) in zip(scored.rows, scored.spans):
         cut = max(0, len(r) - max_seq_len)
-        if s - cut < 1:
-            raise ValueError(f"a continuation of {e - s} tokens does not fit max_seq_len={max_seq_len}; raise it or shorten the item")
+        if e > s and s - cut < 1:
+            return None
         rows.append(r[cut:])
         spans.append((s - cut, e - cut))
     return Scored(rows, spans)
 
 
+def option_losses(logits: torch.Tensor, ids: torch.Tensor, spans: Sequence[tuple[int, int]]) -> list[float]:
+    """Mean cross-entropy (nats per token) of each option over its span. An empty span, or a
+    non-finite loss, is +inf: an option with nothing scored cannot win (the reference takes the
+    mean of an empty span, a NaN, when one choice is a token-prefix of another)."""
+    out = []
+    for i, (s, e) in enumerate(spans):
+        if e <= s:
+            out.append(math.inf)
+            continue
+        loss = F.cross_entropy(logits[i, s - 1 : e - 1], ids[i, s:e], reduction="mean").item()
+        out.append(loss if math.isfinite(loss) else math.inf)
+    return out
+
+
 @torch.no_grad()
 def score_item(model: Callable[[torch.Tensor], torch.Tensor], task: CoreTask, scored: Scored, gold: int, *, device: torch.device, pad_id: int) -> bool:
     """Whether the model gets the item right. Multiple choice / schema: the option with the
-    lowest mean loss over its span is the answer; language modelling: every continuation token
-    is the argmax prediction."""
+    lowest mean loss over its span is the answer (ties to the lower index); language modelling:
+    every continuation token is the argmax prediction (exact greedy match)."""
     T = max(len(r) for r in scored.rows)
     ids = torch.full((len(scored.rows), T), pad_id, dtype=torch.long)
     for i, r in enumerate(scored.rows):
@@ -218,11 +253,8 @@ def score_item(model: Callable[[torch.Tensor], torch.Tensor], task: CoreTask, sc
         s, e = scored.spans[0]
         pred = logits[0, s - 1 : e - 1].argmax(dim=-1)  # (e - s,) predictions of targets s..e-1
         return bool(torch.equal(pred, ids[0, s:e]))
-    mean_losses = []
-    for i, (s, e) in enumerate(scored.spans):
-        loss = F.cross_entropy(logits[i, s - 1 : e - 1], ids[i, s:e], reduction="mean")
-        mean_losses.append(loss.item())
-    best = min(range(len(mean_losses)), key=lambda j: (mean_losses[j], j))
+    losses = option_losses(logits, ids, scored.spans)
+    best = min(range(len(losses)), key=lambda j: (losses[j], j))
     return best == gold
 
 
@@ -234,33 +266,49 @@ def evaluate_task(
     bos_id: int,
     max_seq_len: int,
     device: torch.device,
-    seed: int,
     rank: int = 0,
     world_size: int = 1,
-    on_item: Callable[[int, Scored, bool], None] | None = None,
+    on_item: Callable[[int, Scored, bool | None, str | None], None] | None = None,
 ) -> dict[str, float | int]:
-    """Accuracy of `model` on `task`, items split round-robin across ranks and summed with
-    all_reduce when a process group is up. `on_item(index, scored, correct)` sees each item this
-    rank scored (for writing predictions)."""
-    correct = torch.zeros(2, dtype=torch.float64)  # (n_correct, n_items)
-    for index in range(rank, len(task.items), world_size):
-        scored = _crop(render_item(task, index, encode, bos_id, seed), max_seq_len)
-        ok = score_item(model, task, scored, task.items[index].get("gold", 0), device=device, pad_id=bos_id)
-        correct += torch.tensor([float(ok), 1.0], dtype=torch.float64)
-        if on_item is not None:
-            on_item(index, scored, ok)
-    if dist.is_available() and dist.is_initialized():
-        packed = correct.to(device) if device.type == "cuda" else correct
-        dist.all_reduce(packed, op=dist.ReduceOp.SUM)
-        correct = packed.cpu()
-    n_correct, n_items = int(correct[0]), int(correct[1])
-    if n_items == 0:
+    """Accuracy of `model` on `task` over the items it could score, items split round-robin
+    across ranks and summed with all_reduce when a process group is up. An item is skipped, and
+    counted, when its answer does not fit `max_seq_len` even with the context cropped away, or when
+    no option has a token to score. `on_item(index, scored, correct, skip_reason)` sees each item
+    this rank handled (`correct` None for a skipped item). A failure names the task and item
+    (CoreItemError). The accuracy is NaN when every item was skipped."""
+    if not task.items:
         raise ValueError(f"task {task.label!r} has no items; check its data file")
-    accuracy = n_correct / n_items
+    counts = torch.zeros(3, dtype=torch.float64)  # (n_correct, n_scored, n_skipped)
+    for index in range(rank, len(task.items), world_size):
+        try:
+            rendered = render_item(task, index, encode, bos_id)
+            scored = crop(rendered, max_seq_len)
+            skip = None
+            if not rendered.scorable():
+                skip = "no answer tokens: every option adds nothing to its context after tokenizing"
+            elif scored is None:
+                longest = max(e - s for s, e in rendered.spans)
+                skip = f"answer of {longest} tokens does not fit max_seq_len={max_seq_len} with a token of context"
+            ok = None
+            if skip is None:
+                assert scored is not None
+                ok = score_item(model, task, scored, task.items[index].get("gold", 0), device=device, pad_id=bos_id)
+        except Exception as e:  # name the item; the cause stays chained
+            raise CoreItemError(f"CORE task {task.label!r} item {index}: {type(e).__name__}: {e}") from e
+        counts += torch.tensor([float(bool(ok)), float(ok is not None), float(ok is None)], dtype=torch.float64)
+        if on_item is not None:
+            on_item(index, scored if scored is not None else rendered, ok, skip)
+    if dist.is_available() and dist.is_initialized():
+        packed = counts.to(device) if device.type == "cuda" else counts
+        dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+        counts = packed.cpu()
+    n_correct, n_scored, n_skipped = (int(c) for c in counts)
+    accuracy = n_correct / n_scored if n_scored else math.nan
     return {
         "accuracy": accuracy,
         "centered": centered(accuracy, task.random_baseline),
-        "items": n_items,
+        "items": n_scored,
+        "skipped": n_skipped,
     }
 
 

@@ -328,9 +328,9 @@ def run_chat_tasks(cfg: EvalConfig, fwd: Callable[[torch.Tensor], torch.Tensor],
 
 def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime, data_seed: int) -> dict[str, Any]:
     """Evaluate the `stage` checkpoint; rank 0 writes the metrics JSON and the predictions folder.
-    `rt` is a lockstep.runtime.Runtime. `data_seed` picks the SFT examples measured and the
-    few-shot examples: the same items for every training seed (replies are greedy, so nothing else
-    is drawn). Returns the metrics."""
+    `rt` is a lockstep.runtime.Runtime. `data_seed` picks the SFT examples measured: the same
+    items for every training seed (replies are greedy, and CORE's few-shot draws follow the
+    reference's fixed seeds, so nothing else is drawn). Returns the metrics."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; evaluate one of {list(STAGES)}")
     t0 = time.monotonic()
@@ -366,18 +366,26 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime
         for task in core.load_core_tasks(core_dir, max_items_per_task=cfg.core_max_items or None):
             recs: list[dict[str, Any]] = []
 
-            def on_item(index: int, scored: core.Scored, ok: bool, _task: core.CoreTask = task, _recs: list = recs) -> None:
-                _recs.append({"index": index, "input": _task.items[index], "correct": ok,
-                              "scored_text": [tokenizer.decode(r[s:e]) for r, (s, e) in zip(scored.rows, scored.spans)]})
+            def on_item(index: int, scored: core.Scored, ok: bool | None, skip: str | None,
+                        _task: core.CoreTask = task, _recs: list = recs) -> None:
+                rec = {"index": index, "input": _task.items[index], "correct": ok,
+                       "scored_text": [tokenizer.decode(r[s:e]) for r, (s, e) in zip(scored.rows, scored.spans)]}
+                if skip is not None:
+                    rec["skipped"] = skip
+                _recs.append(rec)
 
             res = core.evaluate_task(fwd, task, encode=tokenizer.encode, bos_id=bos, max_seq_len=T, device=rt.device,
-                                     seed=data_seed, rank=rt.rank, world_size=rt.world_size, on_item=on_item)
+                                     rank=rt.rank, world_size=rt.world_size, on_item=on_item)
             metrics[f"core.{task.label}.accuracy"] = res["accuracy"]
             metrics[f"core.{task.label}.accuracy.n"] = res["items"]
             metrics[f"core.{task.label}.centered"] = res["centered"]
+            metrics[f"core.{task.label}.skipped"] = res["skipped"]
             centered_by_task[task.label] = res["centered"]
             predictions[f"core_{task.label}"] = recs
-            log.info("core %s: accuracy %.4f centred %.4f (%d items)", task.label, res["accuracy"], res["centered"], res["items"])
+            log.info("core %s: accuracy %.4f centred %.4f (%d items, %d skipped)", task.label, res["accuracy"],
+                     res["centered"], res["items"], res["skipped"])
+            if not res["items"]:  # CORE is then null: a mean over fewer tasks is another metric
+                log.warning("core %s: every item skipped (reasons in its predictions); core left null", task.label)
         metrics["core"] = core.core_score(centered_by_task)
         # What the `core` mean is over, for the report's name of it (lockstep.report.core_label).
         metrics.update(core_source=core_source, core_tasks=len(centered_by_task),
