@@ -5,6 +5,7 @@ own count; the flags; the --json schema through the command line."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,16 @@ from lockstep.cli import app
 from lockstep.loaders import PretrainTokenStreamDataset
 from lockstep.model import GPTConfig
 from lockstep.optim import OptimConfig
-from lockstep.plan import DEVICES, FLAG, calibrate_tok_per_s, make_plan, memory_per_device, model_figures, render_text
+from lockstep.plan import (
+    DEVICES,
+    FLAG,
+    calibrate_tok_per_s,
+    chars_per_token,
+    make_plan,
+    memory_per_device,
+    model_figures,
+    render_text,
+)
 from lockstep.runtime import RuntimeConfig
 from lockstep.train_stage import holding_of
 
@@ -193,3 +203,23 @@ def test_eval_of_the_dclm_bundle_before_it_is_fetched(tmp_path: Path) -> None:
     core = make_plan(params, device="h100", root=tmp_path, raw_root=tmp_path / "raw")["eval"][0]["core"]
     assert (core["tasks"], core["items"]) == (22, 22 * 500) and core["tokens"] == core["rows"] * params["model"].get(
         "sequence_len", 2048) and "published size" in core["basis"]
+
+
+def test_eval_counts_the_chatcore_tasks_and_the_choice_prompts(tmp_path: Path) -> None:
+    """ARC and MMLU are one forward per item (the letter preferred), GSM8K, HumanEval and
+    SpellingBee are generated replies; each capped by eval.chat_max_items."""
+    params = _eval_params(tmp_path, max_new_tokens=10, generate_batch=4, chat_max_items=100, categorical_files=["chat/a.jsonl"],
+                          chat_tasks={"arc_easy": "arc_easy", "mmlu": "mmlu", "gsm8k": "gsm8k", "humaneval": "humaneval"})
+    params["fetch"] = {"arc_easy": {"source": "ai2_arc", "config": "ARC-Easy"}, "mmlu": {"source": "mmlu"},
+                       "gsm8k": {"source": "gsm8k"}, "humaneval": {"source": "humaneval"}}
+    (tmp_path / "evalsets" / "chat").mkdir()
+    (tmp_path / "evalsets" / "chat" / "a.jsonl").write_text(("x" * 47 + "\n") * 3)  # 3 own choice items of 47 chars
+    sft = {e["stage"]: e for e in make_plan(params, device="h100", tok_per_s=1000.0, root=tmp_path)["eval"]}["sft"]
+    assert sft["choice_prompts"] == 3 + 100 + 100  # own set, ARC-Easy (2,376 capped), MMLU (14,042 capped)
+    assert sft["replies"] == 100 + 100  # GSM8K (1,319 capped), HumanEval (164 capped)
+    cpt = chars_per_token(params["tokenizer"]["vocab_size"])
+    own = 3 * math.ceil(47 / cpt)
+    T = params["model"]["sequence_len"]  # a prompt is cut to the context
+    assert sft["forward_tokens"] == 200 * 10 + own + 100 * min(T, 50) + 100 * min(T, 130)  # replies x max_new_tokens + prompts
+    assert sft["forward_passes"] == math.ceil(200 / 4) * 10 + 203
+    assert "203 choice prompts" in render_text(make_plan(params, device="h100", root=tmp_path))

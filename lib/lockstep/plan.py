@@ -25,6 +25,7 @@ import torch
 
 from lockstep.budget import ASSUMED_CHARS_PER_TOKEN, Holding, mixture_epochs, over_limit
 from lockstep.config import build_config
+from lockstep.evaluate.chat import CHATCORE_TASKS
 from lockstep.evaluate.core import load_core_tasks
 from lockstep.evaluate.run import STAGES as EVAL_STAGES
 from lockstep.evaluate.run import EvalConfig
@@ -448,10 +449,12 @@ def plan_core(cfg: EvalConfig, params: dict[str, Any], *, seq_len: int, cpt: flo
 
 def plan_eval(params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, root: Path,
               raw_root: Path | None) -> list[dict[str, Any]]:
-    """Each eval@<stage>: CORE forward passes (items, and rows = items x choices) and chat
-    generations (replies x max_new_tokens decoding steps, eval.generate_batch replies per step),
-    with a FLOP-bound time at the planned throughput (a forward is 1/3 of a training step's FLOPs):
-    a lower bound, since decoding one token at a time is bound by memory, not FLOPs."""
+    """Each eval@<stage>: CORE forward passes (items, and rows = items x choices), chat
+    generations (replies x max_new_tokens decoding steps, eval.generate_batch replies per step)
+    and choice prompts (ARC, MMLU and the own categorical sets: one forward each, scored by the
+    letter preferred), with a FLOP-bound time at the planned throughput (a forward is 1/3 of a
+    training step's FLOPs): a lower bound, since decoding one token at a time is bound by memory,
+    not FLOPs."""
     if "eval" not in params:
         return []
     cfg = build_config(EvalConfig, params["eval"] or {}, where="eval")
@@ -465,20 +468,43 @@ def plan_eval(params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, root
         size = source_size(src, entry, root=root) if entry else None
         n = int(size.val_examples or 0) if size is not None else 0
         replies += min(n, cfg.chat_max_items) if cfg.chat_max_items else n
+    def capped(n: int) -> int:
+        return min(n, cfg.chat_max_items) if cfg.chat_max_items else n
+
     for rel in cfg.code_files:
-        f = root / "evalsets" / rel
-        n = sum(1 for line in f.read_text(encoding="utf-8").splitlines() if line.strip()) if f.is_file() else 0
-        replies += min(n, cfg.chat_max_items) if cfg.chat_max_items else n
+        replies += capped(len(_jsonl_lines(root / "evalsets" / rel)))
+    choices, choice_tokens = 0, 0  # one forward per choice prompt, over its tokens
+    for rel in cfg.categorical_files:
+        lines = _jsonl_lines(root / "evalsets" / rel)
+        lines = lines[: capped(len(lines))]
+        choices += len(lines)
+        choice_tokens += sum(min(T, math.ceil(len(line) / cpt)) for line in lines)
+    for task, name in cfg.chat_tasks.items():
+        entry = (params.get("fetch") or {}).get(name) or {}
+        size = source_size(name, entry, root=root) if entry else None
+        n = capped(int(size.val_examples or 0)) if size is not None else 0
+        if CHATCORE_TASKS[task][0] == "categorical":
+            choices += n
+            choice_tokens += n * min(T, size.tokens_per_example or T) if size is not None else 0
+        else:
+            replies += n
     decode_steps = math.ceil(replies / cfg.generate_batch) * cfg.max_new_tokens
     out = []
     for stage in EVAL_STAGES:  # dvc.yaml runs eval@ for each
         c = core if stage in cfg.core_stages else None
-        gen_tokens = replies * cfg.max_new_tokens if stage in cfg.chat_stages else 0
+        chat_stage = stage in cfg.chat_stages
+        gen_tokens = replies * cfg.max_new_tokens + choice_tokens if chat_stage else 0
         tokens = (c["tokens"] if c else 0) + gen_tokens
-        out.append({"stage": stage, "core": c, "replies": replies if stage in cfg.chat_stages else 0,
-                    "forward_passes": (c["items"] if c else 0) + (decode_steps if stage in cfg.chat_stages else 0),
+        out.append({"stage": stage, "core": c, "replies": replies if chat_stage else 0,
+                    "choice_prompts": choices if chat_stage else 0,
+                    "forward_passes": (c["items"] if c else 0) + (decode_steps + choices if chat_stage else 0),
                     "forward_tokens": tokens, "time_s_lower_bound": tokens / (3 * tp.tok_per_s * tp.gpus)})
     return out
+
+
+def _jsonl_lines(path: Path) -> list[str]:
+    """The non-blank lines of an eval set file; none when it is missing (check_inputs says so)."""
+    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] if path.is_file() else []
 
 
 def token_bytes(vocab_size: int) -> int:
@@ -642,6 +668,8 @@ def render_text(plan: dict[str, Any]) -> str:
             what.append(f"CORE {c['tasks']} tasks x {_size(c['items'])} items = {_size(c['rows'])} rows ({c['basis']})")
         if e["replies"]:
             what.append(f"chat {_size(e['replies'])} replies")
+        if e.get("choice_prompts"):
+            what.append(f"{_size(e['choice_prompts'])} choice prompts")
         out.append(f"{'eval@' + e['stage']:9} {_size(e['forward_passes']):>7} {_size(e['forward_tokens']):>8} "
                    f"{'':>8} {'>' + _duration(e['time_s_lower_bound']):>10} {'':>11}  "
                    f"forward passes, tokens: {'; '.join(what) or 'bpb only'}")
