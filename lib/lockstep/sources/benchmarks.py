@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lockstep.sources.common import SplitLayoutError, files_revision, hub_revision, local_files, local_root
-from lockstep.sources.hub import HubFields, file_rows, hub_rows, require_usable, split_of
+from lockstep.sources.hub import HubFields, hub_rows, split_of, usable_rows
 from lockstep.snapshot import SnapshotWriter
 
 SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz")
@@ -63,15 +63,8 @@ def read_eval_split(
     if cfg.path is not None:
         files, unused = eval_split_files(cfg, dataset=dataset, config=config, split=split)
         for f in files:
-            bad_before, rows, usable = sink.skipped, 0, 0
-            for where, row in file_rows(f, cfg, sink):
-                rows += 1
-                rec = convert(where, row)
-                if rec is None or (clean := sink.check(rec, where)) is None:
-                    continue
-                usable += 1
+            for where, clean in usable_rows(f, cfg, sink, convert, expected=expected):
                 sink.add("val", clean, where)
-            require_usable(f, rows=rows, usable=usable, bad_before=bad_before, sink=sink, expected=expected)
         revision, per_file = files_revision(files)
         root = local_root(cfg.path)
         return {"source_id": f"local:{Path(cfg.path).as_posix()}", "source_format": dataset, "revision": revision,

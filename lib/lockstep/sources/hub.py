@@ -251,6 +251,22 @@ def require_usable(f: Path, *, rows: int, usable: int, bad_before: int, sink: Sn
         )
 
 
+def usable_rows(f: Path, cfg: HubFields, sink: SnapshotWriter, convert: Callable[[str, dict[str, Any]], dict[str, Any] | None],
+                *, expected: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The rows of local file `f` that `convert` turns into records (None after reporting a bad
+    row to `sink`) and `sink` accepts, as (where, record); once the file is read, require_usable
+    refuses a file with rows but none usable (a wrong format), naming `expected`."""
+    bad_before, rows, usable = sink.skipped, 0, 0
+    for where, row in file_rows(f, cfg, sink):
+        rows += 1
+        rec = convert(where, row)
+        if rec is None or (clean := sink.check(rec, where)) is None:
+            continue
+        usable += 1
+        yield where, clean
+    require_usable(f, rows=rows, usable=usable, bad_before=bad_before, sink=sink, expected=expected)
+
+
 def hub_rows(
     cfg: HubFields, dataset: str, config: str | None, split: str, revision: str
 ) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -284,18 +300,11 @@ def rows_by_split(
         for split, files in plan.files.items():
             kept: list[tuple[str, dict[str, Any]]] = []
             for f in files:
-                bad_before, rows, usable = sink.skipped, 0, 0
-                for where, row in file_rows(f, cfg, sink):
-                    rows += 1
-                    rec = convert(where, row)
-                    if rec is None or (clean := sink.check(rec, where)) is None:
-                        continue
-                    usable += 1
+                for where, clean in usable_rows(f, cfg, sink, convert, expected=expected):
                     if plan.carve:
                         kept.append((where, clean))
                     else:
                         sink.add(split, clean, where)
-                require_usable(f, rows=rows, usable=usable, bad_before=bad_before, sink=sink, expected=expected)
             if plan.carve:
                 assert plan.val_frac is not None
                 write_split(sink, kept, plan.val_frac, seed)
