@@ -201,3 +201,44 @@ def test_prefix_smooth_objective_trains_and_weight_zero_is_cross_entropy(tmp_pat
         _run(tmp_path / "none", _cfg(objective="prefix_smooth"))
     with pytest.raises(ConfigError, match="prefix_weight"):
         _cfg(prefix_weight=-1.0)
+
+
+class _IndexSource(ToySource):
+    """ToySource's windows gathered by tensor indexing, so drawing a batch reads nothing to the host."""
+
+    def get_batch(self, *, B: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        starts = torch.randint(0, self.stream.numel() - T - 1, (B,), generator=generator)
+        rows = self.stream[starts[:, None] + torch.arange(T + 1)]  # (B, T+1)
+        return rows[:, :-1], rows[:, 1:]
+
+
+class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the reads of tensor values to the host: item(), bool(), float() go through
+    aten._local_scalar_dense; tolist() and Runtime.synchronize are counted by the test's patches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_one_host_sync_per_step(monkeypatch) -> None:
+    """The loop's device work is queued without waiting: per optimizer step exactly one read to the
+    host (loss, gradient norm and target count in one transfer, which the NaN guard needs before the
+    update). On CUDA every such read, and every synchronize, stalls the queue."""
+    for accum in (1, 2):
+        trainer = Trainer(_model(), _cfg(batch_tokens=accum * 2 * T), CPU, data=_IndexSource(), seed=5)
+        trainer.step()  # the first step builds optimizer state
+        reads = _HostReads()
+        tolist, syncs = torch.Tensor.tolist, []
+        monkeypatch.setattr(torch.Tensor, "tolist", lambda t: (syncs.append("tolist"), tolist(t))[1])
+        monkeypatch.setattr(Runtime, "synchronize", lambda self: syncs.append("synchronize"))
+        with reads:
+            for _ in range(3):
+                trainer.step()
+        monkeypatch.undo()
+        assert (syncs, reads.count) == (["tolist"] * 3, 0), accum
