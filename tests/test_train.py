@@ -242,3 +242,46 @@ def test_one_host_sync_per_step(monkeypatch) -> None:
                 trainer.step()
         monkeypatch.undo()
         assert (syncs, reads.count) == (["tolist"] * 3, 0), accum
+
+
+class _ScriptedClock:
+    """time.perf_counter for lockstep.train whose step times follow a script: each step() reads
+    it twice (start, end), so every second call advances by the next scripted duration."""
+
+    def __init__(self, step_s: list[float]) -> None:
+        self.step_s, self.now, self.calls = list(step_s), 0.0, 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            self.now += self.step_s.pop(0)
+        return self.now
+
+
+def test_throughput_is_tokens_over_time_and_eta_follows_recent_steps(monkeypatch, caplog, tmp_path) -> None:
+    """A machine that gets busy mid-run: three quiet 1 s steps, then 10 s steps. tok_per_s is the
+    timed tokens over their time (not a median step, which hid the slowdown), and the progress
+    line's ETA follows the recent steps."""
+    cfg = _cfg(num_steps=8, checkpoint_every_steps=0)
+    monkeypatch.setattr(lockstep.train.time, "perf_counter", _ScriptedClock([1, 1, 1, 1, 10, 10, 10, 10]))
+    with caplog.at_level("INFO", logger="lockstep.train"):
+        result = _fit(_model(), cfg, tmp_path / "run")
+    timed = [1, 1, 1, 10, 10, 10, 10]  # the first step of a process is warm-up, left out
+    assert result.tok_per_s == pytest.approx(cfg.batch_tokens * len(timed) / sum(timed))
+    etas = [line.rsplit("eta ", 1)[1] for line in caplog.messages if "| eta " in line]
+    assert etas[3] == lockstep.train._fmt_eta(4 * 1.0)  # after step 4 of 8: quiet so far
+    assert etas[-2] == lockstep.train._fmt_eta(1 * sum([1, 1, 1, 10, 10, 10]) / 6)  # mean of recent steps
+    assert result.train_time_s == pytest.approx(sum([1, 1, 1, 1, 10, 10, 10, 10]))
+
+
+def test_measured_peak_is_the_better_of_stage_start_and_end(monkeypatch, tmp_path) -> None:
+    """A peak measured while the machine was busy at the start is raised by the end's measurement
+    (a busy start made MFU read 0.90); a declared peak is never re-measured."""
+    monkeypatch.setattr(lockstep.train, "peak_flops", lambda rt, declared: (1e9, "measured float32 matmul"))
+    monkeypatch.setattr(lockstep.train, "measure_matmul_peak_flops", lambda device, dtype: 3e9)
+    result = _fit(_model(), _cfg(num_steps=2, checkpoint_every_steps=0), tmp_path / "a")
+    assert result.peak == {"flops_per_s": 3e9, "source": "measured float32 matmul, best of stage start and end"}
+    assert result.mfu == pytest.approx(result.tok_per_s * _model().flops_per_token() / 3e9)
+    monkeypatch.undo()
+    declared = _fit(_model(), _cfg(num_steps=2, checkpoint_every_steps=0, peak_flops=5e9), tmp_path / "b")
+    assert declared.peak == {"flops_per_s": 5e9, "source": "declared in params"}

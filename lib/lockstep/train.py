@@ -27,10 +27,11 @@ from lockstep.config import ConfigError, FieldError, check_range
 from lockstep.model import GPT, IGNORE_INDEX, GPTConfig
 from lockstep.objectives import Objective, cross_entropy_objective
 from lockstep.optim import OptimConfig, all_reduce_grads, build_optimizers, global_grad_norm, muon_momentum, set_lr
-from lockstep.runtime import Runtime, peak_flops
+from lockstep.runtime import Runtime, measure_matmul_peak_flops, peak_flops
 from lockstep.seeds import derived_generator
 
 log = logging.getLogger("lockstep.train")
+_ETA_STEPS = 8  # the progress line's ETA is the mean of this many recent step times
 # The per-step series `train` reports, by file: columns besides `step`, results only.
 SERIES_COLUMNS: dict[str, tuple[str, ...]] = {"train": ("train_loss", "lr_mult"), "val": ("val_bpb",)}
 
@@ -316,7 +317,7 @@ class TrainResult:
     resumed_from: int  # 0 when started fresh
     tokens: int  # tokens trained on in total
     flops: float  # training FLOPs in total (flops_per_token x tokens)
-    tok_per_s: float  # median over timed steps (all ranks together)
+    tok_per_s: float  # timed tokens / their steps' wall time (all ranks together; warm-up step left out)
     mfu: float
     train_time_s: float  # wall time spent in steps, all sessions of the run
     peak: dict[str, Any]
@@ -495,10 +496,12 @@ class Trainer:
         """Rank 0, after an applied step: the progress line, the series row and the throughput."""
         tok_s = self.cfg.batch_tokens / dt
         mfu = self.flops_per_token * tok_s / (self.peak * self.rt.world_size)
-        med = sorted(self.dts)[len(self.dts) // 2] if self.dts else dt
+        # ETA from the recent steps, so that it follows a machine that got busy (or quiet) mid-run
+        recent = self.dts[-_ETA_STEPS:] or [dt]
+        step_s = sum(recent) / len(recent)
         lr_now = self.optimizers[-1].param_groups[0]["lr"]
         log.info("step %d/%d | loss %.4f | lr %.3g | dt %.0fms | tok/s %s | mfu %.1f%% | eta %s", step, self.total_steps,
-                 train_loss, lr_now, dt * 1e3, _fmt_count(tok_s), 100 * mfu, _fmt_eta(med * (self.total_steps - step)))
+                 train_loss, lr_now, dt * 1e3, _fmt_count(tok_s), 100 * mfu, _fmt_eta(step_s * (self.total_steps - step)))
         self._record({"step": step, "train_loss": train_loss, "lr_mult": mult})
         self.rates.append((step, tok_s))
 
@@ -622,10 +625,15 @@ class Trainer:
         cfg, step = self.cfg, self.step_count
         tokens = step * cfg.batch_tokens
         if self.dts:
-            tok_per_s = cfg.batch_tokens / sorted(self.dts)[len(self.dts) // 2]
-        else:  # nothing timed in this process (a finished run re-run): the recorded steps' median
-            recorded = sorted(rate for _, rate in self.rates)
-            tok_per_s = recorded[len(recorded) // 2] if recorded else float("nan")
+            tok_per_s = cfg.batch_tokens * len(self.dts) / sum(self.dts)
+        else:  # nothing timed in this process (a finished run re-run): the same mean over the recorded steps
+            recorded = [rate for _, rate in self.rates]
+            tok_per_s = len(recorded) / sum(1 / rate for rate in recorded) if recorded else float("nan")
+        if self.peak_why.startswith("measured"):
+            # A machine busy when the stage started under-measures its peak (MFU read 0.90 for a
+            # stage started beside another job): the better of the stage's first and last measurement.
+            self.peak = max(self.peak, measure_matmul_peak_flops(self.rt.device, self.rt.dtype))
+            self.peak_why += ", best of stage start and end"
         mfu = self.flops_per_token * tok_per_s / (self.peak * self.rt.world_size)
         return TrainResult(step=step, total_steps=self.total_steps, losses=self.losses, final_eval=self.last_eval,
                            samples=samples, checkpoint=checkpoint, resumed_from=self.start_step, tokens=tokens,
