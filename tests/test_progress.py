@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from lockstep.progress import Progress
+from lockstep.progress import Countdown, Progress
 
 
 class Clock:
@@ -39,3 +39,44 @@ def test_resumed_eta_uses_only_new_work():
     assert "600/1.0k chars (60.0%)" in line and "elapsed 1m00s" in line and line.endswith("eta 4m00s")
     fresh = Progress("y", logging.getLogger("t.progress"), budget=None, clock=clock)
     assert "eta" not in fresh.line() and "%" not in fresh.line()
+
+
+def test_countdown_is_never_silent_for_long_and_its_eta_follows_recent_items():
+    clock, lines = Clock(), []
+    c = Countdown("held-out eval", 10, lines.append, units="problems", interval_s=10.0, recent=2, clock=clock)
+    for dt in (1, 1, 1):  # quick items within one interval: no line
+        clock.t += dt
+        c.tick()
+    assert lines == []
+    for dt in (30, 30):  # the machine got busy: each slow item gives a line, the ETA follows it
+        clock.t += dt
+        c.tick()
+    assert lines == ["held-out eval: 4/10 problems | elapsed 33s | eta 1m33s",  # (1 + 30) / 2 s x 6 left
+                     "held-out eval: 5/10 problems | elapsed 1m03s | eta 2m30s"]  # 30 s x 5 left
+    for _ in range(5):
+        clock.t += 30
+        c.tick()
+    assert len(lines) == 6 and c.done == 10  # no line for the last item: the caller reports the result
+
+
+def test_rl_evaluation_and_rollouts_report_progress(tok, monkeypatch):
+    """RL's held-out evaluation and its rollouts (minutes on a busy CPU) log countdown lines."""
+    from _tiny_model import randomize, tiny_gpt
+    from lockstep import progress
+    from lockstep.config import build_config
+    from lockstep.engine import Engine
+    from lockstep.rl import RLConfig, pass_at_k, rollout
+
+    model = randomize(tiny_gpt(seed=5, n_layer=2), seed=6).eval()
+    problems = [{"question": f"{i}+1?", "answer": f"#### {i + 1}"} for i in range(3)]
+    lines: list[str] = []
+    real = progress.Countdown.__init__
+
+    def every_item(self, *a, **kw):
+        real(self, *a, **{**kw, "interval_s": 0.0})
+    monkeypatch.setattr(progress.Countdown, "__init__", every_item)
+    pass_at_k(Engine(model, tok), tok, problems, k=2, temperature=1.0, max_new_tokens=4, seed=1, log=lines.append)
+    cfg = build_config(RLConfig, {"group_size": 2, "problems_per_step": 3, "max_new_tokens": 4}, where="rl")
+    rollout(Engine(model, tok), tok, problems, cfg, seed=7, log=lines.append)
+    assert [line.split(" | ")[0] for line in lines] == ["held-out eval: 1/3 problems", "held-out eval: 2/3 problems",
+                                                        "rollouts: 1/3 problems", "rollouts: 2/3 problems"]

@@ -9,7 +9,8 @@ import time
 from collections.abc import Callable
 
 
-def _duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
+    """12s, 3m05s, 1h02m: a duration for a progress line."""
     s = int(seconds)
     if s < 60:
         return f"{s}s"
@@ -82,13 +83,48 @@ class Progress:
         if self.budget:
             frac = min(self.done / self.budget, 1.0)
             fields.append(f"{_count(self.done)}/{_count(self.budget)} {self.budget_unit} ({100 * frac:.1f}%)")
-        fields.append(f"elapsed {_duration(elapsed)}")
+        fields.append(f"elapsed {format_duration(elapsed)}")
         if self.budget and self.done > self.already_done:
             remaining_s = max(self.budget - self.done, 0) * elapsed / (self.done - self.already_done)
-            fields.append(f"eta {_duration(remaining_s)}")
+            fields.append(f"eta {format_duration(remaining_s)}")
         self.lines += 1
         return " | ".join(fields)
 
     def finish(self) -> None:
         """Log the final line (totals and mean rates) whatever the interval."""
         self.log.info("%s", self.line())
+
+
+class Countdown:
+    """Progress of a known number of equal-ish items (held-out problems, rollout groups): `tick`
+    after each one, and a line "what: done/total units | elapsed | eta" goes to `log` at most every
+    `interval_s` seconds, so work that takes minutes is never silent. The ETA is the mean time of
+    the last `recent` items times those left: it follows a machine that got busy or quiet."""
+
+    def __init__(self, what: str, total: int, log: Callable[[str], None], *, units: str = "items",
+                 interval_s: float = 10.0, recent: int = 8, clock: Callable[[], float] = time.monotonic) -> None:
+        self.what, self.total, self.log, self.units = what, total, log, units
+        self.interval_s, self.recent, self.clock = interval_s, recent, clock
+        self.start = self.last_line = self.last_tick = clock()
+        self.durations: list[float] = []
+
+    @property
+    def done(self) -> int:
+        return len(self.durations)
+
+    def tick(self) -> None:
+        """One item done; log a line if `interval_s` has passed since the last one (or the start)."""
+        now = self.clock()
+        self.durations.append(now - self.last_tick)
+        self.last_tick = now
+        if now - self.last_line >= self.interval_s and self.done < self.total:
+            self.last_line = now
+            self.log(self.line(now))
+
+    def line(self, now: float | None = None) -> str:
+        now = self.clock() if now is None else now
+        recent = self.durations[-self.recent:]
+        fields = [f"{self.what}: {self.done}/{self.total} {self.units}", f"elapsed {format_duration(now - self.start)}"]
+        if recent:
+            fields.append(f"eta {format_duration(sum(recent) / len(recent) * (self.total - self.done))}")
+        return " | ".join(fields)

@@ -31,6 +31,7 @@ from lockstep.engine import Engine
 from lockstep.evaluate.chat import extract_answer
 from lockstep.model import IGNORE_INDEX
 from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, set_lr
+from lockstep.progress import Countdown, format_duration
 from lockstep.records import user_prompt
 from lockstep.sampling import UNSCALED_TEMPERATURE
 from lockstep.seeds import derive_seed
@@ -121,9 +122,12 @@ class Rollouts:
         return sum(len(c) for c in self.completions) / len(self.completions)
 
 
-def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, Any]], cfg: RLConfig, *, seed: int) -> Rollouts:
-    """Sample `group_size` completions for each problem (tools on) and score them."""
+def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, Any]], cfg: RLConfig, *, seed: int,
+            log: Callable[[str], None] | None = None) -> Rollouts:
+    """Sample `group_size` completions for each problem (tools on) and score them; progress lines
+    to `log` while it takes longer than ~10 s."""
     out = Rollouts([], [], [], [], [])
+    countdown = Countdown("rollouts", len(problems), log or (lambda line: None), units="problems")
     for i, problem in enumerate(problems):
         prompt = prompt_ids(tokenizer, problem["question"])
         max_tokens = min(cfg.max_new_tokens, engine.model.config.sequence_len - len(prompt))
@@ -139,6 +143,7 @@ def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, A
         out.sampled.extend(masks)
         out.rewards.extend(rewards)
         out.advantages.extend(r - mean for r in rewards)
+        countdown.tick()
     return out
 
 
@@ -177,13 +182,15 @@ def policy_loss_backward(model: nn.Module, ro: Rollouts, *, device: torch.device
 
 @torch.no_grad()
 def pass_at_k(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, Any]], *, k: int, temperature: float,
-              max_new_tokens: int, seed: int) -> dict[str, float]:
+              max_new_tokens: int, seed: int, log: Callable[[str], None] | None = None) -> dict[str, float]:
     """Held-out scores on `problems` from k completions sampled at `temperature` per problem:
     pass@1 is the mean fraction correct (the unbiased pass@1 estimate from k samples), pass@k
     the fraction of problems with any correct completion. Also the greedy (temperature 0)
-    accuracy and the mean greedy completion length."""
+    accuracy and the mean greedy completion length. Progress lines to `log` while it takes
+    longer than ~10 s (100 problems x 8 samples ran ~10 min on a busy 2-core CPU)."""
     sampled_correct = any_correct = greedy_correct = 0.0
     lengths = []
+    countdown = Countdown("held-out eval", len(problems), log or (lambda line: None), units="problems")
     for i, problem in enumerate(problems):
         prompt = prompt_ids(tokenizer, problem["question"])
         max_tokens = min(max_new_tokens, engine.model.config.sequence_len - len(prompt))
@@ -195,6 +202,7 @@ def pass_at_k(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str,
         hits = [reward(tokenizer.decode(s), problem["answer"]) for s in seqs]
         sampled_correct += sum(hits) / k
         any_correct += max(hits)
+        countdown.tick()
     n = len(problems)
     return {"pass@1": sampled_correct / n, f"pass@{k}": any_correct / n, "greedy": greedy_correct / n,
             "completion_len": sum(lengths) / n}
@@ -235,7 +243,7 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
     def evaluate(step: int) -> dict[str, float]:
         model.eval()
         scores = pass_at_k(engine, tokenizer, held_out, k=cfg.pass_k, temperature=cfg.temperature,
-                           max_new_tokens=cfg.max_new_tokens, seed=seed)
+                           max_new_tokens=cfg.max_new_tokens, seed=seed, log=log)
         log(f"eval step {step} | pass@1 {scores['pass@1']:.3f} | pass@{cfg.pass_k} {scores[f'pass@{cfg.pass_k}']:.3f} "
             f"| greedy {scores['greedy']:.3f} | len {scores['completion_len']:.1f} | {len(held_out)} problems")
         if on_step is not None:
@@ -245,13 +253,15 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
     before = evaluate(0)
     rewards_first = rewards_last = math.nan
     rollout_tokens = 0
+    step_times: list[float] = []
     t_start = time.perf_counter()
     for step in range(cfg.num_steps):
         t0 = time.perf_counter()
         g = torch.Generator().manual_seed(_derived_seed(seed, "draw", step))
         idx = torch.randint(len(train_problems), (cfg.problems_per_step,), generator=g).tolist()
         model.eval()
-        ro = rollout(engine, tokenizer, [train_problems[i] for i in idx], cfg, seed=_derived_seed(seed, "roll", step))
+        ro = rollout(engine, tokenizer, [train_problems[i] for i in idx], cfg, seed=_derived_seed(seed, "roll", step),
+                     log=log)
         rollout_tokens += sum(len(c) for c in ro.completions)
         model.train()
         for opt in optimizers:
@@ -270,11 +280,14 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
+        step_times.append(dt)
+        recent = step_times[-8:]
+        eta = format_duration(sum(recent) / len(recent) * (cfg.num_steps - step - 1))
         if step == 0:
             rewards_first = ro.mean_reward
         rewards_last = ro.mean_reward
         log(f"step {step + 1}/{cfg.num_steps} | reward {ro.mean_reward:.3f} | loss {loss:+.4f} | lr {lrm:.2f} "
-            f"| tokens {n_tokens} | len {ro.mean_length:.1f} | dt {dt:.1f}s")
+            f"| tokens {n_tokens} | len {ro.mean_length:.1f} | dt {dt:.1f}s | eta {eta}")
         if on_step is not None:
             on_step({"step": step + 1, "reward": ro.mean_reward, "completion_len": ro.mean_length, "loss": loss})
         if cfg.eval_every_steps and (step + 1) % cfg.eval_every_steps == 0 and step + 1 < cfg.num_steps:
