@@ -61,7 +61,8 @@ def test_smoke_pipeline_with_lz78_structured_and_prefix_smooth(tmp_path: Path) -
     assert completions[0] and all(0 <= i < tok.get_vocab_size() for i in completions[0])
 
     info = json.loads((data / "runinfo" / "pretrain.json").read_text())
-    assert info["setup"] == {"embedding": "structured", "objective": "prefix_smooth", "prefix_weight": 0.2}
+    assert info["setup"] == {"embedding": "structured", "objective": "prefix_smooth", "prefix_weight": 0.2,
+                             "loss": "all"}
     assert json.loads((data / "runinfo" / "sft.json").read_text())["setup"]["objective"] == "ce"
     # The engine's chat evals ran on the lz78 model (the calculator tasks included).
     sft_eval = json.loads((data / "metrics" / "eval_sft.json").read_text())

@@ -3,6 +3,7 @@ publishes nothing and ends with one `error:` line; Ctrl-C ends with one line and
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,7 @@ def test_outputs_and_series_repeat_byte_for_byte(rl_workspace: Path, repo_root: 
     val = outs["a"]["val.tsv"].decode().splitlines()
     assert val[0] == "step\tval_pass@1\tval_greedy\tval_completion_len"  # pass_k=1: pass@1 once
     assert [line.split("\t")[0] for line in val[1:]] == ["0", "2"]  # before training and after the last step
+    # What the series were measured on, for the report card's chart titles.
+    assert json.loads((root / "runinfo/rl_a.json").read_text())["setup"] == {
+        "problems": "synth_math", "problems_per_step": 1, "group_size": 2, "temperature": 1.0, "pass_k": 1,
+        "eval_problems": 1}

@@ -83,6 +83,8 @@ def test_stage_chain(workspace: Path, repo_root: Path, monkeypatch: pytest.Monke
         assert set(m) == {"val_bpb", "unigram_bpb", "steps", "tokens", "params"}
         info = json.loads((root / f"runinfo/{stage}.json").read_text())
         assert info["tok_per_s"] > 0 and info["device"]["device"] == "cpu" and len(info["samples"]) == 3
+        # The targets its losses count, which the report card's charts name.
+        assert info["setup"]["loss"] == ("assistant" if stage == "sft" else "all"), info["setup"]
         first = json.loads((root / f"plots/{stage}/first_batch.json").read_text())
         assert first["shape"] == [2, 64] and len(first["rows"]) == 2
         # Per-step series of results only (no throughput), one row per step and evaluation.

@@ -58,6 +58,13 @@ def rl_metrics(result: RLResult, cfg: RLConfig, n_problems: int) -> dict[str, An
     }
 
 
+def rl_setup(cfg: RLConfig, n_scored: int) -> dict[str, Any]:
+    """What the stage's series were measured on, for the report card's charts: the problem
+    snapshot, the rollouts per step and their temperature, and the held-out problems scored."""
+    return {"problems": cfg.problems, "problems_per_step": cfg.problems_per_step, "group_size": cfg.group_size,
+            "temperature": cfg.temperature, "pass_k": cfg.pass_k, "eval_problems": n_scored}
+
+
 def run_rl_stage(*, cfg: RLConfig, paths: RLStagePaths, rt: Runtime, seed: int, code_revision: str,
                  started_s: float) -> dict[str, Any]:
     """Run the rl stage end to end in this process and return its metrics. `seed` draws the
@@ -97,7 +104,8 @@ def run_rl_stage(*, cfg: RLConfig, paths: RLStagePaths, rt: Runtime, seed: int, 
     series.write()
     metrics = rl_metrics(result, cfg, n_scored)
     write_runinfo(paths.runinfo, {"train_time_s": result.train_time_s, "wall_time_s": wall_s,
-                                  "stage_wall_time_s": time.perf_counter() - started_s, "device": rt.describe()},
+                                  "stage_wall_time_s": time.perf_counter() - started_s, "device": rt.describe(),
+                                  "setup": rl_setup(cfg, n_scored)},
                   device=rt.device)
     write_json_atomic(paths.metrics, metrics)
     k = cfg.pass_k

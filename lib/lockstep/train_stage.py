@@ -213,8 +213,8 @@ def stage_runinfo(result: TrainResult, rt: Runtime, *, started_s: float,
                   epochs: dict[str, Any] | None = None, setup: dict[str, Any] | None = None) -> dict[str, Any]:
     """The stage's run facts, kept apart from its metrics: throughput, compute, device, the commit,
     where it resumed, the samples it wrote, the epochs over each mixture component
-    (lockstep.budget.epochs_facts), and `setup` (embedding and objective: what the report card's
-    header names). They differ between equal runs on other hosts or
+    (lockstep.budget.epochs_facts), and `setup` (embedding, objective and loss targets: what the
+    report card's header and charts name). They differ between equal runs on other hosts or
     loads; the report card shows them and DVC does not diff them."""
     info = {
         "flops": result.flops, "tok_per_s": result.tok_per_s, "mfu": result.mfu, "train_time_s": result.train_time_s,
@@ -226,8 +226,9 @@ def stage_runinfo(result: TrainResult, rt: Runtime, *, started_s: float,
 
 
 def stage_setup(gcfg: GPTConfig, cfg: TrainConfig) -> dict[str, Any]:
-    """How the stage trained, for the report card's header: the embedding and the objective."""
-    setup: dict[str, Any] = {"embedding": gcfg.embedding, "objective": cfg.objective}
+    """How the stage trained, for the report card: the embedding, the objective, and which targets
+    its losses and val bpb count (`loss`: all, or assistant tokens only), which its charts name."""
+    setup: dict[str, Any] = {"embedding": gcfg.embedding, "objective": cfg.objective, "loss": cfg.loss}
     if cfg.objective == "prefix_smooth":
         setup["prefix_weight"] = cfg.prefix_weight
     return setup
