@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.report import build_report, flatten, load_metrics, read_series, render_markdown
+from lockstep.report import (FEW_POINTS, QUANTITIES, build_report, describe_data, flatten, load_metrics, plan_charts,
+                             read_series, render_markdown)
 from lockstep.series import SeriesWriter
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -87,7 +88,10 @@ def test_report_renders_from_fixture(tmp_path: Path, run_files: tuple[Path, Path
     assert "| train_time_s | 10.0000 | 20.0000 | 30.0000 | 40.0000 |" in text
     assert "bytes_per_token.shakespeare" in text and "abc123" in text and "eval_sft: dtype" in text
     charts = sorted(p.name for p in (tmp_path / "report").glob("*.png"))
-    assert charts == ["loss.png", "pass_1.png", "reward.png", "val_bpb.png"]
+    # One chart per stage and quantity: the fixture's `loss` and `pass@1` are no catalogued series,
+    # so each stays in its stage's chart, named by its column.
+    assert charts == sorted([f"{s}_{q}.png" for s in ("pretrain", "midtrain", "sft") for q in ("loss", "val_bpb")]
+                            + ["rl_reward.png", "rl_pass_1.png"])
     for png in (tmp_path / "report").glob("*.png"):
         _check_png(png)
         assert f"]({png.name})" in text
@@ -171,3 +175,123 @@ def test_the_core_row_says_which_core_it_is() -> None:
     assert row(core_source="own", core_tasks=3, core_items=761) == "CORE-style (own tasks, 761 items)"
     assert row(core_source="bundle", core_tasks=3, core_items=12) == "CORE-style (bundle not verified as DCLM's, 3 tasks, 12 items)"
     assert row() == "CORE-style (task source not recorded)"  # metrics from before core_source: never the bare name
+
+
+# The tiny run's shape: three supervised stages on different mixtures, RL with its held-out scores
+# measured twice (before the first update and after the last).
+def _tiny_like_series() -> dict[str, dict[str, list[tuple[float, float]]]]:
+    def ramp(n: int, start: float) -> list[tuple[float, float]]:
+        return [(float(s), start - s / 100) for s in range(1, n + 1)]
+
+    def sched(n: int) -> list[tuple[float, float]]:
+        return [(float(s), min(1.0, 2 * (n - s) / n)) for s in range(1, n + 1)]
+
+    return {
+        "train_loss": {"pretrain": ramp(12, 8.0), "midtrain": ramp(6, 3.0), "sft": ramp(6, 0.3)},
+        "lr_mult": {"pretrain": sched(12), "midtrain": sched(6), "sft": sched(6)},  # midtrain = sft
+        "val_bpb": {"pretrain": [(4.0, 2.2), (8.0, 2.0), (12.0, 1.9)], "midtrain": [(3.0, 1.34), (6.0, 1.22)],
+                    "sft": [(3.0, 0.13), (6.0, 0.02)]},
+        "reward": {"rl": [(float(s), 0.6 + s / 100) for s in range(1, 6)]},
+        "completion_len": {"rl": [(float(s), 60.0 - s) for s in range(1, 6)]},
+        "loss": {"rl": [(float(s), -0.15 + s / 100) for s in range(1, 6)]},
+        "val_pass@1": {"rl": [(0.0, 0.66625), (5.0, 0.715)]},
+        "val_pass@8": {"rl": [(0.0, 0.99), (5.0, 0.99)]},
+        "val_greedy": {"rl": [(0.0, 1.0), (5.0, 0.99)]},
+        "val_completion_len": {"rl": [(0.0, 65.63), (5.0, 65.62)]},
+    }
+
+
+TINY_RUNINFO = {
+    "pretrain": {"epochs.components.shakespeare.weight": 0.9, "epochs.components.roam.weight": 0.1,
+                 "setup.objective": "ce", "setup.loss": "all"},
+    "midtrain": {"epochs.components.shakespeare.weight": 0.3, "epochs.components.synth_math.weight": 0.4,
+                 "epochs.components.synth_chat.weight": 0.3, "setup.objective": "ce", "setup.loss": "all"},
+    "sft": {"epochs.components.synth_math.weight": 0.6, "epochs.components.synth_chat.weight": 0.4,
+            "setup.objective": "prefix_smooth", "setup.prefix_weight": 0.1, "setup.loss": "assistant"},
+    "rl": {"setup.problems": "synth_math", "setup.problems_per_step": 12, "setup.group_size": 8,
+           "setup.temperature": 1.3, "setup.pass_k": 8, "setup.eval_problems": 100},
+}
+
+
+def test_one_chart_per_question_each_naming_its_data() -> None:
+    charts = {c.key: c for c in plan_charts(_tiny_like_series(), TINY_RUNINFO)}
+    assert list(charts) == [
+        "lr_mult", "pretrain_train_loss", "pretrain_val_bpb", "midtrain_train_loss", "midtrain_val_bpb",
+        "sft_train_loss", "sft_val_bpb", "rl_reward", "rl_objective", "rl_rollout_len", "rl_heldout_accuracy",
+        "rl_heldout_len"]
+    # Validation on each stage's own mixture: one chart each, its data in the title.
+    assert charts["pretrain_val_bpb"].title == (
+        "pretrain: validation bits per byte\non val split of shakespeare 0.9 + roam 0.1, all tokens")
+    assert charts["midtrain_val_bpb"].title.endswith("val split of synth_math 0.4 + shakespeare 0.3 + synth_chat 0.3, all tokens")
+    assert charts["sft_val_bpb"].title.endswith("val split of synth_math 0.6 + synth_chat 0.4, assistant tokens only")
+    # Stages share a chart only for what is measured on no data (the schedule).
+    for c in charts.values():
+        assert len(c.stages) == 1 or c.data == "", c.key
+        assert c.data == "" or f"on {c.data}" in c.title, c.key
+    assert charts["lr_mult"].stages == ("pretrain", "midtrain", "sft")
+    # RL's objective and the supervised train losses go by different names.
+    assert charts["rl_objective"].title.startswith("rl: RL objective (policy-gradient loss)\non train split of synth_math")
+    assert charts["pretrain_train_loss"].title.startswith("pretrain: train cross-entropy\non train split of")
+    assert charts["sft_train_loss"].title.startswith("sft: train loss (prefix-smoothed cross-entropy, w=0.1)\n")
+    # Held-out accuracies share one chart (same problems, same unit), each named.
+    acc = charts["rl_heldout_accuracy"]
+    assert [ln.label for ln in acc.lines] == ["pass@1 (mean over the samples)", "pass@8 (any of 8 samples)",
+                                              "greedy (temperature 0)"]
+    assert "val split of synth_math: 100 problems" in acc.title and acc.ylim == (0.0, 1.0)
+
+
+def test_identical_schedules_share_a_line_named_by_both() -> None:
+    lr = next(c for c in plan_charts(_tiny_like_series()) if c.key == "lr_mult")
+    assert [ln.label for ln in lr.lines] == ["pretrain", "midtrain = sft"]  # sft's line would hide midtrain's
+    assert all(ln.style == "line" for ln in lr.lines)
+
+
+def test_few_point_series_are_points_with_their_change_on_a_zero_based_axis() -> None:
+    charts = {c.key: c for c in plan_charts(_tiny_like_series(), TINY_RUNINFO)}
+    length = charts["rl_heldout_len"]
+    (line,) = length.lines
+    assert line.style == "points" and line.change == "65.63 -> 65.62 (-0.01)"
+    assert length.ylim is not None and length.ylim[0] == 0.0 and length.ylim[1] > 65.63  # not an offset axis
+    assert charts["midtrain_val_bpb"].lines[0].style == "points"
+    assert charts["pretrain_val_bpb"].lines[0].style == "line"  # more than FEW_POINTS
+    assert len(charts["pretrain_val_bpb"].lines[0].points) > FEW_POINTS
+    assert charts["pretrain_val_bpb"].ylim is None
+    assert charts["rl_reward"].ylim == (0.0, 1.0)  # a rate keeps its full range
+    # The markdown prints the changes under the chart.
+    text = render_markdown({}, list(charts.values()), ENV)
+    assert "*rl/val_completion_len: 65.63 -> 65.62 (-0.01)*" in text
+    assert ("*pass@1 (mean over the samples): 0.6663 -> 0.715 (+0.04875); pass@8 (any of 8 samples): 0.99 -> 0.99 "
+            "(+0); greedy (temperature 0): 1 -> 0.99 (-0.01)*") in text
+    sections = [line for line in text.splitlines() if line.startswith("### ")]
+    assert sections == ["### all stages", "### pretrain", "### midtrain", "### sft", "### rl"]
+
+
+def test_without_run_facts_each_stage_names_its_own_split() -> None:
+    charts = {c.key: c for c in plan_charts(_tiny_like_series())}
+    assert charts["midtrain_val_bpb"].title == "midtrain: validation bits per byte\non the midtrain mixture's val split"
+    assert charts["sft_train_loss"].title.startswith("sft: train loss (the stage's objective)\n")
+    assert charts["rl_heldout_len"].title.endswith("on held-out problems")
+    assert describe_data("rl", "rollouts", {}) == "sampled training rollouts"
+
+
+def test_unknown_series_stay_in_their_stage() -> None:
+    charts = plan_charts({"grad_norm": {"pretrain": [(1.0, 2.0), (2.0, 1.0), (3.0, 0.5)], "sft": [(1.0, 1.0)]}})
+    assert [(c.key, c.stages) for c in charts] == [("pretrain_grad_norm", ("pretrain",)), ("sft_grad_norm", ("sft",))]
+    assert charts[0].title == "pretrain: grad_norm\ndata not recorded (a series lockstep.report.QUANTITIES does not describe)"
+    assert charts[1].lines[0].change == "1 at step 1"
+
+
+def test_every_series_the_stages_write_is_catalogued() -> None:
+    import re
+
+    from lockstep.rl import RLConfig, series_columns
+    from lockstep.train import SERIES_COLUMNS
+
+    def known(stage: str, column: str) -> bool:
+        return any(re.fullmatch(q.pattern, column) and (not q.stages or stage in q.stages) for q in QUANTITIES)
+
+    for stage in ("pretrain", "midtrain", "sft"):
+        assert all(known(stage, c) for cols in SERIES_COLUMNS.values() for c in cols)
+    for k in (1, 8):
+        assert all(known("rl", c) for cols in series_columns(RLConfig(pass_k=k)).values() for c in cols)
+

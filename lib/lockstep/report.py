@@ -13,7 +13,9 @@ import math
 import platform
 import re
 import subprocess
-from collections.abc import Mapping
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -82,8 +84,219 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "series"
 
 
-def draw_charts(series: Mapping[str, Mapping[str, list[tuple[float, float]]]], out_dir: Path) -> list[Path]:
-    """One PNG per quantity (loss, val_bpb, reward, pass@1, ...), one line per stage."""
+# A series of this many points or fewer is drawn as marked values with its change printed: a line
+# through two points on an auto-scaled axis drew RL's held-out length going 65.63 -> 65.62 tokens
+# as a full-height diagonal (tiny run, data/plots/rl/val.tsv).
+FEW_POINTS = 2
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """What one series column measures, so its chart says so. `data` names what the values were
+    measured on: `train` / `val` (the stage's mixture split), `rollouts` (RL's sampled training
+    completions), `held_out` (RL's scored val problems), or "" for a schedule measured on no data,
+    the only kind whose stages share a chart. Columns of one stage with the same `group` share one
+    chart (same unit, same data), each line named by `label`."""
+
+    pattern: str  # the column name, a regular expression matched in full
+    stages: tuple[str, ...]  # the stages whose column this is; () = any stage
+    key: str  # the chart's file name (prefixed with its stage when per stage)
+    question: str  # the chart's title: what was measured
+    unit: str  # the y axis label
+    data: str  # "train" | "val" | "rollouts" | "held_out" | ""
+    group: str = ""
+    label: str = ""
+    rate: bool = False  # a fraction in [0, 1]: the axis spans [0, 1]
+
+
+TRAIN_STAGES = ("pretrain", "midtrain", "sft")
+# The series the stages write (lockstep.train.SERIES_COLUMNS, lockstep.rl.series_columns), in
+# chart order. RL's `loss` is the policy-gradient objective, not a cross-entropy: it is labelled
+# apart from the supervised stages' `train_loss`, whose name follows the stage's objective.
+QUANTITIES: tuple[Quantity, ...] = (
+    Quantity("lr_mult", (), "lr_mult", "learning-rate multiplier", "multiple of the base learning rate", ""),
+    Quantity("train_loss", (), "train_loss", "train loss", "nats per target token", "train"),
+    Quantity("val_bpb", (), "val_bpb", "validation bits per byte", "bits per byte", "val"),
+    Quantity("reward", ("rl",), "reward", "mean reward per rollout", "reward (1 = correct answer)",
+             "rollouts", rate=True),
+    Quantity("loss", ("rl",), "objective", "RL objective (policy-gradient loss)",
+             "-sum(advantage * log p) / sampled tokens", "rollouts"),
+    Quantity("completion_len", ("rl",), "rollout_len", "mean completion length per rollout",
+             "tokens per completion", "rollouts"),
+    Quantity("val_pass@1", ("rl",), "heldout_accuracy", "held-out accuracy", "fraction of problems solved",
+             "held_out", group="accuracy", label="pass@1 (mean over the samples)", rate=True),
+    Quantity(r"val_pass@(\d+)", ("rl",), "heldout_accuracy", "held-out accuracy", "fraction of problems solved",
+             "held_out", group="accuracy", label="pass@{0} (any of {0} samples)", rate=True),
+    Quantity("val_greedy", ("rl",), "heldout_accuracy", "held-out accuracy", "fraction of problems solved",
+             "held_out", group="accuracy", label="greedy (temperature 0)", rate=True),
+    Quantity("val_completion_len", ("rl",), "heldout_len", "mean greedy completion length",
+             "tokens per completion", "held_out"),
+)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One drawn series: `style` is "line", or "points" for FEW_POINTS or fewer (values marked,
+    the change printed in `change`)."""
+
+    label: str
+    points: tuple[tuple[float, float], ...]
+    style: str
+    change: str = ""  # "0.6663 -> 0.715 (+0.04875)" for a points series
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart: one question, on one set of data. `stages` holds one stage unless the quantity
+    is measured on no data (a schedule)."""
+
+    key: str  # the file stem
+    title: str  # first line what was measured, second line on what data
+    xlabel: str
+    ylabel: str
+    stages: tuple[str, ...]
+    data: str  # the data in words; "" for a schedule
+    lines: tuple[Line, ...]
+    ylim: tuple[float, float] | None = None  # None: matplotlib's, without an offset
+
+    @property
+    def file(self) -> str:
+        return f"{self.key}.png"
+
+
+def _quantity(stage: str, column: str) -> tuple[Quantity, str]:
+    """The catalogue entry for `column` of `stage` and its line label; an unknown column gets an
+    entry of its own, per stage, naming the column."""
+    for q in QUANTITIES:
+        m = re.fullmatch(q.pattern, column)
+        if m and (not q.stages or stage in q.stages):
+            return q, q.label.format(*m.groups()) if q.label else f"{stage}/{column}"
+    return Quantity(re.escape(column), (stage,), _slug(column), column, column, "unrecorded"), f"{stage}/{column}"
+
+
+def _mixture(flat: Mapping[str, Any]) -> str:
+    """`shakespeare 0.9 + roam 0.1` from a training stage's run facts (lockstep.budget.epochs_facts)."""
+    weights = {m.group(1): v for k, v in flat.items() if (m := re.fullmatch(r"epochs\.components\.(.+)\.weight", k))}
+    return " + ".join(f"{name} {w:g}" for name, w in sorted(weights.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def describe_data(stage: str, kind: str, facts: Mapping[str, Any]) -> str:
+    """The data a `stage` series of `kind` (Quantity.data) was measured on, in words, from the
+    stage's flattened run facts; without them, the stage's own split, named as such."""
+    if kind in ("train", "val"):
+        mix = _mixture(facts)
+        tokens = {"assistant": ", assistant tokens only", "all": ", all tokens"}.get(facts.get("setup.loss"), "")
+        return f"{kind} split of {mix}{tokens}" if mix else f"the {stage} mixture's {kind} split{tokens}"
+    problems, temperature = facts.get("setup.problems"), facts.get("setup.temperature")
+    if kind == "rollouts":
+        if problems is None:
+            return "sampled training rollouts"
+        per_step = facts.get("setup.problems_per_step"), facts.get("setup.group_size")
+        return (f"train split of {problems}: {per_step[0]} problems x {per_step[1]} samples per step, "
+                f"temperature {temperature:g}")
+    if kind == "held_out":
+        if problems is None:
+            return "held-out problems"
+        return (f"val split of {problems}: {facts.get('setup.eval_problems')} problems, "
+                f"{facts.get('setup.pass_k')} samples at temperature {temperature:g} and one greedy")
+    if kind == "unrecorded":
+        return "data not recorded (a series lockstep.report.QUANTITIES does not describe)"
+    return ""
+
+
+def _change(points: tuple[tuple[float, float], ...]) -> str:
+    values = [v for _, v in points]
+    if len(values) == 1:
+        return f"{values[0]:.4g} at step {points[0][0]:g}"
+    return f"{values[0]:.4g} -> {values[-1]:.4g} ({values[-1] - values[0]:+.4g})"
+
+
+def _line(label: str, pts: list[tuple[float, float]]) -> Line:
+    points = tuple(sorted(pts))
+    few = len(points) <= FEW_POINTS
+    return Line(label, points, "points" if few else "line", _change(points) if few else "")
+
+
+def _ylim(lines: tuple[Line, ...], rate: bool) -> tuple[float, float] | None:
+    """A rate spans [0, 1]; a chart of points only starts at 0, so a small change looks small."""
+    if rate:
+        return (0.0, 1.0)
+    values = [v for ln in lines for _, v in ln.points]
+    if all(ln.style == "points" for ln in lines) and values and min(values) >= 0:
+        return (0.0, max(values) * 1.15 or 1.0)
+    return None
+
+
+def _train_loss_name(facts: Mapping[str, Any]) -> str:
+    """What a supervised stage's `train_loss` is, by its objective (run facts `setup.objective`)."""
+    objective, weight = facts.get("setup.objective"), facts.get("setup.prefix_weight")
+    if objective == "ce":
+        return "train cross-entropy"
+    if objective == "prefix_smooth":
+        w = f", w={weight:g}" if isinstance(weight, (int, float)) else ""
+        return f"train loss (prefix-smoothed cross-entropy{w})"
+    return "train loss (the stage's objective)"
+
+
+def _xlabel(stage: str) -> str:
+    return "RL step (policy updates; 0 = before the first)" if stage == "rl" else f"{stage} optimizer step"
+
+
+def plan_charts(series: Mapping[str, Mapping[str, list[tuple[float, float]]]],
+                runinfo: Mapping[str, Mapping[str, Any]] | None = None) -> list[Chart]:
+    """The report's charts for `series` (read_series' shape), one per question: a quantity on the
+    data it was measured on. Stages measured on different data never share a chart; a schedule
+    (lr_mult) does, one line per stage in its own style, stages with identical values on one line
+    named by both. `runinfo` (flattened run facts by stage) names the data and the objective."""
+    runinfo = runinfo or {}
+    order = {s: i for i, (_, s) in enumerate(STAGE_COLUMNS)}
+    stages = sorted({s for by_stage in series.values() for s in by_stage}, key=lambda s: (order.get(s, len(order)), s))
+    cat = {q.pattern: i for i, q in enumerate(QUANTITIES)}
+    shared: dict[str, list[tuple[str, Quantity, list[tuple[float, float]]]]] = {}
+    per_stage: dict[tuple[str, str], list[tuple[str, Quantity, list[tuple[float, float]]]]] = {}
+    for stage in stages:
+        for column in sorted(c for c in series if stage in series[c]):
+            q, label = _quantity(stage, column)
+            if q.data == "":
+                shared.setdefault(q.key, []).append((stage, q, series[column][stage]))
+            else:
+                per_stage.setdefault((stage, q.key), []).append((label, q, series[column][stage]))
+
+    charts = []
+    for key, members in shared.items():
+        q = members[0][1]
+        merged: dict[tuple[tuple[float, float], ...], list[str]] = {}
+        for stage, _, pts in members:
+            merged.setdefault(tuple(sorted(pts)), []).append(stage)
+        lines = tuple(_line(" = ".join(names), list(pts)) for pts, names in merged.items())
+        names = tuple(s for s, _, _ in members)
+        charts.append(Chart(key, f"{q.question}, by stage ({', '.join(names)})\na schedule: measured on no data",
+                            "optimizer step of each stage", q.unit, names, "", lines, _ylim(lines, q.rate)))
+
+    def rank(item: tuple[tuple[str, str], list[Any]]) -> tuple[int, int, str]:
+        (stage, key), members = item
+        return stages.index(stage), cat.get(members[0][1].pattern, len(cat)), key
+
+    for (stage, key), members in sorted(per_stage.items(), key=rank):
+        q = members[0][1]
+        facts = runinfo.get(stage, {})
+        question = _train_loss_name(facts) if q.key == "train_loss" else q.question
+        members = sorted(members, key=lambda m: (cat.get(m[1].pattern, len(cat)), m[0]))
+        lines = tuple(_line(label, pts) for label, _, pts in members)
+        data = describe_data(stage, q.data, facts)
+        where = data if q.data == "unrecorded" else f"on {data}"
+        charts.append(Chart(f"{stage}_{key}", f"{stage}: {question}\n{where}", _xlabel(stage), q.unit, (stage,),
+                            data, lines, _ylim(lines, q.rate)))
+    return charts
+
+
+# Line styles and markers in drawing order: a later line is thinner and dashed, so one lying on
+# another still shows (midtrain's and SFT's lr_mult were one line in the tiny run's report).
+STYLES = (("-", 2.8, "o"), ("--", 2.0, "s"), (":", 1.6, "^"), ("-.", 1.2, "D"))
+
+
+def draw_charts(charts: Sequence[Chart], out_dir: Path) -> list[Path]:
+    """One PNG per chart, `out_dir/<chart.file>`."""
     # matplotlib: heavy and needed for charts only, so importing the report stays cheap.
     import matplotlib
 
@@ -91,18 +304,38 @@ def draw_charts(series: Mapping[str, Mapping[str, list[tuple[float, float]]]], o
     import matplotlib.pyplot as plt
 
     paths = []
-    for col in sorted(series):
-        fig, ax = plt.subplots(figsize=(6.0, 3.6), dpi=100)
-        for stage in sorted(series[col]):
-            pts = sorted(series[col][stage])
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=stage, linewidth=1.4)
-        ax.set_xlabel("step")
-        ax.set_ylabel(col)
-        ax.set_title(col)
+    for chart in charts:
+        fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=100)
+        steps = [p[0] for ln in chart.lines for p in ln.points]
+        dodge = 0.02 * ((max(steps) - min(steps)) or 1.0)
+        for i, line in enumerate(chart.lines):
+            style, width, marker = STYLES[i % len(STYLES)]
+            xs, ys = [p[0] for p in line.points], [p[1] for p in line.points]
+            if line.style == "points":
+                # Several point series side by side, so equal values (pass@8 and greedy at 0.99) both show.
+                shift = (i - (len(chart.lines) - 1) / 2) * dodge
+                xs = [x + shift for x in xs]
+                ax.plot(xs, ys, linestyle="none", marker=marker, markersize=7, label=f"{line.label}: {line.change}")
+                if len(chart.lines) == 1:  # with several, the legend carries the values
+                    for x, y in zip(xs, ys):
+                        ax.annotate(f"{y:.4g}", (x, y), textcoords="offset points", xytext=(6, 4), fontsize="small")
+            else:
+                ax.plot(xs, ys, linestyle=style, linewidth=width if len(chart.lines) > 1 else 1.4, label=line.label)
+        ax.ticklabel_format(axis="y", useOffset=False)  # no "+6.562e1" offset: tick labels are the values
+        if chart.ylim is not None:
+            pad = (chart.ylim[1] - chart.ylim[0]) * 0.03
+            ax.set_ylim(chart.ylim[0] - pad, chart.ylim[1] + pad)
+        if all(ln.style == "points" for ln in chart.lines):
+            span = (max(steps) - min(steps)) or 1.0
+            ax.set_xlim(min(steps) - 0.1 * span, max(steps) + 0.2 * span)  # room for the value labels
+        ax.set_xlabel(chart.xlabel)
+        ax.set_ylabel(chart.ylabel, fontsize="small")
+        head, _, tail = chart.title.partition("\n")
+        ax.set_title(head + ("\n" + textwrap.fill(tail, 80) if tail else ""), fontsize="medium")
         ax.grid(True, alpha=0.3)
         ax.legend(loc="best", fontsize="small")
         fig.tight_layout()
-        path = Path(out_dir) / f"{_slug(col)}.png"
+        path = Path(out_dir) / chart.file
         # No timestamp or software tag in the file, so equal series give equal bytes.
         fig.savefig(path, format="png", metadata={"Software": None})
         plt.close(fig)
@@ -317,7 +550,7 @@ def setup_line(metrics: Mapping[str, Mapping[str, Any]], runinfo: Mapping[str, M
     return f"**Tokenizer** {kind} · **embedding** {embedding} · **loss** {', '.join(losses) or '-'}"
 
 
-def render_markdown(metrics: Mapping[str, Mapping[str, Any]], charts: list[Path], environment: Mapping[str, str],
+def render_markdown(metrics: Mapping[str, Mapping[str, Any]], charts: Sequence[Chart], environment: Mapping[str, str],
                     runinfo: Mapping[str, Mapping[str, Any]] | None = None,
                     ivs: Mapping[tuple[str, str], Interval] | None = None) -> str:
     """The report card text: results (with 95% intervals where items stand behind them), then
@@ -357,9 +590,20 @@ def render_markdown(metrics: Mapping[str, Mapping[str, Any]], charts: list[Path]
     lines += _stage_table("Run facts: time, throughput, compute", facts, runinfo, {})
 
     if charts:
-        lines += ["## Charts", ""]
-        for path in charts:
-            lines += [f"![{path.stem}]({path.name})", ""]
+        lines += ["## Charts", "",
+                  "One chart per quantity and the data it was measured on (second line of each title); stages "
+                  f"share a chart only for a schedule. A series of {FEW_POINTS} points or fewer is drawn as "
+                  "points, its change printed.", ""]
+        section = None
+        for chart in charts:
+            here = chart.stages[0] if len(chart.stages) == 1 else "all stages"
+            if here != section:
+                section = here
+                lines += [f"### {here}", ""]
+            lines += [f"![{chart.title.replace(chr(10), ' — ')}]({chart.file})", ""]
+            changes = [f"{ln.label}: {ln.change}" for ln in chart.lines if ln.change]
+            if changes:
+                lines += ["*" + "; ".join(changes) + "*", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -371,7 +615,8 @@ def build_report(metrics_dir: Path, plots_dir: Path, out_dir: Path, *, environme
     runinfo = load_metrics(runinfo_dir) if runinfo_dir is not None and Path(runinfo_dir).is_dir() else {}
     ivs = intervals(metrics, predictions_dir)
     series = read_series(plots_dir)
+    charts = plan_charts(series, runinfo)
     with atomic_dir(out_dir) as tmp:
-        charts = draw_charts(series, tmp)
+        draw_charts(charts, tmp)
         (tmp / "report.md").write_text(render_markdown(metrics, charts, environment, runinfo, ivs), encoding="utf-8")
     return Path(out_dir) / "report.md"
