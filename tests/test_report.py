@@ -295,3 +295,22 @@ def test_every_series_the_stages_write_is_catalogued() -> None:
     for k in (1, 8):
         assert all(known("rl", c) for cols in series_columns(RLConfig(pass_k=k)).values() for c in cols)
 
+
+def test_dvc_plots_show_one_question_per_plot(repo_root: Path) -> None:
+    import yaml
+
+    from lockstep.rl import RLConfig, series_columns
+    from lockstep.train import SERIES_COLUMNS
+
+    plots = yaml.safe_load((repo_root / "dvc.yaml").read_text())["plots"]
+    for entry in plots:
+        ((name, spec),) = entry.items()
+        assert spec.get("title") and spec.get("x_label") and spec.get("y_label"), name
+        # One stage per plot: stages are measured on different data, and DVC draws every line of
+        # one revision in one colour, so overlaid equal schedules hid each other.
+        (stage,) = {Path(f).parent.name for f in spec["y"]}
+        assert name.startswith(f"{stage}_"), name
+        # Every column is one the stage writes, in that file, whatever the preset's pass_k.
+        declared = series_columns(RLConfig(pass_k=2)) if stage == "rl" else SERIES_COLUMNS
+        for f, cols in spec["y"].items():
+            assert set([cols] if isinstance(cols, str) else cols) <= set(declared[Path(f).stem]), (name, f)
