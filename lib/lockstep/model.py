@@ -1,8 +1,8 @@
 """The GPT: one config, one module, weights initialised in one place, written in stock PyTorch. It
 is not a trainer, a sampler or a checkpoint format; the KV cache it reads from lives in
 lockstep.engine, the token embedding kinds it holds one of in lockstep.embeddings, and the
-primitives it is written in, with the switch to lockstep.kernels' CPU fast paths
-(`GPT.use_kernels`), in lockstep.ops."""
+primitives it is written in, with the switch to their fast paths (`GPT.use_kernels`:
+lockstep.kernels' on a CPU, the chunked head loss on CUDA), in lockstep.ops."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from lockstep.config import FieldError, build_config, check_range, config_to_dic
 from lockstep.embeddings import EMBEDDINGS, draw_normal, keep_top_level_keys
 
 # IGNORE_INDEX and cross_entropy are the model's loss convention: its users import them from here too
-from lockstep.ops import IGNORE_INDEX, KERNEL_OPS, REFERENCE_OPS, LossReduction, Ops, capped_logits, cross_entropy
+from lockstep.ops import IGNORE_INDEX, REFERENCE_OPS, LossReduction, Ops, capped_logits, cross_entropy, fast_ops
 
 
 @dataclass(frozen=True)
@@ -222,10 +222,21 @@ class GPT(nn.Module):
         self.register_buffer("rotary_sin", torch.empty(config.sequence_len, config.head_dim // 2), persistent=False)
         self.ops = REFERENCE_OPS
 
-    def use_kernels(self, on: bool = True) -> GPT:
-        """Run on lockstep.kernels' CPU fast paths (on) or on stock PyTorch (off, the default): the
-        same function to rounding, with the same parameters and state dict. Returns the model."""
-        self.ops = KERNEL_OPS if on else REFERENCE_OPS
+    def use_kernels(self, on: bool = True, *, ops: Ops | None = None) -> GPT:
+        """Run on fast paths (on) or on stock PyTorch, REFERENCE_OPS (off, the default): the same
+        function to rounding, with the same parameters and state dict. Which fast paths follows
+        the weights' device now (call it again after moving the model): on CUDA, CUDA_OPS, whose
+        chunked head loss never holds the batch's (B*T, V) fp32 logits; elsewhere KERNEL_OPS,
+        lockstep.kernels' CPU fast paths. `ops` picks a set outright instead (CUDA_OPS on a CPU,
+        for its tests). Returns the model."""
+        if ops is not None and not on:
+            raise ValueError("use_kernels(False) runs REFERENCE_OPS; pass `ops` only with on=True")
+        if not on:
+            self.ops = REFERENCE_OPS
+        elif ops is not None:
+            self.ops = ops
+        else:
+            self.ops = fast_ops(self.lm_head.weight.device)
         return self
 
     @classmethod

@@ -1,7 +1,9 @@
-"""The primitives the GPT is written in, and the one switch between their two implementations
-(`GPT.use_kernels`): REFERENCE_OPS, stock PyTorch, and KERNEL_OPS, lockstep.kernels' CPU fast paths,
-equal to it to rounding. Also the model's loss convention (IGNORE_INDEX, cross_entropy) and its
-logit soft cap. Pure tensor functions: they know nothing of the network's modules (lockstep.model)."""
+"""The primitives the GPT is written in, and the one switch between their implementations
+(`GPT.use_kernels`): REFERENCE_OPS, stock PyTorch; KERNEL_OPS, lockstep.kernels' CPU fast paths;
+and CUDA_OPS, whose head loss runs in chunks of rows (`chunked_head_loss`) so that no fp32 logits
+of the whole batch exist. Each is equal to the reference to rounding. Also the model's loss
+convention (IGNORE_INDEX, cross_entropy) and its logit soft cap. Pure tensor functions: they know
+nothing of the network's modules (lockstep.model)."""
 
 from __future__ import annotations
 
@@ -70,16 +72,180 @@ def fused_head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap
                              ignore_index=IGNORE_INDEX)
 
 
+# ---- chunked head + cross-entropy (the GPU fast path) -----------------------------------------
+
+# Rows (tokens) of the batch whose logits exist at once in chunked_head_loss. Run eagerly, a chunk
+# holds at most two fp32 (rows, V) buffers and one in the matmul dtype, so the loss needs at most
+# ~2.5 x CHUNK_ROWS x V x 4 bytes beyond the weights: 1.25 GiB at V = 65,536, against 16 GiB for
+# one fp32 copy of the logits of 32 x 2048 tokens (torch.compile fuses the fp32 passes and needs
+# less). 2048 rows keep each chunk's (2048 x C) @ (C x V) matmul large enough to fill a GPU.
+CHUNK_ROWS = 2048
+
+
+def _chunk_logits(x: torch.Tensor, w: torch.Tensor, cap: float, *,
+                  keep_tanh: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """fp32 soft-capped logits l (r, V) of x (r, C) through w (V, C), `softcap`'s formula op for
+    op, and with `keep_tanh` t = tanh(z / cap) too (None without a cap). Without `keep_tanh` the
+    cap is applied in place: one fp32 (r, V) buffer rather than two."""
+    z = torch.mm(x, w.t()).float()  # (r, V): a new fp32 buffer, or the fp32 product itself
+    if not cap:
+        return z, None
+    t = z.div_(cap).tanh_()
+    if keep_tanh:
+        return t * cap, t
+    return t.mul_(cap), None
+
+
+class _ChunkedHeadLoss(torch.autograd.Function):
+    """Per-row cross-entropy of the soft-capped logits l = cap * tanh(x @ W[:V].T / cap) against a
+    target distribution q over K ids per row (weights `coefs` on ids `cols`, a one-hot for plain
+    cross-entropy): lse(l) - sum_k q_k l[cols_k], computed `chunk_rows` rows at a time. The forward
+    keeps one log-sum-exp per row, not the logits; the backward recomputes a chunk's logits and
+    turns them into dz = g * (softmax(l) - q) * (1 - t^2) (t = tanh(z / cap)), then dx = dz @ W
+    and dW += dz.T @ x, so neither pass ever holds more than one chunk's (rows, V) logits. The
+    matmuls run in `compute_dtype` (bf16 under autocast), everything between them in fp32, as the
+    reference does. Rows not `counted` (IGNORE_INDEX) give 0 and send no gradient."""
+
+    @staticmethod
+    def forward(ctx, x, weight, cols, coefs, counted, cap, vocab_size, chunk_rows, compute_dtype):  # type: ignore[override]
+        # x (N, C), weight (V_padded, C), cols (N, K) int64, coefs (N, K) fp32, counted (N,) bool
+        N = x.size(0)
+        # autocast off: the dtypes are decided once, by the caller, and the backward, which
+        # autograd may run inside the caller's autocast or outside it, computes in the same ones
+        with torch.autocast(x.device.type, enabled=False):
+            xc = x.to(compute_dtype)  # (N, C)
+            w = weight[:vocab_size].to(compute_dtype)  # (V, C)
+            lse = torch.empty(N, dtype=torch.float32, device=x.device)  # (N,)
+            picked = torch.empty(N, dtype=torch.float32, device=x.device)  # (N,) sum_k q_k l[cols_k]
+            for i in range(0, N, chunk_rows):
+                i2 = min(i + chunk_rows, N)
+                logits, _ = _chunk_logits(xc[i:i2], w, cap, keep_tanh=False)  # (r, V)
+                lse[i:i2] = torch.logsumexp(logits, dim=1)
+                picked[i:i2] = torch.linalg.vecdot(logits.gather(1, cols[i:i2]), coefs[i:i2])
+                del logits  # freed before the next chunk's are made
+        ctx.save_for_backward(xc, w, lse, cols, coefs, counted)
+        ctx.meta = (cap, chunk_rows, x.dtype, weight.dtype, weight.size(0))
+        return torch.where(counted, lse - picked, 0.0)
+
+    @staticmethod
+    def backward(ctx, grad_rows):  # type: ignore[override]
+        xc, w, lse, cols, coefs, counted = ctx.saved_tensors
+        cap, chunk_rows, x_dtype, w_dtype, v_padded = ctx.meta
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        N, C = xc.shape
+        V = w.size(0)
+        dx = dw = None
+        with torch.autocast(xc.device.type, enabled=False):
+            g = torch.where(counted, grad_rows.float(), 0.0)  # (N,): ignored rows send nothing back
+            if need_x:
+                dx = torch.empty(N, C, dtype=xc.dtype, device=xc.device)  # (N, C)
+            if need_w:
+                # accumulated in fp32 across chunks; padded ids (rows V..V_padded) get zero
+                dw = torch.zeros(v_padded, C, dtype=torch.float32, device=w.device)  # (V_padded, C)
+            for i in range(0, N, chunk_rows):
+                i2 = min(i + chunk_rows, N)
+                logits, t = _chunk_logits(xc[i:i2], w, cap, keep_tanh=True)  # (r, V) fp32
+                p = logits.sub_(lse[i:i2, None]).exp_()  # softmax, over the logits' buffer
+                p.scatter_add_(1, cols[i:i2], coefs[i:i2].neg())  # softmax - q
+                p.mul_(g[i:i2, None])
+                if t is not None:
+                    p.mul_(t.square_().neg_().add_(1.0))  # through the cap: d(cap tanh(z/cap))/dz = 1 - t^2
+                del t
+                dz = p.to(xc.dtype)  # (r, V) in the matmul dtype, as autograd rounds the reference's
+                del p
+                if need_x:
+                    dx[i:i2] = torch.mm(dz, w)  # (r, C)
+                if need_w:
+                    if dz.dtype == torch.float32:
+                        dw[:V].addmm_(dz.t(), xc[i:i2])
+                    else:
+                        dw[:V].add_(torch.mm(dz.t(), xc[i:i2]))  # (V, C) rounded once per chunk, summed in fp32
+                del dz
+        return (dx.to(x_dtype) if need_x else None, dw.to(w_dtype) if need_w else None,
+                None, None, None, None, None, None, None)
+
+
+def chunked_head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap: float, vocab_size: int,
+                      reduction: LossReduction, *, chunk_rows: int = CHUNK_ROWS,
+                      target_cols: torch.Tensor | None = None,
+                      target_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """`head_loss` computed `chunk_rows` rows (tokens) at a time, forward and backward
+    (_ChunkedHeadLoss), so that the fp32 logits of the whole batch never exist: the extra memory
+    is about 2.5 x chunk_rows x vocab_size x 4 bytes (CHUNK_ROWS). x (..., C), targets (...) with
+    IGNORE_INDEX, reductions as `cross_entropy` (`mean` over counted targets, 0 when none is).
+    Under autocast the matmuls run in its dtype and the softmax in fp32.
+
+    With `target_cols` and `target_weights` (both (..., K)), a counted position's target is not
+    its one id but the distribution putting target_weights[..., k] on id target_cols[..., k]
+    (weights summing to 1; a repeated id adds up): lockstep.objectives' prefix smoothing. `targets`
+    still says which positions count. Runs under torch.compile: dynamo traces the forward and
+    backward loops as they are written (tests/test_chunked_loss.py checks its graphs)."""
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows={chunk_rows} must be >= 1 (rows of logits computed at once)")
+    if (target_cols is None) != (target_weights is None):
+        raise ValueError("pass target_cols and target_weights together (a target distribution), or neither")
+    C = x.size(-1)
+    y = targets.reshape(-1)  # (N,)
+    N = y.numel()
+    counted = y != IGNORE_INDEX  # (N,)
+    if target_cols is None:
+        cols = torch.where(counted, y, 0)[:, None]  # (N, 1): the target itself
+        coefs = torch.ones(N, 1, dtype=torch.float32, device=x.device)  # (N, 1)
+    else:
+        if target_cols.shape != target_weights.shape or target_cols.shape[:-1] != targets.shape:
+            raise ValueError(f"target_cols {tuple(target_cols.shape)} and target_weights {tuple(target_weights.shape)} "
+                             f"must both be the targets' shape {tuple(targets.shape)} plus one dim of ids")
+        cols = torch.where(counted[:, None], target_cols.reshape(N, -1), 0)  # (N, K)
+        coefs = target_weights.reshape(N, -1).float()  # (N, K)
+    if torch.is_autocast_enabled(x.device.type):
+        compute_dtype = torch.get_autocast_dtype(x.device.type)
+    else:
+        compute_dtype = w.dtype
+    rows = _ChunkedHeadLoss.apply(x.reshape(N, C), w, cols, coefs, counted, float(cap), vocab_size, chunk_rows,
+                                  compute_dtype)  # (N,)
+    if reduction == "none":
+        return rows.view(targets.shape)
+    total = rows.sum()
+    if reduction == "sum":
+        return total
+    return total / counted.sum().clamp(min=1)
+
+
+def chunked_smoothed_head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, target_cols: torch.Tensor,
+                               target_weights: torch.Tensor, cap: float, vocab_size: int,
+                               reduction: LossReduction) -> torch.Tensor:
+    """`chunked_head_loss` against a target distribution per position (Ops.smoothed_head_loss)."""
+    return chunked_head_loss(x, w, targets, cap, vocab_size, reduction, target_cols=target_cols,
+                             target_weights=target_weights)
+
+
 @dataclass(frozen=True)
 class Ops:
     """The primitives the network is written in, so that one switch swaps them all (see
-    GPT.use_kernels): REFERENCE_OPS is stock PyTorch, KERNEL_OPS lockstep.kernels' CPU fast paths,
-    equal to it to rounding."""
+    GPT.use_kernels): REFERENCE_OPS is stock PyTorch; KERNEL_OPS lockstep.kernels' CPU fast paths;
+    CUDA_OPS, for GPUs, the reference's norm and head with `chunked_head_loss`, which never holds
+    the (B*T, V) fp32 logits. Each equals the reference to rounding (tests/test_speed_paths.py,
+    tests/test_chunked_loss.py)."""
 
     norm: Callable[[torch.Tensor], torch.Tensor]  # parameter-free RMSNorm over the last dim
     head: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # x @ w.T: the padded logits
     head_loss: Callable[..., torch.Tensor]  # (x, w, targets, cap, vocab_size, reduction): lm_head + cross-entropy
+    # (x, w, targets, target_cols, target_weights, cap, vocab_size, reduction): head_loss against a
+    # target distribution over a few ids per position; None where the set has none, and
+    # lockstep.objectives then adds its smoothing to head_loss's rows itself
+    smoothed_head_loss: Callable[..., torch.Tensor] | None = None
 
 
 REFERENCE_OPS = Ops(norm=rms_norm, head=F.linear, head_loss=head_loss)
 KERNEL_OPS = Ops(norm=functools.partial(kernels.rms_norm, eps=RMS_EPS), head=kernels.head_logits, head_loss=fused_head_loss)
+# The reference's norm and decode head (torch.compile fuses the norm on a GPU; lockstep.kernels'
+# are tuned for CPU threads) with the chunked head loss.
+CUDA_OPS = Ops(norm=rms_norm, head=F.linear, head_loss=chunked_head_loss, smoothed_head_loss=chunked_smoothed_head_loss)
+
+
+def fast_ops(device: torch.device) -> Ops:
+    """The fast paths for a model on `device`: CUDA_OPS on CUDA, KERNEL_OPS (CPU-tuned, and what
+    other devices ran before CUDA_OPS existed) elsewhere."""
+    return CUDA_OPS if device.type == "cuda" else KERNEL_OPS

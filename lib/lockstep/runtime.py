@@ -48,8 +48,9 @@ class RuntimeConfig:
     threads: int = 0  # torch intra-op threads per process on CPU; 0 = cores // nproc
     compile: Literal["auto", "on", "off"] = "auto"  # torch.compile: auto = on for CUDA only
     deterministic: bool = True  # torch.use_deterministic_algorithms (bit-exact CPU resume needs it)
-    # the model's CPU fast paths (lockstep.kernels: fused head loss, RMSNorm backward, decode
-    # head), switched on by GPT.use_kernels; false runs the stock-PyTorch reference
+    # the model's fast paths, switched on by GPT.use_kernels: on CPU lockstep.kernels (fused head
+    # loss, RMSNorm backward, decode head), on CUDA the chunked head loss (lockstep.ops.CUDA_OPS);
+    # false runs the stock-PyTorch reference
     kernels: bool = False
 
     def __post_init__(self) -> None:
@@ -115,7 +116,7 @@ class Runtime:
     world_size: int = 1  # processes in the job, all nodes together
     nodes: int = 1  # nodes in the job (torchrun's GROUP_WORLD_SIZE)
     compile: bool = False
-    kernels: bool = False  # run models on lockstep.kernels (GPT.use_kernels)
+    kernels: bool = False  # run models on their fast paths (GPT.use_kernels)
 
     @property
     def distributed(self) -> bool:

@@ -1,0 +1,229 @@
+"""lockstep.ops.chunked_head_loss (CUDA_OPS' head loss) against the reference head_loss: losses and
+gradients, reductions, ignored and all-ignored targets, with and without a soft cap, chunks that do
+not divide the rows, bf16 autocast, torch.compile, and that no tensor of the batch's rows times the
+vocabulary is ever made, forward or backward.
+
+fp32 tolerance: 1e-6 of the largest |element| of the reference tensor (the chunks change only the
+matmuls' blocking; measured differences are 0-4e-7). Under bf16 autocast both paths round the
+logits and the logit gradient to bf16 at the same points, but the chunked head rounds the lm_head
+gradient once per chunk before summing in fp32 where the reference rounds the whole product once:
+1e-2 of the scale (a few bf16 units in the last place, 2^-8 each), cosine > 0.9999.
+
+torch.compile runs with the aot_eager backend: it is dynamo's and AOT autograd's tracing and graph
+partitioning that decide what is saved between forward and backward, and inductor's C++ build
+takes over a minute on a 2-core CPU; inductor itself gives the same numbers (checked by hand)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from functorch.compile import make_boxed_func
+from torch._functorch.aot_autograd import aot_module_simplified
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from _tiny_model import randomize, tiny_gpt
+from lockstep import ops
+from lockstep.ops import CUDA_OPS, IGNORE_INDEX, KERNEL_OPS, REFERENCE_OPS
+
+# 60 rows; 8 channels, fewer than a chunk's rows, so that no (V, C) weight reads as more rows of
+# logits than a chunk in the memory checks below
+B, T, C, V_PADDED, V = 4, 15, 8, 128, 120
+N = B * T
+CHUNK_ROWS = 16  # 60 rows: chunks of 16, 16, 16 and 12
+
+
+def _inputs(seed: int = 0, *, ignored: bool = True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, C, generator=g).requires_grad_()
+    w = (torch.randn(V_PADDED, C, generator=g) * 0.8).requires_grad_()  # spread-out logits: the cap matters
+    y = torch.randint(0, V, (B, T), generator=g)
+    if ignored:
+        y[0, :6] = IGNORE_INDEX
+        y[2, 3] = IGNORE_INDEX
+    return x, w, y
+
+
+def _loss_and_grads(fn, x, w, y, reduction: str):
+    loss = fn(x, w, y, reduction)
+    gx, gw = torch.autograd.grad(loss.sum(), (x, w))
+    return loss.detach(), gx, gw
+
+
+def _assert_close_to_scale(got: torch.Tensor, ref: torch.Tensor, tol: float, what: str) -> None:
+    err, scale = (got - ref).abs().max().item(), ref.abs().max().item()
+    assert err <= tol * scale, f"{what}: max |diff| {err:.3g} > {tol} x max |ref| {scale:.3g}"
+
+
+def _reference(cap):
+    return lambda x, w, y, reduction: ops.head_loss(x, w, y, cap, V, reduction)
+
+
+def _chunked(cap, chunk_rows=CHUNK_ROWS):
+    return lambda x, w, y, reduction: ops.chunked_head_loss(x, w, y, cap, V, reduction, chunk_rows=chunk_rows)
+
+
+@pytest.mark.parametrize("chunk_rows", [CHUNK_ROWS, 7, N, 1000])
+@pytest.mark.parametrize("cap", [0.0, 2.0])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_chunked_loss_equals_reference_loss_and_grads_fp32(reduction, cap, chunk_rows):
+    x, w, y = _inputs()
+    ref = _loss_and_grads(_reference(cap), x, w, y, reduction)
+    got = _loss_and_grads(_chunked(cap, chunk_rows), x, w, y, reduction)
+    for what, a, b in zip(("loss", "grad x", "grad w"), got, ref):
+        assert a.shape == b.shape and a.dtype == b.dtype, what
+        _assert_close_to_scale(a, b, 1e-6, what)
+    if reduction == "none":
+        assert (got[0][y == IGNORE_INDEX] == 0).all()
+    assert not got[2][V:].any()  # padded ids never learn
+    assert not got[1][y == IGNORE_INDEX].any()  # an ignored row's hidden state gets no gradient
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_chunked_loss_all_ignored_batch_is_zero_with_zero_grads(reduction):
+    x, w, y = _inputs()
+    y = torch.full_like(y, IGNORE_INDEX)
+    loss, gx, gw = _loss_and_grads(_chunked(2.0), x, w, y, reduction)
+    assert loss.item() == 0.0
+    assert torch.isfinite(gx).all() and torch.isfinite(gw).all() and not gx.any() and not gw.any()
+    assert loss.item() == ops.head_loss(x, w, y, 2.0, V, reduction).item()
+
+
+def test_chunked_loss_weight_without_grad_and_bad_arguments():
+    x, w, y = _inputs()
+    w.requires_grad_(False)
+    (gx,) = torch.autograd.grad(ops.chunked_head_loss(x, w, y, 2.0, V, "sum", chunk_rows=7), (x,))
+    (ref,) = torch.autograd.grad(ops.head_loss(x, w, y, 2.0, V, "sum"), (x,))
+    _assert_close_to_scale(gx, ref, 1e-6, "grad x")
+    with pytest.raises(ValueError, match="chunk_rows=0"):
+        ops.chunked_head_loss(x, w, y, 2.0, V, "sum", chunk_rows=0)
+    with pytest.raises(ValueError, match="loss_reduction"):
+        ops.chunked_head_loss(x, w, y, 2.0, V, "avg")
+    with pytest.raises(ValueError, match="together"):
+        ops.chunked_head_loss(x, w, y, 2.0, V, "sum", target_cols=y[..., None])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_chunked_loss_under_bf16_autocast_is_close_to_the_reference(reduction):
+    x, w, y = _inputs(1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = _loss_and_grads(_reference(2.0), x, w, y, reduction)
+        got = _loss_and_grads(_chunked(2.0), x, w, y, reduction)
+    assert got[0].dtype == torch.float32  # the softmax math stays in fp32
+    _assert_close_to_scale(got[0], ref[0], 1e-5, "loss")  # same bf16 logits, fp32 from there on
+    for what, a, b in zip(("grad x", "grad w"), got[1:], ref[1:]):
+        assert a.dtype == b.dtype, what
+        _assert_close_to_scale(a, b, 1e-2, what)
+        assert F.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0) > 0.9999, what
+
+
+def _compiled_with_graph_rows(fn):
+    """fn compiled (dynamo + AOT autograd, the graphs then run eagerly, as aot_eager does), and a
+    dict filled on its first call with, for the forward and the backward graph, the most rows of
+    any tensor in it that has a vocabulary-sized dim: what the compiled step holds at once."""
+    rows: dict[str, int] = {}
+
+    def capture(name):
+        def compiler(gm, example_inputs):
+            rows[name] = max([_vocab_rows(n.meta.get("val")) for n in gm.graph.nodes] + [0])
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=capture("forward"), bw_compiler=capture("backward"))
+
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=backend, fullgraph=True), rows
+
+
+def _vocab_rows(t) -> int:
+    """numel / V of a tensor with a dim of V or V_PADDED ids (0 for anything else): its rows of logits."""
+    if not isinstance(t, torch.Tensor) or t.ndim < 2:
+        return 0
+    vocab_dims = [d for d in t.shape if d in (V, V_PADDED)]
+    return t.numel() // vocab_dims[0] if vocab_dims else 0
+
+
+def test_chunked_loss_under_torch_compile_equals_eager_and_keeps_chunks():
+    x, w, y = _inputs(2)
+
+    def chunked(x, w, y, reduction):
+        return ops.chunked_head_loss(x, w, y, 2.0, V, reduction, chunk_rows=CHUNK_ROWS)
+
+    compiled, rows = _compiled_with_graph_rows(chunked)  # fullgraph: no graph break either
+    eager = _loss_and_grads(chunked, x, w, y, "none")
+    got = _loss_and_grads(compiled, x, w, y, "none")
+    for what, a, b in zip(("loss", "grad x", "grad w"), got, eager):
+        _assert_close_to_scale(a, b, 1e-6, what)
+    # what the compiled graphs hold: one chunk's logits at most, in either pass; the reference's
+    # graphs hold the batch's (so the check can fail)
+    assert rows == {"forward": CHUNK_ROWS, "backward": CHUNK_ROWS}, rows
+    reference, ref_rows = _compiled_with_graph_rows(_reference(2.0))
+    _loss_and_grads(reference, x, w, y, "none")
+    assert ref_rows["forward"] >= N and ref_rows["backward"] >= N, ref_rows
+
+
+class _LargestVocabTensor(TorchDispatchMode):
+    """Records the most rows of logits (numel / V of a tensor with a V-sized dim) that any op
+    makes while active: the forward, and the backward when it runs inside."""
+
+    def __init__(self, vocab_dims: tuple[int, ...]):
+        super().__init__()
+        self.vocab_dims = vocab_dims
+        self.rows, self.shape = 0, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.ndim >= 2:
+                dims = [d for d in t.shape if d in self.vocab_dims]
+                if dims and t.numel() // dims[0] > self.rows:
+                    self.rows, self.shape = t.numel() // dims[0], tuple(t.shape)
+        return out
+
+
+def _rows_made(loss_fn, vocab_dims) -> tuple[int, tuple | None]:
+    with _LargestVocabTensor(vocab_dims) as probe:
+        loss_fn().sum().backward()
+    return probe.rows, probe.shape
+
+
+@pytest.mark.parametrize("cap", [0.0, 2.0])
+def test_chunked_loss_makes_no_batch_by_vocab_tensor(cap):
+    x, w, y = _inputs(3)
+    rows, shape = _rows_made(lambda: ops.chunked_head_loss(x, w, y, cap, V, "mean", chunk_rows=CHUNK_ROWS), (V, V_PADDED))
+    assert rows == CHUNK_ROWS, shape  # (16, V) chunks, forward and backward
+    ref_rows, ref_shape = _rows_made(lambda: ops.head_loss(x, w, y, cap, V, "mean"), (V, V_PADDED))
+    assert ref_rows >= N, ref_shape  # the probe sees the reference's (N, V) logits
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_chunked_loss_through_the_model_equals_the_reference(reduction):
+    m = randomize(tiny_gpt(sequence_len=32, vocab_size=70, n_layer=2, n_head=4))
+    g = torch.Generator().manual_seed(9)
+    idx = torch.randint(0, 70, (3, 20), generator=g)
+    y = torch.randint(0, 70, (3, 20), generator=g)
+    y[0, :5] = IGNORE_INDEX
+    results = []
+    for model in (m.use_kernels(False), m.use_kernels(True, ops=CUDA_OPS)):
+        loss = model(idx, y, loss_reduction=reduction)
+        results.append((loss.detach(), torch.autograd.grad(loss.sum(), list(model.parameters()))))
+    (ref, ref_grads), (got, got_grads) = results
+    _assert_close_to_scale(got, ref, 1e-6, "loss")
+    for (name, _), a, b in zip(m.named_parameters(), got_grads, ref_grads):
+        _assert_close_to_scale(a, b, 1e-6, name)
+
+
+def test_chunked_loss_is_what_use_kernels_picks_on_cuda():
+    assert ops.fast_ops(torch.device("cuda")) is CUDA_OPS
+    assert ops.fast_ops(torch.device("cuda", 1)) is CUDA_OPS
+    assert ops.fast_ops(torch.device("cpu")) is KERNEL_OPS
+    m = tiny_gpt()
+    assert m.use_kernels(True).ops is KERNEL_OPS  # a CPU model: unchanged
+    assert m.use_kernels(True, ops=CUDA_OPS).ops is CUDA_OPS  # chosen outright, for these tests
+    assert m.use_kernels(False).ops is REFERENCE_OPS
+    with pytest.raises(ValueError, match="only with on=True"):
+        m.use_kernels(False, ops=CUDA_OPS)
+    assert CUDA_OPS.head_loss is ops.chunked_head_loss
+    assert KERNEL_OPS.smoothed_head_loss is None and REFERENCE_OPS.smoothed_head_loss is None
