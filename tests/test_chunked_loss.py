@@ -1,7 +1,7 @@
 """lockstep.ops.chunked_head_loss (CUDA_OPS' head loss) against the reference head_loss: losses and
 gradients, reductions, ignored and all-ignored targets, with and without a soft cap, chunks that do
-not divide the rows, bf16 autocast, torch.compile, and that no tensor of the batch's rows times the
-vocabulary is ever made, forward or backward.
+not divide the rows, bf16 autocast, torch.compile, the prefix-smoothed objective, and that no
+tensor of the batch's rows times the vocabulary is ever made, forward or backward.
 
 fp32 tolerance: 1e-6 of the largest |element| of the reference tensor (the chunks change only the
 matmuls' blocking; measured differences are 0-4e-7). Under bf16 autocast both paths round the
@@ -15,6 +15,8 @@ takes over a minute on a 2-core CPU; inductor itself gives the same numbers (che
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,7 +27,10 @@ from torch.utils._pytree import tree_leaves
 
 from _tiny_model import randomize, tiny_gpt
 from lockstep import ops
+from lockstep.model import GPT, GPTConfig
+from lockstep.objectives import model_prefix_smooth_loss, prefix_smooth_loss
 from lockstep.ops import CUDA_OPS, IGNORE_INDEX, KERNEL_OPS, REFERENCE_OPS
+from test_objectives import random_table
 
 # 60 rows; 8 channels, fewer than a chunk's rows, so that no (V, C) weight reads as more rows of
 # logits than a chunk in the memory checks below
@@ -196,6 +201,61 @@ def test_chunked_loss_makes_no_batch_by_vocab_tensor(cap):
     assert rows == CHUNK_ROWS, shape  # (16, V) chunks, forward and backward
     ref_rows, ref_shape = _rows_made(lambda: ops.head_loss(x, w, y, cap, V, "mean"), (V, V_PADDED))
     assert ref_rows >= N, ref_shape  # the probe sees the reference's (N, V) logits
+
+
+def _prefix_model(ops_set, V_model: int, seq: int):
+    model = GPT.build(GPTConfig.from_depth(1, V_model, seq, head_dim=32, softcap=2.0), "cpu", seed=0)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(5))
+    return model.use_kernels(True, ops=ops_set) if ops_set is not REFERENCE_OPS else model
+
+
+@pytest.mark.parametrize("chunk_rows", [ops.CHUNK_ROWS, 7])  # CUDA_OPS itself (one chunk of 48 rows); 7 does not divide 48
+@pytest.mark.parametrize("weight, reduction", [(0.3, "mean"), (2.0, "sum"), (0.3, "none")])
+def test_chunked_loss_prefix_smoothed_equals_its_reference(weight, reduction, chunk_rows):
+    g = torch.Generator().manual_seed(6)
+    Vm = 90
+    ancestors, depths = random_table(Vm, g)
+    ops_set = CUDA_OPS if chunk_rows == ops.CHUNK_ROWS else dataclasses.replace(
+        CUDA_OPS, smoothed_head_loss=_with_chunk_rows(chunk_rows))
+    model = _prefix_model(ops_set, Vm, 16)
+    idx = torch.randint(0, Vm, (3, 16), generator=g)
+    targets = torch.randint(0, Vm, (3, 16), generator=g)
+    targets[2, 5:] = IGNORE_INDEX
+    got = model_prefix_smooth_loss(model, idx, targets, ancestors, depths, weight, reduction)
+    got_grads = torch.autograd.grad(got.sum(), list(model.parameters()))
+    model.use_kernels(False)  # the plain path: the reference's logits, then the dense loss
+    ref = prefix_smooth_loss(model(idx), targets, ancestors, depths, weight, reduction=reduction)
+    ref_grads = torch.autograd.grad(ref.sum(), list(model.parameters()))
+    _assert_close_to_scale(got, ref, 1e-6, "loss")
+    for (name, _), a, b in zip(model.named_parameters(), got_grads, ref_grads):
+        _assert_close_to_scale(a, b, 1e-6, name)
+
+
+def test_chunked_loss_prefix_smoothed_makes_no_batch_by_vocab_tensor():
+    # the whole objective (model forward + backward included) under the probe; 128 rows > the
+    # 64 channels, so the lm_head's (V, C) gradient is no batch-sized logits tensor
+    Vm, seq = 300, 32
+    g = torch.Generator().manual_seed(8)
+    ancestors, depths = random_table(Vm, g)
+    idx = torch.randint(0, Vm, (4, seq), generator=g)
+    targets = torch.randint(0, Vm, (4, seq), generator=g)
+    vocab_dims = (Vm, 320)
+    chunked_32 = dataclasses.replace(CUDA_OPS, smoothed_head_loss=_with_chunk_rows(32))  # 4 chunks of 32 rows
+    model = _prefix_model(chunked_32, Vm, seq)
+    rows, shape = _rows_made(lambda: model_prefix_smooth_loss(model, idx, targets, ancestors, depths, 0.3), vocab_dims)
+    assert rows < idx.numel(), shape
+    assert rows <= 64, shape  # 32-row chunks of logits; the (V, C) weight gradient reads as 64 rows
+    ref = _prefix_model(REFERENCE_OPS, Vm, seq)
+    ref_rows, ref_shape = _rows_made(lambda: model_prefix_smooth_loss(ref, idx, targets, ancestors, depths, 0.3), vocab_dims)
+    assert ref_rows >= idx.numel(), ref_shape
+
+
+def _with_chunk_rows(chunk_rows: int):
+    def smoothed(x, w, targets, cols, coefs, cap, vocab_size, reduction):
+        return ops.chunked_head_loss(x, w, targets, cap, vocab_size, reduction, chunk_rows=chunk_rows,
+                                     target_cols=cols, target_weights=coefs)
+    return smoothed
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])

@@ -191,6 +191,25 @@ def prefix_smooth_loss(
 
 
 
+def smoothed_targets(targets: torch.Tensor, ancestors: torch.Tensor, depths: torch.Tensor,
+                     weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefix-smoothed target of each position as ids and weights, both (..., 1 + max_depth)
+    for targets (...): the target y with 1 / (1 + w * d), then its d = depths[y] ancestors with
+    w / (1 + w * d) each (summing to 1), padding pointed at y with weight 0. Ignored positions
+    (IGNORE_INDEX) read as id 0's row; the loss skips them. For a head loss that takes a target
+    distribution (lockstep.ops.chunked_head_loss)."""
+    counted = targets != IGNORE_INDEX
+    safe_y = torch.where(counted, targets, 0)  # (...)
+    d = depths[safe_y]  # (...)
+    real = torch.arange(ancestors.size(1), device=targets.device) < d[..., None]  # (..., D)
+    chain = torch.where(real, ancestors[safe_y], safe_y[..., None])  # (..., D)
+    norm = 1.0 + weight * d.float()  # (...)
+    anc_w = torch.where(real, (weight / norm)[..., None], 0.0)  # (..., D)
+    cols = torch.cat([safe_y[..., None], chain], dim=-1)  # (..., 1 + D)
+    coefs = torch.cat([(1.0 / norm)[..., None], anc_w], dim=-1)  # (..., 1 + D)
+    return cols, coefs
+
+
 def model_prefix_smooth_loss(
     model: GPT,
     idx: torch.Tensor,
@@ -201,17 +220,23 @@ def model_prefix_smooth_loss(
     reduction: LossReduction = "mean",
 ) -> torch.Tensor:
     """`prefix_smooth_loss(model(idx), targets, ...)` without the model's (B, T, V) logits where
-    the model has a fused head: the fast path, for training. The loss splits as
+    the model has a fused or chunked head: the fast path, for training. Targets use
+    lockstep.model.IGNORE_INDEX. Equal to the plain path to rounding (tests/test_objectives.py,
+    tests/test_chunked_loss.py); weight 0 returns the model's loss itself.
+
+    Where the model's ops have a `smoothed_head_loss` (CUDA_OPS: lockstep.ops.chunked_head_loss),
+    the whole loss is one chunked head loss against the smoothed targets (`smoothed_targets`): no
+    tensor of the batch's size times the vocabulary exists, and nothing waits for the device.
+    Otherwise the loss splits as
 
         lse - sum_k c_k l_k = (lse - l_y) + sum_{k>=1} c_k (l_y - l_{a_k})
 
     (c the normalised target weights, c_0 on y): the first part is the model's own cross-entropy,
     `model(idx, targets)` (lockstep.kernels' fused head when the model uses kernels), and the second
     needs only the logits of y and its ancestors, each one dot product of the final hidden state
-    (GPT.final_hidden) with an lm_head row. Targets use lockstep.model.IGNORE_INDEX. Equal to the plain
-    path to rounding (tests/test_objectives.py); weight 0 returns the model's loss itself. Beyond
-    the model's loss it holds the lm_head rows of the targets and of their real ancestors, in fp32;
-    listing those pairs (`nonzero`) waits for the device once per call."""
+    (GPT.final_hidden) with an lm_head row. Beyond the model's loss that holds the lm_head rows of
+    the targets and of their real ancestors, in fp32; listing those pairs (`nonzero`) waits for
+    the device once per call."""
     if not (math.isfinite(weight) and weight >= 0):
         raise ValueError(f"prefix_weight={weight!r} must be a finite number >= 0 (0 is plain cross-entropy)")
     if reduction not in ("mean", "sum", "none"):
@@ -225,6 +250,10 @@ def model_prefix_smooth_loss(
     if targets.shape != idx.shape:
         raise ValueError(f"targets shape {tuple(targets.shape)} must equal idx shape {tuple(idx.shape)}")
     x = model.final_hidden(idx)  # (B, T, C): what the head reads
+    if model.ops.smoothed_head_loss is not None:
+        cols, coefs = smoothed_targets(targets, ancestors, depths, weight)  # (B, T, 1 + D) each
+        return model.ops.smoothed_head_loss(x, model.lm_head.weight, targets, cols, coefs, c.softcap, c.vocab_size,
+                                            reduction)
     ce_rows = model.head_loss(x, targets, "none")  # (B, T), 0 at ignored targets
     hidden = x.reshape(-1, c.n_embd).float()  # (N, C)
     y = targets.reshape(-1)  # (N,)
