@@ -1,11 +1,14 @@
-"""Optimizers: Muon for the 2-D block matrices, AdamW for embeddings, lm_head and scalars, and the
-parameter grouping between them. Knows nothing about schedules, data or checkpoints on disk."""
+"""Optimizers: Muon for the 2-D block matrices, AdamW for embeddings, lm_head and scalars, the
+parameter grouping between them, and how their state and gradients are spread over ranks
+(replicated, or sharded with reduce_scatter / all_gather). Knows nothing about schedules, data or
+checkpoints on disk."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,6 +22,11 @@ from lockstep.config import check_range
 _NS_COEFFS = (3.4445, -4.7750, 2.0315)
 # AdamW learning rates were tuned at width 768; scale them by (n_embd / 768) ** -0.5 elsewhere.
 _REFERENCE_WIDTH = 768
+# Under sharded state every part of a parameter a rank owns starts at a multiple of this many
+# elements (256 bytes in fp32), in the parameter and in the flat buffers: vector loads stay aligned,
+# and the fused AdamW kernel walks a slice in the lanes it walks the whole tensor in, so a sharded
+# AdamW step equals the single-process one bit for bit (tests/test_sharded_optim.py).
+SHARD_ALIGN = 64
 
 
 def orthogonalize(g: torch.Tensor, steps: int = 5, *, dtype: torch.dtype = torch.float32, eps: float = 1e-7) -> torch.Tensor:
@@ -49,7 +57,8 @@ class AdamW(torch.optim.AdamW):
     """torch.optim.AdamW (Loshchilov & Hutter 2019) on its fused kernel, refusing NaN settings and
     the infinite ones torch accepts (lr, eps or weight_decay = inf), which give NaN or frozen
     weights. The fused kernel steps the d4/32k embedding + lm_head 4.4x as fast as torch's
-    foreach one on a 2-core CPU (bench/bench_optim.py). State is replicated on every rank."""
+    foreach one on a 2-core CPU (bench/bench_optim.py). Its state, two fp32 moments per weight, is
+    replicated: every rank holds all of it. ShardedAdamW splits it over ranks."""
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0):
@@ -61,23 +70,36 @@ class AdamW(torch.optim.AdamW):
         super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=True)
 
 
+def _check_matrices(tensors: Iterable[torch.Tensor]) -> None:
+    for p in tensors:
+        if p.ndim != 2:
+            raise ValueError(f"Muon only takes 2-D matrices, got a parameter of shape {tuple(p.shape)}; give it to AdamW")
+
+
+def _as_groups(params: Iterable) -> list[dict[str, Any]]:
+    """torch's two ways of giving an optimizer its parameters (tensors, or dicts of groups) as groups."""
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        return [{**g, "params": list(g["params"])} for g in params]
+    return [{"params": params}]
+
+
 class Muon(torch.optim.Optimizer):
     """MomentUm Orthogonalized by Newton-schulz, for 2-D weight matrices only.
 
     Update: buf = mu * buf + g; u = g + mu * buf (Nesterov) or buf; W -= lr * sqrt(max(1, rows/cols))
     * orthogonalize(u). The aspect-ratio factor keeps the per-element update size comparable for
-    tall matrices. Under torch.distributed each parameter has one owner rank (round robin) that
-    holds its momentum and computes its update, then broadcasts the new weights: optimizer state
-    and Newton-Schulz work are sharded, gradients must already be averaged across ranks."""
+    tall matrices. Its state is one momentum matrix per weight matrix. Under torch.distributed
+    (`world_size` > 1) this class keeps today's replicated layout: gradients must already be
+    summed on every rank (all_reduce_grads), each matrix has one owner rank (round robin) that
+    holds its momentum and computes its update, then broadcasts the new weights; ShardedMuon
+    instead receives only its own matrices' gradients and all-gathers the weights."""
 
     def __init__(self, params: Iterable, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
                  ns_steps: int = 5, weight_decay: float = 0.0, *, rank: int = 0, world_size: int = 1,
                  ns_dtype: torch.dtype = torch.float32):
-        params = list(params)
-        tensors = [t for item in params for t in (item["params"] if isinstance(item, dict) else [item])]
-        for p in tensors:
-            if p.ndim != 2:
-                raise ValueError(f"Muon only takes 2-D matrices, got a parameter of shape {tuple(p.shape)}; give it to AdamW")
+        groups = _as_groups(params)
+        _check_matrices(p for g in groups for p in g["params"])
         if not 0 <= momentum < 1:
             raise ValueError(f"Muon momentum={momentum} must be in [0, 1)")
         if not 0 <= lr < math.inf or not 0 <= weight_decay < math.inf:
@@ -85,7 +107,7 @@ class Muon(torch.optim.Optimizer):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
         self.rank, self.world_size, self.ns_dtype = rank, world_size, ns_dtype
-        super().__init__(params, {"lr": lr, "momentum": momentum, "nesterov": nesterov,
+        super().__init__(groups, {"lr": lr, "momentum": momentum, "nesterov": nesterov,
                                   "ns_steps": ns_steps, "weight_decay": weight_decay})
 
     def _owned(self) -> list[tuple[int, torch.Tensor, dict]]:
@@ -95,27 +117,28 @@ class Muon(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
         # Matrices of one shape, dtype and group are orthogonalised as one stack: a d4 model's 24
-        # block matrices are 2 batched Newton-Schulz runs instead of 24 runs of small matmuls.
+        # block matrices are 3 batched Newton-Schulz runs instead of 24 runs of small matmuls.
         batches: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for i, p, group in self._owned():
             if i % self.world_size != self.rank or p.grad is None:
                 continue
-            grad = p.grad
             state = self.state[p]
             if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(grad)
-            buf = state["momentum_buffer"]
-            mu = group["momentum"]
-            buf.mul_(mu).add_(grad)
-            update = grad.add(buf, alpha=mu) if group["nesterov"] else buf
+                state["momentum_buffer"] = torch.zeros_like(p.grad)
             key = (id(group), tuple(p.shape), p.dtype, p.device)
-            batches.setdefault(key, []).append((p, update))
+            batches.setdefault(key, []).append((p, state["momentum_buffer"]))
         groups = {id(g): g for g in self.param_groups}
         for (group_id, shape, _, _), items in batches.items():
             group = groups[group_id]
-            ortho = orthogonalize(torch.stack([u for _, u in items]), group["ns_steps"], dtype=self.ns_dtype)
+            params, bufs = [p for p, _ in items], [b for _, b in items]
+            grads = [p.grad for p in params]
             scale = math.sqrt(max(1.0, shape[0] / shape[1]))
-            params = [p for p, _ in items]
+            mu = group["momentum"]
+            updates = []
+            for grad, buf in zip(grads, bufs, strict=True):
+                buf.mul_(mu).add_(grad)
+                updates.append(grad.add(buf, alpha=mu) if group["nesterov"] else buf)
+            ortho = orthogonalize(torch.stack(updates), group["ns_steps"], dtype=self.ns_dtype)
             if group["weight_decay"]:
                 torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
             torch._foreach_add_(params, list(ortho.unbind(0)), alpha=-group["lr"] * scale)
@@ -123,6 +146,208 @@ class Muon(torch.optim.Optimizer):
             for i, p, _ in self._owned():
                 dist.broadcast(p.data, src=i % self.world_size)
         return None
+
+
+# ---- sharded state -------------------------------------------------------------------------------
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def slice_ranges(numel: int, world_size: int) -> list[tuple[int, int]]:
+    """Each rank's flat range [lo, hi) of a tensor of `numel` elements under sharded AdamW state:
+    equal chunks rounded up to SHARD_ALIGN elements, so the last ranks' may be short or empty."""
+    chunk = _round_up(-(-numel // world_size), SHARD_ALIGN)
+    return [(min(r * chunk, numel), min((r + 1) * chunk, numel)) for r in range(world_size)]
+
+
+def matrix_owners(shapes: Sequence[tuple[int, ...]], world_size: int) -> list[int]:
+    """The owner rank of each Muon matrix under sharded state: largest shapes first, each matrix
+    to the rank holding the fewest elements so far (lowest rank on ties), so that per-rank
+    momentum memory and Newton-Schulz work are as even as whole matrices allow."""
+    load = [0] * world_size
+    owners = [0] * len(shapes)
+    for i in sorted(range(len(shapes)), key=lambda i: (-math.prod(shapes[i]), tuple(shapes[i]), i)):
+        r = min(range(world_size), key=lambda r: (load[r], r))
+        owners[i] = r
+        load[r] += math.prod(shapes[i])
+    return owners
+
+
+def _reduce_scatter(out: torch.Tensor, inp: torch.Tensor) -> None:
+    # torch 2.13 names the flat-tensor collectives *_single and deprecates *_tensor; gloo and
+    # NCCL both implement them, so CPU tests run the code path GPUs run.
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    fn(out, inp, op=dist.ReduceOp.SUM)
+
+
+def _all_gather(out: torch.Tensor, inp: torch.Tensor) -> None:
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(out, inp)
+
+
+class _Shards:
+    """The flat buffers behind sharded state. `parts[r]` lists the (parameter index, lo, hi) flat
+    ranges rank r updates; each rank's parts are packed, each padded to SHARD_ALIGN, into a
+    segment of `numel` elements, the same for every rank, so that one reduce_scatter brings each
+    rank the sums over ranks of its parts' gradients (into `grad`, which persists so that the
+    optimizers' `.grad` views stay valid) and one all_gather brings every rank every part's new
+    weights. With world size 1 the collectives are copies (tests without a process group)."""
+
+    def __init__(self, params: list[torch.Tensor], parts: list[list[tuple[int, int, int]]], rank: int) -> None:
+        kinds = {(p.dtype, p.device) for p in params}
+        if len(kinds) > 1:
+            raise ValueError(f"sharded optimizer state needs its parameters in one dtype on one device, got {kinds}; keep "
+                             "fp32 master weights on the run's device")
+        if not 0 <= rank < len(parts):
+            raise ValueError(f"rank={rank} must be in [0, world_size={len(parts)})")
+        assert all(p.is_contiguous() for p in params)
+        self.params, self.parts, self.rank, self.world_size = params, parts, rank, len(parts)
+        self.offsets: list[list[int]] = []
+        sizes = []
+        for rank_parts in parts:
+            offsets, n = [], 0
+            for _, lo, hi in rank_parts:
+                offsets.append(n)
+                n += _round_up(hi - lo, SHARD_ALIGN)
+            self.offsets.append(offsets)
+            sizes.append(n)
+        self.numel = max(*sizes, SHARD_ALIGN)
+        dtype, device = next(iter(kinds)) if kinds else (torch.float32, torch.device("cpu"))
+        self.grad = torch.zeros(self.numel, dtype=dtype, device=device)  # (numel,) this rank's summed gradients
+
+    def _flat(self, i: int, lo: int, hi: int) -> torch.Tensor:
+        return self.params[i].detach().view(-1)[lo:hi]
+
+    def weights(self) -> list[torch.Tensor]:
+        """Views of this rank's parts of the weights (updating them updates the parameters)."""
+        return [self._flat(*part) for part in self.parts[self.rank]]
+
+    def grads(self) -> list[torch.Tensor]:
+        """This rank's parts of the summed gradients (views into `grad`), in `weights()` order."""
+        return [self.grad[o:o + hi - lo] for o, (_, lo, hi) in zip(self.offsets[self.rank], self.parts[self.rank], strict=True)]
+
+    def _segments(self, buf: torch.Tensor, ranks: Iterable[int]) -> tuple[list[torch.Tensor], list[tuple[int, int, int]]]:
+        views, parts = [], []
+        for r in ranks:
+            for o, (i, lo, hi) in zip(self.offsets[r], self.parts[r], strict=True):
+                if hi > lo:
+                    views.append(buf[r * self.numel + o:r * self.numel + o + hi - lo])
+                    parts.append((i, lo, hi))
+        return views, parts
+
+    @torch.no_grad()
+    def reduce(self) -> None:
+        """Sum the local gradients over ranks into `grad`, then drop the local full gradients
+        (ZeRO-2: only this rank's parts stay). A missing gradient counts as zeros."""
+        send = torch.zeros(self.world_size * self.numel, dtype=self.grad.dtype, device=self.grad.device)  # (world * numel,)
+        views, parts = self._segments(send, range(self.world_size))
+        dst, src = [], []
+        for view, (i, lo, hi) in zip(views, parts, strict=True):
+            g = self.params[i].grad
+            if g is not None:
+                dst.append(view)
+                src.append(g.reshape(-1)[lo:hi])
+        if dst:
+            torch._foreach_copy_(dst, src)
+        for p in self.params:
+            p.grad = None
+        if self.world_size == 1:
+            self.grad.copy_(send)
+        else:
+            _reduce_scatter(self.grad, send)
+
+    @torch.no_grad()
+    def gather(self) -> None:
+        """Give every rank every part's weights (this rank's parts were updated in place)."""
+        if self.world_size == 1:
+            return
+        mine = torch.zeros(self.numel, dtype=self.grad.dtype, device=self.grad.device)  # (numel,)
+        dst = [mine[o:o + hi - lo] for o, (_, lo, hi) in zip(self.offsets[self.rank], self.parts[self.rank], strict=True)
+               if hi > lo]
+        if dst:
+            torch._foreach_copy_(dst, [self._flat(i, lo, hi) for i, lo, hi in self.parts[self.rank] if hi > lo])
+        everyone = torch.empty(self.world_size * self.numel, dtype=mine.dtype, device=mine.device)  # (world * numel,)
+        _all_gather(everyone, mine)
+        views, parts = self._segments(everyone, (r for r in range(self.world_size) if r != self.rank))
+        if views:
+            torch._foreach_copy_([self._flat(*part) for part in parts], views)
+
+
+class _ShardedStep:
+    """What ShardedAdamW and ShardedMuon add to their base class: gradients come in through
+    `reduce_grads()`, `step()` ends by all-gathering the weights, `zero_grad()` also clears the
+    model's full gradients."""
+
+    shards: _Shards
+    full_group_sizes: tuple[int, ...]  # parameters per group before sharding (StateLayout)
+
+    def local_params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]  # type: ignore[attr-defined]
+
+    def reduce_grads(self) -> None:
+        """Sum the gradients over ranks into this rank's parts (one reduce_scatter) and point the
+        optimizer's parameters' `.grad` at them."""
+        self.shards.reduce()
+        for p, g in zip(self.local_params(), self.shards.grads(), strict=True):
+            p.grad = g.view_as(p)
+
+    def shard_grads(self) -> list[torch.Tensor]:
+        """This rank's summed gradients, for the global norm; [] before reduce_grads()."""
+        return [p.grad for p in self.local_params() if p.grad is not None]
+
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        super().step(closure)  # type: ignore[misc]
+        self.shards.gather()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)  # type: ignore[misc]
+        for p in self.shards.params:
+            p.grad = None
+
+
+class ShardedAdamW(_ShardedStep, AdamW):
+    """AdamW with sharded state (ZeRO-1/2): of every parameter, rank `rank` holds the moments of a
+    flat slice of about 1/world_size (slice_ranges) and updates only that slice. reduce_grads()
+    sums the gradients over ranks straight into those slices (one reduce_scatter; the local full
+    gradients are freed), step() runs the fused kernel on the slices, in place in the
+    parameters, then all-gathers the weights (one all_gather), so every rank ends with the same
+    weights as with AdamW. The update is elementwise, so slicing changes no number: given equal
+    summed gradients it equals AdamW bit for bit."""
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, *, rank: int, world_size: int):
+        groups = _as_groups(params)
+        full = [p for g in groups for p in g["params"]]
+        ranges = [slice_ranges(p.numel(), world_size) for p in full]
+        shards = _Shards(full, [[(i, *ranges[i][r]) for i in range(len(full))] for r in range(world_size)], rank)
+        views = iter(shards.weights())
+        super().__init__([{**g, "params": [next(views) for _ in g["params"]]} for g in groups], lr=lr, betas=betas,
+                         eps=eps, weight_decay=weight_decay)
+        self.shards, self.full_group_sizes = shards, tuple(len(g["params"]) for g in groups)
+
+
+class ShardedMuon(_ShardedStep, Muon):
+    """Muon with sharded state: each matrix has one owner rank (matrix_owners: balanced by size),
+    the only one that holds its momentum, receives its summed gradient (reduce_grads: one
+    reduce_scatter over all matrices, so no rank receives the others' gradients) and computes its
+    update; step() then all-gathers the new weights. Newton-Schulz needs whole matrices, so the
+    momentum memory per rank is 1/world_size of the total up to one matrix."""
+
+    def __init__(self, params: Iterable, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
+                 ns_steps: int = 5, weight_decay: float = 0.0, *, rank: int, world_size: int,
+                 ns_dtype: torch.dtype = torch.float32):
+        groups = _as_groups(params)
+        full = [p for g in groups for p in g["params"]]
+        _check_matrices(full)
+        owners = matrix_owners([tuple(p.shape) for p in full], world_size)
+        parts = [[(i, 0, p.numel()) for i, p in enumerate(full) if owners[i] == r] for r in range(world_size)]
+        shards = _Shards(full, parts, rank)
+        mine = {id(full[i]) for i, _, _ in parts[rank]}
+        super().__init__([{**g, "params": [p for p in g["params"] if id(p) in mine]} for g in groups], lr=lr,
+                         momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay,
+                         ns_dtype=ns_dtype)
+        self.shards, self.full_group_sizes = shards, tuple(len(g["params"]) for g in groups)
 
 
 @dataclass(frozen=True)
@@ -180,10 +405,13 @@ def split_params(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
     return groups
 
 
-def build_optimizers(model: nn.Module, cfg: OptimConfig, *, model_dim: int, rank: int = 0,
-                     world_size: int = 1, ns_dtype: torch.dtype = torch.float32) -> list[torch.optim.Optimizer]:
+def build_optimizers(model: nn.Module, cfg: OptimConfig, *, model_dim: int, rank: int = 0, world_size: int = 1,
+                     ns_dtype: torch.dtype = torch.float32,
+                     sharded: bool | None = None) -> list[torch.optim.Optimizer]:
     """[AdamW, Muon] over the model's parameters. Every group records `initial_lr` so a schedule
-    can scale it. `ns_dtype`: Muon's Newton-Schulz matmul dtype (the run's compute dtype)."""
+    can scale it. `ns_dtype`: Muon's Newton-Schulz matmul dtype (the run's compute dtype).
+    `sharded`: ShardedAdamW and ShardedMuon instead of the replicated AdamW and Muon; None (the
+    default) shards whenever world_size > 1. One process never shards."""
     groups = split_params(model)
     width_scale = (model_dim / _REFERENCE_WIDTH) ** -0.5
     adam_groups = []
@@ -193,11 +421,16 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, *, model_dim: int, rank
             adam_groups.append({"params": [p for _, p in groups[role]], "lr": lr, "role": role})
     if not groups["matrix"]:
         raise ValueError("model has no 2-D block matrices for Muon; check the parameter names")
-    optimizers: list[torch.optim.Optimizer] = [
-        AdamW(adam_groups, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, weight_decay=cfg.weight_decay),
-        Muon([{"params": [p for _, p in groups["matrix"]], "role": "matrix"}], lr=cfg.matrix_lr,
-             momentum=cfg.muon_momentum_start, rank=rank, world_size=world_size, ns_dtype=ns_dtype),
-    ]
+    adam_kw: dict[str, Any] = {"betas": (cfg.adam_beta1, cfg.adam_beta2), "eps": cfg.adam_eps,
+                               "weight_decay": cfg.weight_decay}
+    matrix_groups = [{"params": [p for _, p in groups["matrix"]], "role": "matrix"}]
+    muon_kw: dict[str, Any] = {"lr": cfg.matrix_lr, "momentum": cfg.muon_momentum_start, "ns_dtype": ns_dtype}
+    if world_size > 1 and (sharded is None or sharded):
+        optimizers: list[torch.optim.Optimizer] = [
+            ShardedAdamW(adam_groups, rank=rank, world_size=world_size, **adam_kw),
+            ShardedMuon(matrix_groups, rank=rank, world_size=world_size, **muon_kw)]
+    else:
+        optimizers = [AdamW(adam_groups, **adam_kw), Muon(matrix_groups, rank=rank, world_size=world_size, **muon_kw)]
     for opt in optimizers:
         for g in opt.param_groups:
             g["initial_lr"] = g["lr"]
@@ -220,13 +453,52 @@ def set_lr(optimizers: list[torch.optim.Optimizer], multiplier: float, *, moment
                 g["momentum"] = momentum
 
 
-def global_grad_norm(params: list[nn.Parameter], clip: float) -> torch.Tensor:
+def _sharded(optimizers: Sequence[torch.optim.Optimizer]) -> list[_ShardedStep]:
+    sharded = [o for o in optimizers if isinstance(o, _ShardedStep)]
+    if sharded and len(sharded) != len(optimizers):
+        raise ValueError("sharded and replicated optimizers cannot be mixed: gradients are either reduce-scattered "
+                         "or all-reduced; build them all with build_optimizers")
+    return sharded
+
+
+def reduce_grads(optimizers: Sequence[torch.optim.Optimizer], params: list[nn.Parameter]) -> None:
+    """Sum the gradients over ranks as the optimizers need them: sharded optimizers each
+    reduce-scatter their parameters' gradients (every rank receives the sums of the parts it
+    updates, and the full local gradients are freed); replicated ones get every gradient summed
+    on every rank (all_reduce_grads). Sums, not means: the loss is already normalised by the
+    global batch's target count. A no-op in one process."""
+    sharded = _sharded(optimizers)
+    for opt in sharded:
+        opt.reduce_grads()
+    if not sharded:
+        all_reduce_grads(params, average=False)
+
+
+def global_grad_norm(params: list[nn.Parameter], clip: float, *,
+                     optimizers: Sequence[torch.optim.Optimizer] = ()) -> torch.Tensor:
     """The global L2 norm of the gradients before any clipping (a 0-d tensor on their device, not
     moved to the host); when `clip` > 0 the gradients are then scaled down to norm <= clip. Taken
-    with or without clipping: a NaN or inf norm is how a bad step is noticed before its update."""
-    if clip > 0:
-        return torch.nn.utils.clip_grad_norm_(params, clip)
-    return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    with or without clipping: a NaN or inf norm is how a bad step is noticed before its update.
+    With sharded `optimizers` (after reduce_grads) each rank holds only its parts of the summed
+    gradients: their squared norms are summed over ranks (one all_reduce of one fp64 scalar), so
+    every rank gets the same norm, NaN included, and clips its parts by it."""
+    sharded = _sharded(optimizers)
+    if not sharded:
+        if clip > 0:
+            return torch.nn.utils.clip_grad_norm_(params, clip)
+        return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    grads = [g for opt in sharded for g in opt.shard_grads()]
+    shards = sharded[0].shards
+    squares = torch.zeros((), dtype=torch.float64, device=shards.grad.device)
+    if grads:
+        squares = torch.stack(torch._foreach_norm(grads)).double().square().sum()
+    if shards.world_size > 1:
+        dist.all_reduce(squares)
+    total = squares.sqrt()
+    if clip > 0 and grads:
+        # torch.nn.utils.clip_grad_norm_'s rule, on this rank's parts
+        torch._foreach_mul_(grads, (clip / (total + 1e-6)).clamp(max=1.0).to(grads[0].dtype))
+    return total
 
 
 def all_reduce_grads(params: list[nn.Parameter], *, average: bool = True) -> None:
@@ -244,3 +516,100 @@ def all_reduce_grads(params: list[nn.Parameter], *, average: bool = True) -> Non
         n = g.numel()
         g.copy_(flat[offset:offset + n].view_as(g))
         offset += n
+
+
+# ---- moving optimizer state between layouts --------------------------------------------------
+
+def optimizer_state_kind(optimizers: Sequence[torch.optim.Optimizer]) -> str:
+    """"sharded" or "replicated": how `optimizers` spread their state over ranks (checkpoint meta)."""
+    return "sharded" if _sharded(optimizers) else "replicated"
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """How one optimizer's state is spread over ranks, enough to turn the per-rank state dicts of
+    one layout into those of another (resuming on another number of ranks): `optimizer` adamw or
+    muon, `sharded`, `world_size`, the shapes of the optimizer's parameters in build order and how
+    many of them each param group holds. The pivot is the single-process state dict (`full`):
+    every parameter, whole tensors, indexed in build order."""
+
+    optimizer: str
+    sharded: bool
+    world_size: int
+    shapes: tuple[tuple[int, ...], ...]
+    group_sizes: tuple[int, ...]
+
+    def local_params(self, rank: int) -> list[int]:
+        """The build-order indices of rank `rank`'s optimizer parameters, in its order."""
+        if self.optimizer == "muon" and self.sharded:
+            owners = matrix_owners(self.shapes, self.world_size)
+            return [i for i in range(len(self.shapes)) if owners[i] == rank]
+        return list(range(len(self.shapes)))
+
+    def _holds(self, i: int, rank: int) -> bool:
+        """Whether rank `rank` holds parameter i's state (a slice of it, for sharded AdamW)."""
+        if self.optimizer == "muon":
+            return (matrix_owners(self.shapes, self.world_size)[i] if self.sharded else i % self.world_size) == rank
+        return True
+
+    def _check(self, states: Sequence[dict[str, Any]]) -> None:
+        if len(states) != self.world_size:
+            raise ValueError(f"{len(states)} rank state(s) for a {self.world_size}-rank layout")
+        for rank, sd in enumerate(states):
+            sizes = [len(g["params"]) for g in sd["param_groups"]]
+            expected = self.group_sizes if not (self.optimizer == "muon" and self.sharded) else None
+            if len(sizes) != len(self.group_sizes) or (expected is not None and tuple(sizes) != expected) \
+                    or sum(sizes) != len(self.local_params(rank)):
+                raise ValueError(f"the {self.optimizer} state of rank {rank} has param groups of {sizes} parameters, this "
+                                 f"run's optimizer {list(self.group_sizes)}")
+
+    def full(self, states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """The single-process state dict from every rank's state dict in this layout."""
+        self._check(states)
+        groups, start = [], 0
+        for g, n in zip(states[0]["param_groups"], self.group_sizes, strict=True):
+            groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": list(range(start, start + n))})
+            start += n
+        state: dict[int, dict[str, Any]] = {}
+        if self.optimizer == "adamw" and self.sharded:
+            for i, shape in enumerate(self.shapes):
+                slices = [sd["state"].get(i) for sd in states]
+                if slices[0] is None:
+                    continue
+                # moments are flat slices (1-D), concatenated in rank order; `step` is the same everywhere
+                state[i] = {k: torch.cat([s[k] for s in slices]).view(shape) if torch.is_tensor(v) and v.ndim == 1 else v
+                            for k, v in slices[0].items()}
+        else:
+            for rank in range(self.world_size) if self.optimizer == "muon" else [0]:
+                local = self.local_params(rank)
+                for li, st in states[rank]["state"].items():
+                    if self._holds(local[li], rank):
+                        state[local[li]] = st
+        return {"state": state, "param_groups": groups}
+
+    def split(self, full: dict[str, Any], rank: int) -> dict[str, Any]:
+        """Rank `rank`'s state dict in this layout from the single-process one."""
+        local = self.local_params(rank)
+        position = {i: li for li, i in enumerate(local)}
+        groups = [{**g, "params": [position[i] for i in g["params"] if i in position]} for g in full["param_groups"]]
+        state: dict[int, dict[str, Any]] = {}
+        for i, st in full["state"].items():
+            if i not in position or not self._holds(i, rank):
+                continue
+            if self.optimizer == "adamw" and self.sharded:
+                lo, hi = slice_ranges(math.prod(self.shapes[i]), self.world_size)[rank]
+                st = {k: v.reshape(-1)[lo:hi].clone() if torch.is_tensor(v) and v.ndim > 0 else v for k, v in st.items()}
+            state[position[i]] = st
+        return {"state": state, "param_groups": groups}
+
+
+def state_layout(opt: torch.optim.Optimizer, world_size: int) -> StateLayout:
+    """The layout of `opt` (one of build_optimizers') in a run of `world_size` ranks."""
+    name = "muon" if isinstance(opt, Muon) else "adamw" if isinstance(opt, AdamW) else None
+    if name is None:
+        raise ValueError(f"{type(opt).__name__} is not one of lockstep.optim's optimizers")
+    if isinstance(opt, _ShardedStep):
+        return StateLayout(name, True, opt.shards.world_size, tuple(tuple(p.shape) for p in opt.shards.params),
+                           opt.full_group_sizes)
+    return StateLayout(name, False, world_size, tuple(tuple(p.shape) for g in opt.param_groups for p in g["params"]),
+                       tuple(len(g["params"]) for g in opt.param_groups))

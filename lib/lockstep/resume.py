@@ -1,12 +1,17 @@
 """A training run folder shared over ranks: saving a checkpoint of the whole job, finding the one
 to resume from and loading it into every rank. Under torch.distributed rank 0 alone reads and
 writes the run folder (lockstep.checkpoint's files); the other ranks exchange their state with it
-over the process group, so nodes need no shared disk. Not the training loop (lockstep.train) and
-not the file format (lockstep.checkpoint)."""
+over the process group, so nodes need no shared disk. A checkpoint written on another number of
+ranks, or with the optimizer state laid out otherwise (sharded or replicated), is resumed by
+resharding that state on rank 0. Not the training loop (lockstep.train) and not the file format
+(lockstep.checkpoint)."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +21,11 @@ from torch import nn
 
 from lockstep import checkpoint as ckpt
 from lockstep.io import read_json, write_json_atomic
+from lockstep.optim import optimizer_state_kind, state_layout
 from lockstep.runtime import Runtime, barrier
 
 PROGRESS_FILE = "progress.json"  # per-step series, throughput and wall time so far, beside the checkpoints
+log = logging.getLogger("lockstep.resume")
 
 
 def open_run_dir(run_dir: Path, rt: Runtime) -> list[Path]:
@@ -47,9 +54,11 @@ def save(model: nn.Module, optimizers: list[torch.optim.Optimizer], rt: Runtime,
          meta: dict[str, Any], keep_last: int, *, progress: dict[str, Any]) -> Path:
     """Checkpoint the run at `step`: rank 0 first writes `progress` (PROGRESS_FILE), so that every
     checkpoint a rerun may resume from has its series on disk, then the checkpoint. Rank 0 alone
-    touches the run folder: the other ranks send it their optimizer state (Muon's is sharded,
-    one owner rank per matrix) one rank at a time, so that a job spread over nodes with separate
-    disks still leaves every file on rank 0's disk. A collective; returns the checkpoint folder."""
+    touches the run folder: the other ranks send it their optimizer state (each rank's own part
+    when it is sharded) one rank at a time, so that a job spread over nodes with separate disks
+    still leaves every file on rank 0's disk. meta.json records the world size and whether that
+    state was sharded, which `load` needs to reshard it. A collective; returns the checkpoint
+    folder."""
     if rt.is_main:
         write_json_atomic(run_dir / PROGRESS_FILE, progress)
     final = ckpt.step_dir(run_dir, step)
@@ -68,6 +77,7 @@ def save(model: nn.Module, optimizers: list[torch.optim.Optimizer], rt: Runtime,
         # stored so code that draws from it (dropout, say) resumes exactly too.
         ckpt.finish_checkpoint(ckpt.partial_dir(final), final, model_state=model.state_dict(),
                                meta={**meta, "step": step, "world_size": rt.world_size,
+                                     "optimizer_state": optimizer_state_kind(optimizers),
                                      # Data order is stateless (per-step generators): the next step is all a loader needs.
                                      "loader": {"kind": "per-step generators", "next_step": step}},
                                rng_states={"torch_cpu": torch.get_rng_state()})
@@ -86,13 +96,15 @@ class Resume:
     rng_states: dict[str, torch.Tensor]
     progress: dict[str, Any]  # the run's progress.json ({} without one)
     stored: ckpt.Checkpoint | None = None  # rank 0 only: the others get weights and optimizer state from it
+    # how the writing run laid out its optimizer state; checkpoints from before sharding were replicated
+    optimizer_state: str = "replicated"
 
 
 def find(run_dir: Path, rt: Runtime) -> Resume | None:
     """The latest complete checkpoint in `run_dir`, as rank 0 finds it on its disk, told to every
     rank (a collective under torch.distributed). The other ranks never look at the run folder:
-    on a multi-node job it exists on rank 0's node only. Raises CheckpointError on every rank
-    when the checkpoint was written by another number of ranks than this job has."""
+    on a multi-node job it exists on rank 0's node only. The checkpoint may have been written by
+    another number of ranks than this job has: `load` reshards the optimizer state."""
     found: Resume | None = None
     if rt.is_main:
         latest = ckpt.latest_checkpoint(run_dir)
@@ -100,22 +112,52 @@ def find(run_dir: Path, rt: Runtime) -> Resume | None:
             state = ckpt.load_checkpoint(latest)
             progress_file = run_dir / PROGRESS_FILE
             progress = read_json(progress_file, what="run progress") if progress_file.is_file() else {}
-            found = Resume(path=latest, step=state.step, world_size=state.meta.get("world_size"),
-                           rng_states=state.rng_states, progress=progress, stored=state)
+            found = Resume(path=latest, step=state.step, world_size=int(state.meta.get("world_size", 1)),
+                           rng_states=state.rng_states, progress=progress, stored=state,
+                           optimizer_state=state.meta.get("optimizer_state", "replicated"))
     if rt.distributed:
         header = [None if found is None else {**vars(found), "stored": None}]
         dist.broadcast_object_list(header, src=0)
         if not rt.is_main:
             found = None if header[0] is None else Resume(**header[0])
-    if found is not None and found.world_size != rt.world_size:
-        raise ckpt.CheckpointError(f"{found.path} was written by {found.world_size} ranks, this run has "
-                                   f"{rt.world_size}; set runtime.nproc and runtime.nnodes back or delete {run_dir}")
     return found
+
+
+def _rank_states(resume: Resume, optimizers: list[torch.optim.Optimizer], rt: Runtime) -> Callable[[int], Any]:
+    """Rank 0: rank r -> its optimizer state as this run lays it out. The stored files as they
+    are when the writing run had this run's layout; else all of them gathered into the
+    single-process state and split again (lockstep.optim.StateLayout). Raises CheckpointError
+    naming both runs when the stored state does not fit this run's optimizers."""
+    stored = resume.stored
+    assert stored is not None
+    layouts = [state_layout(o, rt.world_size) for o in optimizers]
+    written = [dataclasses.replace(lay, sharded=resume.optimizer_state == "sharded", world_size=resume.world_size)
+               for lay in layouts]
+    if written == layouts:
+        return stored.optim_state
+    old = [stored.optim_state(r)["optimizers"] for r in range(resume.world_size)]
+    try:
+        if len(old[0]) != len(layouts):
+            raise ValueError(f"{len(old[0])} optimizers stored, {len(layouts)} in this run")
+        full = [lay.full([states[k] for states in old]) for k, lay in enumerate(written)]
+        by_rank = {r: {"optimizers": [lay.split(f, r) for lay, f in zip(layouts, full, strict=True)]}
+                   for r in range(rt.world_size)}
+    except (ValueError, KeyError, IndexError, RuntimeError) as e:
+        raise ckpt.CheckpointError(
+            f"{resume.path} holds optimizer state of {resume.world_size} rank(s) ({resume.optimizer_state}) that does not "
+            f"fit this run's optimizers on {rt.world_size} rank(s) ({optimizer_state_kind(optimizers)}): {e}; resume with "
+            f"the config and runtime.nproc x runtime.nnodes = {resume.world_size} that wrote it, or delete "
+            f"{resume.path.parent} to start fresh") from None
+    log.info("optimizer state of %d rank(s) (%s) resharded for %d rank(s) (%s)", resume.world_size,
+             resume.optimizer_state, rt.world_size, optimizer_state_kind(optimizers))
+    return by_rank.__getitem__
 
 
 def load(resume: Resume, model: nn.Module, optimizers: list[torch.optim.Optimizer], rt: Runtime) -> None:
     """Load `resume` into `model` and this rank's `optimizers` (a collective under
-    torch.distributed: rank 0 broadcasts the weights and sends each rank its optimizer state)."""
+    torch.distributed: rank 0 broadcasts the weights and sends each rank its optimizer state,
+    resharded when the checkpoint was written on another number of ranks or layout). Raises
+    CheckpointError on every rank when the stored optimizer state does not fit."""
     stored = resume.stored
     if rt.is_main:
         assert stored is not None
@@ -125,13 +167,20 @@ def load(resume: Resume, model: nn.Module, optimizers: list[torch.optim.Optimize
             for tensor in model.state_dict().values():
                 dist.broadcast(tensor, src=0)
     if rt.is_main:
-        assert stored is not None
-        mine = stored.optim_state(0)
+        try:
+            states = _rank_states(resume, optimizers, rt)
+        except ckpt.CheckpointError as e:
+            for receiver in range(1, rt.world_size):  # so that no rank waits for a state that never comes
+                dist.send_object_list([{"error": str(e)}], dst=receiver)
+            raise
+        mine = states(0)
         for receiver in range(1, rt.world_size):
-            dist.send_object_list([stored.optim_state(receiver)], dst=receiver)
+            dist.send_object_list([states(receiver)], dst=receiver)
     else:
         received: list[Any] = [None]
         dist.recv_object_list(received, src=0)
         mine = received[0]
+        if "error" in mine:
+            raise ckpt.CheckpointError(mine["error"])
     for opt, sd in zip(optimizers, mine["optimizers"], strict=True):
         opt.load_state_dict(sd)

@@ -26,7 +26,7 @@ from lockstep.bpb import measure_bpb
 from lockstep.config import ConfigError, FieldError, check_range
 from lockstep.model import GPT, IGNORE_INDEX, GPTConfig
 from lockstep.objectives import Objective, cross_entropy_objective
-from lockstep.optim import OptimConfig, all_reduce_grads, build_optimizers, global_grad_norm, muon_momentum, set_lr
+from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, muon_momentum, reduce_grads, set_lr
 from lockstep.runtime import Runtime, measure_matmul_peak_flops, peak_flops
 from lockstep.seeds import derived_generator
 
@@ -380,6 +380,8 @@ class Trainer:
     A step whose loss or gradient norm is NaN or inf is not applied; more of them in a row than
     `cfg.nonfinite_patience` raise NonFiniteError, as do non-finite weights at a checkpoint.
     `params_section` names where `cfg` came from (`pretrain`), for the keys that error names.
+    `shard_optimizer`: optimizer state sharded over ranks (ShardedAdamW, ShardedMuon) or
+    replicated (AdamW, Muon); None, the default, shards under torch.distributed.
 
     `on_step` gets each result row on rank 0, as SERIES_COLUMNS names them: `{step, train_loss,
     lr_mult}` after an applied step, `{step, val_bpb}` after an evaluation. A resumed run replays
@@ -388,7 +390,8 @@ class Trainer:
 
     def __init__(self, model: GPT, cfg: TrainConfig, rt: Runtime, *, data: BatchSource, seed: int,
                  loss: Objective | None = None, validation: Validation | None = None, samples: Samples | None = None,
-                 on_step: Callable[[dict[str, float]], None] | None = None, params_section: str = "") -> None:
+                 on_step: Callable[[dict[str, float]], None] | None = None, params_section: str = "",
+                 shard_optimizer: bool | None = None) -> None:
         # Training draws from its own generators; the global one is seeded anyway, so that its state
         # saved in every checkpoint is a function of the seed, not of what the process did before.
         torch.manual_seed(seed)
@@ -401,7 +404,7 @@ class Trainer:
         self.total_steps, self.horizon_why = horizon_steps(cfg, flops_per_token=self.flops_per_token,
                                                            num_params=self.num_params)
         self.optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd, rank=rt.rank,
-                                           world_size=rt.world_size, ns_dtype=rt.dtype)
+                                           world_size=rt.world_size, ns_dtype=rt.dtype, sharded=shard_optimizer)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.guard = NonFiniteGuard(cfg.nonfinite_patience, keys=f"{params_section}." if params_section else "",
                                     announce=rt.is_main)
@@ -482,13 +485,13 @@ class Trainer:
                 loss = self._forward(x, y)
             (loss / denom).backward()
             loss_sum += loss.detach().double()
-        all_reduce_grads(self.params, average=False)
+        reduce_grads(self.optimizers, self.params)
         if rt.distributed:
             dist.all_reduce(loss_sum)
-        grad_norm = global_grad_norm(self.params, cfg.optim.grad_clip)
+        grad_norm = global_grad_norm(self.params, cfg.optim.grad_clip, optimizers=self.optimizers)
         # Loss and gradient norm reach the host in one transfer, the one the loop always made to
         # log the loss, now before the optimizer step so a bad step is never applied. After the
-        # all-reduces every rank holds the same loss and gradients, so all ranks decide alike.
+        # all-reduces every rank holds the same loss and gradient norm, so all ranks decide alike.
         loss_total, norm, count = torch.stack([loss_sum, grad_norm.to(loss_sum), denom.to(loss_sum)]).tolist()
         return loss_total / count, norm
 
@@ -542,9 +545,9 @@ class Trainer:
                 "tok_per_s": self.rates}
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's whole training state: the step, weights, its optimizers' state (Muon's is
-        sharded over ranks), the global RNG and the progress. Like torch's state dicts it holds
-        the live tensors: copy it to keep it past the next step."""
+        """This rank's whole training state: the step, weights, its optimizers' state (sharded over
+        ranks by default under torch.distributed), the global RNG and the progress. Like torch's
+        state dicts it holds the live tensors: copy it to keep it past the next step."""
         return {"step": self.step_count, "model": self.model.state_dict(),
                 "optimizers": [o.state_dict() for o in self.optimizers],
                 "rng_states": {"torch_cpu": torch.get_rng_state()}, "progress": self.progress()}
