@@ -5,16 +5,20 @@ checkpoints on disk."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from lockstep.config import check_range
+
+if TYPE_CHECKING:
+    from lockstep.runtime import Runtime
 
 # Quintic Newton-Schulz coefficients chosen to push singular values towards 1 as fast as possible
 # in few steps (K. Jordan, "Muon: An optimizer for hidden layers", 2024); the result is only
@@ -93,11 +97,15 @@ class Muon(torch.optim.Optimizer):
     (`world_size` > 1) this class keeps today's replicated layout: gradients must already be
     summed on every rank (all_reduce_grads), each matrix has one owner rank (round robin) that
     holds its momentum and computes its update, then broadcasts the new weights; ShardedMuon
-    instead receives only its own matrices' gradients and all-gathers the weights."""
+    instead receives only its own matrices' gradients and all-gathers the weights.
+
+    `compiled`: run each same-shape stack's update (momentum, Newton-Schulz, decay and step)
+    through torch.compile (_muon_group_update) instead of the eager ops below, which stay the
+    reference; equal to them to float rounding (tests/test_compiled_optim.py)."""
 
     def __init__(self, params: Iterable, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
                  ns_steps: int = 5, weight_decay: float = 0.0, *, rank: int = 0, world_size: int = 1,
-                 ns_dtype: torch.dtype = torch.float32):
+                 ns_dtype: torch.dtype = torch.float32, compiled: bool = False):
         groups = _as_groups(params)
         _check_matrices(p for g in groups for p in g["params"])
         if not 0 <= momentum < 1:
@@ -106,7 +114,7 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"Muon needs finite lr >= 0 and weight_decay >= 0; got lr={lr}, weight_decay={weight_decay}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
-        self.rank, self.world_size, self.ns_dtype = rank, world_size, ns_dtype
+        self.rank, self.world_size, self.ns_dtype, self.compiled = rank, world_size, ns_dtype, compiled
         super().__init__(groups, {"lr": lr, "momentum": momentum, "nesterov": nesterov,
                                   "ns_steps": ns_steps, "weight_decay": weight_decay})
 
@@ -133,6 +141,14 @@ class Muon(torch.optim.Optimizer):
             params, bufs = [p for p, _ in items], [b for _, b in items]
             grads = [p.grad for p in params]
             scale = math.sqrt(max(1.0, shape[0] / shape[1]))
+            if self.compiled:
+                # 0-d tensors, not floats: a float is baked into the compiled graph, and the
+                # schedule changes lr and momentum every step (a recompile each time).
+                hyper = [torch.tensor(x, dtype=torch.float64) for x in
+                         (group["momentum"], group["lr"] * scale, 1 - group["lr"] * group["weight_decay"])]
+                _compiled_muon_group_update()(params, grads, bufs, *hyper, nesterov=group["nesterov"],
+                                              ns_steps=group["ns_steps"], ns_dtype=self.ns_dtype)
+                continue
             mu = group["momentum"]
             updates = []
             for grad, buf in zip(grads, bufs, strict=True):
@@ -146,6 +162,38 @@ class Muon(torch.optim.Optimizer):
             for i, p, _ in self._owned():
                 dist.broadcast(p.data, src=i % self.world_size)
         return None
+
+
+def _muon_group_update(params: list[torch.Tensor], grads: list[torch.Tensor], bufs: list[torch.Tensor],
+                       momentum: torch.Tensor, step_size: torch.Tensor, decay: torch.Tensor, *, nesterov: bool,
+                       ns_steps: int, ns_dtype: torch.dtype) -> None:
+    """Muon's update of a stack of same-shape matrices, written for torch.compile: the arithmetic
+    of Muon.step's eager branch with the hyperparameters as 0-d tensors (`step_size` = lr x the
+    aspect factor, `decay` = 1 - lr x weight_decay), so that the momentum update, the Newton-Schulz
+    pointwise work and the weight update fuse into few kernels around the batched matmuls."""
+    updates = []
+    for g, b in zip(grads, bufs, strict=True):
+        b.mul_(momentum).add_(g)
+        updates.append(g + momentum * b if nesterov else b)
+    ortho = orthogonalize(torch.stack(updates), ns_steps, dtype=ns_dtype)  # (N, rows, cols)
+    for p, o in zip(params, ortho.unbind(0), strict=True):
+        p.mul_(decay).sub_(o * step_size)
+
+
+@functools.cache
+def _compiled_muon_group_update():  # -> the compiled _muon_group_update
+    # One compiled graph per (shape, stack size, dtype): a GPT has three block-matrix shapes,
+    # well inside dynamo's recompile limit of 8 per function.
+    return torch.compile(_muon_group_update, dynamic=False, fullgraph=True)
+
+
+def compiled_step(rt: Runtime) -> bool:
+    """Whether a run's Muon steps through torch.compile: on CUDA only, and only when the runtime
+    both compiles (runtime.compile) and takes the fast paths (runtime.kernels). CPU runs keep the
+    eager step. There the compiled one is faster per step (d4's block matrices: 732 vs 994 ms on
+    a loaded 2-core CPU, bench/bench_optim.py), but its compile took 43 s, which a CPU preset's
+    few hundred steps barely win back, and CPU presets do not compile anything else either."""
+    return rt.device.type == "cuda" and rt.compile and rt.kernels
 
 
 # ---- sharded state -------------------------------------------------------------------------------
@@ -336,7 +384,7 @@ class ShardedMuon(_ShardedStep, Muon):
 
     def __init__(self, params: Iterable, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
                  ns_steps: int = 5, weight_decay: float = 0.0, *, rank: int, world_size: int,
-                 ns_dtype: torch.dtype = torch.float32):
+                 ns_dtype: torch.dtype = torch.float32, compiled: bool = False):
         groups = _as_groups(params)
         full = [p for g in groups for p in g["params"]]
         _check_matrices(full)
@@ -346,7 +394,7 @@ class ShardedMuon(_ShardedStep, Muon):
         mine = {id(full[i]) for i, _, _ in parts[rank]}
         super().__init__([{**g, "params": [p for p in g["params"] if id(p) in mine]} for g in groups], lr=lr,
                          momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay,
-                         ns_dtype=ns_dtype)
+                         ns_dtype=ns_dtype, compiled=compiled)
         self.shards, self.full_group_sizes = shards, tuple(len(g["params"]) for g in groups)
 
 
@@ -406,12 +454,13 @@ def split_params(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
 
 
 def build_optimizers(model: nn.Module, cfg: OptimConfig, *, model_dim: int, rank: int = 0, world_size: int = 1,
-                     ns_dtype: torch.dtype = torch.float32,
-                     sharded: bool | None = None) -> list[torch.optim.Optimizer]:
+                     ns_dtype: torch.dtype = torch.float32, sharded: bool | None = None,
+                     compiled: bool = False) -> list[torch.optim.Optimizer]:
     """[AdamW, Muon] over the model's parameters. Every group records `initial_lr` so a schedule
     can scale it. `ns_dtype`: Muon's Newton-Schulz matmul dtype (the run's compute dtype).
     `sharded`: ShardedAdamW and ShardedMuon instead of the replicated AdamW and Muon; None (the
-    default) shards whenever world_size > 1. One process never shards."""
+    default) shards whenever world_size > 1. One process never shards. `compiled`: Muon's
+    compiled step (compiled_step says when a run wants it)."""
     groups = split_params(model)
     width_scale = (model_dim / _REFERENCE_WIDTH) ** -0.5
     adam_groups = []
@@ -424,7 +473,8 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, *, model_dim: int, rank
     adam_kw: dict[str, Any] = {"betas": (cfg.adam_beta1, cfg.adam_beta2), "eps": cfg.adam_eps,
                                "weight_decay": cfg.weight_decay}
     matrix_groups = [{"params": [p for _, p in groups["matrix"]], "role": "matrix"}]
-    muon_kw: dict[str, Any] = {"lr": cfg.matrix_lr, "momentum": cfg.muon_momentum_start, "ns_dtype": ns_dtype}
+    muon_kw: dict[str, Any] = {"lr": cfg.matrix_lr, "momentum": cfg.muon_momentum_start, "ns_dtype": ns_dtype,
+                               "compiled": compiled}
     if world_size > 1 and (sharded is None or sharded):
         optimizers: list[torch.optim.Optimizer] = [
             ShardedAdamW(adam_groups, rank=rank, world_size=world_size, **adam_kw),

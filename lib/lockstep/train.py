@@ -26,7 +26,8 @@ from lockstep.bpb import measure_bpb
 from lockstep.config import ConfigError, FieldError, check_range
 from lockstep.model import GPT, IGNORE_INDEX, GPTConfig
 from lockstep.objectives import Objective, cross_entropy_objective
-from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, muon_momentum, reduce_grads, set_lr
+from lockstep.optim import (OptimConfig, build_optimizers, compiled_step, global_grad_norm, muon_momentum, reduce_grads,
+                            set_lr)
 from lockstep.runtime import Runtime, measure_matmul_peak_flops, peak_flops
 from lockstep.seeds import derived_generator
 
@@ -381,7 +382,8 @@ class Trainer:
     `cfg.nonfinite_patience` raise NonFiniteError, as do non-finite weights at a checkpoint.
     `params_section` names where `cfg` came from (`pretrain`), for the keys that error names.
     `shard_optimizer`: optimizer state sharded over ranks (ShardedAdamW, ShardedMuon) or
-    replicated (AdamW, Muon); None, the default, shards under torch.distributed.
+    replicated (AdamW, Muon); None, the default, shards under torch.distributed. Muon steps
+    through torch.compile where lockstep.optim.compiled_step says so (CUDA, compile and kernels on).
 
     `on_step` gets each result row on rank 0, as SERIES_COLUMNS names them: `{step, train_loss,
     lr_mult}` after an applied step, `{step, val_bpb}` after an evaluation. A resumed run replays
@@ -404,7 +406,8 @@ class Trainer:
         self.total_steps, self.horizon_why = horizon_steps(cfg, flops_per_token=self.flops_per_token,
                                                            num_params=self.num_params)
         self.optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd, rank=rt.rank,
-                                           world_size=rt.world_size, ns_dtype=rt.dtype, sharded=shard_optimizer)
+                                           world_size=rt.world_size, ns_dtype=rt.dtype, sharded=shard_optimizer,
+                                           compiled=compiled_step(rt))
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.guard = NonFiniteGuard(cfg.nonfinite_patience, keys=f"{params_section}." if params_section else "",
                                     announce=rt.is_main)
