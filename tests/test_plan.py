@@ -62,9 +62,9 @@ def test_memory_by_hand() -> None:
     m = model_figures(GPTConfig.from_depth(1, 256, 64, 32))
     mem = memory_per_device(m, rows=2, gpus=2, bf16=True)
     P, muon, adamw = 81920, 49152, 32768
-    assert mem == {"weights": 4.0 * P, "grads": 4.0 * P, "adamw": 8.0 * adamw, "muon": 4.0 * muon / 2,
+    assert mem == {"weights": 4.0 * P, "grads": 4.0 * P, "adamw": 8.0 * adamw / 2, "muon": 4.0 * muon / 2,
                    "activations": 1 * 34 * 2 * 64 * 64, "logits": 8.0 * 2 * 64 * 256,
-                   "total": 8.0 * P + 8.0 * adamw + 2.0 * muon + 34 * 2 * 64 * 64 + 8.0 * 2 * 64 * 256}
+                   "total": 8.0 * P + 4.0 * adamw + 2.0 * muon + 34 * 2 * 64 * 64 + 8.0 * 2 * 64 * 256}
     assert memory_per_device(m, rows=2, gpus=2, bf16=False)["activations"] == 2 * 34 * 2 * 64 * 64
 
 

@@ -239,16 +239,16 @@ def model_figures(gcfg: GPTConfig) -> dict[str, Any]:
 
 def memory_per_device(m: dict[str, Any], *, rows: int, gpus: int, bf16: bool) -> dict[str, float]:
     """Peak bytes per device while training, by part. fp32 master weights and gradients (4 + 4
-    bytes per parameter); AdamW's two fp32 moments for the embedding and head, replicated on
-    every rank (8 bytes each); Muon's fp32 momentum for the block matrices, one owner rank per
-    matrix (4 bytes / gpus); activations of one micro-batch, n_layer x 34 x rows x T x C bytes at
-    16-bit (x2 at fp32); the logits of one micro-batch and their gradient in fp32, rows x T x
-    V_padded x 8 bytes. Allocator slack, CUDA context and compile workspaces are not counted."""
+    bytes per parameter); AdamW's two fp32 moments for the embedding and head (8 bytes / gpus)
+    and Muon's fp32 momentum for the block matrices (4 bytes / gpus), sharded over the ranks
+    (lockstep.optim.ShardedAdamW, ShardedMuon); activations of one micro-batch, n_layer x 34 x
+    rows x T x C bytes at 16-bit (x2 at fp32); the logits of one micro-batch and their gradient
+    in fp32, rows x T x V_padded x 8 bytes. Allocator slack, CUDA context and compile workspaces are not counted."""
     P = m["params_total"]
     tokens = rows * m["sequence_len"]
     act = m["n_layer"] * ACTIVATION_BYTES_PER_TOKEN_CHANNEL_16BIT * tokens * m["n_embd"] * (1 if bf16 else 2)
-    parts = {"weights": 4.0 * P, "grads": 4.0 * P, "adamw": 8.0 * m["params_adamw"], "muon": 4.0 * m["params_muon"] / gpus,
-             "activations": float(act), "logits": 8.0 * tokens * m["padded_vocab_size"]}
+    parts = {"weights": 4.0 * P, "grads": 4.0 * P, "adamw": 8.0 * m["params_adamw"] / gpus,
+             "muon": 4.0 * m["params_muon"] / gpus, "activations": float(act), "logits": 8.0 * tokens * m["padded_vocab_size"]}
     return {**parts, "total": sum(parts.values())}
 
 
@@ -515,11 +515,11 @@ def _folder_bytes(folder: Path) -> float:
     return float(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()))
 
 
-def plan_disk(params: dict[str, Any], m: dict[str, Any], *, gpus: int, root: Path, raw_root: Path | None,
+def plan_disk(params: dict[str, Any], m: dict[str, Any], *, root: Path, raw_root: Path | None,
               cache_root: Path | None, built: set[str]) -> dict[str, Any]:
     """Raw snapshots (text bytes x RAW_BYTES_PER_TEXT_BYTE), token caches (tokens x 2 or 4
     bytes; SFT adds a mask byte per token and an 8-byte offset per example) and one checkpoint
-    (fp32 weights, AdamW moments per rank, Muon momentum). Snapshots and caches that exist
+    (fp32 weights, AdamW moments, Muon momentum: the ranks' optimizer files hold each once). Snapshots and caches that exist
     under `raw_root` / `cache_root` and `built` from these params are measured instead."""
     vocab = params["tokenizer"]["vocab_size"]
     cpt = chars_per_token(vocab)
@@ -548,7 +548,7 @@ def plan_disk(params: dict[str, Any], m: dict[str, Any], *, gpus: int, root: Pat
         if cache_dir is not None and name in built and (cache_dir / "meta.json").is_file():
             cache = _folder_bytes(cache_dir)
         rows.append({"name": name, "raw_bytes": raw, "cache_bytes": cache, "basis": raw_basis})
-    ckpt = 4.0 * m["params_total"] + 8.0 * m["params_adamw"] * gpus + 4.0 * m["params_muon"]
+    ckpt = 4.0 * m["params_total"] + 8.0 * m["params_adamw"] + 4.0 * m["params_muon"]
     return {"sources": rows, "raw_bytes": sum(r["raw_bytes"] or 0 for r in rows),
             "cache_bytes": sum(r["cache_bytes"] or 0 for r in rows), "checkpoint_bytes": ckpt}
 
@@ -607,7 +607,7 @@ def make_plan(params: dict[str, Any], *, device: str = "h100", gpus: int = 1, mf
         "stages": stages,
         "rl": plan_rl(params, m, tp),
         "eval": plan_eval(params, m, tp, root=root, raw_root=raw_root),
-        "disk": plan_disk(params, m, gpus=gpus, root=root, raw_root=raw_root, cache_root=cache_root, built=built),
+        "disk": plan_disk(params, m, root=root, raw_root=raw_root, cache_root=cache_root, built=built),
         "assumptions": {
             "chars_per_token": chars_per_token(params["tokenizer"]["vocab_size"]),
             "raw_bytes_per_text_byte": RAW_BYTES_PER_TEXT_BYTE,
@@ -685,7 +685,7 @@ def render_text(plan: dict[str, Any]) -> str:
                        f"of {held} ({c['origin']})")
     d = plan["disk"]
     out += ["", f"disk    raw snapshots ~{_size(d['raw_bytes'], 'B')}, caches ~{_size(d['cache_bytes'], 'B')}, "
-                f"one checkpoint ~{_size(d['checkpoint_bytes'], 'B')} (fp32 weights + optimizer state of {tp['gpus']} ranks)"]
+                f"one checkpoint ~{_size(d['checkpoint_bytes'], 'B')} (fp32 weights + optimizer state)"]
     for r in d["sources"]:
         out.append(f"    {r['name']:14} raw {_size(r['raw_bytes'], 'B'):>7}  "
                    f"cache {_size(r['cache_bytes'], 'B'):>7}  ({r['basis']})")
