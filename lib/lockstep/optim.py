@@ -94,7 +94,7 @@ class Muon(torch.optim.Optimizer):
     Update: buf = mu * buf + g; u = g + mu * buf (Nesterov) or buf; W -= lr * sqrt(max(1, rows/cols))
     * orthogonalize(u). The aspect-ratio factor keeps the per-element update size comparable for
     tall matrices. Its state is one momentum matrix per weight matrix. Under torch.distributed
-    (`world_size` > 1) this class keeps today's replicated layout: gradients must already be
+    (`world_size` > 1) this class keeps the replicated layout: gradients must already be
     summed on every rank (all_reduce_grads), each matrix has one owner rank (round robin) that
     holds its momentum and computes its update, then broadcasts the new weights; ShardedMuon
     instead receives only its own matrices' gradients and all-gathers the weights.
@@ -190,9 +190,10 @@ def _compiled_muon_group_update():  # -> the compiled _muon_group_update
 def compiled_step(rt: Runtime) -> bool:
     """Whether a run's Muon steps through torch.compile: on CUDA only, and only when the runtime
     both compiles (runtime.compile) and takes the fast paths (runtime.kernels). CPU runs keep the
-    eager step. There the compiled one is faster per step (d4's block matrices: 732 vs 994 ms on
-    a loaded 2-core CPU, bench/bench_optim.py), but its compile took 43 s, which a CPU preset's
-    few hundred steps barely win back, and CPU presets do not compile anything else either."""
+    eager step. There the compiled one is somewhat faster per step (d4's block matrices on a
+    2-core CPU at load 6-8, bench/bench_optim.py: 0.68x and 0.93x the eager time in two runs),
+    but its compile took 43 s cold (9 s from inductor's cache), which a CPU preset's few hundred
+    steps barely win back, and CPU presets compile nothing else either."""
     return rt.device.type == "cuda" and rt.compile and rt.kernels
 
 
