@@ -1,0 +1,125 @@
+"""bench/bench_gpu.py, the GPU check's benchmark, on CPU at toy sizes: its lockstep subcommands
+drive the current Trainer and Engine (the check must not break when their APIs move), `compare`
+computes its ratios from the records alone, the nanochat subcommands refuse without a checkout,
+the stage commands come from dvc.yaml, and the decode fast path is taken only where the Engine
+offers a switch. No timing is checked here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "bench_gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _results(out: str) -> list[dict]:
+    return [json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")]
+
+
+def test_ls_train_reference_and_fast_paths_run_the_trainer(bench, capsys: pytest.CaptureFixture[str]) -> None:
+    tiny = ["--depth", "1", "--rows", "2", "--steps", "3", "--seq", "32", "--vocab", "256", "--compile", "off",
+            "--peak-tflops", "0.1", "--dtype", "fp32"]  # declared peak: no matmul measurement
+    bench.main(["ls_train", *tiny, "--kernels", "off"])
+    bench.main(["ls_train", *tiny, "--kernels", "on"])
+    ref, fast = _results(capsys.readouterr().out)
+    assert (ref["kernels"], fast["kernels"]) == ("off", "on") and ref["phase"] == fast["phase"] == "ls_train"
+    assert len(ref["losses"]) == 3 and ref["tok_per_s"] > 0 and ref["mfu"] > 0 and ref["host_peak_rss_gb"] > 0
+    # same seed, same batches, fp32: the two paths agree to rounding (tests/test_speed_paths.py bounds it)
+    assert fast["losses"] == pytest.approx(ref["losses"], rel=1e-4)
+
+
+def test_ls_decode_measures_the_reference_and_says_when_there_is_no_fast_path(bench, capsys) -> None:
+    bench.main(["ls_decode", "--depth", "1", "--vocab", "256", "--decode-seq", "64", "--new-tokens", "4", "--reps", "1",
+                "--check-tokens", "4", "--weights", "fp32"])
+    out = capsys.readouterr().out
+    (r,) = _results(out)
+    assert r["ref_b1_tok_s"] > 0 and r["ref_b8_tok_s"] > 0
+    if r["fast_path"] is None:
+        assert "only its reference path is measured" in out and "fast_b1_tok_s" not in r
+    else:
+        assert r["fast_b1_tok_s"] > 0 and 0 <= r["fast_greedy_agrees_tokens"] <= 4
+
+
+def test_fast_engine_takes_the_switch_the_engine_offers(bench) -> None:
+    class Plain:
+        def __init__(self, model, tokenizer):
+            pass
+
+    class WithKernels:
+        def __init__(self, model, tokenizer, *, kernels: bool = False):
+            self.kernels = kernels
+
+    class WithRuntime:
+        def __init__(self, model, tokenizer, rt=None):
+            self.rt = rt
+
+    assert bench.fast_engine(Plain, None, None, "rt") == (None, None)
+    engine, how = bench.fast_engine(WithKernels, None, None, "rt")
+    assert engine.kernels is True and how == "Engine(kernels=True)"
+    engine, how = bench.fast_engine(WithRuntime, None, None, "rt")
+    assert engine.rt == "rt" and how.startswith("Engine(rt=")
+
+
+def test_nanochat_subcommands_refuse_without_a_checkout(bench, monkeypatch, tmp_path: Path, capsys) -> None:
+    monkeypatch.delenv("NANOCHAT_ROOT", raising=False)
+    with pytest.raises(SystemExit) as e:
+        bench.main(["nc_train", "--depth", "1"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "NANOCHAT_ROOT is not set" in err and "92d63d4" in err and "ls_train" in err
+    monkeypatch.setenv("NANOCHAT_ROOT", str(tmp_path))
+    with pytest.raises(SystemExit):
+        bench.main(["nc_decode"])
+    assert "holds no nanochat/gpt.py" in capsys.readouterr().err
+
+
+def test_compare_reads_ratios_from_the_records(bench, tmp_path: Path) -> None:
+    common = {"depth": 12, "rows": 32, "seq": 2048, "accum": 1, "first_step_s": 30.0}
+    records = [
+        {"phase": "env", "gpu": "H100", "torch": "2.11", "cuda": "13.0", "matmul_n": 8192, "bf16_matmul_tflops": 800.0,
+         "declared_bf16_tflops": 1000.0},
+        {"phase": "ls_train", "kernels": "off", **common, "tok_per_s": 300, "mfu": 30.0, "peak_mem_gb": 40.0,
+         "losses": [11.0, 10.0]},
+        {"phase": "ls_train", "kernels": "on", **common, "tok_per_s": 450, "mfu": 45.0, "peak_mem_gb": 30.0,
+         "losses": [11.0, 10.001]},
+        {"phase": "nc_train", **common, "tok_per_s": 400, "mfu": 40.0, "peak_mem_gb": 32.0, "losses": [11.1, 10.2]},
+        {"phase": "ls_decode", "depth": 12, "new_tokens": 200, "weights": "bf16", "fast_path": "Engine(kernels=True)",
+         "ref_b1_tok_s": 100.0, "ref_b8_tok_s": 800.0, "fast_b1_tok_s": 2000.0, "fast_b8_tok_s": 8000.0,
+         "fast_greedy_agrees_tokens": 32, "check_tokens": 32},
+        {"phase": "nc_decode", "depth": 12, "new_tokens": 200, "ref_b1_tok_s": 50.0, "ref_b8_tok_s": 400.0},
+    ]
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    lines, ratios = bench.compare(bench.read_results(path))
+    train = ratios["train_d12_32x2048x1"]
+    assert train["reference/nanochat"] == {"tok_per_s": 0.75, "peak_mem": 1.25, "mfu": 0.75}
+    assert train["fast/nanochat"] == {"tok_per_s": 1.125, "peak_mem": 0.9375, "mfu": 1.125}
+    assert train["fast/reference"]["tok_per_s"] == 1.5 and train["fast/reference"]["max_loss_diff"] == pytest.approx(1e-3)
+    assert ratios["decode_d12"]["b1"] == {"reference/nanochat": 2.0, "fast/nanochat": 40.0, "fast/reference": 20.0}
+    assert ratios["matmul_of_datasheet"] == 0.8
+    assert any("fast/reference" in line and "1.500x" in line for line in lines)
+    # a log with RESULT lines reads the same as the jsonl
+    log = tmp_path / "log.txt"
+    log.write_text("step 1/2 | loss 11\n" + "".join("RESULT " + json.dumps(r) + "\n" for r in records))
+    assert bench.compare(bench.read_results(log))[1] == ratios
+
+
+def test_stage_commands_come_from_dvc_yaml(bench) -> None:
+    import yaml
+
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))
+    for name, item in bench.STAGE_ORDER:
+        cmd = bench.stage_command(dvc, name, item)
+        assert cmd[1:3] == ["-m", f"stages.{name}"] and not any("${" in w for w in cmd)
+    assert "data/ckpt/rl" in bench.stage_command(dvc, "eval", "rl")
