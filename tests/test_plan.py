@@ -19,10 +19,14 @@ from lockstep.loaders import PretrainTokenStreamDataset
 from lockstep.model import GPTConfig
 from lockstep.optim import OptimConfig
 from lockstep.plan import (
+    DECODE_RATES,
     DEVICES,
     FLAG,
+    HEAD_BASIS,
     calibrate_tok_per_s,
     chars_per_token,
+    decode_step_s,
+    head_path,
     make_plan,
     memory_per_device,
     model_figures,
@@ -63,9 +67,85 @@ def test_memory_by_hand() -> None:
     mem = memory_per_device(m, rows=2, gpus=2, bf16=True)
     P, muon, adamw = 81920, 49152, 32768
     assert mem == {"weights": 4.0 * P, "grads": 4.0 * P, "adamw": 8.0 * adamw / 2, "muon": 4.0 * muon / 2,
-                   "activations": 1 * 34 * 2 * 64 * 64, "logits": 8.0 * 2 * 64 * 256,
-                   "total": 8.0 * P + 4.0 * adamw + 2.0 * muon + 34 * 2 * 64 * 64 + 8.0 * 2 * 64 * 256}
-    assert memory_per_device(m, rows=2, gpus=2, bf16=False)["activations"] == 2 * 34 * 2 * 64 * 64
+                   "activations": 1 * 42 * 2 * 64 * 64, "logits": 4.0 * 2 * 64 * 256,
+                   "total": 8.0 * P + 4.0 * adamw + 2.0 * muon + 42 * 2 * 64 * 64 + 4.0 * 2 * 64 * 256}
+    assert memory_per_device(m, rows=2, gpus=2, bf16=False)["activations"] == 2 * 42 * 2 * 64 * 64
+    # the loss head by path: bytes per logit, or one chunk plus the hidden states' gradient
+    logits = {h: memory_per_device(m, rows=2, gpus=2, bf16=True, head=h)["logits"] for h in HEAD_BASIS}
+    assert logits == {"compiled": 4.0 * 128 * 256, "eager": 16.0 * 128 * 256, "cpu_kernels": 2.0 * 128 * 256,
+                      "chunked": 10.0 * 128 * 256 + 4.0 * 128 * 64}  # the whole batch is smaller than one chunk
+    assert memory_per_device(m, rows=2, gpus=2, bf16=False, head="cpu_kernels")["logits"] == 4.0 * 128 * 256
+    with pytest.raises(ValueError, match="head='fused'"):
+        memory_per_device(m, rows=2, gpus=2, bf16=True, head="fused")
+
+
+@pytest.mark.parametrize("depth,rows,measured_gb", [(12, 32, 45.2), (20, 16, 50.5)])
+def test_memory_of_the_reference_path_matches_the_h100_peaks(depth: int, rows: int, measured_gb: float) -> None:
+    """torch.cuda.max_memory_allocated of lockstep's compiled reference step on one H100
+    (docs/performance.md) against the plan's estimate for the same shape; the chunked head
+    drops the (B, T, V) logits, which the chunk estimate keeps under two gigabytes."""
+    m = model_figures(GPTConfig.from_depth(depth, 65536, 2048))
+    ref = memory_per_device(m, rows=rows, gpus=1, bf16=True, head="compiled")
+    assert ref["total"] == pytest.approx(measured_gb * 1e9, rel=0.15)
+    assert ref["total"] == pytest.approx(measured_gb * 1e9, rel=0.02)  # what the fitted figures give today
+    fast = memory_per_device(m, rows=rows, gpus=1, bf16=True, head="chunked")
+    assert fast["logits"] < 2e9 < ref["logits"] and fast["total"] == pytest.approx(ref["total"] - ref["logits"] + fast["logits"])
+
+
+def test_head_path_follows_device_compile_and_kernels() -> None:
+    assert head_path("h100", RuntimeConfig()) == "compiled"  # compile: auto is on for a GPU
+    assert head_path("h100", RuntimeConfig(compile="off")) == "eager"
+    assert head_path("h100", RuntimeConfig(kernels=True)) == "chunked"
+    assert head_path("cpu", RuntimeConfig()) == "eager"
+    assert head_path("cpu", RuntimeConfig(compile="on")) == "compiled"
+    assert head_path("cpu", RuntimeConfig(kernels=True)) == "cpu_kernels"
+
+
+def test_decode_step_from_the_measured_rates_by_hand() -> None:
+    ref, fast = DECODE_RATES["h100", "reference"], DECODE_RATES["h100", "fast"]
+    d12 = model_figures(GPTConfig.from_depth(12, 65536, 2048))
+    assert d12["params_non_embedding"] == ref.params_non_embedding and d12["n_layer"] == ref.n_layer
+    assert (ref.b1_tok_s, ref.b8_tok_s) == (151.0, 1018.0)  # measured, docs/performance.md
+    assert decode_step_s(ref, d12, 1) == pytest.approx(1 / 151) and decode_step_s(ref, d12, 8) == pytest.approx(8 / 1018)
+    # linear in the batch between the two measurements, and past them
+    assert decode_step_s(ref, d12, 4) == pytest.approx(1 / 151 + (8 / 1018 - 1 / 151) * 3 / 7)
+    assert decode_step_s(ref, d12, 15) == pytest.approx(1 / 151 + (8 / 1018 - 1 / 151) * 2)
+    # the reference step grows with the layers (launch-bound), the fast one with the weights read
+    d24 = model_figures(GPTConfig.from_depth(24, 65536, 2048))
+    assert decode_step_s(ref, d24, 1) == pytest.approx(2 / 151)
+    ratio = d24["params_non_embedding"] / d12["params_non_embedding"]
+    assert decode_step_s(fast, d24, 8) == pytest.approx(ratio * 8 / 10000)
+    with pytest.raises(ValueError, match="batch=0"):
+        decode_step_s(ref, d12, 0)
+
+
+def _rl_params() -> dict:
+    params = _params()
+    params["rl"] = {"num_steps": 10, "problems_per_step": 2, "group_size": 4, "max_new_tokens": 16,
+                    "eval_every_steps": 4, "eval_problems": 3, "pass_k": 2}
+    return params
+
+
+def test_rl_time_from_the_decode_rate_by_hand() -> None:
+    plan = make_plan(_rl_params(), device="h100", tok_per_s=1000.0)
+    rl, m = plan["rl"], plan["model"]
+    rate = DECODE_RATES["h100", "reference"]
+    assert rl["evaluations"] == 4  # before, after steps 4 and 8, after the last
+    assert rl["eval_generated_tokens"] == 4 * 3 * (1 + 2) * 16
+    assert rl["rollout_s"] == pytest.approx(10 * 2 * 16 * decode_step_s(rate, m, 4))
+    assert rl["eval_s"] == pytest.approx(4 * 3 * 16 * (decode_step_s(rate, m, 1) + decode_step_s(rate, m, 2)))
+    trained = 10 * 2 * 4 * min(64, 128 + 16)
+    assert rl["train_s"] == pytest.approx(trained / 1000.0)
+    assert rl["time_s"] == pytest.approx(rl["rollout_s"] + rl["eval_s"] + rl["train_s"])
+    assert rl["decode"] == {"path": "reference", "b1_tok_s": 151.0, "b8_tok_s": 1018.0, "basis": rate.basis}
+    # the fast path plans with its target rates; a CPU has no decode rate, only the FLOP bound
+    fast = make_plan(_rl_params(), device="h100", tok_per_s=1000.0, kernels=True)["rl"]
+    assert fast["decode"]["path"] == "fast" and "unmeasured" in fast["decode"]["basis"]
+    assert fast["rollout_s"] < rl["rollout_s"]
+    cpu = make_plan(_rl_params(), device="cpu", tok_per_s=1000.0)["rl"]
+    assert cpu["time_s"] is None and cpu["time_s_lower_bound"] > 0 and cpu["decode"]["b1_tok_s"] is None
+    text = render_text(plan)
+    assert "rollouts" in text and "decode  reference engine: 151 tok/s at batch 1" in text
 
 
 def test_time_from_datasheet_peak_and_from_measured_throughput() -> None:
@@ -134,6 +214,14 @@ def test_json_schema_through_the_command_line(tmp_path: Path, monkeypatch: pytes
     assert {"generated_tokens", "trained_tokens", "time_s_lower_bound"} <= set(plan["rl"])
     assert {"raw_bytes", "cache_bytes", "checkpoint_bytes", "sources"} <= set(plan["disk"])
     assert plan["throughput"]["gpus"] == 8 and plan["throughput"]["peak_flops_per_device"] == DEVICES["h100"].peak_flops
+    assert plan["assumptions"]["kernels"] is False and plan["assumptions"]["memory_head"].startswith("compiled")
+    assert {"time_s", "rollout_s", "eval_s", "train_s", "decode"} <= set(plan["rl"])
+    r = CliRunner().invoke(app, ["plan", "--preset", "d20", "--device", "h100", "--kernels", "--json",
+                                 "--cache", str(tmp_path / "none"), "--raw", str(tmp_path / "none")])
+    fast = json.loads(r.output)
+    assert fast["assumptions"]["kernels"] is True and fast["assumptions"]["memory_head"].startswith("chunked")
+    assert fast["stages"][0]["memory_bytes"]["total"] < plan["stages"][0]["memory_bytes"]["total"]
+    assert fast["rl"]["decode"]["path"] == "fast"
     text = CliRunner().invoke(app, ["plan", "--preset", "d20", "--device", "h100", "--cache", str(tmp_path)]).output
     assert "pretrain" in text and "fineweb_edu" in text and FLAG not in text
 
@@ -190,6 +278,14 @@ def test_eval_forward_passes_by_hand(tmp_path: Path) -> None:
     assert by_stage["sft"]["core"] is None and by_stage["sft"]["replies"] == 5
     assert by_stage["sft"]["forward_passes"] == 20 and by_stage["sft"]["forward_tokens"] == 50
     assert by_stage["pretrain"]["time_s_lower_bound"] == pytest.approx(100 / 3000)  # forward = 1/3 of a step
+    # the replies at the decode rate: 2 batches of up to 4 rows x 10 steps, the prompts at the FLOP bound
+    step = decode_step_s(DECODE_RATES["h100", "reference"], plan["model"], 4)
+    assert by_stage["sft"]["generate_s"] == pytest.approx(2 * 10 * step)
+    assert by_stage["sft"]["time_s"] == pytest.approx(2 * 10 * step) and by_stage["pretrain"]["generate_s"] == 0
+    assert by_stage["pretrain"]["time_s"] == pytest.approx(100 / 3000)
+    two = {e["stage"]: e for e in make_plan(params, device="h100", gpus=2, tok_per_s=1000.0, root=tmp_path)["eval"]}
+    assert two["sft"]["generate_s"] == pytest.approx(10 * decode_step_s(DECODE_RATES["h100", "reference"],
+                                                                        plan["model"], 3))  # 3 of 5 on rank 0
     capped = make_plan(_eval_params(tmp_path / "b", core_max_items=1), device="h100", root=tmp_path / "b")
     assert capped["eval"][0]["core"]["items"] == 2  # one per task
     text = render_text(plan)

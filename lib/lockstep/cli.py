@@ -47,6 +47,8 @@ def plan(
     device: str = typer.Option(None, "--device", help="h100, h200, a100 or cpu (default: cpu without CUDA, else h100)"),
     mfu: float = typer.Option(None, "--mfu", min=0.001, max=1.0, help="assumed model FLOPs utilisation"),
     peak_tflops: float = typer.Option(None, "--peak-tflops", min=0.0, help="per-device peak, overriding the table"),
+    kernels: bool = typer.Option(None, "--kernels/--no-kernels", help="plan the fast paths (runtime.kernels): the "
+                                 "chunked loss head's memory, the fast engine's decode rate; default: the params' value"),
     calibrate: bool = typer.Option(False, "--calibrate", help="time a few real training steps of the pretrain "
                                    "shape on this machine for the throughput (a few seconds on CPU for tiny)"),
     calibrate_steps: int = typer.Option(3, "--calibrate-steps", min=1, help="timed steps (after one untimed warm-up step)"),
@@ -86,7 +88,7 @@ def plan(
                                             optim=pre.optim, runtime=rt_cfg, steps=calibrate_steps,
                                             configure_process=True)
         result = make_plan(params, device=device, gpus=gpus, mfu=mfu, peak_tflops=peak_tflops, tok_per_s=tok_per_s,
-                           cache_root=cache, raw_root=raw, root=Path.cwd())
+                           cache_root=cache, raw_root=raw, root=Path.cwd(), kernels=kernels)
     except (OSError, ValueError, KeyError, yaml.YAMLError) as e:
         typer.echo(f"error: {source}: {e}", err=True)
         raise typer.Exit(2) from None

@@ -1,9 +1,11 @@
 """`lockstep plan`: what a params file will cost, before anything runs and without its data:
-parameters and FLOPs per token from the model itself, tokens and wall time per training stage
-and the forward passes of each eval stage,
+parameters and FLOPs per token from the model itself, tokens and wall time per training stage,
+the forward passes of each eval stage, RL's rollouts and chat-eval replies at a per-device
+decode rate (measured for the reference engine, a target for the fast one),
 epochs per mixture component (lockstep.budget; from cache meta.json where caches exist, else
 estimated from the fetch budgets), disk for raw snapshots, caches and checkpoints, and peak memory
-per device. Estimates only: it trains nothing and refuses nothing, but flags what will not fit.
+per device (fitted to measured GPU peaks for the reference path, estimated for the fast paths).
+Estimates only: it trains nothing and refuses nothing, but flags what will not fit.
 `calibrate_tok_per_s` times a few real training steps of the planned shape on this machine.
 Takes the params as a mapping; reading params.yaml or a preset is the CLI's job. Over 400
 lines because the per-source size facts, the cost formulas and the rendering of the one report
@@ -32,6 +34,7 @@ from lockstep.evaluate.run import EvalConfig
 from lockstep.io import read_json
 from lockstep.loaders import PretrainTokenStreamDataset, open_sft_dataset
 from lockstep.model import GPT, GPTConfig
+from lockstep.ops import CHUNK_ROWS
 from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, split_params
 from lockstep.rl import RLConfig
 from lockstep.runtime import (
@@ -75,6 +78,44 @@ DEVICES: dict[str, DeviceSpec] = {
     "cpu": DeviceSpec("this CPU", None, 0.5, None, "measured square-matmul rate on this machine"),
 }
 
+
+@dataclass(frozen=True)
+class DecodeRate:
+    """KV-cache decoding speed on one device kind, measured (or assumed) at one model at batch 1
+    and batch 8: what RL rollouts and chat-eval replies take (decode_step_s scales it to the
+    planned model and batch)."""
+
+    n_layer: int  # the model it was taken at: its layers ...
+    params_non_embedding: int  # ... and the weights a decoding step reads
+    b1_tok_s: float
+    b8_tok_s: float
+    scale: str  # "layers": step time grows with n_layer (launch-bound); "params": with the weights read
+    basis: str
+
+
+# d12 at a 65,536-id vocabulary: 12 layers, 135,266,304 non-embedding parameters.
+_D12 = dict(n_layer=12, params_non_embedding=135_266_304)
+# Measured (the GPU check's decode phase, docs/performance.md: random weights, sampling at T=1,
+# top-k 50, 16-token prompt): the reference engine at d12 read 151 tok/s at batch 1, ~2% of what an H100's memory
+# bandwidth allows (0.37 GB of bf16 weights per token at ~3.35 TB/s is ~9,000 tok/s), and 1,018
+# at batch 8 for 19% more time per step: the step is bound by kernel launches and the host, so it
+# is scaled by layers. The fast path's rates are the project's targets, unmeasured; a CUDA-graph
+# step is bound by reading the weights, so it is scaled by them.
+_H100_REFERENCE = DecodeRate(**_D12, b1_tok_s=151.0, b8_tok_s=1018.0, scale="layers",
+                             basis="measured at d12 on an H100, reference engine, fp32 weights (docs/performance.md)")
+_FAST_TARGET = DecodeRate(**_D12, b1_tok_s=2000.0, b8_tok_s=10000.0, scale="params",
+                          basis="target at d12 for the static-cache/CUDA-graph engine, bf16 weights: unmeasured")
+DECODE_RATES: dict[tuple[str, str], DecodeRate] = {
+    ("h100", "reference"): _H100_REFERENCE,
+    ("h100", "fast"): _FAST_TARGET,
+    ("h200", "reference"): dataclasses.replace(_H100_REFERENCE, basis="assumed equal to the H100's measured d12 rate "
+                                               "(launch-bound: the same per-step work), unmeasured on an H200"),
+    ("h200", "fast"): _FAST_TARGET,
+    ("a100", "reference"): dataclasses.replace(_H100_REFERENCE, basis="assumed equal to the H100's measured d12 rate "
+                                               "(launch-bound), unmeasured on an A100"),
+}
+
+
 # Bytes of a raw parquet snapshot per byte of text: 0.38 measured on the tiny preset's
 # Shakespeare snapshot (1,856,254 parquet bytes for 4,863,432 text bytes).
 RAW_BYTES_PER_TEXT_BYTE = 0.38
@@ -82,10 +123,28 @@ RAW_BYTES_PER_TEXT_BYTE = 0.38
 # Shakespeare train split: 4,863,432 bytes in 1,436,242 tokens); the small-vocabulary figure
 # is an assumption; large vocabularies take ASSUMED_CHARS_PER_TOKEN (FineWeb-Edu, 65,536 ids).
 CHARS_PER_TOKEN_BY_VOCAB = ((1024, 2.4), (8192, 3.39), (math.inf, ASSUMED_CHARS_PER_TOKEN))
-# Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"):
-# a transformer layer keeps ~34 bytes per token per channel for backward at 16-bit, plus
-# 5*heads*T/C bytes for the attention matrix, which flash attention does not store.
-ACTIVATION_BYTES_PER_TOKEN_CHANNEL_16BIT = 34
+# Activations a block keeps for backward, per token per channel, under bf16 autocast. Measured:
+# the peak CUDA memory of lockstep's reference training step (torch.compile, bf16 autocast, one
+# H100, torch 2.11, 2026-11-26, lockstep 37d4ad1) was 45.2 GB at d12 x 32 rows x 2048 and 50.5 GB
+# at d20 x 16 rows; less the optimizer state and HEAD_BYTES_PER_LOGIT["compiled"], that is 42.0
+# and 41.1 B per token, channel and layer. A tally of the bf16 tensors backward needs (the fp32
+# residual twice, the normed block inputs, q, k, v, the attention output, the MLP's two 4C-wide
+# tensors) comes to ~40. Korthikanti et al. 2022's 34 (a GPT with dropout, no QK-norm) is below
+# both measurements.
+ACTIVATION_BYTES_PER_TOKEN_CHANNEL_16BIT = 42
+# Bytes per logit (rows x T x V_padded) the loss head holds at the step's peak, by path
+# (head_path). compiled: the bf16 logits kept for backward and their bf16 gradient, torch.compile
+# fusing the fp32 soft cap and log-softmax away; with it the activation figure above puts both
+# measured peaks within 1.5%. eager: an estimate, unmeasured:
+# the fp32 tanh and log-softmax outputs kept, their fp32 gradients in backward. cpu_kernels:
+# lockstep.kernels' fused head keeps only the dense part of the gradient, in the matmul dtype
+# (2 B at bf16, x2 at fp32).
+HEAD_BYTES_PER_LOGIT = {"compiled": 4.0, "eager": 16.0, "cpu_kernels": 2.0}
+# The chunked head loss (GPU fast path, lockstep.ops.chunked_head_loss) holds no (B, T, V)
+# tensor: at most ~2.5 fp32 copies of one chunk's logits (lockstep.ops.CHUNK_ROWS rows x V), 10 B
+# per logit, plus the fp32 gradient of the hidden states (4 B per token and channel). An
+# estimate, unmeasured.
+CHUNKED_HEAD_BYTES_PER_LOGIT = 10.0
 # Untimed calibration steps: the first carries allocator and kernel warm-up, which the training
 # loop leaves out of its throughput too.
 WARMUP_STEPS = 1
@@ -237,18 +296,49 @@ def model_figures(gcfg: GPTConfig) -> dict[str, Any]:
             "flops_per_token": model.flops_per_token()}
 
 
-def memory_per_device(m: dict[str, Any], *, rows: int, gpus: int, bf16: bool) -> dict[str, float]:
+def head_path(device: str, runtime: RuntimeConfig) -> str:
+    """Which loss head a training step on `device` (a DEVICES key) runs with `runtime`: chunked
+    (runtime.kernels on a GPU: the chunked head + cross-entropy), cpu_kernels (runtime.kernels on
+    CPU: lockstep.kernels' fused head), compiled (the reference under torch.compile, which
+    `compile: auto` turns on for GPUs) or eager (the reference uncompiled)."""
+    gpu = device != "cpu"
+    if runtime.kernels:
+        return "chunked" if gpu else "cpu_kernels"
+    compiled = runtime.compile == "on" or (runtime.compile == "auto" and gpu)
+    return "compiled" if compiled else "eager"
+
+
+HEAD_BASIS = {
+    "compiled": "reference head, compiled: measured on an H100 (docs/performance.md)",
+    "eager": "reference head, uncompiled: an estimate, unmeasured",
+    "cpu_kernels": "lockstep.kernels' fused head: an estimate, unmeasured",
+    "chunked": "chunked head loss (runtime.kernels on a GPU): an estimate, unmeasured",
+}
+
+
+def memory_per_device(m: dict[str, Any], *, rows: int, gpus: int, bf16: bool, head: str = "compiled") -> dict[str, float]:
     """Peak bytes per device while training, by part. fp32 master weights and gradients (4 + 4
     bytes per parameter); AdamW's two fp32 moments for the embedding and head (8 bytes / gpus)
     and Muon's fp32 momentum for the block matrices (4 bytes / gpus), sharded over the ranks
-    (lockstep.optim.ShardedAdamW, ShardedMuon); activations of one micro-batch, n_layer x 34 x
-    rows x T x C bytes at 16-bit (x2 at fp32); the logits of one micro-batch and their gradient
-    in fp32, rows x T x V_padded x 8 bytes. Allocator slack, CUDA context and compile workspaces are not counted."""
+    (lockstep.optim.ShardedAdamW, ShardedMuon); activations of one micro-batch, n_layer x
+    ACTIVATION_BYTES x rows x T x C bytes at 16-bit (x2 at fp32); and the loss head's logits as
+    `head` (head_path) holds them: HEAD_BYTES_PER_LOGIT x rows x T x V_padded, or for the chunked
+    head one chunk of lockstep.ops.CHUNK_ROWS rows plus the hidden states' gradient. Allocator
+    slack, the CUDA context and compile workspaces are not counted."""
     P = m["params_total"]
     tokens = rows * m["sequence_len"]
+    V = m["padded_vocab_size"]
     act = m["n_layer"] * ACTIVATION_BYTES_PER_TOKEN_CHANNEL_16BIT * tokens * m["n_embd"] * (1 if bf16 else 2)
+    if head == "chunked":
+        chunk = min(tokens, CHUNK_ROWS) * V
+        logits = CHUNKED_HEAD_BYTES_PER_LOGIT * chunk + 4.0 * tokens * m["n_embd"]
+    elif head in HEAD_BYTES_PER_LOGIT:
+        per = HEAD_BYTES_PER_LOGIT[head] * (2 if head == "cpu_kernels" and not bf16 else 1)
+        logits = per * tokens * V
+    else:
+        raise ValueError(f"head={head!r} must be one of chunked, {', '.join(HEAD_BYTES_PER_LOGIT)}")
     parts = {"weights": 4.0 * P, "grads": 4.0 * P, "adamw": 8.0 * m["params_adamw"] / gpus,
-             "muon": 4.0 * m["params_muon"] / gpus, "activations": float(act), "logits": 8.0 * tokens * m["padded_vocab_size"]}
+             "muon": 4.0 * m["params_muon"] / gpus, "activations": float(act), "logits": float(logits)}
     return {**parts, "total": sum(parts.values())}
 
 
@@ -339,7 +429,7 @@ def calibrate_tok_per_s(gcfg: GPTConfig, *, rows: int, batch_tokens: int, optim:
 
 
 def plan_stage(stage: str, params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, cache_root: Path | None,
-               built: set[str], root: Path) -> dict[str, Any]:
+               built: set[str], root: Path, head: str = "compiled") -> dict[str, Any]:
     """One training stage: horizon, tokens, FLOPs, wall time, epochs per component, memory."""
     cfg = build_config(STAGE_CONFIGS[stage], params.get(stage) or {}, where=stage)
     T = m["sequence_len"]
@@ -360,7 +450,7 @@ def plan_stage(stage: str, params: dict[str, Any], m: dict[str, Any], tp: Throug
     scale = sum(known.values()) / sum(cfg.mixture.values()) if known else 0.0
     comps = mixture_epochs(known, holdings, total_tokens=round(tokens * scale), seq_len=T) if known else []
     bad = {c.name for c in over_limit(comps, cfg.max_epochs)}
-    mem = memory_per_device(m, rows=cfg.device_batch_rows, gpus=tp.gpus, bf16=tp.bf16)
+    mem = memory_per_device(m, rows=cfg.device_batch_rows, gpus=tp.gpus, bf16=tp.bf16, head=head)
     return {
         "stage": stage, "steps": steps, "horizon": why, "batch_tokens": cfg.batch_tokens, "tokens": tokens,
         "flops": float(tokens) * m["flops_per_token"], "time_s": tokens / (tp.tok_per_s * tp.gpus),
@@ -374,23 +464,66 @@ def plan_stage(stage: str, params: dict[str, Any], m: dict[str, Any], tp: Throug
                       "origin": "unknown: no estimate for this source; build its cache", "over_limit": False}
                      for n in sorted(unknown)],
         "device_batch_rows": cfg.device_batch_rows,
-        "memory_bytes": mem, "memory_over": mem["total"] > tp.memory_bytes,
+        "memory_bytes": mem, "memory_over": mem["total"] > tp.memory_bytes, "memory_head": head,
     }
 
 
-def plan_rl(params: dict[str, Any], m: dict[str, Any], tp: Throughput) -> dict[str, Any] | None:
-    """RL: tokens generated (an upper bound: every completion runs to max_new_tokens) and trained
-    (prompt + completion), and a FLOP-bound time: decoding is memory-bound, so a lower bound."""
+def decode_path(runtime: RuntimeConfig) -> str:
+    """The engine path RL and chat eval decode on: fast with runtime.kernels, else reference."""
+    return "fast" if runtime.kernels else "reference"
+
+
+def decode_step_s(rate: DecodeRate, m: dict[str, Any], batch: int) -> float:
+    """Seconds of one decoding step of `batch` rows of the model `m` (model_figures) at `rate`:
+    the step times at batch 1 and 8 joined linearly in the batch (extended past 8: an
+    assumption), scaled from the rate's model by layers or by the weights read (rate.scale)."""
+    if batch < 1:
+        raise ValueError(f"batch={batch} must be >= 1")
+    t1, t8 = 1.0 / rate.b1_tok_s, 8.0 / rate.b8_tok_s
+    t = t1 + (t8 - t1) * (batch - 1) / 7
+    if rate.scale == "layers":
+        return t * m["n_layer"] / rate.n_layer
+    return t * m["params_non_embedding"] / rate.params_non_embedding
+
+
+def _decode(tp: Throughput, path: str) -> dict[str, Any]:
+    rate = DECODE_RATES.get((tp.device, path))
+    return {"path": path, "b1_tok_s": rate.b1_tok_s if rate else None, "b8_tok_s": rate.b8_tok_s if rate else None,
+            "basis": rate.basis if rate else f"no decode rate for {tp.device} ({path} path): FLOP bound only"}
+
+
+def plan_rl(params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, decode: str = "reference") -> dict[str, Any] | None:
+    """RL, which runs in one process on one device: tokens generated by the rollouts (an upper
+    bound: every completion runs to max_new_tokens) and by the held-out evaluations (before the
+    first update, every eval_every_steps and after the last: eval_problems x (one greedy reply +
+    pass_k sampled)), tokens trained (prompt + completion), and times: a FLOP bound (a lower
+    bound, since decoding is bound by memory and launches, not FLOPs) and, where the device has a
+    decode rate (DECODE_RATES for the `decode` path), the estimate: rollout steps at batch
+    group_size, evaluation steps at batch 1 and pass_k, plus the trained tokens at the training
+    throughput."""
     if "rl" not in params:
         return None
     cfg = build_config(RLConfig, params["rl"] or {}, where="rl")
     completions = cfg.num_steps * cfg.problems_per_step * cfg.group_size
     generated = completions * cfg.max_new_tokens
     trained = completions * min(m["sequence_len"], ASSUMED_RL_PROMPT_TOKENS + cfg.max_new_tokens)
-    flops = generated * m["flops_per_token"] / 3 + trained * m["flops_per_token"]  # forward = 1/3 of fwd+bwd
+    evals = 2 + ((cfg.num_steps - 1) // cfg.eval_every_steps if cfg.eval_every_steps else 0)
+    eval_generated = evals * cfg.eval_problems * (1 + cfg.pass_k) * cfg.max_new_tokens
+    flops = (generated + eval_generated) * m["flops_per_token"] / 3 + trained * m["flops_per_token"]  # forward = 1/3 of fwd+bwd
     tok_equiv = flops / m["flops_per_token"]
+    d = _decode(tp, decode)
+    rate = DECODE_RATES.get((tp.device, decode))
+    rollout_s = eval_s = time_s = None
+    train_s = trained / tp.tok_per_s
+    if rate is not None:
+        rollout_s = cfg.num_steps * cfg.problems_per_step * cfg.max_new_tokens * decode_step_s(rate, m, cfg.group_size)
+        eval_s = evals * cfg.eval_problems * cfg.max_new_tokens * (decode_step_s(rate, m, 1)
+                                                                   + decode_step_s(rate, m, cfg.pass_k))
+        time_s = rollout_s + eval_s + train_s
     return {"steps": cfg.num_steps, "completions": completions, "generated_tokens": generated, "trained_tokens": trained,
-            "flops": flops, "time_s_lower_bound": tok_equiv / (tp.tok_per_s * tp.gpus)}
+            "evaluations": evals, "eval_generated_tokens": eval_generated, "flops": flops,
+            "time_s_lower_bound": tok_equiv / tp.tok_per_s, "decode": d, "rollout_s": rollout_s, "eval_s": eval_s,
+            "train_s": train_s, "time_s": time_s}
 
 
 def _core_folder(cfg: EvalConfig, params: dict[str, Any], *, root: Path, raw_root: Path | None,
@@ -448,13 +581,15 @@ def plan_core(cfg: EvalConfig, params: dict[str, Any], *, seq_len: int, cpt: flo
 
 
 def plan_eval(params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, root: Path,
-              raw_root: Path | None) -> list[dict[str, Any]]:
+              raw_root: Path | None, decode: str = "reference") -> list[dict[str, Any]]:
     """Each eval@<stage>: CORE forward passes (items, and rows = items x choices), chat
     generations (replies x max_new_tokens decoding steps, eval.generate_batch replies per step)
     and choice prompts (ARC, MMLU and the own categorical sets: one forward each, scored by the
     letter preferred), with a FLOP-bound time at the planned throughput (a forward is 1/3 of a
-    training step's FLOPs): a lower bound, since decoding one token at a time is bound by memory,
-    not FLOPs."""
+    training step's FLOPs): a lower bound, since decoding one token at a time is bound by memory
+    and launches, not FLOPs. Where the device has a decode rate (DECODE_RATES, `decode` path),
+    `generate_s` times the replies, each rank decoding its share generate_batch rows at a time,
+    and `time_s` adds the rest at the FLOP bound; None without a rate."""
     if "eval" not in params:
         return []
     cfg = build_config(EvalConfig, params["eval"] or {}, where="eval")
@@ -489,16 +624,28 @@ def plan_eval(params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, root
         else:
             replies += n
     decode_steps = math.ceil(replies / cfg.generate_batch) * cfg.max_new_tokens
+    # Each rank decodes its share of the replies, generate_batch rows at a time (lockstep.evaluate.chat).
+    per_rank = math.ceil(replies / tp.gpus)
+    rate = DECODE_RATES.get((tp.device, decode))
+    generate_s = None
+    if rate is not None and per_rank:
+        batch = min(cfg.generate_batch, per_rank)
+        generate_s = math.ceil(per_rank / batch) * cfg.max_new_tokens * decode_step_s(rate, m, batch)
     out = []
     for stage in EVAL_STAGES:  # dvc.yaml runs eval@ for each
         c = core if stage in cfg.core_stages else None
         chat_stage = stage in cfg.chat_stages
         gen_tokens = replies * cfg.max_new_tokens + choice_tokens if chat_stage else 0
         tokens = (c["tokens"] if c else 0) + gen_tokens
+        flop_s = tokens / (3 * tp.tok_per_s * tp.gpus)
+        gen_s = generate_s if chat_stage and replies else 0.0
+        # the replies at the decode rate, the rest (CORE rows, choice prompts) at the FLOP bound
+        prompt_s = (tokens - (replies * cfg.max_new_tokens if chat_stage else 0)) / (3 * tp.tok_per_s * tp.gpus)
         out.append({"stage": stage, "core": c, "replies": replies if chat_stage else 0,
                     "choice_prompts": choices if chat_stage else 0,
                     "forward_passes": (c["items"] if c else 0) + (decode_steps + choices if chat_stage else 0),
-                    "forward_tokens": tokens, "time_s_lower_bound": tokens / (3 * tp.tok_per_s * tp.gpus)})
+                    "forward_tokens": tokens, "time_s_lower_bound": flop_s, "generate_s": gen_s,
+                    "time_s": None if gen_s is None else gen_s + prompt_s})
     return out
 
 
@@ -579,20 +726,24 @@ def built_from(params: dict[str, Any], raw_root: Path | None, cache_root: Path |
 
 def make_plan(params: dict[str, Any], *, device: str = "h100", gpus: int = 1, mfu: float | None = None,
               peak_tflops: float | None = None, tok_per_s: float | None = None, cache_root: Path | None = None,
-              raw_root: Path | None = None, root: Path = Path(".")) -> dict[str, Any]:
+              raw_root: Path | None = None, root: Path = Path("."), kernels: bool | None = None) -> dict[str, Any]:
     """The plan of `params` (a params.yaml mapping) as a JSON-ready dict. `cache_root`/`raw_root`:
     where built caches and snapshots are looked up (None: estimate everything from the fetch
-    params); `root`: what relative source paths (roam's notes folder) are relative to."""
+    params); `root`: what relative source paths (roam's notes folder) are relative to; `kernels`
+    overrides runtime.kernels (the fast paths: the loss head's memory, the decode rate)."""
     if gpus < 1:
         raise ValueError(f"--gpus {gpus} must be >= 1")
     model_params = build_config(ModelParams, params.get("model") or {}, where="model")
     gcfg = model_params.gpt_config(params["tokenizer"]["vocab_size"])
     m = model_figures(gcfg)
     runtime = build_config(RuntimeConfig, params.get("runtime") or {}, where="runtime")
+    if kernels is not None:
+        runtime = dataclasses.replace(runtime, kernels=kernels)
+    head, decode = head_path(device, runtime), decode_path(runtime)
     tp = throughput(device, gpus=gpus, flops_per_token=m["flops_per_token"], runtime=runtime, mfu=mfu,
                     peak_tflops=peak_tflops, tok_per_s=tok_per_s)
     built = built_from(params, raw_root, cache_root)
-    stages = [plan_stage(s, params, m, tp, cache_root=cache_root, built=built, root=root)
+    stages = [plan_stage(s, params, m, tp, cache_root=cache_root, built=built, root=root, head=head)
               for s in STAGE_CONFIGS if s in params]
     flags = [f"{s['stage']}: {c['name']} read {c['epochs']:.3g} times, above {s['stage']}.max_epochs={s['max_epochs']:g}"
              for s in stages for c in s["epochs"] if c["over_limit"]]
@@ -605,15 +756,19 @@ def make_plan(params: dict[str, Any], *, device: str = "h100", gpus: int = 1, mf
                        "peak_flops_per_device": tp.peak_flops, "mfu": tp.mfu, "tok_per_s_per_device": tp.tok_per_s,
                        "basis": tp.basis, "memory_bytes_per_device": tp.memory_bytes, "bf16": tp.bf16},
         "stages": stages,
-        "rl": plan_rl(params, m, tp),
-        "eval": plan_eval(params, m, tp, root=root, raw_root=raw_root),
+        "rl": plan_rl(params, m, tp, decode=decode),
+        "eval": plan_eval(params, m, tp, root=root, raw_root=raw_root, decode=decode),
         "disk": plan_disk(params, m, root=root, raw_root=raw_root, cache_root=cache_root, built=built),
         "assumptions": {
             "chars_per_token": chars_per_token(params["tokenizer"]["vocab_size"]),
             "raw_bytes_per_text_byte": RAW_BYTES_PER_TEXT_BYTE,
             "activation_bytes_per_token_channel_16bit": ACTIVATION_BYTES_PER_TOKEN_CHANNEL_16BIT,
             "rl_prompt_tokens": ASSUMED_RL_PROMPT_TOKENS,
-            "time": "training steps only: evaluations, checkpoints and start-up not included; ranks scale linearly",
+            "kernels": runtime.kernels,
+            "memory_head": f"{head}: {HEAD_BASIS[head]}",
+            "decode": _decode(tp, decode),
+            "time": "training stages: steps only (evaluations, checkpoints and start-up not included; ranks scale "
+                    "linearly); rl and eval: decoding at the decode rate where the device has one, else a FLOP bound",
         },
         "flags": flags,
     }
@@ -658,9 +813,13 @@ def render_text(plan: dict[str, Any]) -> str:
                    f"{_duration(s['time_s']):>10} {mem:>11}  {s['horizon']}")
     rl = plan["rl"]
     if rl:
+        when = _duration(rl["time_s"]) if rl["time_s"] is not None else ">" + _duration(rl["time_s_lower_bound"])
+        split = (f": rollouts {_duration(rl['rollout_s'])}, evaluations {_duration(rl['eval_s'])}, "
+                 f"updates {_duration(rl['train_s'])}") if rl["time_s"] is not None else ""
         out.append(f"{'rl':9} {rl['steps']:>7} {_size(rl['generated_tokens'] + rl['trained_tokens']):>8} "
-                   f"{_size(rl['flops']):>8} {'>' + _duration(rl['time_s_lower_bound']):>10} {'':>11}  "
-                   f"{_size(rl['generated_tokens'])} generated (at most) + {_size(rl['trained_tokens'])} trained tokens")
+                   f"{_size(rl['flops']):>8} {when:>10} {'':>11}  "
+                   f"{_size(rl['generated_tokens'])} generated (at most) + {_size(rl['eval_generated_tokens'])} in "
+                   f"{rl['evaluations']} evaluations + {_size(rl['trained_tokens'])} trained tokens{split}")
     for e in plan.get("eval", []):
         what = []
         if e["core"]:
@@ -670,8 +829,11 @@ def render_text(plan: dict[str, Any]) -> str:
             what.append(f"chat {_size(e['replies'])} replies")
         if e.get("choice_prompts"):
             what.append(f"{_size(e['choice_prompts'])} choice prompts")
+        when = _duration(e["time_s"]) if e.get("time_s") is not None else ">" + _duration(e["time_s_lower_bound"])
+        if e.get("generate_s"):
+            what.append(f"replies decoded in {_duration(e['generate_s'])}")
         out.append(f"{'eval@' + e['stage']:9} {_size(e['forward_passes']):>7} {_size(e['forward_tokens']):>8} "
-                   f"{'':>8} {'>' + _duration(e['time_s_lower_bound']):>10} {'':>11}  "
+                   f"{'':>8} {when:>10} {'':>11}  "
                    f"forward passes, tokens: {'; '.join(what) or 'bpb only'}")
     out += ["", "epochs per mixture component (limit: the stage's max_epochs)"]
     for s in plan["stages"]:
@@ -694,7 +856,12 @@ def render_text(plan: dict[str, Any]) -> str:
         mb = worst["memory_bytes"]
         out.append(f"memory  {worst['stage']} per device: " + ", ".join(f"{k} {_size(v, 'B')}" for k, v in mb.items())
                    + f" (device has {_size(tp['memory_bytes_per_device'], 'B')})")
+        out.append(f"        loss head {plan['assumptions']['memory_head']}")
     a = plan["assumptions"]
+    d = a["decode"]
+    rates = (f"{d['b1_tok_s']:,.0f} tok/s at batch 1, {d['b8_tok_s']:,.0f} at batch 8, "
+             if d["b1_tok_s"] is not None else "")
+    out.append(f"decode  {d['path']} engine: {rates}{d['basis']}")
     out += ["", f"assumes {a['chars_per_token']:g} chars/token, raw parquet {a['raw_bytes_per_text_byte']:g} B per text byte, "
                 f"{a['activation_bytes_per_token_channel_16bit']} B/token/channel/layer of activations at 16-bit; "
                 f"{a['time']}"]
