@@ -221,6 +221,43 @@ def dev_evalsets(
                     fix=f"lockstep dev evalsets --write --evalsets {evalsets}")
 
 
+@dev_app.command("own-eval")
+def dev_own_eval(
+    task: str = typer.Argument(..., help="a task label listed by a core.yaml in a folder under --evalsets, or a "
+                               "categorical file's stem under chat/ (arc_own)"),
+    ckpt: Path = typer.Option(..., "--ckpt", help="checkpoint folder, e.g. data/ckpt/pretrain"),
+    tokenizer: Path = typer.Option(Path("data/tokenizer"), "--tokenizer", help="the tokenizer the checkpoint was trained with"),
+    evalsets: Path = typer.Option(Path("evalsets"), "--evalsets", help="the eval sets folder"),
+    items: bool = typer.Option(False, "--items", help="also print one line per item"),
+    max_items: int = typer.Option(0, "--max-items", min=0, help="the first N items of the task's order; 0 = all"),
+    control_seed: int = typer.Option(0, "--control-seed", help="init seed of the untrained control model"),
+    as_json: bool = typer.Option(False, "--json", help="the summary as JSON, for scripts"),
+    threads: int = typer.Option(1, "--threads", min=0, help="torch CPU threads; 0 = torch's default"),
+) -> None:
+    """Per-item analysis of an own eval task for a checkpoint and, as the control, an untrained
+    model of its config: accuracy under each scoring rule (with 95% intervals), choices by
+    position, option token lengths."""
+    import json
+
+    import torch
+
+    from lockstep.checkpoint import CheckpointError
+    from lockstep.dev.own_eval_analysis import OwnEvalError, analyse_checkpoint, render
+    from lockstep.tokenizer import TokenizerFileError
+
+    if threads:
+        # One forward pass per item is small: on a shared 2-core CPU, 1 thread ran bard_choice
+        # (252 items, two models) in ~15 s and torch's default in over 5 minutes.
+        torch.set_num_threads(threads)
+    try:
+        analysis = analyse_checkpoint(task, ckpt, tokenizer, evalsets=evalsets, control_seed=control_seed,
+                                      max_items=max_items or None)
+    except (OwnEvalError, CheckpointError, TokenizerFileError, FileNotFoundError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(analysis.to_json(), indent=1) if as_json else render(analysis, per_item=items), nl=as_json)
+
+
 @dev_app.command("hub-samples")
 def dev_hub_samples(
     root: Path = typer.Option(Path("corpus/hub"), "--root", help="the folder of hub-layout samples to check"),
