@@ -91,8 +91,14 @@ BARD_CHOICE_HAND = (
 )
 
 # Well-known Shakespeare lines cut before a word: (line, word, its kind: n noun, np plural noun,
-# a adjective, v verb, vs verb with -s). Distractors are everyday words of the same kind that make
-# no sense in the line.
+# a adjective, v verb, vs verb with -s). Distractors are the words of other lines, of the same
+# kind (verbs with and without -s together). They used to be everyday words ("teapot", "parsnip")
+# that the tiny preset's tokenizer, trained on the plays, splits into 3.3 tokens on average
+# against 1.7 for the lines' own words: a rule summing nats then chose the line's word for an
+# untrained model (0.79 of these items) and CORE's mean rule chose a long distractor for the
+# trained one (the line's word in 0.29); see docs/experiments.md, "Own eval tasks at chance".
+# Drawn from the answers, each word is a distractor about as often as it is an answer, so length
+# and frequency tell nothing.
 FAMOUS_LINES = (
     ("A horse! a horse! my kingdom for a", "horse", "n"),
     ("Et tu, Brute? Then fall,", "Caesar", "n"),
@@ -195,15 +201,7 @@ FAMOUS_LINES = (
     ("Look like the innocent flower, but be the", "serpent", "n"),
     ("Yet do I fear thy nature; it is too full o' the milk of human", "kindness", "n"),
 )
-_ODD_WORDS = {
-    "n": ("turnip", "teapot", "thimble", "radish", "saucepan", "parsnip", "kettle", "bucket", "ladle", "walnut",
-          "pebble", "cabbage"),
-    "np": ("turnips", "teapots", "thimbles", "radishes", "saucepans", "parsnips", "kettles", "buckets", "ladles",
-           "walnuts", "pebbles", "cabbages"),
-    "a": ("crunchy", "soggy", "striped", "fizzy", "lumpy", "sticky", "pickled", "buttery"),
-    "v": ("sneeze", "juggle", "knit", "whistle", "wobble", "nibble", "paddle", "sprout"),
-    "vs": ("sneezes", "juggles", "knits", "whistles", "wobbles", "nibbles", "paddles", "sprouts"),
-}
+_VERB_KINDS = ("v", "vs")  # one pool: too few of each kind alone for three distractors
 
 
 # Similes: adjective -> (subjects it fits, things that have the quality, adjectives that clash);
@@ -238,15 +236,15 @@ SIMILES = {
     "weak": (("The old king", "His voice", "The sick child"), ("a kitten", "a reed", "a newborn lamb"), ("strong",)),
 }
 
-# Animal sounds in two frames; distractors are verbs no animal does.
+# Animal sounds in two frames; distractors are the other animals' sounds (as with the lines,
+# answers drawn from one pool).
 ANIMAL_SOUNDS = (("dog", "bark"), ("lion", "roar"), ("owl", "hoot"), ("wolf", "howl"), ("horse", "neigh"),
                  ("sheep", "bleat"), ("ass", "bray"), ("serpent", "hiss"), ("raven", "croak"), ("cock", "crow"),
                  ("cat", "mew"), ("dove", "coo"), ("pig", "grunt"), ("lark", "sing"), ("bee", "hum"), ("duck", "quack"))
-_NOT_SOUNDS = ("melt", "rust", "sprout", "knit", "bake", "sew", "wither", "boil", "freeze", "polish")
 _SOUND_FRAMES = ("Hark! Dost thou hear how the {a} doth", "All the long night the {a} did")
 
-# Trades: (worker, what they do to, the thing, the kind of thing). Distractors are things of
-# kinds the action cannot take (bakes the lute, sews the anvil).
+# Trades: (worker, what they do to, the thing, the kind of thing). Distractors are other trades'
+# things, of kinds the action cannot take (bakes the lute, sews the sword).
 TRADES = (
     ("baker", "bakes the", "bread", "food"), ("baker", "bakes the", "pies", "food"),
     ("tailor", "sews the", "doublet", "clothing"), ("tailor", "sews the", "cloak", "clothing"),
@@ -298,21 +296,24 @@ def bard_choice_items() -> list[dict[str, Any]]:
         choices, g = slots.place(gold, others, "choice", query, gold)
         items.append({"query": query, "choices": choices, "gold": g})
 
+    def kind_of(kind: str) -> tuple[str, ...]:
+        return _VERB_KINDS if kind in _VERB_KINDS else (kind,)
+
     for line, word, kind in FAMOUS_LINES:
-        add(line, word, _ODD_WORDS[kind])
+        add(line, word, sorted({w for _, w, k in FAMOUS_LINES if k in kind_of(kind)}))
     for adj, (subjects, things, clashes) in SIMILES.items():
         clashing = [t for c in clashes for t in SIMILES[c][1]]
         for subject, thing in zip(subjects, things, strict=True):
             add(f"{_speaker(subject, thing)}: {subject} is as {adj} as", thing, clashing)
     for animal, sound in ANIMAL_SOUNDS:
         for frame in _SOUND_FRAMES:
-            add(f"{_speaker(animal, frame)}: {frame.format(a=animal)}", sound, _NOT_SOUNDS)
+            add(f"{_speaker(animal, frame)}: {frame.format(a=animal)}", sound, [s for _, s in ANIMAL_SOUNDS])
     for worker, action, thing, kind in TRADES:
         fits = _ALSO_FITS[action]
         if kind not in fits:
             raise EvalsetBuildError(f"trade {worker!r}: {action!r} must fit its own kind {kind!r}")
         fitting = {t for k in fits for t in _THINGS_BY_KIND[k]}
-        pool = sorted({t for ts in _THINGS_BY_KIND.values() for t in ts} - fitting)
+        pool = sorted({t for _, _, t, k in TRADES if k not in fits} - fitting)
         add(f"{_speaker(worker, thing)}: Every morning the {worker} {action}", thing, pool)
     return items
 
