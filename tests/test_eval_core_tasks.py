@@ -93,9 +93,9 @@ def test_eval_metrics_name_the_core_source(tmp_path: Path, core_tasks: str) -> N
                       predictions=tmp_path / "eval", runinfo=tmp_path / "runinfo.json")
     metrics = run_eval_stage("pretrain", cfg, paths, rt=init_runtime(RuntimeConfig(device="cpu", dtype="fp32")),
                              data_seed=1)
-    labels = ["topic_field", "topic_schema", "count_on"] if core_tasks.startswith("raw:") else \
-        ["bard_choice", "bard_schema", "bard_cloze"]
+    labels = ["topic_field", "topic_schema", "count_on"] if core_tasks.startswith("raw:") else ["bard_order", "bard_agree"]
     assert {k: metrics[k] for k in ("core_source", "core_tasks", "core_items")} == {
-        "core_source": "bundle" if core_tasks.startswith("raw:") else "own", "core_tasks": 3, "core_items": 6}
+        "core_source": "bundle" if core_tasks.startswith("raw:") else "own", "core_tasks": len(labels),
+        "core_items": 2 * len(labels)}
     assert all(metrics[f"core.{label}.accuracy.n"] == 2 for label in labels)
     assert json.loads(paths.out.read_text())["core_source"] == metrics["core_source"]

@@ -49,21 +49,21 @@ def test_run_eval_stage_tiny(tmp_path: Path) -> None:
     assert all(not isinstance(v, dict) for v in on_disk.values())  # flat keys for `dvc metrics diff`
     # a random model: about log2(vocab) bits per token, one byte per token
     assert 4.0 < on_disk["bpb.bard"] < 12.0
-    assert {"core", "chatcore", "core.bard_choice.accuracy", "chat.arc_own.accuracy", "chat.code_own.accuracy"} <= set(on_disk)
+    assert {"core", "chatcore", "core.bard_order.accuracy", "chat.arc_own.accuracy", "chat.code_own.accuracy"} <= set(on_disk)
     assert math.isfinite(on_disk["core"])
     # Each accuracy with the number of items behind it, and no run facts among the results.
-    assert on_disk["core.bard_choice.accuracy.n"] == 2 and on_disk["chat.arc_own.accuracy.n"] == 2
+    assert on_disk["core.bard_order.accuracy.n"] == 2 and on_disk["chat.arc_own.accuracy.n"] == 2
     assert not {"device", "dtype", "world_size", "eval_time_s"} & set(on_disk)
     info = json.loads(paths.runinfo.read_text())
     assert info["device"] == "cpu" and info["world_size"] == 1 and info["eval_time_s"] > 0
     names = sorted(p.name for p in paths.predictions.iterdir())
-    assert names == ["bpb_bard.jsonl", "chat_arc_own.jsonl", "chat_code_own.jsonl", "core_bard_choice.jsonl",
-                     "core_bard_cloze.jsonl", "core_bard_schema.jsonl"]
+    assert names == ["bpb_bard.jsonl", "chat_arc_own.jsonl", "chat_code_own.jsonl", "core_bard_agree.jsonl",
+                     "core_bard_order.jsonl"]
     # bpb per document scored (the first 1024 tokens: one document here), whose sums give the metric back.
     docs = [json.loads(line) for line in (paths.predictions / "bpb_bard.jsonl").read_text().splitlines()]
     assert docs and all(d["bytes"] > 0 for d in docs)
     assert sum(d["nats"] for d in docs) / (math.log(2) * sum(d["bytes"] for d in docs)) == pytest.approx(on_disk["bpb.bard"])
-    first = json.loads((paths.predictions / "core_bard_choice.jsonl").read_text().splitlines()[0])
+    first = json.loads((paths.predictions / "core_bard_order.jsonl").read_text().splitlines()[0])
     assert "query" in first["input"] and isinstance(first["correct"], bool)
 
 

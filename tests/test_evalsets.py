@@ -18,12 +18,13 @@ from lockstep.dev import evalsets_build
 from lockstep.evaluate import chat
 from lockstep.evaluate.core import load_core_tasks
 from lockstep.evaluate.sandbox import SandboxLimits, run_tests
+from lockstep.tokenizer.kinds import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 EVALSETS = ROOT / "evalsets"
 MIN_ITEMS = 200
-FILES = (evalsets_build.BARD_CHOICE, evalsets_build.BARD_SCHEMA, evalsets_build.BARD_CLOZE,
-         evalsets_build.ARC_OWN, evalsets_build.CODE_OWN)
+FILES = (evalsets_build.BARD_ORDER, evalsets_build.BARD_AGREE, evalsets_build.BARD_CHOICE, evalsets_build.BARD_SCHEMA,
+         evalsets_build.BARD_CLOZE, evalsets_build.ARC_OWN, evalsets_build.CODE_OWN)
 LIMITS = SandboxLimits(timeout_s=10.0, memory_bytes=512 << 20)
 
 
@@ -55,6 +56,8 @@ def test_every_task_has_enough_items_and_no_repeats(rel: str) -> None:
 
 
 @pytest.mark.parametrize(("rel", "options_key", "gold_of"), [
+    (evalsets_build.BARD_ORDER, "choices", lambda it: it["gold"]),
+    (evalsets_build.BARD_AGREE, "context_options", lambda it: it["gold"]),
     (evalsets_build.BARD_CHOICE, "choices", lambda it: it["gold"]),
     (evalsets_build.BARD_SCHEMA, "context_options", lambda it: it["gold"]),
     (evalsets_build.ARC_OWN, "choices", lambda it: "ABCD".index(it["answer"])),
@@ -75,7 +78,10 @@ def test_gold_answers_are_spread_over_the_positions(rel: str, options_key: str, 
 
 
 def test_the_files_load_through_the_evaluators() -> None:
-    tasks = {t.label: t for t in load_core_tasks(EVALSETS / "core")}
+    core = {t.label: t for t in load_core_tasks(EVALSETS / "core")}
+    assert set(core) == {"bard_order", "bard_agree"}  # the offline presets' CORE-style tasks
+    tasks = {**core, **{t.label: t for t in load_core_tasks(EVALSETS / "core_hard")}}
+    assert {t.task_type for t in tasks.values()} == {"multiple_choice", "schema", "language_modeling"}
     assert all(len(t.items) >= MIN_ITEMS for t in tasks.values())
     assert all(it["continuation"] and not it["context"].endswith(" ") for it in tasks["bard_cloze"].items)
     arc = chat.categorical_items(_read(evalsets_build.ARC_OWN))
@@ -93,6 +99,43 @@ def test_bard_choice_distractors_are_other_items_answers() -> None:
     answers = {it["choices"][it["gold"]] for it in items}
     odd = sorted({c for it in items for j, c in enumerate(it["choices"]) if j != it["gold"] and c not in answers})
     assert odd == [], f"{len(odd)} distractors answer no item: {odd[:8]}"
+
+
+def test_bard_order_options_reorder_one_window_of_the_line() -> None:
+    # The wrong orders shuffle the same window of at most four neighbouring words, so the line is
+    # one of four orders of that window: a random scorer picks it a quarter of the time (three
+    # single swaps would put it one swap from each, and a random scorer below a quarter).
+    for it in _read(evalsets_build.BARD_ORDER):
+        line = it["choices"][it["gold"]].split(" ")
+        moved = set()
+        for j, choice in enumerate(it["choices"]):
+            words = choice.split(" ")
+            assert sorted(words) == sorted(line), (choice, line)
+            moved |= {k for k in range(len(line)) if words[k] != line[k]}
+        assert len(set(it["choices"])) == 4 and max(moved) - min(moved) < evalsets_build._ORDER_WINDOW, it
+
+
+def test_bard_order_options_are_the_same_tokens() -> None:
+    # With a BPE that splits at spaces, an item's options are one multiset of tokens: length and
+    # word frequency say nothing, only the order does. (Where a tokenizer has no token for a
+    # capitalised first word after a space, " Under" -> " ", "Under", the space is scored only in
+    # the options that do not start with it: 1 of 366 items with the tiny preset's tokenizer.)
+    items = _read(evalsets_build.BARD_ORDER)
+    tok = train_tokenizer("bpe", ["\n".join(it["choices"][it["gold"]] for it in items)], vocab_size=512)
+    differ = [it["choices"][it["gold"]] for it in items if len({tuple(sorted(tok.encode(" " + c))) for c in it["choices"]}) > 1]
+    assert differ == [], f"{len(differ)} of {len(items)} items have options of other tokens: {differ[:3]}"
+
+
+def test_bard_agree_asks_each_pair_both_ways() -> None:
+    # The contexts differ in their last word, the subject; for each pair of contexts, as many items
+    # want the one as the other, so preferring one subject whatever follows scores half.
+    wanted: dict[tuple[str, ...], collections.Counter] = collections.defaultdict(collections.Counter)
+    for it in _read(evalsets_build.BARD_AGREE):
+        a, b = it["context_options"]
+        assert a != b and a.rsplit(" ", 1)[0] == b.rsplit(" ", 1)[0], it
+        wanted[tuple(sorted((a, b)))][it["context_options"][it["gold"]]] += 1
+    for contexts, counts in wanted.items():
+        assert counts[contexts[0]] == counts[contexts[1]], (contexts, counts)
 
 
 def _judge(record: dict, body: str):

@@ -24,9 +24,11 @@ from typing import Any
 from lockstep.io import write_bytes_atomic
 
 # evalsets/-relative path of each file this module writes.
-BARD_CHOICE = "core/eval_data/language_understanding/bard_choice.jsonl"
-BARD_SCHEMA = "core/eval_data/commonsense_reasoning/bard_schema.jsonl"
-BARD_CLOZE = "core/eval_data/language_modeling/bard_cloze.jsonl"
+BARD_CHOICE = "core_hard/eval_data/language_understanding/bard_choice.jsonl"
+BARD_SCHEMA = "core_hard/eval_data/commonsense_reasoning/bard_schema.jsonl"
+BARD_CLOZE = "core_hard/eval_data/language_modeling/bard_cloze.jsonl"
+BARD_ORDER = "core/eval_data/language_understanding/bard_order.jsonl"
+BARD_AGREE = "core/eval_data/language_understanding/bard_agree.jsonl"
 ARC_OWN = "chat/arc_own.jsonl"
 CODE_OWN = "chat/code_own.jsonl"
 
@@ -534,6 +536,107 @@ def bard_cloze_items() -> list[dict[str, Any]]:
         head, last = phrase.rsplit(" ", 1)
         said = frame.format(p=_capital(phrase) if capital else phrase)
         items.append({"context": f"{first}: {said} {second}: {_capital(head)}", "continuation": last})
+    return items
+
+
+# ---------------------------------------------------------------------------------------------
+# bard_order: which of four word orders is the line's own
+#
+# The options are the same words in different orders, so with the delimiter's space every word is
+# the same tokens in every option (a tokenizer that splits at spaces, as the project's BPE does):
+# each option has the same length and the same word frequencies, and only the order can tell them
+# apart. The wrong orders shuffle one window of neighbouring words, each its own way, so the line
+# is one of four orders of that window and no different from the others in kind: a model that
+# scores orders at random (an untrained one) picks it a quarter of the time. (Three single swaps
+# of neighbours would not do: the line would sit between them, one swap from each, and a random
+# scorer would pick it less often, 0.20 of the items against 0.25; docs/experiments.md.)
+
+_ORDER_WINDOW = 4  # neighbouring words shuffled, at most
+_ORDER_VARIANTS = 3  # wrong orders per item
+
+
+def _order_lines() -> list[str]:
+    """The lines, each once: the famous lines with their word, the sayings to repeat, and the
+    schema situations with what follows them."""
+    lines = [f"{line} {word}" for line, word, _ in FAMOUS_LINES]
+    lines += [_capital(p) + "." for p in SAY_AGAIN]
+    for as_, bs, after_a, after_b in SCHEMA_PAIRS:
+        lines += [f"{c} {after_a}" for c in as_] + [f"{c} {after_b}" for c in bs]
+    return list(dict.fromkeys(lines))
+
+
+def _shuffled(line: str) -> list[str]:
+    """Distinct texts made by reordering one window of up to _ORDER_WINDOW neighbouring words of
+    `line` (the window's place ranked by the line's hash), in rank order; never the line itself."""
+    words = line.split(" ")
+    width = min(_ORDER_WINDOW, len(words))
+    start = _pick(range(len(words) - width + 1), 1, "order-window", line)[0]
+    window = words[start : start + width]
+    out = []
+    for perm in sorted(itertools.permutations(range(width)), key=lambda p: _rank("order", line, p)):
+        text = " ".join(words[:start] + [window[i] for i in perm] + words[start + width :])
+        if text != line and text not in out:
+            out.append(text)
+    return out
+
+
+def bard_order_items() -> list[dict[str, Any]]:
+    items = []
+    slots = _Positions(4)
+    for line in _order_lines():
+        wrong = _shuffled(line)
+        if len(wrong) < _ORDER_VARIANTS:  # too few words to have three other orders
+            continue
+        choices, g = slots.place(line, wrong[:_ORDER_VARIANTS], "order", line)
+        items.append({"query": f"{_speaker('order', line)}:", "choices": choices, "gold": g})
+    return items
+
+
+# ---------------------------------------------------------------------------------------------
+# bard_agree: which subject the verb agrees with (thou art, he is; I am, we are)
+#
+# The two contexts differ only in their last word, the subject; the continuation starts with the
+# verb, directly or after an adverb. Each pair of subjects is asked both ways, once with each
+# verb, so a model preferring one subject whatever follows gets half; the plays use these forms
+# on every page, and a model that has read them prefers the agreeing one.
+
+# (the verb after "thou", the verb after "he" or "she", what follows either)
+THOU_FORMS = (
+    ("art", "is", "a noble gentleman."), ("hast", "hath", "no cause to weep."), ("dost", "doth", "protest too much."),
+    ("wilt", "will", "be king hereafter."), ("shalt", "shall", "see the king tomorrow."),
+    ("canst", "can", "not tell the truth."), ("wert", "was", "the noblest of them all."),
+    ("didst", "did", "deny it to my face."), ("wouldst", "would", "be great."),
+    ("shouldst", "should", "have been a queen."), ("mayst", "may", "go in peace."),
+    ("knowest", "knows", "the way to Rome."), ("lovest", "loves", "me not."), ("sayest", "says", "the truth."),
+    ("speakest", "speaks", "like a fool."), ("comest", "comes", "too late."), ("goest", "goes", "to war tomorrow."),
+    ("seest", "sees", "the ghost."), ("hearest", "hears", "the bells."), ("lookest", "looks", "pale and wan."),
+)
+# (a subject, another, the verb after the first, after the second, what follows either)
+PERSON_FORMS = (
+    ("I", "he", "am", "is", "too old to fight."), ("I", "he", "have", "hath", "no cause to weep."),
+    ("I", "he", "do", "doth", "not love her."), ("we", "he", "are", "is", "too late."),
+    ("we", "he", "were", "was", "at supper then."), ("we", "he", "have", "hath", "lost the day."),
+    ("they", "she", "are", "is", "too late."), ("they", "she", "were", "was", "at supper then."),
+    ("they", "she", "have", "hath", "lost the day."), ("you", "he", "are", "is", "welcome to Verona."),
+    ("you", "he", "were", "was", "born to be king."), ("you", "he", "have", "hath", "done well."),
+)
+_AGREE_FRAMES = ("Good my lord, {s}", "Alas, {s}", "I tell you, sir, {s}", "Nay, but {s}", "O, {s}", "Believe me, {s}")
+_AGREE_ADVERBS = ("truly", "surely", "still", "now")
+
+
+def bard_agree_items() -> list[dict[str, Any]]:
+    items = []
+    slots = _Positions(2)
+    forms = [("thou", other, a, b, tail) for other in ("he", "she") for a, b, tail in THOU_FORMS] + list(PERSON_FORMS)
+    for subj_a, subj_b, verb_a, verb_b, tail in forms:
+        for adverb in ("", _pick(_AGREE_ADVERBS, 1, "adverb", subj_a, subj_b, tail)[0]):
+            frame = _pick(_AGREE_FRAMES, 1, "frame", subj_a, subj_b, tail, adverb)[0]
+            speaker = _speaker("agree", subj_a, subj_b, tail, adverb)
+            ctx_a, ctx_b = (f"{speaker}: {frame.format(s=s)}" for s in (subj_a, subj_b))
+            for gold, other, verb in ((ctx_a, ctx_b, verb_a), (ctx_b, ctx_a, verb_b)):
+                continuation = " ".join(w for w in (adverb, verb, tail) if w)
+                options, g = slots.place(gold, [other], "agree", gold, continuation)
+                items.append({"context_options": options, "continuation": continuation, "gold": g})
     return items
 
 
@@ -1054,6 +1157,8 @@ BUILDERS: dict[str, Callable[[], list[dict[str, Any]]]] = {
     BARD_CHOICE: bard_choice_items,
     BARD_SCHEMA: bard_schema_items,
     BARD_CLOZE: bard_cloze_items,
+    BARD_ORDER: bard_order_items,
+    BARD_AGREE: bard_agree_items,
     ARC_OWN: arc_items,
     CODE_OWN: code_items,
 }
