@@ -2,11 +2,14 @@
 the stream, either one prompt sampled many ways (`Engine.generate`) or many prompts decoded
 greedily together (`Engine.generate_greedy`, for evaluation). Token ids in, token ids out; it
 knows nothing about chat templates or text beyond decoding a tool call and encoding its result.
-A little over 400 lines: the cache and the two decoding loops share the row state and the tool
-handling, which are easiest to check side by side."""
+Each loop comes twice: the reference, over the growing KVCache here, and the fast path
+(`Engine(fast=True)`) over lockstep.decode's static cache and device-side step, CUDA-graphed on a
+GPU; they share the row state and the tool handling, which are easiest to check side by side."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -15,11 +18,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lockstep.calculator import NO_RESULT, evaluate
+from lockstep.decode import (
+    DecodeWeights,
+    Sampling,
+    StaticKVCache,
+    StaticStep,
+    StepPool,
+    cache_tokens,
+    capture_graph,
+    weights_dtype,
+)
 from lockstep.model import GPT
 from lockstep.sampling import UNSCALED_TEMPERATURE, check_temperature, check_top_p, is_greedy, nucleus_top_p
 
 if TYPE_CHECKING:
     from lockstep.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 # Cache rows grow in steps of this many positions when a sequence outruns them.
 CACHE_GROW_TOKENS = 128
@@ -259,15 +274,33 @@ def _fill_from_the_end(alive: Sequence[bool]) -> list[int]:
     return [i if i in keep else tail.pop() for i in range(n)]
 
 
+def decode_settings(device: torch.device, dtype: torch.dtype, kernels: bool) -> dict[str, Any]:
+    """The Engine keywords for a run on `device` computing in `dtype` with `runtime.kernels`: on
+    CUDA, the static-cache, CUDA-graphed fast path when kernels is on, and bf16 decoding when the
+    run computes in bf16; elsewhere the reference path in the model's own dtype, unchanged."""
+    on_cuda = device.type == "cuda"
+    return {"fast": kernels and on_cuda, "dtype": torch.bfloat16 if on_cuda and dtype == torch.bfloat16 else None}
+
+
 class Engine:
     """Samples completions of one prompt from a GPT: the prompt is prefilled once, its cache
     copied to `num_samples` rows, and the rows decoded together; or decodes many prompts greedily
     in one batch (`generate_greedy`). Of the tokenizer it uses the special ids
-    (`encode_special`) and, for tool calls, `decode` and `encode`."""
+    (`encode_special`) and, for tool calls, `decode` and `encode`.
+
+    `fast` decodes through lockstep.decode: a preallocated cache, sampling on the device, one host
+    read per step (the stop and tool check), the step replayed from a CUDA graph when the model is
+    on CUDA (`cuda_graphs`, None = there and only there); greedy tokens equal the reference's in
+    fp32, sampled ones too on the CPU for the same seed (tests/test_static_cache.py). `dtype`
+    (bf16, or None for the model's own) is what decoding computes in: the reference path runs
+    under autocast to it, the fast path with a copy of the weights in it, refreshed from the model
+    at every call. A fast engine reuses its steps across calls and serves concurrent calls, each
+    on its own step; the weights copy assumes they do not change while a call decodes."""
 
     STOP_TOKENS = ("<|assistant_end|>", "<|bos|>")
 
-    def __init__(self, model: GPT, tokenizer: Tokenizer):
+    def __init__(self, model: GPT, tokenizer: Tokenizer, *, fast: bool = False, dtype: torch.dtype | None = None,
+                 cuda_graphs: bool | None = None):
         self.model = model
         self.tokenizer = tokenizer
         sp = tokenizer.encode_special
@@ -277,6 +310,40 @@ class Engine:
         self.python_end_id = sp("<|python_end|>")
         self.output_start_id = sp("<|output_start|>")
         self.output_end_id = sp("<|output_end|>")
+        if dtype not in (None, torch.bfloat16, torch.float16):
+            raise ValueError(f"dtype={dtype} must be None (the model's own) or a 16-bit float to decode in, "
+                             "e.g. torch.bfloat16")
+        if cuda_graphs is not None and not fast:
+            raise ValueError("cuda_graphs applies to the fast path only; pass fast=True with it")
+        self.fast = fast
+        self.dtype = dtype
+        self.cuda_graphs = self._device().type == "cuda" if cuda_graphs is None else cuda_graphs
+        if fast and self.cuda_graphs and self._device().type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, it is on {self._device()}; leave "
+                             "cuda_graphs unset (None) to capture graphs on CUDA only")
+        self._weights = DecodeWeights(model, dtype)
+        self._pool = StepPool(self._make_step)
+
+    def _make_step(self, batch_size: int, cache_len: int, sampling: Sampling) -> StaticStep:
+        with torch.inference_mode():
+            model = self._weights.last()  # the caller has just refreshed it
+            step = StaticStep(model, StaticKVCache.for_model(model, batch_size, cache_len), sampling)
+            if not self.cuda_graphs:
+                return step
+            try:
+                return capture_graph(step)
+            except RuntimeError as e:  # an op that cannot be captured (a host sync in some torch build)
+                log.warning("decoding without CUDA graphs: capturing the decode step failed (%s); the static-cache "
+                            "step runs eagerly instead, same tokens, more launch overhead per token", e)
+                self.cuda_graphs = False
+                return step
+
+    def _reference_precision(self) -> contextlib.AbstractContextManager:
+        """Autocast to `dtype` for the reference path, where one was asked for and the weights are
+        not already in it."""
+        if self.dtype is None or weights_dtype(self.model) == self.dtype:
+            return contextlib.nullcontext()
+        return torch.autocast(self._device().type, dtype=self.dtype)
 
     def _device(self) -> torch.device:
         return self.model.rotary_cos.device
@@ -330,12 +397,13 @@ class Engine:
         any below sampling.GREEDY_TEMPERATURE) is greedy and needs no randomness."""
         prompt_ids = list(prompt_ids)
         self._check(prompt_ids, num_samples, max_tokens, temperature, top_k, top_p)
-        return self._steps(prompt_ids, num_samples, max_tokens, temperature, top_k, top_p, seed, use_tools)
+        steps = self._fast_steps if self.fast else self._steps
+        return steps(prompt_ids, num_samples, max_tokens, temperature, top_k, top_p, seed, use_tools)
 
     def _steps(self, prompt_ids, num_samples, max_tokens, temperature, top_k, top_p, seed, use_tools):
         # A separate generator function so that argument errors raise at the call, not at the
         # first next().
-        with torch.inference_mode():
+        with torch.inference_mode(), self._reference_precision():
             device = self._device()
             generator = torch.Generator(device=device).manual_seed(seed)
             total = len(prompt_ids) + max_tokens
@@ -355,22 +423,74 @@ class Engine:
                     tokens.append(self.assistant_end_id)
                     masks.append(0)
                     continue
-                if row.forced:
-                    tok, m = row.forced.popleft(), 0
-                else:
-                    m = 1
+                tok, m = self._emit(row, tok, use_tools)
                 tokens.append(tok)
                 masks.append(m)
-                if tok in self.stop_ids:
-                    row.done = True
-                elif use_tools:
-                    self._tool_state(row, tok)
             yield tokens, masks
             if step + 1 == max_tokens or all(r.done for r in rows):
                 return
-            with torch.inference_mode():
+            with torch.inference_mode(), self._reference_precision():
                 col = torch.tensor(tokens, dtype=torch.long, device=device)[:, None]  # (B, 1)
                 logits = self.model(col, kv_cache=cache)[:, -1, :]  # (B, V)
+
+    def _fast_steps(self, prompt_ids, num_samples, max_tokens, temperature, top_k, top_p, seed, use_tools):
+        """`_steps` on the fast path. The prompt is prefilled by the plain forward and copied into
+        every row of a static step's cache; the first column is sampled from its logits, every
+        later one by the step, which feeds each row its own pick back. The host reads the picks
+        once a step and writes the step's input only where a row's next token is not its pick (a
+        forced tool token); a finished row keeps decoding its own picks, ignored."""
+        model = self._weights.current()
+        sampling = Sampling.of(temperature, top_k, top_p)
+        cache_len = cache_tokens(len(prompt_ids) + max_tokens, self.model.config.sequence_len)
+        step = self._pool.acquire(num_samples, cache_len, sampling)
+        try:
+            with torch.inference_mode(), torch.autocast(self._device().type, enabled=False):
+                step.set_sampling(sampling, seed)
+                prefill = KVCache.for_model(model, 1, capacity_tokens=len(prompt_ids))
+                ids = torch.tensor([prompt_ids], dtype=torch.long, device=step.device)  # (1, T)
+                logits = model(ids, kv_cache=prefill)[:, -1, :]  # (1, V)
+                step.cache.put_rows(range(num_samples), prefill)
+                del prefill
+                picked = step.pick(logits.expand(num_samples, -1))  # (B,)
+                step.tokens.copy_(picked[:, None])
+                rows = [_Row() for _ in range(num_samples)]
+            for i in range(max_tokens):
+                sampled = picked.tolist()  # the one host sync of a step
+                tokens, masks, feed = [], [], []
+                for row, tok in zip(rows, sampled):
+                    if row.done:
+                        tokens.append(self.assistant_end_id)
+                        masks.append(0)
+                        feed.append(tok)
+                        continue
+                    t, m = self._emit(row, tok, use_tools)
+                    tokens.append(t)
+                    masks.append(m)
+                    feed.append(t)
+                yield tokens, masks
+                if i + 1 == max_tokens or all(r.done for r in rows):
+                    return
+                with torch.inference_mode():
+                    if feed != sampled:
+                        step.tokens.copy_(torch.tensor(feed, dtype=torch.long)[:, None])  # (B, 1)
+                    step()
+                    picked = step.next_ids
+        finally:
+            self._pool.release(step)
+
+    def _emit(self, row: _Row, pick: int, use_tools: bool) -> tuple[int, int]:
+        """The token a live `row` emits when the model picked `pick`, and its mask: the row's next
+        forced token (0) when it has one, else `pick` (1). A stop token finishes the row; with
+        tools on, the token moves the row's tool-call state."""
+        if row.forced:
+            tok, mask = row.forced.popleft(), 0
+        else:
+            tok, mask = pick, 1
+        if tok in self.stop_ids:
+            row.done = True
+        elif use_tools:
+            self._tool_state(row, tok)
+        return tok, mask
 
     def _tool_state(self, row: _Row, tok: int) -> None:
         if tok == self.python_start_id:
@@ -409,7 +529,10 @@ class Engine:
         out: list[list[int]] = [[] for _ in prompts]
         if not waiting:
             return out
-        with torch.inference_mode():
+        if self.fast:
+            self._fast_greedy(waiting, out, batch_rows, use_tools)
+            return out
+        with torch.inference_mode(), self._reference_precision():
             device = self._device()
             first = list(waiting)[:batch_rows]
             # Room for the first rows' whole replies up front; a longer prompt later grows the cache.
@@ -419,12 +542,8 @@ class Engine:
                 col = torch.tensor([r.feed for r in rows], dtype=torch.long, device=device)[:, None]  # (B, 1)
                 picks = self.model(col, kv_cache=cache)[:, -1, :].argmax(dim=-1).tolist()  # (B,)
                 for slot, (row, pick) in enumerate(zip(rows, picks)):
-                    tok = row.forced.popleft() if row.forced else pick
+                    tok, _ = self._emit(row, pick, use_tools)
                     row.ids.append(tok)
-                    if tok in self.stop_ids:
-                        row.done = True
-                    elif use_tools:
-                        self._tool_state(row, tok)
                     row.done = row.done or len(row.ids) == row.budget
                     row.feed = tok
                     if row.done:
@@ -438,14 +557,53 @@ class Engine:
                     rows = [rows[slot] for slot in keep]
         return out
 
-    def _start_reply(self, cache: KVCache, slot: int, index: int, prompt: list[int], budget: int) -> _Reply:
+    def _start_reply(self, cache: KVCache | StaticKVCache, slot: int, index: int, prompt: list[int], budget: int,
+                     model: GPT | None = None) -> _Reply:
         """Prefill all of `prompt` but its last token into row `slot` of `cache`; the last token
         is the row's first feed, so its logits come from the shared decode step."""
-        head = KVCache.for_model(self.model, 1, capacity_tokens=len(prompt))
+        model = self.model if model is None else model
+        head = KVCache.for_model(model, 1, capacity_tokens=len(prompt))
         if len(prompt) > 1:
-            self.model(torch.tensor([prompt[:-1]], dtype=torch.long, device=self._device()), kv_cache=head)  # (1, T - 1)
+            model(torch.tensor([prompt[:-1]], dtype=torch.long, device=self._device()), kv_cache=head)  # (1, T - 1)
         cache.put_row(slot, head)
         return _Reply(index=index, budget=budget, feed=prompt[-1])
+
+    def _fast_greedy(self, waiting: deque[tuple[int, list[int], int]], out: list[list[int]], batch_rows: int,
+                     use_tools: bool) -> None:
+        """`generate_greedy` on the fast path, filling `out`: the rows of one static step, each
+        prompt prefilled by the plain forward into a free row, a finished row's place going to the
+        next waiting prompt. The rows stay (fixed shapes); once none waits, a finished row keeps
+        decoding its own picks, ignored, until the last live row finishes."""
+        model = self._weights.current()
+        limit = self.model.config.sequence_len
+        greedy = Sampling(greedy=True)
+        cache_len = cache_tokens(max(len(p) + b for _, p, b in waiting), limit)  # room for the longest request
+        step = self._pool.acquire(min(batch_rows, len(waiting)), cache_len, greedy)
+        try:
+            with torch.inference_mode(), torch.autocast(self._device().type, enabled=False):
+                step.set_sampling(greedy, 0)
+                rows: list[_Reply | None] = [self._start_reply(step.cache, slot, *waiting.popleft(), model=model)
+                                             for slot in range(step.batch_size)]
+                sampled: list[int | None] = [None] * step.batch_size  # what the step feeds itself next
+                while any(r is not None for r in rows):
+                    feed = [sampled[slot] if row is None else row.feed for slot, row in enumerate(rows)]
+                    if feed != sampled:
+                        step.tokens.copy_(torch.tensor(feed, dtype=torch.long)[:, None])  # (B, 1)
+                    step()
+                    sampled = step.next_ids.tolist()  # the one host sync of a step
+                    for slot, row in enumerate(rows):
+                        if row is None:
+                            continue
+                        tok, _ = self._emit(row, sampled[slot], use_tools)
+                        row.ids.append(tok)
+                        row.done = row.done or len(row.ids) == row.budget
+                        row.feed = tok
+                        if row.done:
+                            out[row.index] = row.ids
+                            rows[slot] = (self._start_reply(step.cache, slot, *waiting.popleft(), model=model)
+                                          if waiting else None)
+        finally:
+            self._pool.release(step)
 
     def generate_batch(self, prompt_ids: Sequence[int], **kwargs: Any) -> tuple[list[list[int]], list[list[int]]]:
         """Run `generate` to the end; return per row the completion ids (prompt excluded, the

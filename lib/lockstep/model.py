@@ -111,7 +111,8 @@ class GPTConfig:
 
 
 class KVCacheLike(Protocol):
-    """What attention needs from a KV cache (implemented by lockstep.engine.KVCache)."""
+    """What attention needs from a KV cache (implemented by lockstep.engine.KVCache and, with
+    positions kept on the device, lockstep.decode.StaticKVCache)."""
 
     def positions(self) -> torch.Tensor | int: ...
 
@@ -376,7 +377,10 @@ class GPT(nn.Module):
             if pos + T > limit:
                 raise ValueError(f"position {pos + T} exceeds the model's context sequence_len={limit}")
             return self.rotary_cos[None, None, pos : pos + T], self.rotary_sin[None, None, pos : pos + T]
-        if int(pos.max()) + T > limit:
+        # Positions on an accelerator are the static cache's (lockstep.decode), which keeps them
+        # inside its buffer: reading them back here would cost a host sync per token, and cannot
+        # happen at all inside a CUDA graph capture.
+        if pos.device.type == "cpu" and int(pos.max()) + T > limit:
             raise ValueError(f"position {int(pos.max()) + T} exceeds the model's context sequence_len={limit}")
         at = pos.to(self.rotary_cos.device)[:, None] + torch.arange(T, device=self.rotary_cos.device)  # (B, T)
         return self.rotary_cos[at][:, None], self.rotary_sin[at][:, None]  # (B, 1, T, D/2)

@@ -1,0 +1,383 @@
+"""Static-shape decoding: a KV cache preallocated to a fixed length whose per-row positions live
+in a device tensor, a decode step (forward, soft cap, sampling) with no host sync inside, and a
+CUDA-graph runner that replays that step. Token ids in, token ids out; the engine
+(lockstep.engine) drives it and keeps the stop and tool logic. Not a reference: lockstep.engine's
+KVCache and sample_next are, and tests/test_static_cache.py holds this path equal to them."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from lockstep.sampling import is_greedy, nucleus_top_p
+
+# Cache lengths come in powers of two from this many positions up to the model's context, so the
+# steps (and their CUDA graphs) of requests of similar length are shared, while a short request
+# does not attend over the whole context: at d12 (12 layers x 12 heads x 64 channels, bf16) a
+# row's cache is 37 KB per position, 75 MB per step at batch 8 and 256 positions, 600 MB at 2048.
+MIN_CACHE_TOKENS = 256
+# Idle steps kept for reuse per engine (each holds its cache and, on CUDA, its graph); the least
+# recently used beyond this are freed.
+MAX_IDLE_STEPS = 6
+# Eager runs before a capture: the first call of some CUDA libraries initialises state (cuBLAS
+# handles and workspaces) that must not happen during capture; torch's own examples use a few.
+GRAPH_WARMUP_STEPS = 3
+
+
+def cache_tokens(needed_tokens: int, limit: int) -> int:
+    """The cache length for a request that reaches `needed_tokens` positions: the smallest power
+    of two >= needed_tokens and >= MIN_CACHE_TOKENS, capped at the model's context `limit`."""
+    if not 0 < needed_tokens <= limit:
+        raise ValueError(f"a request of {needed_tokens} positions does not fit the model's context of {limit} tokens")
+    return min(limit, max(MIN_CACHE_TOKENS, 1 << (needed_tokens - 1).bit_length()))
+
+
+def weights_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's first floating-point parameter: what it computes in without
+    autocast, and so the dtype of the keys and values it produces."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    raise ValueError("the model has no floating-point parameters to take a dtype from")
+
+
+class RowSource(Protocol):
+    """A single-row cache to copy from (lockstep.engine.KVCache after a prefill)."""
+
+    kv: torch.Tensor | None  # (L, 2, 1, Hkv, T, D) once allocated
+
+    def row_positions(self) -> list[int]: ...
+
+
+class StaticKVCache:
+    """Keys and values of every layer in one preallocated tensor `(n_layer, 2, B, Hkv, T_max, D)`
+    and the next position of each row in a `(B,)` int64 tensor on the same device, so no shape
+    ever changes and a step can be captured. A step writes each row's new keys at its own
+    position (one index_copy_ per layer into the flattened buffer) and attends over the whole
+    buffer under a mask of the positions each row has reached. Positions stop at T_max - 1: the
+    engine never feeds a live row past its budget, but a finished row that keeps decoding (its
+    output ignored) must not index outside the buffer or the rotary tables."""
+
+    def __init__(self, *, batch_size: int, n_layer: int, n_kv_head: int, head_dim: int, max_len: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        if batch_size < 1 or max_len < 1:
+            raise ValueError(f"batch_size={batch_size} and max_len={max_len} must be positive")
+        self.batch_size, self.n_layer, self.n_kv_head, self.head_dim, self.max_len = (
+            batch_size, n_layer, n_kv_head, head_dim, max_len)
+        shape = (n_layer, 2, batch_size, n_kv_head, max_len, head_dim)
+        # zeros, not empty: masked slots still enter the attention product (0 weight times a NaN
+        # from uninitialised memory is NaN)
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        self.pos = torch.zeros(batch_size, dtype=torch.long, device=device)  # next position per row
+        self._key_pos = torch.arange(max_len, device=device)  # (T_max,)
+        # Offsets of each (row, head) slab in the flattened (B * Hkv * T_max, D) view of a layer.
+        slab = torch.arange(batch_size * n_kv_head, device=device) * max_len  # (B * Hkv,)
+        self._slab = slab.view(batch_size, n_kv_head, 1)  # (B, Hkv, 1)
+        self._write_at: torch.Tensor | None = None
+        self._mask: torch.Tensor | None = None
+
+    @classmethod
+    def for_model(cls, model: nn.Module, batch_size: int, max_len: int) -> StaticKVCache:
+        c = model.config
+        if max_len > c.sequence_len:
+            raise ValueError(f"max_len={max_len} is past the model's context of {c.sequence_len} tokens")
+        return cls(batch_size=batch_size, n_layer=c.n_layer, n_kv_head=c.n_kv_head, head_dim=c.head_dim,
+                   max_len=max_len, dtype=weights_dtype(model), device=model.rotary_cos.device)
+
+    # -- what the model calls ---------------------------------------------------------------
+
+    def positions(self) -> torch.Tensor:
+        """The (B,) positions tensor itself, on the cache's device (read without a host sync)."""
+        return self.pos
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                 torch.Tensor]:
+        """Write k, v (B, Hkv, T, D) at each row's next T positions; return this layer's whole
+        key and value buffers (B, Hkv, T_max, D) and the mask (B, 1, T, T_max) to add to the
+        scores, in k's dtype: 0 where a query may see a key, -inf elsewhere. The write index and
+        the mask depend on the positions only, so layer 0 makes them and the other layers reuse
+        them."""
+        B, H, T, D = k.shape
+        if B != self.batch_size or H != self.n_kv_head or D != self.head_dim:
+            raise ValueError(f"k of shape {tuple(k.shape)} does not fit this cache "
+                             f"(B={self.batch_size}, Hkv={self.n_kv_head}, D={self.head_dim})")
+        if layer_idx == 0 or self._write_at is None:
+            at = (self.pos[:, None] + torch.arange(T, device=k.device)).clamp_(max=self.max_len - 1)  # (B, T)
+            self._write_at = (self._slab + at[:, None, :]).reshape(-1)  # (B * Hkv * T,)
+            # additive, in the queries' dtype: SDPA would otherwise turn a bool mask into this in
+            # every layer (a kernel per layer per token)
+            hidden = (self._key_pos > at[:, :, None])[:, None]  # (B, 1, T, T_max)
+            self._mask = torch.zeros(hidden.shape, dtype=k.dtype, device=k.device).masked_fill_(hidden, float("-inf"))
+        assert self._mask is not None
+        keys, values = self.kv[layer_idx, 0], self.kv[layer_idx, 1]  # (B, Hkv, T_max, D) each
+        keys.view(-1, D).index_copy_(0, self._write_at, k.reshape(-1, D).to(keys.dtype))
+        values.view(-1, D).index_copy_(0, self._write_at, v.reshape(-1, D).to(values.dtype))
+        return keys, values, self._mask
+
+    def advance(self, num_tokens: int) -> None:
+        self.pos.add_(num_tokens).clamp_(max=self.max_len - 1)
+
+    # -- what the engine calls --------------------------------------------------------------
+
+    def put_row(self, row: int, source: RowSource) -> None:
+        """Make row `row` a copy of the single-row cache `source` (a prompt prefilled on its
+        own), position included; what the row held before stays past the new position, masked."""
+        self.put_rows(range(row, row + 1), source)
+
+    def put_rows(self, rows: range, source: RowSource) -> None:
+        """put_row for each row of the contiguous range `rows` (a prompt sampled many ways)."""
+        (n,) = source.row_positions()
+        if not (0 <= rows.start and rows.stop <= self.batch_size and rows.step == 1 and len(rows)):
+            raise ValueError(f"rows {rows} are not a contiguous range inside this cache of {self.batch_size} rows")
+        if n > self.max_len:
+            raise ValueError(f"a prompt of {n} positions does not fit this cache of {self.max_len}")
+        if source.kv is not None and n:
+            self.kv[:, :, rows.start : rows.stop, :, :n] = source.kv[:, :, :1, :, :n]  # broadcast over the rows
+        self.pos[rows.start : rows.stop] = n
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a step picks the next id: `greedy` (argmax), else softmax(logits / temperature) cut to
+    the top_k ids and then to the nucleus of mass top_p (None: no cut). Built by `of`, which
+    applies lockstep.sampling's rules (what counts as greedy, the top_p floor)."""
+
+    greedy: bool
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    @classmethod
+    def of(cls, temperature: float, top_k: int | None, top_p: float | None) -> Sampling:
+        top_p = nucleus_top_p(top_p)
+        if is_greedy(temperature):
+            return cls(greedy=True)
+        return cls(greedy=False, temperature=temperature, top_k=top_k, top_p=top_p)
+
+    def graph_key(self) -> Hashable:
+        """What fixes the shapes and ops of a step: the temperature and top_p values are device
+        tensors a step reads, so one captured step serves every value of them."""
+        return (self.greedy, self.top_k, self.top_p is not None)
+
+
+def sample_on_device(logits: torch.Tensor, *, top_k: int | None, temperature: torch.Tensor | float,
+                     top_p: torch.Tensor | float | None, generator: torch.Generator) -> torch.Tensor:
+    """Next ids (B,) drawn from logits (B, V) as lockstep.engine.sample_next draws them at a
+    sampling temperature, without reading anything back to the host. torch.multinomial draws one
+    id as argmax(p / E) with E ~ Exp(1) per id (the exponential race), after reading the
+    probabilities back to check them: a host sync per token, and not capturable in a CUDA graph.
+    The same race here, so on the CPU a generator in the same state draws the same ids."""
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        vals, idx = torch.topk(logits, top_k, dim=-1)  # (B, k), sorted descending
+    else:
+        vals, idx = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+    probs = torch.softmax(vals, dim=-1)
+    if top_p is not None:
+        before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely ids
+        probs = probs.masked_fill(before >= top_p, 0.0)  # the top id's is exactly 0 < top_p: it survives
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    race = probs / torch.empty_like(probs).exponential_(1.0, generator=generator)  # (B, k)
+    return idx.gather(-1, race.argmax(dim=-1, keepdim=True)).squeeze(-1)
+
+
+class StaticStep:
+    """One decode step of fixed shape over a StaticKVCache: reads `tokens` (B, 1) at the cache's
+    positions, writes the picked ids to `next_ids` (B,) and also into `tokens`, so the next step
+    reads them unless the engine writes other ids there (a forced tool token, a new prompt), and
+    advances the positions. Every tensor it reads or writes is allocated here, once. `run()` is the
+    step itself, eager (the CPU path, and what a CUDA graph captures); calling the step replays
+    its graph once `capture_graph` has made one, else runs it. Autocast is off inside: it
+    computes in the model's weights' dtype, whatever context the caller is in."""
+
+    def __init__(self, model: nn.Module, cache: StaticKVCache, sampling: Sampling):
+        device = cache.pos.device
+        self.model, self.cache, self.sampling, self.device = model, cache, sampling, device
+        B = cache.batch_size
+        self.tokens = torch.zeros(B, 1, dtype=torch.long, device=device)  # (B, 1) the step's input
+        self.next_ids = torch.zeros(B, dtype=torch.long, device=device)  # (B,) the step's output
+        self.temperature = torch.ones((), dtype=torch.float32, device=device)
+        self.top_p = torch.ones((), dtype=torch.float32, device=device)
+        self.generator = torch.Generator(device=device)
+        self.replay: Callable[[], None] | None = None  # set by capture_graph
+
+    @property
+    def batch_size(self) -> int:
+        return self.cache.batch_size
+
+    @property
+    def key(self) -> tuple[int, int, Hashable]:
+        """What decides whether a request can use this step: (rows, cache length, sampling key)."""
+        return (self.cache.batch_size, self.cache.max_len, self.sampling.graph_key())
+
+    def set_sampling(self, sampling: Sampling, seed: int) -> None:
+        """Take this request's temperature and top_p (same graph key) and reseed the generator."""
+        if sampling.graph_key() != self.sampling.graph_key():
+            raise ValueError(f"sampling {sampling} needs another step than this one's {self.sampling}")
+        self.sampling = sampling
+        self.temperature.fill_(sampling.temperature)
+        self.top_p.fill_(1.0 if sampling.top_p is None else sampling.top_p)
+        self.generator.manual_seed(seed)
+
+    def pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """Next ids (B,) from logits (B, V) under this step's sampling, on the device."""
+        s = self.sampling
+        if s.greedy:
+            return logits.argmax(dim=-1)
+        return sample_on_device(logits, top_k=s.top_k, temperature=self.temperature,
+                                top_p=self.top_p if s.top_p is not None else None, generator=self.generator)
+
+    def run(self) -> None:
+        with torch.autocast(self.device.type, enabled=False):
+            logits = self.model(self.tokens, kv_cache=self.cache)[:, -1, :]  # (B, V)
+            ids = self.pick(logits)
+            self.next_ids.copy_(ids)
+            self.tokens.copy_(ids[:, None])
+
+    def __call__(self) -> None:
+        if self.replay is not None:
+            self.replay()
+        else:
+            self.run()
+
+
+class GraphBackend(Protocol):
+    """How capture_graph warms up and captures a step: CudaGraphs on a GPU; tests pass a stand-in
+    to check the wrapper's logic on the CPU."""
+
+    def check(self, device: torch.device) -> None: ...
+
+    def warm_up(self, fn: Callable[[], None], steps: int, device: torch.device) -> None: ...
+
+    def capture(self, fn: Callable[[], None], generator: torch.Generator,
+                device: torch.device) -> Callable[[], None]: ...
+
+
+# torch allows one capture at a time per process; the server generates on several threads.
+_CAPTURE_LOCK = threading.Lock()
+
+
+class CudaGraphs:
+    """torch.cuda graphs: the eager runs on a side stream (as capture needs), then one capture
+    per step in its own memory pool (steps are replayed in any order and from several threads,
+    which a shared pool does not allow), with the step's generator registered so each replay
+    draws fresh numbers from it."""
+
+    def check(self, device: torch.device) -> None:
+        if device.type != "cuda":
+            raise ValueError(f"CUDA graphs need the model on a CUDA device, it is on {device}; decode with the "
+                             "eager static step there (Engine(..., cuda_graphs=False)), or move the model to cuda")
+        if not torch.cuda.is_available():
+            raise ValueError("CUDA graphs need a CUDA device, and torch sees none")
+
+    def warm_up(self, fn: Callable[[], None], steps: int, device: torch.device) -> None:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(steps):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(side)
+
+    def capture(self, fn: Callable[[], None], generator: torch.Generator, device: torch.device) -> Callable[[], None]:
+        graph = torch.cuda.CUDAGraph()
+        graph.register_generator_state(generator)
+        # thread_local: work that other server threads run meanwhile does not break the capture
+        with torch.cuda.device(device), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            fn()
+        return graph.replay
+
+
+def capture_graph(step: StaticStep, *, backend: GraphBackend | None = None,
+                  warmup_steps: int = GRAPH_WARMUP_STEPS) -> StaticStep:
+    """Make `step` replay a CUDA graph of its `run()`: a few eager warm-up runs, whose moves are
+    undone (positions and input restored; the slots they wrote lie past every row's position,
+    where the mask hides them until real steps overwrite them), then one capture. The step's
+    buffers are the graph's inputs and outputs; a replay reads and writes them in place, so
+    nothing is allocated per token. Refuses (ValueError) a step that is not on a CUDA device.
+    Returns the step."""
+    backend = backend if backend is not None else CudaGraphs()
+    backend.check(step.device)
+    with _CAPTURE_LOCK:
+        pos, tokens = step.cache.pos.clone(), step.tokens.clone()
+        backend.warm_up(step.run, warmup_steps, step.device)
+        step.replay = backend.capture(step.run, step.generator, step.device)  # records, runs nothing
+        step.cache.pos.copy_(pos)
+        step.tokens.copy_(tokens)
+    return step
+
+
+class StepPool:
+    """The steps an engine has built, by (batch rows, cache length, sampling graph key): a request
+    takes one for its whole length (`acquire`) and gives it back (`release`), so concurrent
+    requests never share buffers, and a later request of the same shape reuses it (its cache and
+    graph included) instead of allocating. At most MAX_IDLE_STEPS idle steps are kept."""
+
+    def __init__(self, make: Callable[[int, int, Sampling], StaticStep], max_idle: int = MAX_IDLE_STEPS):
+        self._make = make
+        self._max_idle = max_idle
+        self._idle: OrderedDict[tuple[Hashable, int], StaticStep] = OrderedDict()
+        self._lock = threading.Lock()
+        self._serial = 0
+        self.built = 0  # steps made so far (a test reads it to see reuse)
+
+    def acquire(self, batch_size: int, cache_len: int, sampling: Sampling) -> StaticStep:
+        key = (batch_size, cache_len, sampling.graph_key())
+        with self._lock:
+            for slot in reversed(self._idle):
+                if slot[0] == key:
+                    return self._idle.pop(slot)
+        step = self._make(batch_size, cache_len, sampling)
+        with self._lock:
+            self.built += 1
+        return step
+
+    def release(self, step: StaticStep) -> None:
+        with self._lock:
+            self._serial += 1
+            self._idle[(step.key, self._serial)] = step
+            while len(self._idle) > self._max_idle:
+                self._idle.popitem(last=False)
+
+
+class DecodeWeights:
+    """The model an engine's static path decodes with: the model itself when its weights are in
+    the decode dtype, else a copy of it in that dtype (bf16 weights for a model trained in fp32:
+    a decode step reads every weight once per token, so 2-byte weights halve the bytes, and no
+    cast runs per step). `current()` copies the live weights into it first, in place (the CUDA
+    graphs keep their addresses), so a model being trained (RL) decodes with its latest weights."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None):
+        self.model = model
+        self.dtype = dtype
+        self._copy: nn.Module | None = None
+
+    def current(self) -> nn.Module:
+        """The decode model with the live weights (copied in first when it is a copy)."""
+        if self.dtype is None or weights_dtype(self.model) == self.dtype:
+            return self.model
+        with torch.no_grad():
+            if self._copy is None:
+                self._copy = copy.deepcopy(self.model)
+                for p in self._copy.parameters():
+                    p.requires_grad_(False)
+                    p.grad = None
+                    if p.is_floating_point():
+                        p.data = p.data.to(self.dtype)
+                self._copy.eval()
+            else:
+                for dst, src in zip(self._copy.parameters(), self.model.parameters(), strict=True):
+                    dst.copy_(src)
+            if hasattr(self.model, "ops"):
+                self._copy.ops = self.model.ops  # follow GPT.use_kernels
+        return self._copy
+
+    def last(self) -> nn.Module:
+        """The decode model as `current()` last returned it, without copying the weights again."""
+        return self.model if self._copy is None else self._copy

@@ -1,0 +1,375 @@
+"""The static-cache decode path (lockstep.decode, `Engine(fast=True)`) against the reference engine
+on tiny CPU models: greedy tokens equal token for token in fp32 (one row and several, rows that
+stop at different times, the calculator's forced tokens, many prompts sharing a batch); sampled
+tokens equal for the same seed (the device-side draw is the exponential race torch.multinomial
+runs, so a CPU generator gives the same ids); bf16 within a stated tolerance; the static cache
+against full forwards; and the CUDA-graph wrapper's logic on the CPU through a stand-in backend
+(warm-up undone, buffers reused, replays in place), refusing a CPU device with the real one."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from _tiny_model import randomize, tiny_gpt
+from lockstep import decode, engine as engine_module
+from lockstep.decode import Sampling, StaticKVCache, StaticStep, cache_tokens, capture_graph, sample_on_device
+from lockstep.engine import Engine, KVCache, decode_settings, sample_next
+from lockstep.model import GPT
+from test_engine import Planted, random_model
+
+
+@pytest.fixture(params=[False, True], ids=["default", "deterministic"])
+def determinism(request):
+    """Both modes: deterministic mode fills uninitialised memory with NaN, so a step that reads a
+    slot nobody wrote shows up as NaN."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(request.param)
+    yield request.param
+    torch.use_deterministic_algorithms(before)
+
+
+def talkative_tool_model(tok, seed: int = 7) -> Planted:
+    """A random GPT with planted bigrams: "?" opens a call to 7*6 (the engine must force "42"),
+    and after any of a dozen common bytes the reply ends, so sampled rows stop at different
+    times."""
+    sp, o = tok.encode_special, ord
+    plants = {o("?"): sp("<|python_start|>"), sp("<|python_start|>"): o("7"), o("7"): o("*"), o("*"): o("6"),
+              o("6"): sp("<|python_end|>"), o("."): sp("<|assistant_end|>")}
+    plants.update({o(c): sp("<|assistant_end|>") for c in "aeiounst!,;:"})
+    return Planted(random_model(seed), plants).eval()
+
+
+# -- greedy and sampled tokens against the reference engine --------------------------------------
+
+
+@pytest.mark.parametrize("n_kv_head", [2, 4])
+@pytest.mark.parametrize("num_samples", [1, 3])
+def test_static_cache_greedy_equals_reference(tok, n_kv_head, num_samples):
+    model = random_model(n_kv_head=n_kv_head)
+    prompt = tok.encode("hello there")
+    kw = dict(num_samples=num_samples, max_tokens=30, temperature=0.0, use_tools=False)
+    ref = Engine(model, tok).generate_batch(prompt, **kw)
+    fast = Engine(model, tok, fast=True).generate_batch(prompt, **kw)
+    assert fast == ref
+    assert len(ref[0][0]) == 30  # a long decode, not an early stop
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p",
+                         [(1.0, None, None), (0.7, 20, None), (1.3, None, 0.8), (1.0, 5, 0.5)])
+def test_static_cache_sampled_equals_reference_for_the_same_seed(tok, temperature, top_k, top_p):
+    model = talkative_tool_model(tok)
+    ref, fast = Engine(model, tok), Engine(model, tok, fast=True)
+    prompt = tok.encode("how much?")
+    for seed in (0, 1):
+        want = ref.generate_batch(prompt, num_samples=4, max_tokens=40, temperature=temperature, top_k=top_k,
+                                  top_p=top_p, seed=seed)
+        assert fast.generate_batch(prompt, num_samples=4, max_tokens=40, temperature=temperature, top_k=top_k,
+                                   top_p=top_p, seed=seed) == want
+    assert len({tuple(r) for r in want[0]}) > 1  # the rows differ: the draws were compared
+
+
+def test_static_cache_rows_stopping_at_different_times_with_the_calculator(tok, determinism):
+    model = talkative_tool_model(tok)
+    ref, fast = Engine(model, tok), Engine(model, tok, fast=True)
+    sp = tok.encode_special
+    forced = [sp("<|output_start|>"), *tok.encode("42"), sp("<|output_end|>")]
+    seen_tool = seen_ragged = False
+    for seed in range(4):
+        want = ref.generate_batch(tok.encode("why?"), num_samples=5, max_tokens=40, temperature=1.0, seed=seed)
+        assert fast.generate_batch(tok.encode("why?"), num_samples=5, max_tokens=40, temperature=1.0, seed=seed) == want
+        # the same, step by step: columns and masks as generate yields them
+        assert list(fast.generate(tok.encode("why?"), num_samples=5, max_tokens=40, temperature=1.0, seed=seed)) == \
+            list(ref.generate(tok.encode("why?"), num_samples=5, max_tokens=40, temperature=1.0, seed=seed))
+        seqs, masks = want
+        seen_tool |= any(s[i : i + len(forced)] == forced for s in seqs for i in range(len(s)))
+        seen_ragged |= len({len(s) for s in seqs}) > 1 and any(s[-1] in ref.stop_ids for s in seqs)
+        assert all(0 in m for m, s in zip(masks, seqs) if any(s[i : i + len(forced)] == forced for i in range(len(s))))
+    assert seen_tool and seen_ragged
+
+
+def test_static_cache_generate_greedy_equals_reference(tok, determinism):
+    model = talkative_tool_model(tok)
+    ref, fast = Engine(model, tok), Engine(model, tok, fast=True)
+    texts = ["how much?", "q", "stop here.", "a longer prompt that runs on and on?", "x", "why?", "tell me more",
+             "z" * 50]
+    prompts = [tok.encode(t) for t in texts]
+    budgets = [30, 12, 9, 20, 40, 3, 25, 14]  # the last prompt fills the 64-token context exactly
+    want = ref.generate_greedy(prompts, max_tokens=budgets, batch_rows=3)
+    for batch_rows in (1, 3, 8, 16):
+        assert fast.generate_greedy(prompts, max_tokens=budgets, batch_rows=batch_rows) == want, batch_rows
+    assert fast.generate_greedy(prompts, max_tokens=budgets, batch_rows=3, use_tools=False) == \
+        ref.generate_greedy(prompts, max_tokens=budgets, batch_rows=3, use_tools=False)
+    # What the comparison covered: a tool answered, a stop on the first token, replies cut by
+    # their budgets and replies that stop before them.
+    sp = tok.encode_special
+    forced = [sp("<|output_start|>"), *tok.encode("42"), sp("<|output_end|>")]
+    assert any(r[i : i + len(forced)] == forced for r in want for i in range(len(r)))
+    assert want[2] == [sp("<|assistant_end|>")]
+    assert any(len(r) == m for r, m in zip(want, budgets)) and any(len(r) < m for r, m in zip(want, budgets))
+
+
+def test_static_cache_device_sampler_equals_sample_next():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 300, generator=g) * 4  # (B, V)
+    for temperature, top_k, top_p in [(1.0, None, None), (0.5, 7, None), (1.7, None, 0.3), (1.0, 299, 0.999)]:
+        a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+        for _ in range(20):
+            want = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=a)
+            got = sample_on_device(logits, top_k=top_k, temperature=torch.tensor(temperature), generator=b,
+                                   top_p=None if top_p is None else torch.tensor(top_p))
+            assert torch.equal(got, want)
+        assert torch.equal(a.get_state(), b.get_state())  # the same numbers drawn, no more
+
+
+# -- bf16 ------------------------------------------------------------------------------------------
+
+# Largest |logit| difference allowed between the static path in bf16 and the fp32 reference, on
+# these random models (scale-0.5 weights put logits near 9 of the cap's 15; bf16 keeps 8 bits, so
+# one rounding is ~0.035 there): measured 0.15-0.20 over four seeds. Against the reference engine
+# in bf16 the static path measured 0.000 (the same ops on the same values); allowed 0.02.
+BF16_LOGIT_ATOL = 0.3
+BF16_VS_BF16_ATOL = 0.02
+
+
+def bf16_copy(model: GPT) -> GPT:
+    twin = tiny_gpt(**{k: getattr(model.config, k) for k in ("n_layer", "n_head", "n_kv_head")})
+    twin.load_state_dict(model.state_dict())
+    for p in twin.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    return twin.eval()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_static_cache_bf16_within_tolerance(tok, seed):
+    m32 = random_model(seed)
+    m16 = bf16_copy(m32)
+    prompt = tok.encode("hello there")
+    ref32 = Engine(m32, tok).generate_batch(prompt, max_tokens=40, temperature=0.0, use_tools=False)[0][0]
+    seq = prompt + ref32
+    with torch.no_grad():
+        full32 = m32(torch.tensor([seq]))[0, :-1]  # (T - 1, V): logits after each prefix
+        full16 = m16(torch.tensor([seq]))[0, :-1].float()
+        cache = StaticKVCache.for_model(m16, 2, 64)  # two rows fed the same tokens, teacher-forced
+        steps = torch.stack([m16(torch.tensor([[t], [t]]), kv_cache=cache)[0, -1] for t in seq[:-1]]).float()
+    assert (steps - full32).abs().max() <= BF16_LOGIT_ATOL
+    assert (steps - full16).abs().max() <= BF16_VS_BF16_ATOL
+    # Tokens: equal to fp32's until a near tie, where rounding within the tolerance may pick the other.
+    fast16 = Engine(m16, tok, fast=True).generate_batch(prompt, max_tokens=40, temperature=0.0, use_tools=False)[0][0]
+    first = next((i for i, (a, b) in enumerate(zip(fast16, ref32)) if a != b), None)
+    if first is not None:
+        top2 = full32[len(prompt) - 1 + first].topk(2).values
+        assert top2[0] - top2[1] <= 2 * BF16_LOGIT_ATOL, (first, top2)
+
+
+def test_static_cache_decodes_an_fp32_model_in_bf16_with_its_latest_weights(tok):
+    model = random_model(3)
+    engine = Engine(model, tok, fast=True, dtype=torch.bfloat16)
+    prompt = tok.encode("abc")
+    first = engine.generate_batch(prompt, max_tokens=20, temperature=0.0, use_tools=False)
+    assert first == Engine(bf16_copy(model), tok, fast=True).generate_batch(prompt, max_tokens=20, temperature=0.0,
+                                                                           use_tools=False)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the model itself is left alone
+    randomize(model, seed=77, scale=0.5)  # new weights in place, as an RL update leaves them
+    again = engine.generate_batch(prompt, max_tokens=20, temperature=0.0, use_tools=False)
+    assert again == Engine(bf16_copy(model), tok, fast=True).generate_batch(prompt, max_tokens=20, temperature=0.0,
+                                                                           use_tools=False)
+    assert again != first
+    # the reference path honours the dtype too: autocast, the model's weights stay fp32
+    ref = Engine(model, tok, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = Engine(model, tok).generate_batch(prompt, max_tokens=20, temperature=0.0, use_tools=False)
+    assert ref.generate_batch(prompt, max_tokens=20, temperature=0.0, use_tools=False) == want
+
+
+# -- the static cache itself ------------------------------------------------------------------------
+
+
+def test_static_cache_rows_at_their_own_positions_equal_full_forward(determinism):
+    model = random_model(2)
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [20]]
+    cache = StaticKVCache.for_model(model, 3, 32)
+    with torch.no_grad():
+        seqs, last = [], []
+        for row, p in enumerate(prompts):
+            head = KVCache.for_model(model, 1)
+            if len(p) > 1:
+                model(torch.tensor([p[:-1]]), kv_cache=head)
+            cache.put_row(row, head)
+            seqs.append(list(p))
+        assert cache.pos.tolist() == [3, 6, 0]
+        nxt = torch.tensor([[p[-1]] for p in prompts])  # (B, 1)
+        for _ in range(6):
+            logits = model(nxt, kv_cache=cache)[:, -1]  # (B, V)
+            for row, s in enumerate(seqs):
+                torch.testing.assert_close(logits[row], model(torch.tensor([s]))[0, -1], rtol=1e-4, atol=1e-4)
+            nxt = logits.argmax(-1, keepdim=True)
+            for s, t in zip(seqs, nxt[:, 0].tolist()):
+                s.append(t)
+    assert cache.pos.tolist() == [9, 12, 6]
+
+
+def test_static_cache_positions_stop_at_the_end_of_the_buffer():
+    model = random_model(2)
+    cache = StaticKVCache.for_model(model, 2, 8)
+    with torch.no_grad():
+        for _ in range(12):  # past the buffer: a finished row decoding on must stay inside it
+            logits = model(torch.tensor([[1], [2]]), kv_cache=cache)
+    assert cache.pos.tolist() == [7, 7] and torch.isfinite(logits).all()
+    with pytest.raises(ValueError, match="past the model's context of 64"):
+        StaticKVCache.for_model(model, 1, 65)
+
+
+def test_static_cache_lengths():
+    assert cache_tokens(10, 2048) == 256 and cache_tokens(256, 2048) == 256 and cache_tokens(257, 2048) == 512
+    assert cache_tokens(2000, 2048) == 2048 and cache_tokens(60, 64) == 64
+    with pytest.raises(ValueError, match="does not fit the model's context of 64"):
+        cache_tokens(65, 64)
+
+
+# -- the CUDA-graph wrapper, on the CPU ------------------------------------------------------------
+
+
+class StandInGraphs:
+    """The GraphBackend of capture_graph without a GPU: warm-up runs the step eagerly, and a
+    'replay' runs the step captured, counting both, so the wrapper's logic runs on the CPU."""
+
+    def __init__(self):
+        self.warmups = self.captures = self.replays = 0
+
+    def check(self, device):
+        pass
+
+    def warm_up(self, fn, steps, device):
+        for _ in range(steps):
+            fn()
+            self.warmups += 1
+
+    def capture(self, fn, generator, device):
+        self.captures += 1
+
+        def replay():
+            self.replays += 1
+            fn()
+
+        return replay
+
+
+def test_static_cache_graph_runner_refuses_the_cpu(tok):
+    model = random_model(0)
+    step = StaticStep(model, StaticKVCache.for_model(model, 1, 16), Sampling(greedy=True))
+    with pytest.raises(ValueError, match="CUDA graphs need the model on a CUDA device, it is on cpu"):
+        capture_graph(step)
+    with pytest.raises(ValueError, match="cuda_graphs=True needs the model on a CUDA device"):
+        Engine(model, tok, fast=True, cuda_graphs=True)
+    with pytest.raises(ValueError, match="pass fast=True"):
+        Engine(model, tok, cuda_graphs=False)
+    assert not Engine(model, tok, fast=True).cuda_graphs  # auto: eager static steps on the CPU
+
+
+def test_static_cache_graph_wrapper_undoes_warm_up_and_replays_in_place():
+    model = random_model(4)
+    twins = []
+    for _ in range(2):
+        cache = StaticKVCache.for_model(model, 2, 16)
+        head = KVCache.for_model(model, 1)
+        with torch.no_grad():
+            model(torch.tensor([[3, 4, 5]]), kv_cache=head)
+        cache.put_rows(range(2), head)
+        step = StaticStep(model, cache, Sampling.of(1.0, 10, None))
+        step.tokens.fill_(6)
+        twins.append(step)
+    eager, graphed = twins
+    backend = StandInGraphs()
+    with torch.inference_mode():
+        capture_graph(graphed, backend=backend, warmup_steps=3)
+    assert backend.warmups == 3 and backend.captures == 1
+    assert graphed.cache.pos.tolist() == [3, 3] and graphed.tokens.tolist() == [[6], [6]]  # warm-up undone
+    buffers = [graphed.tokens, graphed.next_ids, graphed.cache.kv, graphed.cache.pos, graphed.temperature]
+    ptrs = [b.data_ptr() for b in buffers]
+    with torch.inference_mode():
+        for s in twins:
+            s.set_sampling(Sampling.of(1.0, 10, None), seed=3)
+        for _ in range(5):
+            eager()
+            graphed()
+            assert torch.equal(graphed.next_ids, eager.next_ids)
+    assert backend.replays == 5
+    assert [b.data_ptr() for b in buffers] == ptrs  # the same buffers, written in place
+    assert graphed.cache.pos.tolist() == [8, 8]
+
+
+def test_static_cache_engine_through_the_graph_wrapper_equals_reference(tok, monkeypatch):
+    """The whole fast engine with every step 'captured' by the stand-in: warm-ups at capture
+    time must leave no trace in any reply."""
+    backend = StandInGraphs()
+    monkeypatch.setattr(engine_module, "capture_graph", functools.partial(capture_graph, backend=backend))
+    model = talkative_tool_model(tok)
+    ref, fast = Engine(model, tok), Engine(model, tok, fast=True)
+    fast.cuda_graphs = True  # what a CUDA model gets; the stand-in replays eagerly on the CPU
+    prompts = [tok.encode(t) for t in ["how much?", "q", "why?", "tell me more"]]
+    assert fast.generate_greedy(prompts, max_tokens=20, batch_rows=2) == \
+        ref.generate_greedy(prompts, max_tokens=20, batch_rows=2)
+    for seed in (0, 1):
+        assert fast.generate_batch(prompts[0], num_samples=3, max_tokens=30, temperature=0.9, top_k=40, seed=seed) == \
+            ref.generate_batch(prompts[0], num_samples=3, max_tokens=30, temperature=0.9, top_k=40, seed=seed)
+    assert backend.captures == fast._pool.built == 2 and backend.replays > 40
+
+
+class FailingGraphs(StandInGraphs):
+    """A backend whose capture fails, as one would on an op that syncs with the host."""
+
+    def capture(self, fn, generator, device):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_static_cache_falls_back_to_eager_steps_when_capture_fails(tok, monkeypatch, caplog):
+    monkeypatch.setattr(engine_module, "capture_graph", functools.partial(capture_graph, backend=FailingGraphs()))
+    model = random_model(2)
+    fast = Engine(model, tok, fast=True)
+    fast.cuda_graphs = True
+    prompt = tok.encode("abc")
+    with caplog.at_level("WARNING", logger="lockstep.engine"):
+        got = fast.generate_batch(prompt, num_samples=2, max_tokens=12, temperature=0.0, use_tools=False)
+    assert got == Engine(model, tok).generate_batch(prompt, num_samples=2, max_tokens=12, temperature=0.0,
+                                                    use_tools=False)
+    assert "decoding without CUDA graphs" in caplog.text and not fast.cuda_graphs
+
+
+def test_static_cache_steps_are_reused_across_calls_and_never_shared(tok):
+    model = random_model(1)
+    engine = Engine(model, tok, fast=True)
+    prompt = tok.encode("abc")
+    one = engine.generate_batch(prompt, num_samples=2, max_tokens=10, temperature=0.0, use_tools=False)
+    step = engine._pool.acquire(2, 64, Sampling(greedy=True))
+    kv_ptr = step.cache.kv.data_ptr()
+    engine._pool.release(step)
+    assert engine.generate_batch(prompt, num_samples=2, max_tokens=10, temperature=0.0, use_tools=False) == one
+    assert engine._pool.built == 1  # the second call took the first call's step: nothing allocated
+    again = engine._pool.acquire(2, 64, Sampling(greedy=True))
+    assert again is step and again.cache.kv.data_ptr() == kv_ptr
+    engine._pool.release(again)
+    # two requests in flight at once (the server's workers) each get their own step
+    a = engine.generate(prompt, num_samples=2, max_tokens=10, temperature=0.0, use_tools=False)
+    b = engine.generate(tok.encode("xyz"), num_samples=2, max_tokens=10, temperature=0.0, use_tools=False)
+    cols_a, cols_b = [], []
+    for col_a, col_b in zip(a, b):
+        cols_a.append(col_a[0])
+        cols_b.append(col_b[0])
+    assert engine._pool.built == 2
+    ref = Engine(model, tok)
+    kw = dict(num_samples=2, max_tokens=10, temperature=0.0, use_tools=False)
+    assert cols_a == [c for c, _ in ref.generate(prompt, **kw)]
+    assert cols_b == [c for c, _ in ref.generate(tok.encode("xyz"), **kw)]
+
+
+def test_static_cache_is_on_for_cuda_with_kernels_only():
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert decode_settings(cuda, torch.bfloat16, True) == {"fast": True, "dtype": torch.bfloat16}
+    assert decode_settings(cuda, torch.float32, True) == {"fast": True, "dtype": None}
+    assert decode_settings(cuda, torch.bfloat16, False) == {"fast": False, "dtype": torch.bfloat16}
+    # the CPU keeps the reference path in the model's dtype, whatever the runtime says
+    assert decode_settings(cpu, torch.bfloat16, True) == {"fast": False, "dtype": None}
+    assert decode.MIN_CACHE_TOKENS == 256
