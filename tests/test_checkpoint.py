@@ -192,6 +192,15 @@ def test_load_model_gives_back_the_saved_model(tmp_path) -> None:
     assert load_model(tmp_path / "ck", "cpu")[1]["tokenizer_sha256"] == TOKENIZER_SHA
 
 
+def test_load_model_casts_the_weights_to_a_dtype(tmp_path) -> None:
+    saved = _model_checkpoint(tmp_path / "ck")
+    model, _ = load_model(tmp_path / "ck", "cpu", dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters()) and not model.training
+    assert model.rotary_cos.dtype == torch.float32  # derived tables stay fp32, as GPT.build leaves them
+    for (name, p), q in zip(model.named_parameters(), saved.parameters(), strict=True):
+        assert torch.equal(p, q.to(torch.bfloat16)), name
+
+
 def test_load_model_refuses_another_tokenizer(tmp_path) -> None:
     _model_checkpoint(tmp_path / "ck")
     with pytest.raises(CheckpointError, match=rf"checkpoint {tmp_path / 'ck'} was trained with tokenizer aaaaaaaaaaaa\.\.\., "

@@ -95,3 +95,15 @@ def test_rollout_groups_share_a_prompt_and_center_rewards(tok):
         assert sum(adv) == pytest.approx(0.0)
     again = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
     assert again.completions == ro.completions  # seeded: a pure function of its inputs
+
+
+def test_rollouts_on_the_static_cache_path_equal_the_reference(tok):
+    """What RL's rollouts get on CUDA with runtime.kernels (Engine(fast=True)), here on the CPU:
+    the same completions, masks and rewards for the same seed."""
+    model = tiny_model(5).eval()
+    cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": 12}, where="rl")
+    problems = [{"question": "1+1?", "answer": "#### 2"}, {"question": "2+2?", "answer": "#### 4"}]
+    ref = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
+    fast = rollout(Engine(model, tok, fast=True), tok, problems, cfg, seed=7)
+    assert (fast.completions, fast.sampled, fast.rewards) == (ref.completions, ref.sampled, ref.rewards)
+    assert len({tuple(c) for c in ref.completions}) > 1

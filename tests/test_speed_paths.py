@@ -157,4 +157,9 @@ def test_runtime_kernels_setting_is_checked_and_reaches_the_chat_model(tmp_path)
     assert rt.kernels and rt.describe()["kernels"] is True
     ckpt, tok_dir = write_tiny_checkpoint(tmp_path)
     assert load_backend(ckpt, tok_dir).engine.model.ops is REFERENCE_OPS
-    assert load_backend(ckpt, tok_dir, kernels=True).engine.model.ops is KERNEL_OPS
+    fast_on_cpu = load_backend(ckpt, tok_dir, kernels=True).engine
+    assert fast_on_cpu.model.ops is KERNEL_OPS
+    # On the CPU kernels leave decoding on the reference engine path, in fp32; on CUDA they also
+    # switch on its static-cache path, in bf16 (lockstep.engine.decode_settings).
+    assert not fast_on_cpu.fast and fast_on_cpu.dtype is None
+    assert all(p.dtype == torch.float32 for p in fast_on_cpu.model.parameters())

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO
 
+import torch
+
 from lockstep.checkpoint import load_model
-from lockstep.engine import Engine
+from lockstep.engine import Engine, decode_settings
 from lockstep.records import text_message
-from lockstep.runtime import device_from_name
+from lockstep.runtime import choose_device_dtype, device_from_name
 from lockstep.sampling import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SEED,
@@ -225,7 +227,9 @@ class EngineBackend:
 def load_backend(ckpt_dir: Path, tokenizer_dir: Path, *, device: str = "cpu", kernels: bool = False) -> EngineBackend:
     """Load a checkpoint and its tokenizer into an EngineBackend on `device` ("cpu", "cuda",
     "cuda:1", "mps"), refusing a device this machine lacks and a tokenizer other than the one the
-    checkpoint was trained with. `kernels` runs the model on lockstep.kernels (GPT.use_kernels)."""
+    checkpoint was trained with. On CUDA with bf16 (sm80+) the weights are loaded in bf16; elsewhere
+    they stay fp32. `kernels` runs the model on lockstep.kernels (GPT.use_kernels) and, on CUDA,
+    decodes through the static-cache, CUDA-graphed engine path (lockstep.engine.decode_settings)."""
     ckpt_dir, tokenizer_dir = Path(ckpt_dir), Path(tokenizer_dir)
     # Checked before anything loads: a device this machine lacks fails in seconds, not after the weights.
     torch_device = device_from_name(device, setting="--device")
@@ -234,9 +238,13 @@ def load_backend(ckpt_dir: Path, tokenizer_dir: Path, *, device: str = "cpu", ke
     if not tokenizer_dir.is_dir():
         raise FileNotFoundError(f"no tokenizer directory at {tokenizer_dir}: pass --tokenizer data/tokenizer")
     tokenizer = load_tokenizer(tokenizer_dir)
-    model, _ = load_model(ckpt_dir, torch_device, tokenizer_sha256=tokenizer.sha256)
+    dtype = torch.float32
+    if torch_device.type == "cuda":
+        _, dtype, why = choose_device_dtype("cuda", "auto", local_rank=torch_device.index or 0)
+        log.info("decoding in %s", why)
+    model, _ = load_model(ckpt_dir, torch_device, tokenizer_sha256=tokenizer.sha256, dtype=dtype)
     model.use_kernels(kernels)
-    engine = Engine(model, tokenizer)
+    engine = Engine(model, tokenizer, **decode_settings(torch_device, dtype, kernels))
     model_id = f"lockstep-{ckpt_dir.name}"
     return EngineBackend(engine, tokenizer, model_id=model_id, context_tokens=model.config.sequence_len)
 

@@ -186,12 +186,13 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
 
 
 def load_model(path: str | os.PathLike[str], device: torch.device | str, *,
-               tokenizer_sha256: str | None = None) -> tuple[GPT, dict[str, Any]]:
+               tokenizer_sha256: str | None = None, dtype: torch.dtype | None = None) -> tuple[GPT, dict[str, Any]]:
     """The GPT a checkpoint holds, on `device` in eval mode, and the checkpoint's meta. The
     manifest and format are verified first (`load_checkpoint`); with `tokenizer_sha256`, a
     checkpoint trained with another tokenizer is refused. The model is built from
-    `meta["model_config"]` and its weights loaded strictly. Every failure is a CheckpointError
-    that names the checkpoint."""
+    `meta["model_config"]` and its weights loaded strictly, then cast to `dtype` when given (bf16
+    for decoding on a GPU; None keeps the stored fp32). Every failure is a CheckpointError that
+    names the checkpoint."""
     path = Path(path)
     ck = load_checkpoint(path)
     meta = ck.meta
@@ -217,6 +218,9 @@ def load_model(path: str | os.PathLike[str], device: torch.device | str, *,
         first = str(e).strip().splitlines()[:2]
         raise CheckpointError(f"{path / MODEL_FILE} does not fit its model_config ({' '.join(first)}); re-run the "
                               "stage that wrote it") from None
+    if dtype is not None:
+        for p in model.parameters():  # the rotary tables are buffers and stay fp32, as GPT.build leaves them
+            p.data = p.data.to(dtype)
     model.eval()
     return model, meta
 

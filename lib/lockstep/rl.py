@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -223,18 +223,21 @@ class RLResult:
 def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence[dict[str, Any]],
              val_problems: Sequence[dict[str, Any]], cfg: RLConfig, device: torch.device, seed: int,
              autocast: Any = None, log: Callable[[str], None] = print,
-             on_step: Callable[[dict[str, float]], None] | None = None) -> RLResult:
+             on_step: Callable[[dict[str, float]], None] | None = None,
+             decode: Mapping[str, Any] | None = None) -> RLResult:
     """Run `cfg.num_steps` policy updates. Problems per step are drawn with a generator seeded
     from (seed, step), so a run is a pure function of its inputs and seed. An update whose loss
     or gradient norm is NaN or inf is skipped; more in a row than `cfg.nonfinite_patience`, or
     non-finite weights at the end, raise lockstep.train.NonFiniteError. `on_step` gets each
     result row, as `series_columns(cfg)` names them: a held-out row (`val_*`) before the first
-    update, every `eval_every_steps` and after the last; a training row after every update."""
+    update, every `eval_every_steps` and after the last; a training row after every update.
+    `decode` holds the Engine's keywords for the rollouts and held-out scores
+    (lockstep.engine.decode_settings: on CUDA, bf16 and the fast path); None is the reference."""
     if not train_problems:
         raise ValueError("no training problems: the problems snapshot's train split is empty")
     if not val_problems:
         raise ValueError("no held-out problems: the problems snapshot's val split is empty")
-    engine = Engine(model, tokenizer)
+    engine = Engine(model, tokenizer, **(decode or {}))
     optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd)
     params = [p for p in model.parameters() if p.requires_grad]
     held_out = list(val_problems[: cfg.eval_problems])

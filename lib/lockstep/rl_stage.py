@@ -16,6 +16,7 @@ import torch
 
 from lockstep import checkpoint as ckpt
 from lockstep.config import ConfigError, config_to_dict
+from lockstep.engine import decode_settings
 from lockstep.io import sha256_file, write_json_atomic
 from lockstep.rl import RLConfig, RLResult, series_columns, train_rl
 from lockstep.runinfo import write_runinfo
@@ -88,7 +89,8 @@ def run_rl_stage(*, cfg: RLConfig, paths: RLStagePaths, rt: Runtime, seed: int, 
     t0 = time.perf_counter()
     try:
         result = train_rl(model, tok, train_problems=train_problems, val_problems=val_problems, cfg=cfg,
-                          device=rt.device, seed=seed, autocast=rt.autocast(), log=log.info, on_step=series.add)
+                          device=rt.device, seed=seed, autocast=rt.autocast(), log=log.info, on_step=series.add,
+                          decode=decode_settings(rt.device, rt.dtype, rt.kernels))
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"rl keeps no intermediate checkpoints, so nothing was saved; `dvc repro` runs it "
                                 f"again from {paths.init}") from None

@@ -21,7 +21,7 @@ from lockstep.bpb import BpbSums, measure_bpb
 from lockstep.cache import CacheError, CacheTooSmallError, list_caches, open_pretrain_split
 from lockstep.checkpoint import CheckpointError, load_model
 from lockstep.config import ConfigError, FieldError, check_range
-from lockstep.engine import Engine
+from lockstep.engine import Engine, decode_settings
 from lockstep.evaluate import chat, core
 from lockstep.evaluate.sandbox import SandboxLimits
 from lockstep.io import atomic_dir, canonical_json, write_json_atomic
@@ -393,7 +393,10 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime
 
     if stage in cfg.chat_stages:
         stop_ids = {tokenizer.encode_special("<|assistant_end|>"), bos}
-        generate = make_generate(Engine(model, tokenizer), stop_ids=stop_ids, max_new_tokens=cfg.max_new_tokens,
+        # On CUDA with runtime.kernels the replies decode through the static-cache, CUDA-graphed
+        # path in bf16; on the CPU through the reference path, as before.
+        engine = Engine(model, tokenizer, **decode_settings(rt.device, rt.dtype, rt.kernels))
+        generate = make_generate(engine, stop_ids=stop_ids, max_new_tokens=cfg.max_new_tokens,
                                  context_tokens=T, batch_rows=cfg.generate_batch)
         per_task: dict[str, tuple[float, float]] = {}
         results: dict[str, tuple[chat.TaskResult, float]] = {}
