@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import inspect
 import json
 import os
 import resource
@@ -320,19 +319,6 @@ def decode_rates(generate: Callable[[int, int], int], new_tokens: int, reps: int
     return out
 
 
-def fast_engine(Engine, model, tokenizer, rt) -> tuple[Any, str | None]:
-    """lockstep's Engine on its fast path, where this Engine takes a switch for one (`kernels=True`,
-    or a Runtime with kernels on as `rt`/`runtime`); (engine, how) or (None, None) when it takes
-    neither, so the caller measures the reference alone and says so."""
-    params = inspect.signature(Engine).parameters
-    if "kernels" in params:
-        return Engine(model, tokenizer, kernels=True), "Engine(kernels=True)"
-    for name in ("rt", "runtime"):
-        if name in params:
-            return Engine(model, tokenizer, **{name: rt}), f"Engine({name}=Runtime(kernels=True))"
-    return None, None
-
-
 def cmd_ls_decode(a: argparse.Namespace) -> None:
     import torch
 
@@ -344,7 +330,6 @@ def cmd_ls_decode(a: argparse.Namespace) -> None:
     weights = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.weights]
     gcfg = GPTConfig.from_depth(a.depth, a.vocab, a.decode_seq)
     model = GPT.build(gcfg, d, weights, seed=0).eval()
-    rt = Runtime(device=d, dtype=weights, reason="bench", kernels=True)
     tok = NoSpecials()
 
     def runner(engine) -> Callable[[int, int], int]:
@@ -361,23 +346,18 @@ def cmd_ls_decode(a: argparse.Namespace) -> None:
         return [col[0] for col in engine.generate(PROMPT, max_tokens=a.check_tokens, temperature=0.0, use_tools=False)]
 
     fields: dict[str, Any] = {}
-    model.use_kernels(False)
     reference = Engine(model, tok)
     ref_ids = greedy(reference)
     fields.update({f"ref_{k}": v for k, v in decode_rates(runner(reference), a.new_tokens, a.reps).items()})
-    model.use_kernels(True)
-    fast, how = fast_engine(Engine, model, tok, rt)
-    if fast is None:
-        print("note: lockstep.engine.Engine takes no fast-path switch (kernels=, rt=) in this checkout: "
-              "only its reference path is measured", flush=True)
-    else:
-        fast_ids = greedy(fast)
-        agree = next((i for i, (x, y) in enumerate(zip(ref_ids, fast_ids)) if x != y), len(ref_ids))
-        fields.update({f"fast_{k}": v for k, v in decode_rates(runner(fast), a.new_tokens, a.reps).items()})
-        fields["fast_greedy_agrees_tokens"] = agree  # leading greedy tokens equal to the reference's
+    # the fast path: static KV cache, device-side sampling, the step replayed as a CUDA graph on CUDA
+    fast = Engine(model, tok, fast=True)
+    fast_ids = greedy(fast)
+    agree = next((i for i, (x, y) in enumerate(zip(ref_ids, fast_ids)) if x != y), len(ref_ids))
+    fields.update({f"fast_{k}": v for k, v in decode_rates(runner(fast), a.new_tokens, a.reps).items()})
+    fields["fast_greedy_agrees_tokens"] = agree  # leading greedy tokens equal to the reference's
     model.use_kernels(False)
     result("ls_decode", depth=a.depth, vocab=a.vocab, weights=a.weights, new_tokens=a.new_tokens, reps=a.reps,
-           prompt_tokens=len(PROMPT), fast_path=how, check_tokens=a.check_tokens, **fields)
+           prompt_tokens=len(PROMPT), check_tokens=a.check_tokens, **fields)
 
 
 def cmd_nc_decode(a: argparse.Namespace) -> None:
@@ -546,7 +526,7 @@ def compare(records: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
             if ref is not None:
                 parts.append(f"lockstep reference {ref:,.1f} tok/s ({ls['weights']} weights)")
             if fast is not None:
-                parts.append(f"fast {fast:,.1f} ({ls['fast_path']})")
+                parts.append(f"fast {fast:,.1f}")
             if base is not None:
                 parts.append(f"nanochat {base:,.1f}")
             row = {"reference/nanochat": ref / base if ref and base else None,
@@ -555,9 +535,7 @@ def compare(records: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
             entry[f"b{b}"] = {k2: round(v, 4) for k2, v in row.items() if v is not None}
             ratio_text = ", ".join(f"{k2} {v:.2f}x" for k2, v in row.items() if v is not None)
             lines.append(f"  batch {b}: " + "; ".join(parts) + (f"  [{ratio_text}]" if ratio_text else ""))
-        if ls and ls.get("fast_path") is None:
-            lines.append("  (this checkout's Engine has no fast-path switch: reference only)")
-        elif ls:
+        if ls and "fast_greedy_agrees_tokens" in ls:
             lines.append(f"  fast path's greedy tokens equal the reference's for the first "
                          f"{ls['fast_greedy_agrees_tokens']} of {ls['check_tokens']}")
         ratios[f"decode_d{depth}"] = entry
