@@ -3,19 +3,34 @@ on tiny CPU models: greedy tokens equal token for token in fp32 (one row and sev
 stop at different times, the calculator's forced tokens, many prompts sharing a batch); sampled
 tokens equal for the same seed (the device-side draw is the exponential race torch.multinomial
 runs, so a CPU generator gives the same ids); bf16 within a stated tolerance; the static cache
-against full forwards; and the CUDA-graph wrapper's logic on the CPU through a stand-in backend
-(warm-up undone, buffers reused, replays in place), refusing a CPU device with the real one."""
+against full forwards; the CUDA-graph wrapper's logic on the CPU through a stand-in backend
+(warm-up undone, buffers reused, replays in place), refusing a CPU device with the real one; and
+the compiled step (compile_step) against the uncompiled one and the reference engine, compiled
+once per step and never again, its cache written in place."""
 
 from __future__ import annotations
 
 import functools
+import gc
+import math
+import re
+import weakref
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 
 from _tiny_model import randomize, tiny_gpt
 from lockstep import decode, engine as engine_module
-from lockstep.decode import Sampling, StaticKVCache, StaticStep, cache_tokens, capture_graph, sample_on_device
+from lockstep.decode import (
+    Sampling,
+    StaticKVCache,
+    StaticStep,
+    cache_tokens,
+    capture_graph,
+    compile_step,
+    sample_on_device,
+)
 from lockstep.engine import Engine, KVCache, decode_settings, sample_next
 from lockstep.model import GPT
 from test_engine import Planted, random_model
@@ -264,8 +279,9 @@ def test_static_cache_graph_runner_refuses_the_cpu(tok):
         capture_graph(step)
     with pytest.raises(ValueError, match="cuda_graphs=True needs the model on a CUDA device"):
         Engine(model, tok, fast=True, cuda_graphs=True)
-    with pytest.raises(ValueError, match="pass fast=True"):
-        Engine(model, tok, cuda_graphs=False)
+    for off_the_fast_path in ({"cuda_graphs": False}, {"compile_step": True}):
+        with pytest.raises(ValueError, match="pass fast=True"):
+            Engine(model, tok, **off_the_fast_path)
     assert not Engine(model, tok, fast=True).cuda_graphs  # auto: eager static steps on the CPU
 
 
@@ -287,7 +303,8 @@ def test_static_cache_graph_wrapper_undoes_warm_up_and_replays_in_place():
         capture_graph(graphed, backend=backend, warmup_steps=3)
     assert backend.warmups == 3 and backend.captures == 1
     assert graphed.cache.pos.tolist() == [3, 3] and graphed.tokens.tolist() == [[6], [6]]  # warm-up undone
-    buffers = [graphed.tokens, graphed.next_ids, graphed.cache.kv, graphed.cache.pos, graphed.temperature]
+    buffers = [graphed.tokens, graphed.next_ids, *graphed.cache.keys, *graphed.cache.values, graphed.cache.pos,
+               graphed.temperature]
     ptrs = [b.data_ptr() for b in buffers]
     with torch.inference_mode():
         for s in twins:
@@ -344,12 +361,12 @@ def test_static_cache_steps_are_reused_across_calls_and_never_shared(tok):
     prompt = tok.encode("abc")
     one = engine.generate_batch(prompt, num_samples=2, max_tokens=10, temperature=0.0, use_tools=False)
     step = engine._pool.acquire(2, 64, Sampling(greedy=True))
-    kv_ptr = step.cache.kv.data_ptr()
+    kv_ptr = step.cache.keys[0].data_ptr()
     engine._pool.release(step)
     assert engine.generate_batch(prompt, num_samples=2, max_tokens=10, temperature=0.0, use_tools=False) == one
     assert engine._pool.built == 1  # the second call took the first call's step: nothing allocated
     again = engine._pool.acquire(2, 64, Sampling(greedy=True))
-    assert again is step and again.cache.kv.data_ptr() == kv_ptr
+    assert again is step and again.cache.keys[0].data_ptr() == kv_ptr
     engine._pool.release(again)
     # two requests in flight at once (the server's workers) each get their own step
     a = engine.generate(prompt, num_samples=2, max_tokens=10, temperature=0.0, use_tools=False)
@@ -367,9 +384,172 @@ def test_static_cache_steps_are_reused_across_calls_and_never_shared(tok):
 
 def test_static_cache_is_on_for_cuda_with_kernels_only():
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert decode_settings(cuda, torch.bfloat16, True) == {"fast": True, "dtype": torch.bfloat16}
-    assert decode_settings(cuda, torch.float32, True) == {"fast": True, "dtype": None}
-    assert decode_settings(cuda, torch.bfloat16, False) == {"fast": False, "dtype": torch.bfloat16}
+    assert decode_settings(cuda, torch.bfloat16, True) == {"fast": True, "dtype": torch.bfloat16, "compile_step": False}
+    assert decode_settings(cuda, torch.float32, True) == {"fast": True, "dtype": None, "compile_step": False}
+    assert decode_settings(cuda, torch.bfloat16, False) == {"fast": False, "dtype": torch.bfloat16,
+                                                            "compile_step": False}
+    # the step compiles where the runtime compiles (runtime.compile), on the fast path only
+    assert decode_settings(cuda, torch.bfloat16, True, compile=True)["compile_step"]
+    assert not decode_settings(cuda, torch.bfloat16, False, compile=True)["compile_step"]
     # the CPU keeps the reference path in the model's dtype, whatever the runtime says
-    assert decode_settings(cpu, torch.bfloat16, True) == {"fast": False, "dtype": None}
+    assert decode_settings(cpu, torch.bfloat16, True, compile=True) == {"fast": False, "dtype": None,
+                                                                        "compile_step": False}
     assert decode.MIN_CACHE_TOKENS == 256
+
+
+# -- the compiled step (compile_step), on the CPU --------------------------------------------------
+# aot_eager: dynamo's tracing and AOT autograd's functionalized graph (what inductor compiles),
+# run by eager kernels, so the numbers are the eager step's and the comparisons exact; inductor's
+# own C++ build is the slow test below.
+
+
+def counting_aot_eager() -> CompileCounterWithBackend:
+    """A backend that compiles as aot_eager and counts the graphs it is handed (one per compile)."""
+    return CompileCounterWithBackend("aot_eager")
+
+
+def prefilled_step(model, sampling: Sampling, prompt=(3, 4, 5), rows: int = 3) -> StaticStep:
+    cache = StaticKVCache.for_model(model, rows, 32)
+    head = KVCache.for_model(model, 1)
+    with torch.inference_mode():
+        model(torch.tensor([list(prompt)]), kv_cache=head)
+    cache.put_rows(range(rows), head)
+    step = StaticStep(model, cache, sampling)
+    step.tokens.fill_(6)
+    return step
+
+
+@pytest.mark.parametrize("sampling", [Sampling(greedy=True), Sampling.of(1.0, None, None), Sampling.of(0.8, 20, 0.9)],
+                         ids=["greedy", "plain", "top_k_top_p"])
+def test_static_cache_compiled_step_equals_eager_step(sampling):
+    model = random_model(5)
+    eager, compiled = prefilled_step(model, sampling), prefilled_step(model, sampling)
+    backend = counting_aot_eager()
+    compile_step(compiled, backend=backend)
+    ptrs = [b.data_ptr() for b in (*compiled.cache.keys, *compiled.cache.values, compiled.cache.pos)]
+    # two requests in turn on the step: a new temperature, top_p and seed are values, not shapes
+    k, p = sampling.top_k, sampling.top_p
+    requests = [sampling] * 2 if sampling.greedy else [Sampling.of(0.7, k, p), Sampling.of(1.3, k, p and p - 0.2)]
+    picks = []
+    with torch.inference_mode():
+        for seed, request in enumerate(requests):
+            for s in (eager, compiled):
+                s.set_sampling(request, seed=seed)
+            for i in range(10):
+                eager()
+                compiled()
+                assert torch.equal(compiled.next_ids, eager.next_ids), (seed, i)
+                picks.append(compiled.next_ids.tolist())
+    assert all(torch.equal(a, b) for a, b in zip(compiled.cache.keys + compiled.cache.values,
+                                                   eager.cache.keys + eager.cache.values))
+    assert torch.equal(compiled.cache.pos, eager.cache.pos) and compiled.cache.pos.tolist() == [23] * 3
+    assert [b.data_ptr() for b in (*compiled.cache.keys, *compiled.cache.values, compiled.cache.pos)] == ptrs
+    assert sampling.greedy or any(len(set(row)) > 1 for row in picks)  # the rows drew differently: draws compared
+    # one graph per compiled part the step runs, made once: nothing recompiled across 20 tokens and
+    # two requests (greedy: the step is one part; sampled: candidates and race, around the draw)
+    assert backend.frame_count == (1 if sampling.greedy else 2)
+
+
+def test_static_cache_compiled_step_comes_before_the_graph():
+    model = random_model(0)
+    step = prefilled_step(model, Sampling(greedy=True))
+    with torch.inference_mode():
+        capture_graph(step, backend=StandInGraphs(), warmup_steps=1)
+    with pytest.raises(ValueError, match="compile_step must come before capture_graph"):
+        compile_step(step, backend="aot_eager")
+
+
+@pytest.fixture
+def compiled_engines(monkeypatch):
+    """Engines whose compile_step compiles through one counting aot_eager backend (returned)."""
+    backend = counting_aot_eager()
+    monkeypatch.setattr(engine_module, "compile_step", functools.partial(compile_step, backend=backend))
+    return backend
+
+
+def test_static_cache_compiled_engine_equals_reference_with_the_calculator(tok, compiled_engines):
+    model = talkative_tool_model(tok)
+    ref, eager = Engine(model, tok), Engine(model, tok, fast=True)
+    compiled = Engine(model, tok, fast=True, compile_step=True)
+    sp = tok.encode_special
+    forced = [sp("<|output_start|>"), *tok.encode("42"), sp("<|output_end|>")]
+    prompt = tok.encode("how much?")
+    for num_samples in (1, 3):
+        kw = dict(num_samples=num_samples, max_tokens=30, temperature=0.0)
+        want = ref.generate_batch(prompt, **kw)
+        assert compiled.generate_batch(prompt, **kw) == eager.generate_batch(prompt, **kw) == want
+        assert all(any(s[i : i + len(forced)] == forced for i in range(len(s))) for s in want[0])  # the tool answered
+    graphs = compiled_engines.frame_count
+    assert graphs == compiled._pool.built == 2  # a greedy step of 1 row and one of 3: one graph each
+    # the same shapes again, then sampled rows (the same seed draws the same ids as the reference)
+    for num_samples in (1, 3):
+        assert compiled.generate_batch(prompt, num_samples=num_samples, max_tokens=30, temperature=0.0) == \
+            ref.generate_batch(prompt, num_samples=num_samples, max_tokens=30, temperature=0.0)
+    assert compiled_engines.frame_count == graphs and compiled._pool.built == 2  # reused, not recompiled
+    for seed in (0, 1):
+        kw = dict(num_samples=3, max_tokens=30, temperature=0.9, top_k=40, seed=seed)
+        assert compiled.generate_batch(prompt, **kw) == ref.generate_batch(prompt, **kw)
+    assert compiled_engines.frame_count == graphs + 2  # the sampled step's two parts, compiled once for both seeds
+
+
+def test_static_cache_compiled_engine_generate_greedy_equals_reference(tok, compiled_engines):
+    model = talkative_tool_model(tok)
+    prompts = [tok.encode(t) for t in ["how much?", "q", "stop here.", "why?", "tell me more"]]
+    budgets = [30, 12, 9, 20, 25]
+    want = Engine(model, tok).generate_greedy(prompts, max_tokens=budgets, batch_rows=3)
+    compiled = Engine(model, tok, fast=True, compile_step=True)
+    assert compiled.generate_greedy(prompts, max_tokens=budgets, batch_rows=3) == want
+    assert compiled.generate_greedy(prompts, max_tokens=budgets, batch_rows=3) == want
+    assert compiled_engines.frame_count == compiled._pool.built == 1  # one step, compiled once, both calls
+
+
+def test_static_cache_compiled_engine_through_the_graph_wrapper(tok, compiled_engines, monkeypatch):
+    """Compile, then capture (the CUDA order): the compile happens in capture_graph's warm-up,
+    whose moves are undone, and leaves no trace in any reply."""
+    graphs = StandInGraphs()
+    monkeypatch.setattr(engine_module, "capture_graph", functools.partial(capture_graph, backend=graphs))
+    model = talkative_tool_model(tok)
+    fast = Engine(model, tok, fast=True, compile_step=True)
+    fast.cuda_graphs = True
+    prompts = [tok.encode(t) for t in ["how much?", "q", "why?", "tell me more"]]
+    assert fast.generate_greedy(prompts, max_tokens=20, batch_rows=2) == \
+        Engine(model, tok).generate_greedy(prompts, max_tokens=20, batch_rows=2)
+    assert graphs.captures == compiled_engines.frame_count == 1
+
+
+@pytest.mark.slow  # inductor builds the step in C++: ~15 s on this 2-core CPU cold, ~6 s with its build cached
+def test_static_cache_compiled_engine_with_inductor_equals_reference_and_writes_in_place(tok):
+    from torch._inductor.utils import run_and_get_code
+
+    model = talkative_tool_model(tok)
+    prompt = tok.encode("how much?")
+    kw = dict(num_samples=3, max_tokens=30, temperature=0.0)
+    want = Engine(model, tok).generate_batch(prompt, **kw)
+    compiled = Engine(model, tok, fast=True, compile_step=True)  # the default backend, inductor
+    # Inductor's on-disk graph cache off: it once served code compiled for separate cache tensors to
+    # a cache of views of one buffer, hiding the copies this test looks for (C++ builds stay cached).
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        got, code = run_and_get_code(compiled.generate_batch, prompt, **kw)
+    assert got == want
+    forced = [tok.encode_special("<|output_start|>"), *tok.encode("42"), tok.encode_special("<|output_end|>")]
+    assert all(any(s[i : i + len(forced)] == forced for i in range(len(s))) for s in want[0])
+    # No buffer the size of a layer's cache allocated in the generated code: the writes go into the
+    # cache itself (layers kept as views of one shared buffer made inductor copy whole layers, as
+    # (B * Hkv * T_max, D) buffers, every step; see StaticKVCache).
+    step = compiled._pool.acquire(3, 64, Sampling(greedy=True))
+    assert step.compiled and len(code) == 1
+    shapes = re.findall(r"empty_strided_cpu\(\(([\d, ]*)\)", code[0])
+    assert len(shapes) > 5 and max(math.prod(int(n) for n in s.split(",") if n.strip()) for s in shapes) < \
+        step.cache.keys[0].numel()
+
+
+def test_static_cache_compiled_step_is_freed_with_its_step():
+    """An evicted step (StepPool keeps a few) must free its cache: its compiled code may not hold it."""
+    model = random_model(0)
+    step = compile_step(prefilled_step(model, Sampling(greedy=True)), backend="aot_eager")
+    with torch.inference_mode():
+        step()
+    refs = [weakref.ref(step), weakref.ref(step.cache.keys[0])]
+    del step
+    gc.collect()
+    assert all(r() is None for r in refs)

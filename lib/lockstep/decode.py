@@ -1,8 +1,9 @@
 """Static-shape decoding: a KV cache preallocated to a fixed length whose per-row positions live
-in a device tensor, a decode step (forward, soft cap, sampling) with no host sync inside, and a
-CUDA-graph runner that replays that step. Token ids in, token ids out; the engine
-(lockstep.engine) drives it and keeps the stop and tool logic. Not a reference: lockstep.engine's
-KVCache and sample_next are, and tests/test_static_cache.py holds this path equal to them."""
+in a device tensor, a decode step (forward, soft cap, sampling) with no host sync inside, the
+step's optional torch.compile, and a CUDA-graph runner that replays that step. Token ids in,
+token ids out; the engine (lockstep.engine) drives it and keeps the stop and tool logic. Not a
+reference: lockstep.engine's KVCache and sample_next are, and tests/test_static_cache.py holds
+this path equal to them."""
 
 from __future__ import annotations
 
@@ -57,13 +58,16 @@ class RowSource(Protocol):
 
 
 class StaticKVCache:
-    """Keys and values of every layer in one preallocated tensor `(n_layer, 2, B, Hkv, T_max, D)`
-    and the next position of each row in a `(B,)` int64 tensor on the same device, so no shape
-    ever changes and a step can be captured. A step writes each row's new keys at its own
-    position (one index_copy_ per layer into the flattened buffer) and attends over the whole
-    buffer under a mask of the positions each row has reached. Positions stop at T_max - 1: the
-    engine never feeds a live row past its budget, but a finished row that keeps decoding (its
-    output ignored) must not index outside the buffer or the rotary tables."""
+    """The keys and the values of each layer in a preallocated tensor `(B, Hkv, T_max, D)` of its
+    own (`keys[layer]`, `values[layer]`), and the next position of each row in a `(B,)` int64
+    tensor on the same device, so no shape ever changes and a step can be captured. A step writes
+    each row's new keys at its own position (one index_copy_ per layer into the flattened buffer)
+    and attends over the whole buffer under a mask of the positions each row has reached.
+    Positions stop at T_max - 1: the engine never feeds a live row past its budget, but a finished
+    row that keeps decoding (its output ignored) must not index outside the buffer or the rotary
+    tables. Separate tensors rather than views of one: in a compiled step (compile_step) inductor
+    writes into a tensor in place, but an index_copy_ into a view of one shared buffer made it
+    copy the whole buffer every step (its generated code on the CPU, torch 2.13)."""
 
     def __init__(self, *, batch_size: int, n_layer: int, n_kv_head: int, head_dim: int, max_len: int,
                  dtype: torch.dtype, device: torch.device | str):
@@ -71,10 +75,11 @@ class StaticKVCache:
             raise ValueError(f"batch_size={batch_size} and max_len={max_len} must be positive")
         self.batch_size, self.n_layer, self.n_kv_head, self.head_dim, self.max_len = (
             batch_size, n_layer, n_kv_head, head_dim, max_len)
-        shape = (n_layer, 2, batch_size, n_kv_head, max_len, head_dim)
+        shape = (batch_size, n_kv_head, max_len, head_dim)
         # zeros, not empty: masked slots still enter the attention product (0 weight times a NaN
         # from uninitialised memory is NaN)
-        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.pos = torch.zeros(batch_size, dtype=torch.long, device=device)  # next position per row
         self._key_pos = torch.arange(max_len, device=device)  # (T_max,)
         # Offsets of each (row, head) slab in the flattened (B * Hkv * T_max, D) view of a layer.
@@ -116,7 +121,7 @@ class StaticKVCache:
             hidden = (self._key_pos > at[:, :, None])[:, None]  # (B, 1, T, T_max)
             self._mask = torch.zeros(hidden.shape, dtype=k.dtype, device=k.device).masked_fill_(hidden, float("-inf"))
         assert self._mask is not None
-        keys, values = self.kv[layer_idx, 0], self.kv[layer_idx, 1]  # (B, Hkv, T_max, D) each
+        keys, values = self.keys[layer_idx], self.values[layer_idx]  # (B, Hkv, T_max, D) each
         keys.view(-1, D).index_copy_(0, self._write_at, k.reshape(-1, D).to(keys.dtype))
         values.view(-1, D).index_copy_(0, self._write_at, v.reshape(-1, D).to(values.dtype))
         return keys, values, self._mask
@@ -139,7 +144,9 @@ class StaticKVCache:
         if n > self.max_len:
             raise ValueError(f"a prompt of {n} positions does not fit this cache of {self.max_len}")
         if source.kv is not None and n:
-            self.kv[:, :, rows.start : rows.stop, :, :n] = source.kv[:, :, :1, :, :n]  # broadcast over the rows
+            for layer, (keys, values) in enumerate(zip(self.keys, self.values)):
+                keys[rows.start : rows.stop, :, :n] = source.kv[layer, 0, :1, :, :n]  # broadcast over the rows
+                values[rows.start : rows.stop, :, :n] = source.kv[layer, 1, :1, :, :n]
         self.pos[rows.start : rows.stop] = n
 
 
@@ -173,7 +180,16 @@ def sample_on_device(logits: torch.Tensor, *, top_k: int | None, temperature: to
     sampling temperature, without reading anything back to the host. torch.multinomial draws one
     id as argmax(p / E) with E ~ Exp(1) per id (the exponential race), after reading the
     probabilities back to check them: a host sync per token, and not capturable in a CUDA graph.
-    The same race here, so on the CPU a generator in the same state draws the same ids."""
+    The same race here, so on the CPU a generator in the same state draws the same ids. In three
+    parts (candidates, the draw, race) so that a compiled step can leave the draw outside."""
+    probs, idx = candidates(logits, top_k=top_k, temperature=temperature, top_p=top_p)
+    return race(probs, idx, torch.empty_like(probs).exponential_(1.0, generator=generator))
+
+
+def candidates(logits: torch.Tensor, *, top_k: int | None, temperature: torch.Tensor | float,
+               top_p: torch.Tensor | float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ids a draw from logits (B, V) chooses among, most likely first, and their probabilities
+    after the top_k and top_p cuts (0 for an id the nucleus cuts): (probs, ids), each (B, k)."""
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.size(-1):
         vals, idx = torch.topk(logits, top_k, dim=-1)  # (B, k), sorted descending
@@ -184,8 +200,13 @@ def sample_on_device(logits: torch.Tensor, *, top_k: int | None, temperature: to
         before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely ids
         probs = probs.masked_fill(before >= top_p, 0.0)  # the top id's is exactly 0 < top_p: it survives
         probs = probs / probs.sum(dim=-1, keepdim=True)
-    race = probs / torch.empty_like(probs).exponential_(1.0, generator=generator)  # (B, k)
-    return idx.gather(-1, race.argmax(dim=-1, keepdim=True)).squeeze(-1)
+    return probs, idx
+
+
+def race(probs: torch.Tensor, idx: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """The picked ids (B,) of the exponential race: the candidate idx (B, k) whose probability
+    (B, k) divided by its Exp(1) noise (B, k) is largest."""
+    return idx.gather(-1, (probs / noise).argmax(dim=-1, keepdim=True)).squeeze(-1)
 
 
 class StaticStep:
@@ -193,9 +214,10 @@ class StaticStep:
     positions, writes the picked ids to `next_ids` (B,) and also into `tokens`, so the next step
     reads them unless the engine writes other ids there (a forced tool token, a new prompt), and
     advances the positions. Every tensor it reads or writes is allocated here, once. `run()` is the
-    step itself, eager (the CPU path, and what a CUDA graph captures); calling the step replays
-    its graph once `capture_graph` has made one, else runs it. Autocast is off inside: it
-    computes in the model's weights' dtype, whatever context the caller is in."""
+    step itself (the CPU path, and what a CUDA graph captures), eager unless `compile_step` has
+    compiled its parts; calling the step replays its graph once `capture_graph` has made one, else
+    runs it. Autocast is off inside: it computes in the model's weights' dtype, whatever context
+    the caller is in."""
 
     def __init__(self, model: nn.Module, cache: StaticKVCache, sampling: Sampling):
         device = cache.pos.device
@@ -207,6 +229,9 @@ class StaticStep:
         self.top_p = torch.ones((), dtype=torch.float32, device=device)
         self.generator = torch.Generator(device=device)
         self.replay: Callable[[], None] | None = None  # set by capture_graph
+        self.compiled = False  # set by compile_step
+        # the sampling's graph key, fixed for the step's life: what the compiled parts read
+        self._top_k, self._nucleus = sampling.top_k, sampling.top_p is not None
 
     @property
     def batch_size(self) -> int:
@@ -235,17 +260,66 @@ class StaticStep:
                                 top_p=self.top_p if s.top_p is not None else None, generator=self.generator)
 
     def run(self) -> None:
+        """pick(forward(tokens)) into next_ids and tokens: one part when greedy, else the
+        candidates, the draw from the step's generator, and the race. The draw stays outside the
+        parts compile_step compiles: dynamo does not trace a torch.Generator argument, and
+        inductor would draw from its own philox stream rather than this generator."""
         with torch.autocast(self.device.type, enabled=False):
-            logits = self.model(self.tokens, kv_cache=self.cache)[:, -1, :]  # (B, V)
-            ids = self.pick(logits)
-            self.next_ids.copy_(ids)
-            self.tokens.copy_(ids[:, None])
+            if self.sampling.greedy:
+                self._greedy()
+            else:
+                probs, idx = self._candidates()  # (B, k) each
+                self._race(probs, idx, torch.empty_like(probs).exponential_(1.0, generator=self.generator))
+
+    # The parts of run() that compile_step compiles. Of the sampling they read the graph key's
+    # fixed copy only: dynamo guards on every Python value a part reads, and reading
+    # self.sampling.top_p recompiled the step for each new top_p (TORCH_LOGS=recompiles).
+
+    def _logits(self) -> torch.Tensor:
+        return self.model(self.tokens, kv_cache=self.cache)[:, -1, :]  # (B, V)
+
+    def _greedy(self) -> None:
+        self._emit(self._logits().argmax(dim=-1))
+
+    def _candidates(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return candidates(self._logits(), top_k=self._top_k, temperature=self.temperature,
+                          top_p=self.top_p if self._nucleus else None)
+
+    def _race(self, probs: torch.Tensor, idx: torch.Tensor, noise: torch.Tensor) -> None:
+        self._emit(race(probs, idx, noise))
+
+    def _emit(self, ids: torch.Tensor) -> None:
+        self.next_ids.copy_(ids)
+        self.tokens.copy_(ids[:, None])
 
     def __call__(self) -> None:
         if self.replay is not None:
             self.replay()
         else:
             self.run()
+
+
+def compile_step(step: StaticStep, *, backend: str | Callable = "inductor") -> StaticStep:
+    """Make `step.run()` go through torch.compile (fullgraph, static shapes, default mode: the CUDA
+    graph is capture_graph's, not inductor's), so its elementwise work (rotary, RMSNorm, soft cap,
+    mask, sampling math) runs in fused kernels: a d12 greedy step's 425 eager ops (views aside)
+    became 135 kernel calls in inductor's CPU code, 85 of them its matmuls and attentions (torch
+    2.13; not yet counted on a GPU). Compiles nothing yet: the first run() compiles
+    (capture_graph's warm-up, on CUDA), and the step then runs the compiled code for its life,
+    which recompiles nothing (its shapes never change; the parts read no value that set_sampling
+    changes). Each step's compiled code is its own (isolate_recompiles), so an engine's many steps
+    do not add up to dynamo's recompile limit. The cache's buffers are attributes the compiled
+    parts mutate in place (inductor keeps an index_copy_ into a whole input tensor in place, not
+    into a view: see StaticKVCache). Compile before capture_graph. Returns the step."""
+    if step.replay is not None:
+        raise ValueError("compile_step must come before capture_graph: the captured graph runs the step as it was")
+    if not step.compiled:
+        opts = dict(fullgraph=True, dynamic=False, backend=backend, isolate_recompiles=True)
+        step._greedy = torch.compile(step._greedy, **opts)  # type: ignore[method-assign]
+        step._candidates = torch.compile(step._candidates, **opts)  # type: ignore[method-assign]
+        step._race = torch.compile(step._race, **opts)  # type: ignore[method-assign]
+        step.compiled = True
+    return step
 
 
 class GraphBackend(Protocol):

@@ -26,6 +26,7 @@ from lockstep.decode import (
     StepPool,
     cache_tokens,
     capture_graph,
+    compile_step,
     weights_dtype,
 )
 from lockstep.model import GPT
@@ -274,12 +275,15 @@ def _fill_from_the_end(alive: Sequence[bool]) -> list[int]:
     return [i if i in keep else tail.pop() for i in range(n)]
 
 
-def decode_settings(device: torch.device, dtype: torch.dtype, kernels: bool) -> dict[str, Any]:
-    """The Engine keywords for a run on `device` computing in `dtype` with `runtime.kernels`: on
-    CUDA, the static-cache, CUDA-graphed fast path when kernels is on, and bf16 decoding when the
-    run computes in bf16; elsewhere the reference path in the model's own dtype, unchanged."""
+def decode_settings(device: torch.device, dtype: torch.dtype, kernels: bool, compile: bool = False) -> dict[str, Any]:
+    """The Engine keywords for a run on `device` computing in `dtype` with `runtime.kernels` and
+    `runtime.compile`: on CUDA, the static-cache, CUDA-graphed fast path when kernels is on, its
+    step compiled when compile is on too, and bf16 decoding when the run computes in bf16;
+    elsewhere the reference path in the model's own dtype, unchanged."""
     on_cuda = device.type == "cuda"
-    return {"fast": kernels and on_cuda, "dtype": torch.bfloat16 if on_cuda and dtype == torch.bfloat16 else None}
+    fast = kernels and on_cuda
+    return {"fast": fast, "dtype": torch.bfloat16 if on_cuda and dtype == torch.bfloat16 else None,
+            "compile_step": fast and compile}
 
 
 class Engine:
@@ -295,12 +299,16 @@ class Engine:
     (bf16, or None for the model's own) is what decoding computes in: the reference path runs
     under autocast to it, the fast path with a copy of the weights in it, refreshed from the model
     at every call. A fast engine reuses its steps across calls and serves concurrent calls, each
-    on its own step; the weights copy assumes they do not change while a call decodes."""
+    on its own step; the weights copy assumes they do not change while a call decodes.
+    `compile_step` runs each step through torch.compile (lockstep.decode.compile_step) before it
+    is captured: fewer, fused kernels per token, the same tokens to rounding (exactly, under
+    aot_eager on the CPU), at the price of a compile per new step (batch rows, cache length,
+    sampling graph key): 3-17 s with its first run on a 2-core CPU (bench/bench_decode.py)."""
 
     STOP_TOKENS = ("<|assistant_end|>", "<|bos|>")
 
     def __init__(self, model: GPT, tokenizer: Tokenizer, *, fast: bool = False, dtype: torch.dtype | None = None,
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, compile_step: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         sp = tokenizer.encode_special
@@ -313,9 +321,10 @@ class Engine:
         if dtype not in (None, torch.bfloat16, torch.float16):
             raise ValueError(f"dtype={dtype} must be None (the model's own) or a 16-bit float to decode in, "
                              "e.g. torch.bfloat16")
-        if cuda_graphs is not None and not fast:
-            raise ValueError("cuda_graphs applies to the fast path only; pass fast=True with it")
+        if (cuda_graphs is not None or compile_step) and not fast:
+            raise ValueError("cuda_graphs and compile_step apply to the fast path only; pass fast=True with them")
         self.fast = fast
+        self.compile_step = compile_step
         self.dtype = dtype
         self.cuda_graphs = self._device().type == "cuda" if cuda_graphs is None else cuda_graphs
         if fast and self.cuda_graphs and self._device().type != "cuda":
@@ -328,10 +337,14 @@ class Engine:
         with torch.inference_mode():
             model = self._weights.last()  # the caller has just refreshed it
             step = StaticStep(model, StaticKVCache.for_model(model, batch_size, cache_len), sampling)
+            if self.compile_step:
+                compile_step(step)  # compiles at the step's first run: capture_graph's warm-up on CUDA
             if not self.cuda_graphs:
                 return step
             try:
                 return capture_graph(step)
+            except torch._dynamo.exc.TorchDynamoException:
+                raise  # the compile failed, not the capture: Engine(compile_step=False) (runtime.compile: off)
             except RuntimeError as e:  # an op that cannot be captured (a host sync in some torch build)
                 log.warning("decoding without CUDA graphs: capturing the decode step failed (%s); the static-cache "
                             "step runs eagerly instead, same tokens, more launch overhead per token", e)

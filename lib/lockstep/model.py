@@ -379,8 +379,9 @@ class GPT(nn.Module):
             return self.rotary_cos[None, None, pos : pos + T], self.rotary_sin[None, None, pos : pos + T]
         # Positions on an accelerator are the static cache's (lockstep.decode), which keeps them
         # inside its buffer: reading them back here would cost a host sync per token, and cannot
-        # happen at all inside a CUDA graph capture.
-        if pos.device.type == "cpu" and int(pos.max()) + T > limit:
+        # happen at all inside a CUDA graph capture; nor is it traced into a compiled step
+        # (lockstep.decode.compile_step), whose cache clamps its positions itself.
+        if pos.device.type == "cpu" and not torch.compiler.is_compiling() and int(pos.max()) + T > limit:
             raise ValueError(f"position {int(pos.max()) + T} exceeds the model's context sequence_len={limit}")
         at = pos.to(self.rotary_cos.device)[:, None] + torch.arange(T, device=self.rotary_cos.device)  # (B, T)
         return self.rotary_cos[at][:, None], self.rotary_sin[at][:, None]  # (B, 1, T, D/2)

@@ -90,7 +90,7 @@ def run_rl_stage(*, cfg: RLConfig, paths: RLStagePaths, rt: Runtime, seed: int, 
     try:
         result = train_rl(model, tok, train_problems=train_problems, val_problems=val_problems, cfg=cfg,
                           device=rt.device, seed=seed, autocast=rt.autocast(), log=log.info, on_step=series.add,
-                          decode=decode_settings(rt.device, rt.dtype, rt.kernels))
+                          decode=decode_settings(rt.device, rt.dtype, rt.kernels, rt.compile))
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"rl keeps no intermediate checkpoints, so nothing was saved; `dvc repro` runs it "
                                 f"again from {paths.init}") from None

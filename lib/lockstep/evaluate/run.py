@@ -394,8 +394,9 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime
     if stage in cfg.chat_stages:
         stop_ids = {tokenizer.encode_special("<|assistant_end|>"), bos}
         # On CUDA with runtime.kernels the replies decode through the static-cache, CUDA-graphed
-        # path in bf16; on the CPU through the reference path, as before.
-        engine = Engine(model, tokenizer, **decode_settings(rt.device, rt.dtype, rt.kernels))
+        # path in bf16, its step compiled under runtime.compile; on the CPU through the reference
+        # path, as before.
+        engine = Engine(model, tokenizer, **decode_settings(rt.device, rt.dtype, rt.kernels, rt.compile))
         generate = make_generate(engine, stop_ids=stop_ids, max_new_tokens=cfg.max_new_tokens,
                                  context_tokens=T, batch_rows=cfg.generate_batch)
         per_task: dict[str, tuple[float, float]] = {}
