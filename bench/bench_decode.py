@@ -1,11 +1,14 @@
 """Benchmark of KV-cache decoding through lockstep.engine on this machine: time to first token
 (prefill of the prompt + first sample) and decode tok/s at batch 1 and 8, of the static-cache fast
 path (`Engine(fast=True)`: lockstep.decode's preallocated cache and device-side step, replayed
-from a CUDA graph on a GPU, eager on the CPU), each as a ratio against baselines measured in the
-same run: the reference engine (the growing KVCache, host-side sampling) on the same model, the
-reference engine with the model's lockstep.kernels off (CPU only: they are CPU fast paths), and
-the model generating greedily without a cache (a full forward over the whole sequence for every
-new token). Runs alternate the sides. Random weights; not a test, not a quality measure.
+from a CUDA graph on a GPU, eager on the CPU) and of the same path with its step compiled
+(`compile_step=True`: torch.compile's inductor, then the graph), each as a ratio against
+baselines measured in the same run: the reference engine (the growing KVCache, host-side
+sampling) on the same model, the reference engine with the model's lockstep.kernels off (CPU
+only: they are CPU fast paths), and the model generating greedily without a cache (a full forward
+over the whole sequence for every new token). Runs alternate the sides. Random weights; not a
+test, not a quality measure. On a CPU other processes share, pass --threads 1: at 2 threads under
+a load of 3 every op ran ~10x slower, the compiled step's OpenMP kernels worst.
 
     .venv/bin/python bench/bench_decode.py                      # CPU: tiny and d4-32k, fp32 and bf16
     .venv/bin/python bench/bench_decode.py --device cuda --shapes d12 --dtype bf16
@@ -95,6 +98,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
     ap.add_argument("--no-cache-baseline", action=argparse.BooleanOptionalAction, default=True,
                     help="also time greedy decoding without a cache")
+    ap.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time the static path with its step compiled (compile_step)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -116,11 +121,14 @@ def main() -> None:
             for name in ("<|assistant_end|>", "<|bos|>"):
                 model.lm_head.weight[tok.encode_special(name)] = 0
         fast, reference = Engine(model, tok, fast=True), Engine(model, tok)
+        compiled = Engine(model, tok, fast=True, compile_step=True)
         g = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, 256, (args.prompt,), generator=g).tolist()
         for batch in (int(b) for b in args.batches.split(",")):
             sides = {"static": lambda: run_once(fast, prompt, batch, args.new),
                      "engine": lambda: run_once(reference, prompt, batch, args.new)}
+            if args.compiled:
+                sides["compiled"] = lambda: run_once(compiled, prompt, batch, args.new)
             if on_cpu:
                 def kernels_off() -> tuple[float, float, int]:
                     model.use_kernels(False)
@@ -135,6 +143,10 @@ def main() -> None:
             # capture are the measured runs' own, and stay out of the timings.
             run_once(fast, prompt, batch, args.new)
             run_once(reference, prompt, batch, 8)
+            if args.compiled:  # the compile (per step shape) happens here, timed apart
+                t0 = time.perf_counter()
+                run_once(compiled, prompt, batch, args.new)
+                compile_s = time.perf_counter() - t0
             if args.no_cache_baseline:
                 run_once_no_cache(model, prompt, batch, 8)
             runs: dict[str, list[tuple[float, float, int]]] = {name: [] for name in sides}
@@ -145,11 +157,18 @@ def main() -> None:
             parts = [f"{shape:>7} batch {batch}: static {statistics.median(r[1] for r in static):7.0f} tok/s, ttft "
                      f"{statistics.median(r[0] for r in static) * 1e3:6.1f} ms, steps {static[0][2]}"]
             for name, rs in runs.items():
-                if name == "static":
+                if name in ("static", "compiled"):
                     continue
                 ratio = statistics.median(s[1] / b[1] for s, b in zip(static, rs, strict=True))
                 parts.append(f"{name} {statistics.median(r[1] for r in rs):7.0f} tok/s ({ratio:5.2f}x)")
             print(" | ".join(parts) + "  (static's paired-median ratio to each)")
+            if args.compiled:
+                cs = runs["compiled"]
+                vs = {name: statistics.median(c[1] / b[1] for c, b in zip(cs, runs[name], strict=True))
+                      for name in ("engine", "static")}
+                print(f"{shape:>7} batch {batch}: compiled {statistics.median(r[1] for r in cs):7.0f} tok/s, ttft "
+                      f"{statistics.median(r[0] for r in cs) * 1e3:6.1f} ms, {vs['engine']:5.2f}x engine, "
+                      f"{vs['static']:5.2f}x static (paired medians); compile and first run {compile_s:5.1f} s")
 
 
 if __name__ == "__main__":
