@@ -7,7 +7,7 @@ lockstep / nanochat (tok/s, peak memory, MFU) and fast / reference within lockst
                            matmul rate (8192^3 on CUDA, 512^3 on CPU)
   ls_train                 lockstep's Trainer, random token windows: `--kernels off` is the
                            reference path, `--kernels on` the fast paths (GPT.use_kernels(True)
-                           and Runtime(kernels=True)); tok/s is the Trainer's median step, the
+                           and Runtime(kernels=True)); tok/s from the median of the Trainer's step times (as for nanochat), the
                            compile/warm-up step left out; peak memory torch.cuda.max_memory_allocated
   nc_train                 nanochat's GPT + MuonAdamW, the step of its base_train (compiled model,
                            backward, optimizer step), same shapes and the same MFU peak
@@ -324,7 +324,6 @@ def cmd_ls_decode(a: argparse.Namespace) -> None:
 
     from lockstep.engine import Engine
     from lockstep.model import GPT, GPTConfig
-    from lockstep.runtime import Runtime
 
     d = device()
     weights = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.weights]
@@ -349,15 +348,16 @@ def cmd_ls_decode(a: argparse.Namespace) -> None:
     reference = Engine(model, tok)
     ref_ids = greedy(reference)
     fields.update({f"ref_{k}": v for k, v in decode_rates(runner(reference), a.new_tokens, a.reps).items()})
-    # the fast path: static KV cache, device-side sampling, the step replayed as a CUDA graph on CUDA
-    fast = Engine(model, tok, fast=True)
+    # the fast path as the eval stage and RL run it: static KV cache, device-side sampling, the step
+    # compiled (--compile on) and replayed as a CUDA graph on CUDA
+    fast = Engine(model, tok, fast=True, compile_step=a.compile == "on")
     fast_ids = greedy(fast)
     agree = next((i for i, (x, y) in enumerate(zip(ref_ids, fast_ids)) if x != y), len(ref_ids))
     fields.update({f"fast_{k}": v for k, v in decode_rates(runner(fast), a.new_tokens, a.reps).items()})
     fields["fast_greedy_agrees_tokens"] = agree  # leading greedy tokens equal to the reference's
     model.use_kernels(False)
     result("ls_decode", depth=a.depth, vocab=a.vocab, weights=a.weights, new_tokens=a.new_tokens, reps=a.reps,
-           prompt_tokens=len(PROMPT), check_tokens=a.check_tokens, **fields)
+           prompt_tokens=len(PROMPT), check_tokens=a.check_tokens, compile=a.compile, **fields)
 
 
 def cmd_nc_decode(a: argparse.Namespace) -> None:

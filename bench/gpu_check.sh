@@ -74,7 +74,7 @@ baseline() {  # LIMIT_S ARGS...: a nanochat phase, skipped without NANOCHAT_ROOT
 } >> "$LOG" 2>&1
 
 train=(--seq "$SEQ" --vocab "$VOCAB" --compile "$COMPILE")
-decode=(--depth "$D" --vocab "$VOCAB" --new-tokens "$NEW_TOKENS" --reps "$REPS" --decode-seq "$DECODE_SEQ")
+decode=(--depth "$D" --vocab "$VOCAB" --new-tokens "$NEW_TOKENS" --reps "$REPS" --decode-seq "$DECODE_SEQ" --compile "$COMPILE")
 phase 60 env
 phase 180 ls_train --depth "$D" --rows "$R" --steps "$STEPS" --kernels off "${train[@]}"
 phase 180 ls_train --depth "$D" --rows "$R" --steps "$STEPS" --kernels on "${train[@]}"
