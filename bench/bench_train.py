@@ -78,7 +78,7 @@ def main() -> None:
             res = trainer.fit(Path(tmp) / "run", {"stage": "bench", "code_revision": "bench"})
             wall_s = time.perf_counter() - t0
         rows.append((name, res.tok_per_s, res.mfu, peak, res.final_eval["val_bpb"], res.losses[-1][1], wall_s))
-        print(f"{name}: {res.tok_per_s:,.0f} tok/s (median step) | MFU {100 * res.mfu:.1f}% of measured {name} matmul peak "
+        print(f"{name}: {res.tok_per_s:,.0f} tok/s (timed tokens over their steps' time) | MFU {100 * res.mfu:.1f}% of measured {name} matmul peak "
               f"{peak / 1e9:.0f} GFLOP/s | val bpb {res.final_eval['val_bpb']:.4f} after {res.tokens:,} tokens | train loss {res.losses[-1][1]:.4f} "
               f"| wall {wall_s:.1f}s", flush=True)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
