@@ -1,7 +1,9 @@
 """The DVC stages, one thin module each, run as `python -m stages.<name>` by dvc.yaml. This file
 runs first, under whichever `python` is on PATH, and only checks that it is the project's
 environment: without it a stage would die on its first import with a ModuleNotFoundError that
-does not say why. It imports nothing heavy; find_spec locates a package without loading it."""
+does not say why. It imports nothing heavy; find_spec locates a package without loading it.
+It also chooses OpenMP's wait policy (lockstep.openmp), which must be in the environment before
+torch loads."""
 
 import importlib.util
 import sys
@@ -12,3 +14,7 @@ if _missing:
         f"error: {sys.executable} cannot import {' or '.join(_missing)}: the project's environment is not active; "
         "run `source .venv/bin/activate`, then the same command again (or `make repro`, which needs no activation)"
     )
+
+from lockstep.openmp import choose_wait_policy  # noqa: E402  (after the environment check)
+
+choose_wait_policy()

@@ -13,6 +13,10 @@ from pathlib import Path
 
 import typer
 
+from lockstep.openmp import choose_wait_policy
+
+choose_wait_policy()  # before any command imports torch (lockstep.openmp)
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="lockstep: reproducible chat-model training.")
 
 

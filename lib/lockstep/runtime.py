@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from lockstep.config import ConfigError, FieldError
+from lockstep.openmp import wait_policy
 
 # Dense bf16 tensor-core peaks from the vendors' datasheets (no sparsity), FLOP/s per device.
 _DECLARED_BF16_PEAK_FLOPS = (
@@ -307,6 +308,8 @@ def init_runtime(cfg: RuntimeConfig) -> Runtime:
     dev, dt, reason = choose_device_dtype(cfg.device, cfg.dtype, local_rank=local_rank)
     if dev.type == "cpu" and keep_heap_memory():
         reason += "; large CPU blocks reused from the heap (glibc mallopt), not re-mapped every step"
+    if dev.type == "cpu":
+        reason += f"; OpenMP wait policy {wait_policy()}"
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world_size > 1 and not dist.is_initialized():
