@@ -146,6 +146,8 @@ def test_browser_sends_a_message_and_sees_the_streamed_reply(tmp_path):
             page.wait_for("location.protocol === 'http:' && document.readyState === 'complete' && "
                           "(document.getElementById('model')?.textContent || '').length > 0")
             assert page.eval("document.getElementById('model').textContent") == backend.model_id
+            examples = "[...document.querySelectorAll('.examples button.example')].map((b) => b.textContent)"
+            assert len(page.eval(examples)) == 2  # the empty page offers prompts the model was trained on
 
             page.eval("document.getElementById('input').value = 'Hello ☃'; document.getElementById('send').click(); 1")
             reply = page.wait_for(LAST_ASSISTANT)
@@ -173,5 +175,14 @@ def test_browser_sends_a_message_and_sees_the_streamed_reply(tmp_path):
             edited = page.eval(LAST_ASSISTANT)
             assert edited["count"] == 1 and page.eval("document.querySelectorAll('.msg').length") == 2
             assert edited["text"] == expected([{"role": "user", "content": "Bye"}], seed=1)
+
+            # A new chat shows the example prompts again, and one click asks the first of them.
+            page.eval("document.getElementById('new').click(); 1")
+            first_example = page.eval(examples)[0]
+            page.eval("document.querySelector('.examples button.example').click(); 1")
+            asked = page.wait_for(LAST_ASSISTANT)
+            assert page.eval("document.querySelector('.msg.user .body').textContent") == first_example
+            assert page.eval("document.querySelectorAll('.examples').length") == 0
+            assert asked["text"] == expected([{"role": "user", "content": first_example}], seed=0)
         finally:
             browser.close()

@@ -39,8 +39,21 @@ function settings() {
 function render() {
   const box = $("messages");
   box.textContent = "";
+  if (!state.messages.length) box.appendChild(examplesElement());
   state.messages.forEach((m, i) => box.appendChild(messageElement(m, i)));
   box.scrollTop = box.scrollHeight;
+}
+
+// What the empty page offers: prompts phrased as the synthetic chats every preset trains on
+// (identity, letter counting with the calculator), which even the 20-minute tiny model answers.
+const EXAMPLES = ["Who are you?", "How many times does the letter 'r' appear in 'strawberry'?"];
+
+function examplesElement() {
+  const el = document.createElement("div");
+  el.className = "examples muted";
+  el.appendChild(document.createTextNode("A small model answers best what it was trained on. Try: "));
+  EXAMPLES.forEach((text) => el.appendChild(button(text, "example", () => send(text))));
+  return el;
 }
 
 function messageElement(m, index) {
@@ -237,5 +250,6 @@ document.addEventListener("DOMContentLoaded", () => {
     render();
     setStatus("");
   });
+  render();
   showModel();
 });
