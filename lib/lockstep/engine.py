@@ -25,6 +25,7 @@ from lockstep.decode import (
     StaticStep,
     StepPool,
     cache_tokens,
+    candidates,
     capture_graph,
     compile_step,
     weights_dtype,
@@ -252,16 +253,7 @@ def sample_next(
     top_p = nucleus_top_p(top_p)  # refuses a top_p outside (0, 1] before the greedy shortcut too
     if is_greedy(temperature):
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.size(-1):
-        vals, idx = torch.topk(logits, top_k, dim=-1)  # (B, k), sorted descending
-    else:
-        vals, idx = torch.sort(logits, dim=-1, descending=True)  # (B, V)
-    probs = torch.softmax(vals, dim=-1)
-    if top_p is not None:
-        before = probs.cumsum(dim=-1) - probs  # mass of the strictly more likely ids
-        probs = probs.masked_fill(before >= top_p, 0.0)  # the top id's is exactly 0 < top_p: it survives
-        probs = probs / probs.sum(dim=-1, keepdim=True)
+    probs, idx = candidates(logits, top_k=top_k, temperature=temperature, top_p=top_p)  # (B, k) each
     choice = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
     return idx.gather(-1, choice).squeeze(-1)
 
