@@ -157,19 +157,23 @@ def test_program_cannot_leave_the_group_killed_at_the_deadline(drop_privileges: 
     # Python-level guard undone) would take it out of the group killed at the deadline. The
     # filter refuses the call, and without the filter the namespace's PID 1, which stays in the
     # group, takes the program with it when it is killed.
+    # The program names itself (PR_SET_NAME) with a token of this run, so that what is looked for
+    # afterwards is this program, not another sandbox's (an eval stage running beside the tests).
+    token = f"leak{os.getpid() % 100000}{drop_privileges:d}"
     code = (
         "import sys, time\n"
         "for m in ('ctypes', '_ctypes'):\n"
         "    sys.modules.pop(m, None)\n"
         "import ctypes\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"print('named', libc.prctl(15, {token.encode()!r}, 0, 0, 0), flush=True)\n"
         "print('setsid', libc.setsid(), ctypes.get_errno(), flush=True)\n"
         "time.sleep(30)\n"
     )
     r = run_python(code, SandboxLimits(timeout_s=1.5, memory_bytes=256 << 20), drop_privileges=drop_privileges)
-    assert r.status == "timeout"
+    assert r.status == "timeout" and "named 0\n" in r.stdout, r.stdout
     time.sleep(0.3)
-    left = [p for p in psutil.process_iter(["cmdline"]) if any("bootstrap.py" in c for c in (p.info["cmdline"] or []))]
+    left = [p for p in psutil.process_iter(["name"]) if p.info["name"] == token]
     for p in left:
         p.kill()
     assert not left, "a sandboxed program outlived its deadline"
