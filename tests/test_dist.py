@@ -4,39 +4,25 @@ same total batch, to float rounding."""
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lockstep.runtime import Runtime
+from _gloo import free_port, gloo_rank
 from test_train import _cfg, _fit, _model
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        rt = Runtime(device=torch.device("cpu"), dtype=torch.float32, reason="test", rank=rank, world_size=world)
+    with gloo_rank(rank, world, port) as rt:
         model = _model()
         res = _fit(model, _cfg(num_steps=4), os.path.join(out_dir, "run"), rt)
         if rank == 0:
             torch.save({"state": model.state_dict(), "losses": res.losses, "bpb": res.final_eval["val_bpb"]},
                        os.path.join(out_dir, "rank0.pt"))
-    finally:
-        dist.destroy_process_group()
 
 
 def test_two_gloo_ranks_match_one_rank(tmp_path) -> None:
-    mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="fork", join=True)
+    mp.start_processes(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="fork", join=True)
     two = torch.load(tmp_path / "rank0.pt", weights_only=True)
     one_model = _model()
     one = _fit(one_model, _cfg(num_steps=4), tmp_path / "one")

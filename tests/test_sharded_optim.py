@@ -8,20 +8,18 @@ ones NCCL runs on GPUs."""
 from __future__ import annotations
 
 import math
-import os
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lockstep import resume
 from lockstep.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from lockstep.optim import (SHARD_ALIGN, OptimConfig, StateLayout, build_optimizers, matrix_owners, slice_ranges,
                             state_layout)
+from _gloo import free_port, gloo_rank
 from lockstep.runtime import Runtime
 from test_train import CPU, T, _cfg, _model, _trainer
 
@@ -57,12 +55,6 @@ RUNS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _state_bytes(optimizers: list[torch.optim.Optimizer]) -> dict[str, int]:
     """Bytes of optimizer state tensors (moments, momentum; not the 0-d step counts), by optimizer."""
     return {type(o).__name__.removeprefix("Sharded"): sum(t.numel() * t.element_size() for st in o.state.values()
@@ -92,15 +84,9 @@ def _train(rt: Runtime, out: Path, name: str, cfg, sharded, run_dir, stop, inf_o
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        rt = Runtime(device=torch.device("cpu"), dtype=torch.float32, reason="test", rank=rank, world_size=world)
+    with gloo_rank(rank, world, port) as rt:
         results = {run[0]: _train(rt, Path(out), *run) for run in RUNS[world]}
         torch.save(results, Path(out) / f"w{world}_rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def _one(cfg, run_dir: Path, *, stop: int | None = None, inf_step: int | None = None) -> dict:
@@ -138,7 +124,7 @@ def runs(tmp_path_factory) -> dict:
         for world in (2, 4):
             if world == 4:
                 shutil.copytree(out / "two_stopped4", out / "two_stopped4_for4")
-            mp.start_processes(_worker, args=(world, _free_port(), str(out)), nprocs=world, start_method="fork", join=True)
+            mp.start_processes(_worker, args=(world, free_port(), str(out)), nprocs=world, start_method="fork", join=True)
         one["from_two_2"] = _one(CFG2["clip0"], out / "two_stopped2")
         ranks = {w: [torch.load(out / f"w{w}_rank{r}.pt", weights_only=True) for r in range(w)] for w in (2, 4)}
     finally:
