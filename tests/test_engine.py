@@ -317,6 +317,35 @@ def test_generate_greedy_equals_one_prompt_at_a_time(tok, determinism):
     assert engine.generate_greedy(prompts, max_tokens=budgets, batch_rows=3, use_tools=False) == tools_off != one_by_one
 
 
+def test_generate_many_sampled_equals_generate_one_row(tok, determinism):
+    """Sampled, one prompt at a time in one row, generate_many draws what generate draws for one
+    row from the same seed: ids and masks (0 where the tool forced a token)."""
+    model = planted_tool_model(tok)
+    engine = Engine(model, tok)
+    texts = ["how much?", "q", "why?", "tell me more", "stop here."]
+    forced_seen = 0
+    for seed, text in enumerate(texts * 2):
+        prompt = tok.encode(text)
+        want = engine.generate_batch(prompt, max_tokens=24, temperature=1.0, seed=seed)
+        got = engine.generate_many([prompt], max_tokens=24, batch_rows=1, temperature=1.0, seed=seed)
+        assert got == want, text
+        forced_seen += 0 in want[1][0]
+    assert forced_seen >= 2  # the comparison covered tool results
+
+
+def test_generate_many_is_seeded_and_top_k_1_is_greedy(tok, determinism):
+    model = planted_tool_model(tok)
+    engine = Engine(model, tok)
+    prompts = [tok.encode(t) for t in ("how much?", "q", "tell me more", "x")] * 3
+    a = engine.generate_many(prompts, max_tokens=20, batch_rows=5, temperature=1.0, seed=3)
+    assert engine.generate_many(prompts, max_tokens=20, batch_rows=5, temperature=1.0, seed=3) == a
+    assert engine.generate_many(prompts, max_tokens=20, batch_rows=5, temperature=1.0, seed=4)[0] != a[0]
+    assert len({tuple(r) for r in a[0][::4]}) > 1  # copies of one prompt drew different replies
+    top1, masks = engine.generate_many(prompts, max_tokens=20, batch_rows=5, temperature=1.0, top_k=1, seed=3)
+    assert top1 == engine.generate_greedy(prompts, max_tokens=20, batch_rows=5)
+    assert [len(m) for m in masks] == [len(r) for r in top1]
+
+
 def test_generate_greedy_refuses_bad_requests_before_any_work(tok):
     model = planted_tool_model(tok)
     engine = Engine(model, tok)

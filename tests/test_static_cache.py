@@ -105,6 +105,23 @@ def test_static_cache_rows_stopping_at_different_times_with_the_calculator(tok, 
     assert seen_tool and seen_ragged
 
 
+def test_static_cache_generate_many_sampled(tok, determinism):
+    """Sampled generate_many on the fast path: one prompt in one row draws what the reference
+    draws from the same seed; many prompts together are seeded, and top_k=1 is greedy."""
+    model = talkative_tool_model(tok)
+    ref, fast = Engine(model, tok), Engine(model, tok, fast=True)
+    for seed, text in enumerate(("how much?", "q", "why?", "tell me more")):
+        prompt = tok.encode(text)
+        assert fast.generate_many([prompt], max_tokens=30, batch_rows=1, temperature=1.0, seed=seed) == \
+            ref.generate_many([prompt], max_tokens=30, batch_rows=1, temperature=1.0, seed=seed), text
+    prompts = [tok.encode(t) for t in ("how much?", "q", "tell me more", "x")] * 3
+    a = fast.generate_many(prompts, max_tokens=20, batch_rows=5, temperature=1.0, seed=3)
+    assert fast.generate_many(prompts, max_tokens=20, batch_rows=5, temperature=1.0, seed=3) == a
+    assert len({tuple(r) for r in a[0][::4]}) > 1
+    assert fast.generate_many(prompts, max_tokens=20, batch_rows=5, temperature=1.0, top_k=1, seed=3)[0] == \
+        ref.generate_greedy(prompts, max_tokens=20, batch_rows=5)
+
+
 def test_static_cache_generate_greedy_equals_reference(tok, determinism):
     model = talkative_tool_model(tok)
     ref, fast = Engine(model, tok), Engine(model, tok, fast=True)

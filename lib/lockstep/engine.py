@@ -1,6 +1,6 @@
 """KV-cache engine: batched sampling from a GPT with the calculator tool's output forced into
 the stream, either one prompt sampled many ways (`Engine.generate`) or many prompts decoded
-greedily together (`Engine.generate_greedy`, for evaluation). Token ids in, token ids out; it
+together, greedily or sampled (`Engine.generate_many`: evaluation, RL's rollouts). Token ids in, token ids out; it
 knows nothing about chat templates or text beyond decoding a tool call and encoding its result.
 Each loop comes twice: the reference, over the growing KVCache here, and the fast path
 (`Engine(fast=True)`) over lockstep.decode's static cache and device-side step, CUDA-graphed on a
@@ -235,12 +235,13 @@ class _Row:
 
 @dataclass
 class _Reply(_Row):
-    """One prompt of `Engine.generate_greedy` while it decodes in a cache row."""
+    """One prompt of `Engine.generate_many` while it decodes in a cache row."""
 
     index: int = 0          # the prompt's place in the caller's list
     budget: int = 0         # max_tokens of this prompt
     feed: int = 0           # the token the next forward pass reads for this row
     ids: list[int] = field(default_factory=list)
+    masks: list[int] = field(default_factory=list)  # 1 sampled, 0 forced by the tool
 
 
 def sample_next(
@@ -280,8 +281,8 @@ def decode_settings(device: torch.device, dtype: torch.dtype, kernels: bool, com
 
 class Engine:
     """Samples completions of one prompt from a GPT: the prompt is prefilled once, its cache
-    copied to `num_samples` rows, and the rows decoded together; or decodes many prompts greedily
-    in one batch (`generate_greedy`). Of the tokenizer it uses the special ids
+    copied to `num_samples` rows, and the rows decoded together; or decodes many prompts in one
+    batch (`generate_many`, greedily `generate_greedy`). Of the tokenizer it uses the special ids
     (`encode_special`) and, for tool calls, `decode` and `encode`.
 
     `fast` decodes through lockstep.decode: a preallocated cache, sampling on the device, one host
@@ -515,7 +516,26 @@ class Engine:
         together: per prompt, the tokens `generate(prompt, max_tokens=m, temperature=0.0)` yields
         for its one row (tool results forced the same way), up to and including the stop token
         when one comes; equal to rounding, which in low precision can tip a near tie. `max_tokens`
-        is one budget for all or one per prompt.
+        is one budget for all or one per prompt. `generate_many` at temperature 0, ids only."""
+        ids, _ = self.generate_many(prompts, max_tokens=max_tokens, batch_rows=batch_rows, use_tools=use_tools)
+        return ids
+
+    def generate_many(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_tokens: int | Sequence[int],
+        batch_rows: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        seed: int = 0,
+        use_tools: bool = True,
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        """Completions of many prompts, up to `batch_rows` of them decoding together, and per
+        completion its masks (1 sampled, 0 forced by the tool), as `generate_batch` returns them.
+        Greedy at temperature 0; above it every row draws from one `torch.Generator` seeded with
+        `seed`, so a call's draws depend on the prompts, their order and `batch_rows` (the same
+        call gives the same completions). Pass a prompt k times for k samples of it.
 
         Each prompt but its last token is prefilled on its own and copied into a free row of one
         shared cache, rows keeping their own positions; every step then reads one token per row
@@ -529,30 +549,34 @@ class Engine:
             raise ValueError(f"batch_rows={batch_rows} must be >= 1")
         waiting: deque[tuple[int, list[int], int]] = deque()
         for i, (prompt, budget) in enumerate(zip(prompts, budgets)):
-            self._check(list(prompt), 1, budget, 0.0, None, None)
+            self._check(list(prompt), 1, budget, temperature, top_k, None)
             waiting.append((i, list(prompt), budget))
         out: list[list[int]] = [[] for _ in prompts]
+        masks: list[list[int]] = [[] for _ in prompts]
         if not waiting:
-            return out
+            return out, masks
         if self.fast:
-            self._fast_greedy(waiting, out, batch_rows, use_tools)
-            return out
+            self._fast_many(waiting, out, masks, batch_rows, Sampling.of(temperature, top_k, None), seed, use_tools)
+            return out, masks
         with torch.inference_mode(), self._reference_precision():
             device = self._device()
+            generator = torch.Generator(device=device).manual_seed(seed)
             first = list(waiting)[:batch_rows]
             # Room for the first rows' whole replies up front; a longer prompt later grows the cache.
             cache = KVCache.for_model(self.model, len(first), capacity_tokens=max(len(p) + b for _, p, b in first))
             rows: list[_Reply] = [self._start_reply(cache, r, *waiting.popleft()) for r in range(cache.batch_size)]
             while rows:
                 col = torch.tensor([r.feed for r in rows], dtype=torch.long, device=device)[:, None]  # (B, 1)
-                picks = self.model(col, kv_cache=cache)[:, -1, :].argmax(dim=-1).tolist()  # (B,)
+                logits = self.model(col, kv_cache=cache)[:, -1, :]  # (B, V)
+                picks = sample_next(logits, temperature=temperature, top_k=top_k, top_p=None, generator=generator).tolist()
                 for slot, (row, pick) in enumerate(zip(rows, picks)):
-                    tok, _ = self._emit(row, pick, use_tools)
+                    tok, m = self._emit(row, pick, use_tools)
                     row.ids.append(tok)
+                    row.masks.append(m)
                     row.done = row.done or len(row.ids) == row.budget
                     row.feed = tok
                     if row.done:
-                        out[row.index] = row.ids
+                        out[row.index], masks[row.index] = row.ids, row.masks
                         if waiting:
                             rows[slot] = self._start_reply(cache, slot, *waiting.popleft())
                 if any(r.done for r in rows):
@@ -560,7 +584,7 @@ class Engine:
                     if keep:
                         cache.keep_rows(keep)
                     rows = [rows[slot] for slot in keep]
-        return out
+        return out, masks
 
     def _start_reply(self, cache: KVCache | StaticKVCache, slot: int, index: int, prompt: list[int], budget: int,
                      model: GPT | None = None) -> _Reply:
@@ -573,20 +597,21 @@ class Engine:
         cache.put_row(slot, head)
         return _Reply(index=index, budget=budget, feed=prompt[-1])
 
-    def _fast_greedy(self, waiting: deque[tuple[int, list[int], int]], out: list[list[int]], batch_rows: int,
-                     use_tools: bool) -> None:
-        """`generate_greedy` on the fast path, filling `out`: the rows of one static step, each
-        prompt prefilled by the plain forward into a free row, a finished row's place going to the
-        next waiting prompt. The rows stay (fixed shapes); once none waits, a finished row keeps
-        decoding its own picks, ignored, until the last live row finishes."""
+    def _fast_many(self, waiting: deque[tuple[int, list[int], int]], out: list[list[int]], masks: list[list[int]],
+                   batch_rows: int, sampling: Sampling, seed: int, use_tools: bool) -> None:
+        """`generate_many` on the fast path, filling `out` and `masks`: the rows of one static
+        step, each prompt prefilled by the plain forward into a free row, a finished row's place
+        going to the next waiting prompt. The rows stay (fixed shapes); once none waits, a finished
+        row keeps decoding its own picks, ignored, until the last live row finishes. Greedy, it
+        gives the reference path's tokens; sampled, draws from the same distributions but not the
+        same draws (the step also draws for rows that finished)."""
         model = self._weights.current()
         limit = self.model.config.sequence_len
-        greedy = Sampling(greedy=True)
         cache_len = cache_tokens(max(len(p) + b for _, p, b in waiting), limit)  # room for the longest request
-        step = self._pool.acquire(min(batch_rows, len(waiting)), cache_len, greedy)
+        step = self._pool.acquire(min(batch_rows, len(waiting)), cache_len, sampling)
         try:
             with torch.inference_mode(), torch.autocast(self._device().type, enabled=False):
-                step.set_sampling(greedy, 0)
+                step.set_sampling(sampling, seed)
                 rows: list[_Reply | None] = [self._start_reply(step.cache, slot, *waiting.popleft(), model=model)
                                              for slot in range(step.batch_size)]
                 sampled: list[int | None] = [None] * step.batch_size  # what the step feeds itself next
@@ -599,12 +624,13 @@ class Engine:
                     for slot, row in enumerate(rows):
                         if row is None:
                             continue
-                        tok, _ = self._emit(row, sampled[slot], use_tools)
+                        tok, m = self._emit(row, sampled[slot], use_tools)
                         row.ids.append(tok)
+                        row.masks.append(m)
                         row.done = row.done or len(row.ids) == row.budget
                         row.feed = tok
                         if row.done:
-                            out[row.index] = row.ids
+                            out[row.index], masks[row.index] = row.ids, row.masks
                             rows[slot] = (self._start_reply(step.cache, slot, *waiting.popleft(), model=model)
                                           if waiting else None)
         finally:
