@@ -122,7 +122,7 @@ def test_decode_step_from_the_measured_rates_by_hand() -> None:
 def _rl_params() -> dict:
     params = _params()
     params["rl"] = {"num_steps": 10, "problems_per_step": 2, "group_size": 4, "max_new_tokens": 16,
-                    "eval_every_steps": 4, "eval_problems": 3, "pass_k": 2}
+                    "eval_every_steps": 4, "eval_problems": 3, "pass_k": 2, "generate_batch": 6}
     return params
 
 
@@ -132,8 +132,13 @@ def test_rl_time_from_the_decode_rate_by_hand() -> None:
     rate = DECODE_RATES["h100", "reference"]
     assert rl["evaluations"] == 4  # before, after steps 4 and 8, after the last
     assert rl["eval_generated_tokens"] == 4 * 3 * (1 + 2) * 16
+    # rollouts: 6 rows a call hold one problem's group of 4, so each update makes 2 calls of 4 rows
     assert rl["rollout_s"] == pytest.approx(10 * 2 * 16 * decode_step_s(rate, m, 4))
-    assert rl["eval_s"] == pytest.approx(4 * 3 * 16 * (decode_step_s(rate, m, 1) + decode_step_s(rate, m, 2)))
+    # held-out: 6 // (2 + 1) = 2 problems a call, so calls of 2 then 1: greedy at 2 and 1 rows,
+    # sampled at 4 and 2
+    per_eval = 16 * (decode_step_s(rate, m, 2) + decode_step_s(rate, m, 4) + decode_step_s(rate, m, 1)
+                     + decode_step_s(rate, m, 2))
+    assert rl["eval_s"] == pytest.approx(4 * per_eval)
     trained = 10 * 2 * 4 * min(64, 128 + 16)
     assert rl["train_s"] == pytest.approx(trained / 1000.0)
     assert rl["time_s"] == pytest.approx(rl["rollout_s"] + rl["eval_s"] + rl["train_s"])

@@ -60,7 +60,8 @@ def test_countdown_is_never_silent_for_long_and_its_eta_follows_recent_items():
 
 
 def test_rl_evaluation_and_rollouts_report_progress(tok, monkeypatch):
-    """RL's held-out evaluation and its rollouts (minutes on a busy CPU) log countdown lines."""
+    """RL's held-out evaluation and its rollouts (minutes on a busy CPU) log countdown lines, one
+    per batch of problems decoded together."""
     from _tiny_model import randomize, tiny_gpt
     from lockstep import progress
     from lockstep.config import build_config
@@ -75,8 +76,11 @@ def test_rl_evaluation_and_rollouts_report_progress(tok, monkeypatch):
     def every_item(self, *a, **kw):
         real(self, *a, **{**kw, "interval_s": 0.0})
     monkeypatch.setattr(progress.Countdown, "__init__", every_item)
-    pass_at_k(Engine(model, tok), tok, problems, k=2, temperature=1.0, max_new_tokens=4, seed=1, log=lines.append)
-    cfg = build_config(RLConfig, {"group_size": 2, "problems_per_step": 3, "max_new_tokens": 4}, where="rl")
+    # 3 rows a batch: one problem's greedy and 2 samples
+    pass_at_k(Engine(model, tok), tok, problems, k=2, temperature=1.0, max_new_tokens=4, seed=1, batch_rows=3,
+              log=lines.append)
+    cfg = build_config(RLConfig, {"group_size": 2, "problems_per_step": 3, "max_new_tokens": 4, "generate_batch": 2},
+                       where="rl")
     rollout(Engine(model, tok), tok, problems, cfg, seed=7, log=lines.append)
     assert [line.split(" | ")[0] for line in lines] == ["held-out eval: 1/3 problems", "held-out eval: 2/3 problems",
                                                         "rollouts: 1/3 problems", "rollouts: 2/3 problems"]

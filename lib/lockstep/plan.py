@@ -498,9 +498,10 @@ def plan_rl(params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, decode
     first update, every eval_every_steps and after the last: eval_problems x (one greedy reply +
     pass_k sampled)), tokens trained (prompt + completion), and times: a FLOP bound (a lower
     bound, since decoding is bound by memory and launches, not FLOPs) and, where the device has a
-    decode rate (DECODE_RATES for the `decode` path), the estimate: rollout steps at batch
-    group_size, evaluation steps at batch 1 and pass_k, plus the trained tokens at the training
-    throughput."""
+    decode rate (DECODE_RATES for the `decode` path), the estimate: the decoding steps of each
+    call as lockstep.rl makes them (rollouts: `generate_batch // group_size` problems' groups per
+    call; held-out: `generate_batch // (pass_k + 1)` problems per call, greedy then sampled), each
+    call max_new_tokens steps at its rows, plus the trained tokens at the training throughput."""
     if "rl" not in params:
         return None
     cfg = build_config(RLConfig, params["rl"] or {}, where="rl")
@@ -516,9 +517,14 @@ def plan_rl(params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, decode
     rollout_s = eval_s = time_s = None
     train_s = trained / tp.tok_per_s
     if rate is not None:
-        rollout_s = cfg.num_steps * cfg.problems_per_step * cfg.max_new_tokens * decode_step_s(rate, m, cfg.group_size)
-        eval_s = evals * cfg.eval_problems * cfg.max_new_tokens * (decode_step_s(rate, m, 1)
-                                                                   + decode_step_s(rate, m, cfg.pass_k))
+        def calls_s(problems: int, per_call: int, rows_per_problem: tuple[int, ...]) -> float:
+            """max_new_tokens steps per call, each call `per_call` problems (the last fewer)."""
+            sizes = [per_call] * (problems // per_call) + ([problems % per_call] if problems % per_call else [])
+            return sum(cfg.max_new_tokens * decode_step_s(rate, m, n * r) for n in sizes for r in rows_per_problem)
+
+        rollout_s = cfg.num_steps * calls_s(cfg.problems_per_step, max(1, cfg.generate_batch // cfg.group_size),
+                                            (cfg.group_size,))
+        eval_s = evals * calls_s(cfg.eval_problems, max(1, cfg.generate_batch // (cfg.pass_k + 1)), (1, cfg.pass_k))
         time_s = rollout_s + eval_s + train_s
     return {"steps": cfg.num_steps, "completions": completions, "generated_tokens": generated, "trained_tokens": trained,
             "evaluations": evals, "eval_generated_tokens": eval_generated, "flops": flops,

@@ -112,10 +112,11 @@ class Countdown:
     def done(self) -> int:
         return len(self.durations)
 
-    def tick(self) -> None:
-        """One item done; log a line if `interval_s` has passed since the last one (or the start)."""
+    def tick(self, n: int = 1) -> None:
+        """`n` items done (in one piece: each counts for an equal share of the time since the last
+        tick); log a line if `interval_s` has passed since the last one (or the start)."""
         now = self.clock()
-        self.durations.append(now - self.last_tick)
+        self.durations.extend([(now - self.last_tick) / n] * n)
         self.last_tick = now
         if now - self.last_line >= self.interval_s and self.done < self.total:
             self.last_line = now

@@ -54,6 +54,7 @@ class RLConfig(LRSchedule):
     temperature: float = UNSCALED_TEMPERATURE  # sampling temperature of the rollouts
     top_k: int | None = None  # rollouts' top-k (None = full distribution)
     device_batch_rows: int = 16  # completions per forward/backward pass
+    generate_batch: int = 128  # completions decoded together (rollouts and held-out evaluation)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(matrix_lr=0.002, embed_lr=0.02, unembed_lr=0.0004,
                                                                     muon_momentum_warmup_steps=0))
     warmdown_frac: float = 0.5  # last fraction of steps decays linearly to final_lr_frac
@@ -66,7 +67,8 @@ class RLConfig(LRSchedule):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("num_steps", "problems_per_step", "max_new_tokens", "device_batch_rows", "eval_problems", "pass_k"):
+        for name in ("num_steps", "problems_per_step", "max_new_tokens", "device_batch_rows", "generate_batch",
+                     "eval_problems", "pass_k"):
             check_range(name, getattr(self, name), ge=1)
         check_range("group_size", self.group_size, ge=2, why="the advantage compares completions of one problem")
         check_range("temperature", self.temperature, gt=0, why="rollouts must explore")
@@ -122,28 +124,53 @@ class Rollouts:
         return sum(len(c) for c in self.completions) / len(self.completions)
 
 
+def _chunks(n: int, size: int) -> list[range]:
+    return [range(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def _prompts_and_budgets(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, Any]],
+                         max_new_tokens: int) -> tuple[list[list[int]], list[int]]:
+    prompts, budgets = [], []
+    for problem in problems:
+        prompt = prompt_ids(tokenizer, problem["question"])
+        budget = min(max_new_tokens, engine.model.config.sequence_len - len(prompt))
+        if budget < 1:
+            raise ValueError(f"problem prompt of {len(prompt)} tokens leaves no room in the model's context")
+        prompts.append(prompt)
+        budgets.append(budget)
+    return prompts, budgets
+
+
+def _sample(engine: Engine, prompts: list[list[int]], budgets: list[int], *, k: int, batch_rows: int,
+            temperature: float, top_k: int | None, seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """k completions of each prompt (tools on), all decoded together `batch_rows` at a time;
+    completions of prompt i are rows i*k .. i*k+k-1."""
+    return engine.generate_many([p for p in prompts for _ in range(k)], max_tokens=[b for b in budgets for _ in range(k)],
+                                batch_rows=batch_rows, temperature=temperature, top_k=top_k, seed=seed)
+
+
 def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, Any]], cfg: RLConfig, *, seed: int,
             log: Callable[[str], None] | None = None) -> Rollouts:
-    """Sample `group_size` completions for each problem (tools on) and score them; progress lines
-    to `log` while it takes longer than ~10 s."""
+    """Sample `group_size` completions for each problem (tools on), `generate_batch` of them
+    decoding together, and score them; progress lines to `log` while it takes longer than ~10 s."""
     out = Rollouts([], [], [], [], [])
+    prompts, budgets = _prompts_and_budgets(engine, tokenizer, problems, cfg.max_new_tokens)
     countdown = Countdown("rollouts", len(problems), log or (lambda line: None), units="problems")
-    for i, problem in enumerate(problems):
-        prompt = prompt_ids(tokenizer, problem["question"])
-        max_tokens = min(cfg.max_new_tokens, engine.model.config.sequence_len - len(prompt))
-        if max_tokens < 1:
-            raise ValueError(f"problem prompt of {len(prompt)} tokens leaves no room in the model's context")
-        seqs, masks = engine.generate_batch(prompt, num_samples=cfg.group_size, max_tokens=max_tokens,
-                                            temperature=cfg.temperature, top_k=cfg.top_k, seed=_derived_seed(seed, i),
-                                            use_tools=True)
-        rewards = [reward(tokenizer.decode(s), problem["answer"]) for s in seqs]
-        mean = sum(rewards) / len(rewards)
-        out.prompts.extend([prompt] * len(seqs))
-        out.completions.extend(seqs)
-        out.sampled.extend(masks)
-        out.rewards.extend(rewards)
-        out.advantages.extend(r - mean for r in rewards)
-        countdown.tick()
+    per_call = max(1, cfg.generate_batch // cfg.group_size)
+    for c, chunk in enumerate(_chunks(len(problems), per_call)):
+        seqs, masks = _sample(engine, prompts[chunk.start:chunk.stop], budgets[chunk.start:chunk.stop],
+                              k=cfg.group_size, batch_rows=cfg.generate_batch, temperature=cfg.temperature,
+                              top_k=cfg.top_k, seed=_derived_seed(seed, c))
+        for j, i in enumerate(chunk):
+            group = range(j * cfg.group_size, (j + 1) * cfg.group_size)
+            rewards = [reward(tokenizer.decode(seqs[g]), problems[i]["answer"]) for g in group]
+            mean = sum(rewards) / len(rewards)
+            out.prompts.extend([prompts[i]] * len(group))
+            out.completions.extend(seqs[g] for g in group)
+            out.sampled.extend(masks[g] for g in group)
+            out.rewards.extend(rewards)
+            out.advantages.extend(r - mean for r in rewards)
+        countdown.tick(len(chunk))
     return out
 
 
@@ -182,27 +209,30 @@ def policy_loss_backward(model: nn.Module, ro: Rollouts, *, device: torch.device
 
 @torch.no_grad()
 def pass_at_k(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, Any]], *, k: int, temperature: float,
-              max_new_tokens: int, seed: int, log: Callable[[str], None] | None = None) -> dict[str, float]:
+              max_new_tokens: int, seed: int, batch_rows: int = 128,
+              log: Callable[[str], None] | None = None) -> dict[str, float]:
     """Held-out scores on `problems` from k completions sampled at `temperature` per problem:
     pass@1 is the mean fraction correct (the unbiased pass@1 estimate from k samples), pass@k
     the fraction of problems with any correct completion. Also the greedy (temperature 0)
-    accuracy and the mean greedy completion length. Progress lines to `log` while it takes
-    longer than ~10 s (100 problems x 8 samples ran ~10 min on a busy 2-core CPU)."""
+    accuracy and the mean greedy completion length. `batch_rows` completions decode together;
+    progress lines to `log` while it takes longer than ~10 s."""
+    prompts, budgets = _prompts_and_budgets(engine, tokenizer, problems, max_new_tokens)
     sampled_correct = any_correct = greedy_correct = 0.0
     lengths = []
     countdown = Countdown("held-out eval", len(problems), log or (lambda line: None), units="problems")
-    for i, problem in enumerate(problems):
-        prompt = prompt_ids(tokenizer, problem["question"])
-        max_tokens = min(max_new_tokens, engine.model.config.sequence_len - len(prompt))
-        seqs, _ = engine.generate_batch(prompt, num_samples=1, max_tokens=max_tokens, temperature=0.0, use_tools=True)
-        greedy_correct += reward(tokenizer.decode(seqs[0]), problem["answer"])
-        lengths.append(len(seqs[0]))
-        seqs, _ = engine.generate_batch(prompt, num_samples=k, max_tokens=max_tokens, temperature=temperature,
-                                        seed=_derived_seed(seed, "eval", i), use_tools=True)
-        hits = [reward(tokenizer.decode(s), problem["answer"]) for s in seqs]
-        sampled_correct += sum(hits) / k
-        any_correct += max(hits)
-        countdown.tick()
+    per_call = max(1, batch_rows // (k + 1))
+    for c, chunk in enumerate(_chunks(len(problems), per_call)):
+        ps, bs = prompts[chunk.start:chunk.stop], budgets[chunk.start:chunk.stop]
+        greedy = engine.generate_greedy(ps, max_tokens=bs, batch_rows=batch_rows)
+        seqs, _ = _sample(engine, ps, bs, k=k, batch_rows=batch_rows, temperature=temperature, top_k=None,
+                          seed=_derived_seed(seed, "eval", c))
+        for j, i in enumerate(chunk):
+            greedy_correct += reward(tokenizer.decode(greedy[j]), problems[i]["answer"])
+            lengths.append(len(greedy[j]))
+            hits = [reward(tokenizer.decode(seqs[j * k + g]), problems[i]["answer"]) for g in range(k)]
+            sampled_correct += sum(hits) / k
+            any_correct += max(hits)
+        countdown.tick(len(chunk))
     n = len(problems)
     return {"pass@1": sampled_correct / n, f"pass@{k}": any_correct / n, "greedy": greedy_correct / n,
             "completion_len": sum(lengths) / n}
@@ -246,7 +276,7 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
     def evaluate(step: int) -> dict[str, float]:
         model.eval()
         scores = pass_at_k(engine, tokenizer, held_out, k=cfg.pass_k, temperature=cfg.temperature,
-                           max_new_tokens=cfg.max_new_tokens, seed=seed, log=log)
+                           max_new_tokens=cfg.max_new_tokens, seed=seed, batch_rows=cfg.generate_batch, log=log)
         log(f"eval step {step} | pass@1 {scores['pass@1']:.3f} | pass@{cfg.pass_k} {scores[f'pass@{cfg.pass_k}']:.3f} "
             f"| greedy {scores['greedy']:.3f} | len {scores['completion_len']:.1f} | {len(held_out)} problems")
         if on_step is not None:
