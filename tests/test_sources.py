@@ -236,6 +236,46 @@ def test_synth_math_annotations_recompute_and_answers_match(tmp_path):
     assert len({p["question"].split()[0] for p in train}) > 10  # varied names and openings
 
 
+def test_synth_math_multistep_problems(tmp_path):
+    """The multistep family: 3-4 correct steps, each later step using an earlier result, the facts
+    in varied orders, a distractor fact in about half, and no step reading the distractor's number."""
+    _, meta, train, val = snapshot(tmp_path, {"source": "synth_math", "family": "multistep", "n_train": 400, "n_val": 40})
+    assert meta["counts"] == {"train": 400, "val": 40, "skipped": 0}
+    assert not {p["question"] for p in train} & {p["question"] for p in val}
+    n_steps, openings, distractors = set(), set(), 0
+    for p in train + val:
+        steps = re.findall(r"<<([^=]+)=([^>]+)>>", p["answer"])
+        n_steps.add(len(steps))
+        results = set()
+        for k, (expr, result) in enumerate(steps):
+            assert _calc(expr) == int(result) and int(result) >= 0, p
+            if k == len(steps) - 1:
+                assert set(re.findall(r"\d+", expr)) & results, f"the last step uses no earlier result: {p}"
+            results.add(result)
+        assert p["answer"].splitlines()[-1] == f"#### {steps[-1][1]}"
+        distractor = re.search(r"is (\d+) years old|lives (\d+) miles|has (\d+) pets|opened (\d+) years", p["question"])
+        if distractor:
+            distractors += 1
+            number = next(g for g in distractor.groups() if g)
+            read, made = set(), set()  # operands taken from the question, results of earlier steps
+            for expr, result in steps:
+                read |= set(re.findall(r"\d+", expr)) - made
+                made.add(result)
+            rest = re.sub(re.escape(distractor.group(0)), "", p["question"])
+            in_words = {n for w, n in (("twice", "2"), ("half", "2"), ("three times", "3"), ("a third", "3"),
+                                       ("four times", "4"), ("a quarter", "4"), ("five times", "5")) if w in rest}
+            assert number not in read or number in re.findall(r"\d+", rest) or number in in_words, p
+        openings.add(p["question"].split(".")[0].split()[-1])
+    assert n_steps == {3, 4}
+    assert 0.35 < distractors / len(train + val) < 0.65
+    assert len(openings) > 50  # the facts come in many orders, not one template's
+
+
+def test_synth_math_family_is_checked(tmp_path):
+    with pytest.raises(Exception, match="family"):
+        snapshot(tmp_path, {"source": "synth_math", "family": "hard", "n_train": 4, "n_val": 1})
+
+
 def test_synth_chat_tool_outputs_are_correct(tmp_path):
     _, meta, train, val = snapshot(tmp_path, {"source": "synth_chat", "n_train": 300, "n_val": 30})
     n_tool = n_identity = 0

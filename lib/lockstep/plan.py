@@ -161,8 +161,9 @@ SOURCE_FACTS: dict[str, dict[str, Any]] = {
     "gsm8k": {"examples": 7_473, "val_examples": 1_319, "tokens_per_example": 180},
     # one conversation per English message tree: ~9,800 train trees, ~40% English (an estimate)
     "oasst1": {"examples": 3_900, "val_examples": 200, "tokens_per_example": 600},
-    # measured on the tiny preset's caches (4,096-id BPE): 419,045 / 4,000 and 211,512 / 3,000
-    "synth_math": {"tokens_per_example": 105},
+    # measured on the tiny preset's caches (4,096-id BPE): 419,045 / 4,000 and 211,512 / 3,000;
+    # synth_math's multistep family 784,003 / 4,000
+    "synth_math": {"tokens_per_example": 105, "tokens_per_example_by_family": {"multistep": 196}},
     "synth_chat": {"tokens_per_example": 71},
     # Chat benchmarks, eval only (val = the hub's test split, no train): published test sizes;
     # tokens per item estimated from a few hundred items' characters at ~4.5 chars/token.
@@ -230,8 +231,9 @@ def source_size(name: str, entry: dict[str, Any], *, root: Path) -> SourceSize |
         return SourceSize(train_examples=0, val_examples=n, tokens_per_example=facts["tokens_per_example"],
                           basis=f"{src} {cfg.config}'s published test size")
     if src in ("synth_math", "synth_chat", "spelling_bee"):
-        return SourceSize(train_examples=cfg.n_train, val_examples=cfg.n_val,
-                          tokens_per_example=facts["tokens_per_example"], basis=f"fetch.{name}.n_train")
+        per = facts.get("tokens_per_example_by_family", {}).get(getattr(cfg, "family", None), facts["tokens_per_example"])
+        return SourceSize(train_examples=cfg.n_train, val_examples=cfg.n_val, tokens_per_example=per,
+                          basis=f"fetch.{name}.n_train")
     if "examples" in facts:
         n, vf = facts["examples"], cfg.val_frac or 0.0
         return SourceSize(train_examples=n * (1 - vf), val_examples=facts.get("val_examples", n * vf),
