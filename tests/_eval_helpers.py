@@ -29,6 +29,9 @@ class CharTokenizer:
     def decode(self, ids: list[int]) -> str:
         return "".join("\n" if i == 96 else "" if i in (0, ASSISTANT_START) else chr(i + 31) for i in ids)
 
+    def encode_special(self, name: str) -> int:
+        return {"<|assistant_end|>": 96}[name]  # shares the newline's id: the vocabulary has no spare one
+
     def render_for_completion(self, conversation: dict) -> list[int]:
         user = [m for m in conversation["messages"] if m["role"] == "user"][-1]
         text = "".join(p["text"] for p in user["content"])

@@ -15,6 +15,7 @@ from lockstep.evaluate.chat import (
     evaluate_categorical,
     evaluate_code,
     evaluate_generative,
+    evaluate_reply_choice,
     extract_answer,
     normalize_number,
     problem_items,
@@ -112,6 +113,30 @@ def test_categorical_planted() -> None:
     res = evaluate_categorical(model, items, tokenizer=tok, device=torch.device("cpu"), max_seq_len=512)
     assert [r["predicted"] for r in res.records] == ["B", "B"]
     assert (res.correct, res.total) == (1, 2)
+
+
+def test_reply_choice_scores_each_choice_as_the_reply() -> None:
+    """No letters: the choice the model would rather say after the question wins, by mean nats per
+    reply token (the end token included), whatever its letter; too long an item is skipped."""
+    tok = CharTokenizer()
+    items = categorical_items([
+        {"question": "Say it", "choices": ["cab", "abc", "bca"], "answer": "B"},
+        {"question": "Again", "choices": ["abc", "cab"], "answer": "A"},
+        {"question": "x" * 40, "choices": ["abc", "cab"], "answer": "A"},
+    ])
+    model = BigramModel()
+    model.plant(tok, "abc\n")  # a -> b -> c -> end
+    with torch.no_grad():
+        model.table[ASSISTANT_START, tok.encode("a")[0]] = 10.0
+        model.table[ASSISTANT_START, tok.encode("c")[0]] = 9.0  # "cab" starts almost as well
+    res = evaluate_reply_choice(model, items, tokenizer=tok, device=torch.device("cpu"), max_seq_len=32)
+    assert [r["predicted"] for r in res.records] == ["B", "A"]
+    assert (res.correct, res.total, res.skipped) == (2, 2, 1)
+    # the first item's "cab" by hand: a start, then c->a, a->b, b->end under the bigram table
+    logp = torch.log_softmax(model.table.detach(), dim=-1)
+    ids = [ASSISTANT_START, *tok.encode("cab"), 96]
+    want = -sum(float(logp[a, b]) for a, b in zip(ids, ids[1:])) / 4
+    assert res.records[0]["mean_nats"][0] == pytest.approx(want, abs=1e-4)
 
 
 def test_categorical_answer_validation() -> None:

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EVALSETS = ROOT / "evalsets"
 MIN_ITEMS = 200
 FILES = (evalsets_build.BARD_ORDER, evalsets_build.BARD_AGREE, evalsets_build.BARD_CHOICE, evalsets_build.BARD_SCHEMA,
-         evalsets_build.BARD_CLOZE, evalsets_build.ARC_OWN, evalsets_build.CODE_OWN)
+         evalsets_build.BARD_CLOZE, evalsets_build.ARC_OWN, evalsets_build.BARD_LINE, evalsets_build.CODE_OWN)
 LIMITS = SandboxLimits(timeout_s=10.0, memory_bytes=512 << 20)
 
 

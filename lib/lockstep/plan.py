@@ -616,8 +616,10 @@ def plan_eval(params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, root
 
     for rel in cfg.code_files:
         replies += capped(len(_jsonl_lines(root / "evalsets" / rel)))
-    choices, choice_tokens = 0, 0  # one forward per choice prompt, over its tokens
-    for rel in cfg.categorical_files:
+    # one forward per item, over its tokens: a lettered prompt, or (reply_choice_files) the
+    # choices' rows, about the item's length in all
+    choices, choice_tokens = 0, 0
+    for rel in (*cfg.categorical_files, *cfg.reply_choice_files):
         lines = _jsonl_lines(root / "evalsets" / rel)
         lines = lines[: capped(len(lines))]
         choices += len(lines)

@@ -30,6 +30,7 @@ BARD_CLOZE = "core_hard/eval_data/language_modeling/bard_cloze.jsonl"
 BARD_ORDER = "core/eval_data/language_understanding/bard_order.jsonl"
 BARD_AGREE = "core/eval_data/language_understanding/bard_agree.jsonl"
 ARC_OWN = "chat/arc_own.jsonl"
+BARD_LINE = "chat/bard_line.jsonl"
 CODE_OWN = "chat/code_own.jsonl"
 
 
@@ -590,6 +591,15 @@ def bard_order_items() -> list[dict[str, Any]]:
         choices, g = slots.place(line, wrong[:_ORDER_VARIANTS], "order", line)
         items.append({"query": f"{_speaker('order', line)}:", "choices": choices, "gold": g})
     return items
+
+
+def bard_line_items() -> list[dict[str, Any]]:
+    """bard_order's items as a chat task scored without letters (eval.reply_choice_files): the
+    user asks for a line, and each of the four orders is scored as the whole reply. It stands
+    in for arc_own in the offline presets, whose data teach neither answering with a letter nor
+    arc_own's science."""
+    return [{"question": "Say a line from one of Shakespeare's plays.", "choices": item["choices"],
+             "answer": LETTERS[item["gold"]]} for item in bard_order_items()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1160,6 +1170,7 @@ BUILDERS: dict[str, Callable[[], list[dict[str, Any]]]] = {
     BARD_ORDER: bard_order_items,
     BARD_AGREE: bard_agree_items,
     ARC_OWN: arc_items,
+    BARD_LINE: bard_line_items,
     CODE_OWN: code_items,
 }
 

@@ -31,6 +31,7 @@ class ChatTokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
     def render_for_completion(self, conversation: dict[str, Any]) -> list[int]: ...
+    def encode_special(self, name: str) -> int: ...
 
 
 def normalize_number(text: str) -> str | None:
@@ -328,6 +329,58 @@ def evaluate_categorical(
         result.records.append({
             "index": index, "question": item.question, "choices": list(item.choices),
             "reference": LETTERS[item.answer], "predicted": LETTERS[pick], "correct": ok,
+        })
+    return result
+
+
+def reply_choice_prompt(item: CategoricalItem) -> dict[str, Any]:
+    """The conversation for a reply-choice item: the question alone, no lettered choices; each
+    choice is then scored as the whole reply."""
+    return {"messages": [text_message("user", item.question), text_message("assistant", item.choices[item.answer])]}
+
+
+@torch.no_grad()
+def evaluate_reply_choice(
+    model: Callable[[torch.Tensor], torch.Tensor],
+    items: Sequence[CategoricalItem],
+    *,
+    tokenizer: ChatTokenizer,
+    device: torch.device,
+    max_seq_len: int,
+    rank: int = 0,
+    world_size: int = 1,
+) -> TaskResult:
+    """Multiple choice without letters (the cloze formulation): after the question, each choice's
+    text followed by <|assistant_end|> is scored as the assistant's reply, and the model picks
+    the choice with the lowest mean cross-entropy per reply token, CORE's rule for multiple
+    choice. It asks what the model prefers to say, not whether it has learned to answer with a
+    letter. An item whose longest choice does not fit in `max_seq_len` is skipped and counted in
+    `skipped`."""
+    end = tokenizer.encode_special("<|assistant_end|>")
+    result = TaskResult()
+    for index, item in _shard(items, rank, world_size):
+        prompt = tokenizer.render_for_completion(reply_choice_prompt(item))
+        replies = [tokenizer.encode(c) + [end] for c in item.choices]
+        width = len(prompt) + max(len(r) for r in replies)
+        if width > max_seq_len:
+            result.skipped += 1
+            continue
+        ids = torch.zeros(len(replies), width, dtype=torch.long)  # (C, T), right-padded
+        for j, r in enumerate(replies):
+            ids[j, : len(prompt) + len(r)] = torch.tensor(prompt + r)
+        logp = torch.log_softmax(model(ids.to(device)).float(), dim=-1)  # (C, T, V)
+        mean_nats = []
+        for j, r in enumerate(replies):
+            at = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(r), device=device)  # positions predicting the reply
+            mean_nats.append(float(-logp[j, at, torch.tensor(r, device=device)].mean()))
+        pick = min(range(len(replies)), key=lambda j: mean_nats[j])
+        ok = pick == item.answer
+        result.correct += int(ok)
+        result.total += 1
+        result.records.append({
+            "index": index, "question": item.question, "choices": list(item.choices),
+            "reference": LETTERS[item.answer], "predicted": LETTERS[pick], "correct": ok,
+            "mean_nats": [round(x, 4) for x in mean_nats],
         })
     return result
 

@@ -56,7 +56,10 @@ class EvalConfig:
     chat_max_items: int = 0  # per chat task; 0 = all
     math_sources: tuple[str, ...] = ("synth_math",)  # problem snapshots under --raw (val split)
     conversation_sources: tuple[str, ...] = ("synth_chat",)  # tool-use conversations under --raw (val split)
-    categorical_files: tuple[str, ...] = ("chat/arc_own.jsonl",)  # under --evalsets
+    categorical_files: tuple[str, ...] = ("chat/arc_own.jsonl",)  # under --evalsets, answered with a letter
+    # Under --evalsets, the same format scored without letters: each choice as the whole reply
+    # (chat.evaluate_reply_choice).
+    reply_choice_files: tuple[str, ...] = ()
     code_files: tuple[str, ...] = ("chat/code_own.jsonl",)  # under --evalsets
     # ChatCORE benchmarks: {task: fetch name of its snapshot under --raw (val split)}, tasks from
     # evaluate.chat.CHATCORE_TASKS. When set, `chatcore` is over these alone, with fixed baselines.
@@ -99,16 +102,16 @@ class EvalConfig:
                              f"names unknown task(s) {bad_tasks}; use some of {list(chat.CHATCORE_TASKS)}, each mapped to "
                              "the fetch name of its snapshot (e.g. arc_easy: arc_easy)")
         own = {*self.math_sources, *self.conversation_sources,
-               *(PurePosixPath(rel).stem for rel in (*self.categorical_files, *self.code_files))}
+               *(PurePosixPath(rel).stem for rel in (*self.categorical_files, *self.reply_choice_files, *self.code_files))}
         if own & set(self.chat_tasks):
             raise FieldError("chat_tasks", dict(self.chat_tasks),
                              f"repeats {sorted(own & set(self.chat_tasks))}, also evaluated as an own set (math_sources, "
-                             "conversation_sources, categorical_files or code_files); list each task once")
+                             "conversation_sources, categorical_files, reply_choice_files or code_files); list each task once")
         for task, source in self.chat_tasks.items():
             if not source or PurePosixPath(source).name != source or source in (".", ".."):
                 raise FieldError("chat_tasks", dict(self.chat_tasks),
                                  f"must map each task to a raw snapshot (a folder under --raw); {task}: {source!r} is no folder name")
-        for name in ("categorical_files", "code_files"):
+        for name in ("categorical_files", "reply_choice_files", "code_files"):
             for rel in getattr(self, name):
                 path = PurePosixPath(rel)
                 if path.is_absolute() or ".." in path.parts or path.suffix != ".jsonl":
@@ -165,7 +168,7 @@ def check_inputs(stage: str, cfg: EvalConfig, raw: Path, evalsets: Path) -> None
         if not (raw / source).is_dir():
             raise ConfigError(f"eval.chat_tasks.{task} names {source!r}, which has no snapshot at {raw / source}: add it "
                               f"under `fetch:` in params.yaml and run `dvc repro fetch@{source}`, or drop {task} from eval.chat_tasks")
-    for key in ("categorical_files", "code_files"):
+    for key in ("categorical_files", "reply_choice_files", "code_files"):
         for rel in getattr(cfg, key):
             if not (evalsets / rel).is_file():
                 raise ConfigError(f"eval.{key} lists {rel!r}, which is not a file under {evalsets}: fix the name, drop it "
@@ -415,6 +418,11 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime
             items = _cap(chat.categorical_items(_read_jsonl(paths.evalsets / rel)), cfg.chat_max_items)
             res = chat.evaluate_categorical(fwd, items, tokenizer=tokenizer, device=rt.device, max_seq_len=T,
                                             rank=rt.rank, world_size=rt.world_size)
+            results[Path(rel).stem] = (res, chat.random_baseline_categorical(items))
+        for rel in cfg.reply_choice_files:
+            items = _cap(chat.categorical_items(_read_jsonl(paths.evalsets / rel)), cfg.chat_max_items)
+            res = chat.evaluate_reply_choice(fwd, items, tokenizer=tokenizer, device=rt.device, max_seq_len=T,
+                                             rank=rt.rank, world_size=rt.world_size)
             results[Path(rel).stem] = (res, chat.random_baseline_categorical(items))
         limits = SandboxLimits(timeout_s=cfg.sandbox_timeout_s, memory_bytes=cfg.sandbox_memory_mb << 20)
         for rel in cfg.code_files:
