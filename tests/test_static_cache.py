@@ -29,6 +29,7 @@ from lockstep.decode import (
     cache_tokens,
     capture_graph,
     compile_step,
+    isolated_recompiles,
     sample_on_device,
 )
 from lockstep.engine import Engine, KVCache, decode_settings, sample_next
@@ -474,6 +475,38 @@ def test_static_cache_compiled_step_comes_before_the_graph():
         capture_graph(step, backend=StandInGraphs(), warmup_steps=1)
     with pytest.raises(ValueError, match="compile_step must come before capture_graph"):
         compile_step(step, backend="aot_eager")
+
+
+def test_static_cache_compile_step_on_a_torch_without_isolate_recompiles(monkeypatch, caplog):
+    # torch 2.11's torch.compile has no isolate_recompiles keyword: the step compiles without it
+    # (and says so) rather than failing with a TypeError at the first fast decode
+    real = torch.compile
+    seen = []
+
+    def compile_2_11(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None, options=None,
+                     disable=False):
+        seen.append(backend)
+        return real(model, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options,
+                    disable=disable)
+
+    monkeypatch.setattr(torch, "compile", compile_2_11)
+    isolated_recompiles.cache_clear()
+    try:
+        assert isolated_recompiles() == {}
+        assert "has no isolate_recompiles" in caplog.text
+        model = random_model(5)
+        eager, compiled = prefilled_step(model, Sampling(greedy=True)), prefilled_step(model, Sampling(greedy=True))
+        compile_step(compiled, backend="aot_eager")
+        with torch.inference_mode():
+            for _ in range(3):
+                eager()
+                compiled()
+                assert torch.equal(compiled.next_ids, eager.next_ids)
+        assert seen == ["aot_eager"] * 3  # the step's three parts
+    finally:
+        monkeypatch.undo()
+        isolated_recompiles.cache_clear()
+    assert isolated_recompiles() == {"isolate_recompiles": True}  # this torch has it
 
 
 @pytest.fixture

@@ -8,6 +8,9 @@ this path equal to them."""
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -299,6 +302,20 @@ class StaticStep:
             self.run()
 
 
+@functools.cache
+def isolated_recompiles() -> dict[str, bool]:
+    """torch.compile's keyword that gives each compiled step its own recompile budget, where this
+    torch has it ({} where not: torch 2.11 has no `isolate_recompiles`). Without it an engine's
+    steps share dynamo's recompile limit, and a step past it runs uncompiled (dynamo warns)."""
+    if "isolate_recompiles" in inspect.signature(torch.compile).parameters:
+        return {"isolate_recompiles": True}
+    limit = getattr(torch._dynamo.config, "recompile_limit", None)
+    logging.getLogger(__name__).warning(
+        "torch %s's torch.compile has no isolate_recompiles: compiled decode steps share dynamo's recompile "
+        "limit (%s); a step past it runs uncompiled", torch.__version__, limit)
+    return {}
+
+
 def compile_step(step: StaticStep, *, backend: str | Callable = "inductor") -> StaticStep:
     """Make `step.run()` go through torch.compile (fullgraph, static shapes, default mode: the CUDA
     graph is capture_graph's, not inductor's), so its elementwise work (rotary, RMSNorm, soft cap,
@@ -307,14 +324,14 @@ def compile_step(step: StaticStep, *, backend: str | Callable = "inductor") -> S
     2.13; not yet counted on a GPU). Compiles nothing yet: the first run() compiles
     (capture_graph's warm-up, on CUDA), and the step then runs the compiled code for its life,
     which recompiles nothing (its shapes never change; the parts read no value that set_sampling
-    changes). Each step's compiled code is its own (isolate_recompiles), so an engine's many steps
+    changes). Each step's compiled code is its own (isolate_recompiles, where this torch has it), so an engine's many steps
     do not add up to dynamo's recompile limit. The cache's buffers are attributes the compiled
     parts mutate in place (inductor keeps an index_copy_ into a whole input tensor in place, not
     into a view: see StaticKVCache). Compile before capture_graph. Returns the step."""
     if step.replay is not None:
         raise ValueError("compile_step must come before capture_graph: the captured graph runs the step as it was")
     if not step.compiled:
-        opts = dict(fullgraph=True, dynamic=False, backend=backend, isolate_recompiles=True)
+        opts = dict(fullgraph=True, dynamic=False, backend=backend, **isolated_recompiles())
         step._greedy = torch.compile(step._greedy, **opts)  # type: ignore[method-assign]
         step._candidates = torch.compile(step._candidates, **opts)  # type: ignore[method-assign]
         step._race = torch.compile(step._race, **opts)  # type: ignore[method-assign]
