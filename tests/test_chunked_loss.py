@@ -123,7 +123,7 @@ def test_chunked_loss_under_bf16_autocast_is_close_to_the_reference(reduction):
         assert F.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0) > 0.9999, what
 
 
-def _compiled_with_graph_rows(fn):
+def _compiled_with_graph_rows(fn, *, fullgraph: bool = True):
     """fn compiled (dynamo + AOT autograd, the graphs then run eagerly, as aot_eager does), and a
     dict filled on its first call with, for the forward and the backward graph, the most rows of
     any tensor in it that has a vocabulary-sized dim: what the compiled step holds at once."""
@@ -139,7 +139,7 @@ def _compiled_with_graph_rows(fn):
         return aot_module_simplified(gm, example_inputs, fw_compiler=capture("forward"), bw_compiler=capture("backward"))
 
     torch._dynamo.reset()
-    return torch.compile(fn, backend=backend, fullgraph=True), rows
+    return torch.compile(fn, backend=backend, fullgraph=fullgraph), rows
 
 
 def _vocab_rows(t) -> int:
@@ -150,20 +150,40 @@ def _vocab_rows(t) -> int:
     return t.numel() // vocab_dims[0] if vocab_dims else 0
 
 
-def test_chunked_loss_under_torch_compile_equals_eager_and_keeps_chunks():
+def test_chunked_loss_under_torch_compile_equals_eager_and_keeps_chunks(monkeypatch):
+    # Compiled, the loss is a graph break and each chunk's body compiles on its own: no compiled
+    # graph holds more than one chunk's logits, in either pass. (Compiled whole, inductor fused all
+    # chunks' reductions into one kernel: every chunk alive at once, and past 2^31 elements an
+    # illegal memory access on an H100.)
     x, w, y = _inputs(2)
+    body_rows: list[int] = []
 
-    def chunked(x, w, y, reduction):
-        return ops.chunked_head_loss(x, w, y, 2.0, V, reduction, chunk_rows=CHUNK_ROWS)
+    def body_backend(gm, example_inputs):
+        body_rows.append(max([_vocab_rows(n.meta.get("example_value")) for n in gm.graph.nodes] + [0]))
+        return gm.forward
 
-    compiled, rows = _compiled_with_graph_rows(chunked)  # fullgraph: no graph break either
-    eager = _loss_and_grads(chunked, x, w, y, "none")
-    got = _loss_and_grads(compiled, x, w, y, "none")
-    for what, a, b in zip(("loss", "grad x", "grad w"), got, eager):
-        _assert_close_to_scale(a, b, 1e-6, what)
-    # what the compiled graphs hold: one chunk's logits at most, in either pass; the reference's
-    # graphs hold the batch's (so the check can fail)
-    assert rows == {"forward": CHUNK_ROWS, "backward": CHUNK_ROWS}, rows
+    monkeypatch.setattr(ops, "CHUNK_COMPILE_BACKEND", body_backend)
+    ops.compiled_chunk_bodies.cache_clear()
+    try:
+        def chunked(x, w, y, reduction):
+            return ops.chunked_head_loss(x, w, y, 2.0, V, reduction, chunk_rows=CHUNK_ROWS)
+
+        compiled, rows = _compiled_with_graph_rows(chunked, fullgraph=False)
+        eager = _loss_and_grads(chunked, x, w, y, "none")
+        got = _loss_and_grads(compiled, x, w, y, "none")
+        for what, a, b in zip(("loss", "grad x", "grad w"), got, eager):
+            _assert_close_to_scale(a, b, 1e-6, what)
+        # the caller's graphs hold no logits; the bodies, forward and gradient, were compiled, each
+        # for the full chunks and the last one (12 rows), and hold one chunk's logits at most
+        assert rows.get("forward", 0) == 0 and rows.get("backward", 0) == 0, rows
+        assert len(body_rows) >= 3 and max(body_rows) == CHUNK_ROWS, body_rows
+    finally:
+        ops.compiled_chunk_bodies.cache_clear()
+    # uncompiled, the eager bodies run (nothing new compiled)
+    n = len(body_rows)
+    _loss_and_grads(chunked, x, w, y, "none")
+    assert len(body_rows) == n
+    # the reference's compiled graphs hold the batch's logits (so the row count can fail)
     reference, ref_rows = _compiled_with_graph_rows(_reference(2.0))
     _loss_and_grads(reference, x, w, y, "none")
     assert ref_rows["forward"] >= N and ref_rows["backward"] >= N, ref_rows

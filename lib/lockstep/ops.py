@@ -77,9 +77,12 @@ def fused_head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap
 # Rows (tokens) of the batch whose logits exist at once in chunked_head_loss. Run eagerly, a chunk
 # holds at most two fp32 (rows, V) buffers and one in the matmul dtype, so the loss needs at most
 # ~2.5 x CHUNK_ROWS x V x 4 bytes beyond the weights: 1.25 GiB at V = 65,536, against 16 GiB for
-# one fp32 copy of the logits of 32 x 2048 tokens (torch.compile fuses the fp32 passes and needs
-# less). 2048 rows keep each chunk's (2048 x C) @ (C x V) matmul large enough to fill a GPU.
+# one fp32 copy of the logits of 32 x 2048 tokens (a compiled chunk body fuses the fp32 passes and
+# needs less). 2048 rows keep each chunk's (2048 x C) @ (C x V) matmul large enough to fill a GPU.
 CHUNK_ROWS = 2048
+# The backend that compiles the chunk bodies when the caller is being compiled (tests count and
+# inspect the bodies' graphs through another).
+CHUNK_COMPILE_BACKEND: str | Callable = "inductor"
 
 
 def _chunk_logits(x: torch.Tensor, w: torch.Tensor, cap: float, *,
@@ -107,7 +110,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     reference does. Rows not `counted` (IGNORE_INDEX) give 0 and send no gradient."""
 
     @staticmethod
-    def forward(ctx, x, weight, cols, coefs, counted, cap, vocab_size, chunk_rows, compute_dtype):  # type: ignore[override]
+    def forward(ctx, x, weight, cols, coefs, counted, cap, vocab_size, chunk_rows, compute_dtype, bodies):  # type: ignore[override]
         # x (N, C), weight (V_padded, C), cols (N, K) int64, coefs (N, K) fp32, counted (N,) bool
         N = x.size(0)
         # autocast off: the dtypes are decided once, by the caller, and the backward, which
@@ -119,18 +122,15 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             picked = torch.empty(N, dtype=torch.float32, device=x.device)  # (N,) sum_k q_k l[cols_k]
             for i in range(0, N, chunk_rows):
                 i2 = min(i + chunk_rows, N)
-                logits, _ = _chunk_logits(xc[i:i2], w, cap, keep_tanh=False)  # (r, V)
-                lse[i:i2] = torch.logsumexp(logits, dim=1)
-                picked[i:i2] = torch.linalg.vecdot(logits.gather(1, cols[i:i2]), coefs[i:i2])
-                del logits  # freed before the next chunk's are made
+                lse[i:i2], picked[i:i2] = bodies.forward(xc[i:i2], w, cols[i:i2], coefs[i:i2], cap)
         ctx.save_for_backward(xc, w, lse, cols, coefs, counted)
-        ctx.meta = (cap, chunk_rows, x.dtype, weight.dtype, weight.size(0))
+        ctx.meta = (cap, chunk_rows, x.dtype, weight.dtype, weight.size(0), bodies)
         return torch.where(counted, lse - picked, 0.0)
 
     @staticmethod
     def backward(ctx, grad_rows):  # type: ignore[override]
         xc, w, lse, cols, coefs, counted = ctx.saved_tensors
-        cap, chunk_rows, x_dtype, w_dtype, v_padded = ctx.meta
+        cap, chunk_rows, x_dtype, w_dtype, v_padded, bodies = ctx.meta
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         N, C = xc.shape
         V = w.size(0)
@@ -144,15 +144,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
                 dw = torch.zeros(v_padded, C, dtype=torch.float32, device=w.device)  # (V_padded, C)
             for i in range(0, N, chunk_rows):
                 i2 = min(i + chunk_rows, N)
-                logits, t = _chunk_logits(xc[i:i2], w, cap, keep_tanh=True)  # (r, V) fp32
-                p = logits.sub_(lse[i:i2, None]).exp_()  # softmax, over the logits' buffer
-                p.scatter_add_(1, cols[i:i2], coefs[i:i2].neg())  # softmax - q
-                p.mul_(g[i:i2, None])
-                if t is not None:
-                    p.mul_(t.square_().neg_().add_(1.0))  # through the cap: d(cap tanh(z/cap))/dz = 1 - t^2
-                del t
-                dz = p.to(xc.dtype)  # (r, V) in the matmul dtype, as autograd rounds the reference's
-                del p
+                dz = bodies.grad_logits(xc[i:i2], w, lse[i:i2], cols[i:i2], coefs[i:i2], g[i:i2], cap)  # (r, V)
                 if need_x:
                     dx[i:i2] = torch.mm(dz, w)  # (r, C)
                 if need_w:
@@ -162,7 +154,61 @@ class _ChunkedHeadLoss(torch.autograd.Function):
                         dw[:V].add_(torch.mm(dz.t(), xc[i:i2]))  # (V, C) rounded once per chunk, summed in fp32
                 del dz
         return (dx.to(x_dtype) if need_x else None, dw.to(w_dtype) if need_w else None,
-                None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None)
+
+
+def _chunk_forward(xc: torch.Tensor, w: torch.Tensor, cols: torch.Tensor, coefs: torch.Tensor,
+                   cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk's forward: the log-sum-exp (r,) of its soft-capped logits and sum_k q_k l[cols_k] (r,)."""
+    logits, _ = _chunk_logits(xc, w, cap, keep_tanh=False)  # (r, V)
+    return torch.logsumexp(logits, dim=1), torch.linalg.vecdot(logits.gather(1, cols), coefs)
+
+
+def _chunk_grad_logits(xc: torch.Tensor, w: torch.Tensor, lse: torch.Tensor, cols: torch.Tensor, coefs: torch.Tensor,
+                       g: torch.Tensor, cap: float) -> torch.Tensor:
+    """One chunk's dz = g * (softmax(l) - q) * (1 - t^2), (r, V) in the matmul dtype, as autograd
+    rounds the reference's logit gradient."""
+    logits, t = _chunk_logits(xc, w, cap, keep_tanh=True)  # (r, V) fp32
+    p = logits.sub_(lse[:, None]).exp_()  # softmax, over the logits' buffer
+    p.scatter_add_(1, cols, coefs.neg())  # softmax - q
+    p.mul_(g[:, None])
+    if t is not None:
+        p.mul_(t.square_().neg_().add_(1.0))  # through the cap: d(cap tanh(z/cap))/dz = 1 - t^2
+    return p.to(xc.dtype)
+
+
+@dataclass(frozen=True)
+class ChunkBodies:
+    """What _ChunkedHeadLoss runs per chunk: `forward` (_chunk_forward) and `grad_logits`
+    (_chunk_grad_logits), eager or compiled. The loop over chunks stays in Python either way:
+    compiled whole, inductor fused all chunks' reductions into one kernel, which kept every chunk's
+    logits alive at once and, at 32 x 2048 rows and 65,536 ids (2^32 elements), overran 32-bit
+    indexing: an illegal memory access on an H100 (torch 2.11). A body sees one chunk only."""
+
+    forward: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    grad_logits: Callable[..., torch.Tensor]
+
+
+EAGER_CHUNK_BODIES = ChunkBodies(forward=_chunk_forward, grad_logits=_chunk_grad_logits)
+
+
+@functools.cache
+def compiled_chunk_bodies(backend: str | Callable) -> ChunkBodies:
+    """The chunk bodies through torch.compile with `backend` (made once per backend): their
+    elementwise passes over a chunk's (r, V) logits fuse. Shapes may vary (the last chunk, other
+    batches): dynamo marks them dynamic after the first recompile."""
+    return ChunkBodies(forward=torch.compile(_chunk_forward, backend=backend, fullgraph=True),
+                       grad_logits=torch.compile(_chunk_grad_logits, backend=backend, fullgraph=True))
+
+
+@torch.compiler.disable
+def _chunked_rows(x: torch.Tensor, w: torch.Tensor, cols: torch.Tensor, coefs: torch.Tensor, counted: torch.Tensor,
+                  cap: float, vocab_size: int, chunk_rows: int, compute_dtype: torch.dtype,
+                  compiled: bool) -> torch.Tensor:
+    """_ChunkedHeadLoss outside any compiled graph the caller is in (a graph break): the chunk loop
+    runs in Python, on compiled bodies where the caller was being compiled."""
+    bodies = compiled_chunk_bodies(CHUNK_COMPILE_BACKEND) if compiled else EAGER_CHUNK_BODIES
+    return _ChunkedHeadLoss.apply(x, w, cols, coefs, counted, cap, vocab_size, chunk_rows, compute_dtype, bodies)
 
 
 def chunked_head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap: float, vocab_size: int,
@@ -178,8 +224,9 @@ def chunked_head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, c
     With `target_cols` and `target_weights` (both (..., K)), a counted position's target is not
     its one id but the distribution putting target_weights[..., k] on id target_cols[..., k]
     (weights summing to 1; a repeated id adds up): lockstep.objectives' prefix smoothing. `targets`
-    still says which positions count. Runs under torch.compile: dynamo traces the forward and
-    backward loops as they are written (tests/test_chunked_loss.py checks its graphs)."""
+    still says which positions count. Under torch.compile the loss is a graph break: the chunk
+    loop runs in Python and each chunk's body is compiled on its own (compiled_chunk_bodies), so no
+    compiled kernel spans more than one chunk."""
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
     if chunk_rows < 1:
@@ -203,8 +250,10 @@ def chunked_head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, c
         compute_dtype = torch.get_autocast_dtype(x.device.type)
     else:
         compute_dtype = w.dtype
-    rows = _ChunkedHeadLoss.apply(x.reshape(N, C), w, cols, coefs, counted, float(cap), vocab_size, chunk_rows,
-                                  compute_dtype)  # (N,)
+    # Being compiled (by the Trainer's torch.compile, say), the chunk bodies compile too; the loop
+    # over them runs outside the caller's graph either way (ChunkBodies says why).
+    rows = _chunked_rows(x.reshape(N, C), w, cols, coefs, counted, float(cap), vocab_size, chunk_rows, compute_dtype,
+                         torch.compiler.is_compiling())  # (N,)
     if reduction == "none":
         return rows.view(targets.shape)
     total = rows.sum()
