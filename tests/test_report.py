@@ -272,6 +272,10 @@ def test_without_run_facts_each_stage_names_its_own_split() -> None:
     assert charts["sft_train_loss"].title.startswith("sft: train loss (the stage's objective)\n")
     assert charts["rl_heldout_len"].title.endswith("on held-out problems")
     assert describe_data("rl", "rollouts", {}) == "sampled training rollouts"
+    facts = {"setup.problems": "synth_multistep", "setup.mixture.synth_math": 0.25, "setup.problems_per_step": 16,
+             "setup.group_size": 8, "setup.temperature": 1.0}
+    assert describe_data("rl", "rollouts", facts) == ("train split of synth_multistep + synth_math 0.25: 16 problems "
+                                                      "x 8 samples per step, temperature 1")
 
 
 def test_unknown_series_stay_in_their_stage() -> None:

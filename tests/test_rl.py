@@ -9,7 +9,7 @@ import torch
 from _tiny_model import randomize, tiny_gpt
 from lockstep.config import ConfigError, build_config
 from lockstep.model import GPT
-from lockstep.rl import RLConfig, Rollouts, policy_loss_backward, reward, rollout
+from lockstep.rl import RLConfig, Rollouts, _derived_seed, draw_problems, policy_loss_backward, reward, rollout
 from lockstep.engine import Engine
 
 
@@ -36,6 +36,33 @@ def test_reward_refuses_reference_without_answer():
 def test_config_refuses_group_of_one():
     with pytest.raises(ConfigError, match="group_size"):
         build_config(RLConfig, {"group_size": 1}, where="rl")
+
+
+@pytest.mark.parametrize("mixture, message", [
+    ({"synth_math": 0.25}, r"rl\.mixture\.synth_math=0\.25 names rl\.problems itself"),
+    ({"other": 1.0}, r"rl\.mixture\.other=1\.0 must be a finite number in \(0, 1\)"),
+    ({"other": 0.01}, r"rl\.mixture\.other=0\.01 gives no problem of the 8 per update"),
+    ({"a": 0.5, "b": 0.5}, r"rl\.mixture=.* leaves no problem of rl\.problems in an update of 8"),
+])
+def test_config_refuses_a_mixture_that_leaves_a_source_no_problem(mixture, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(RLConfig, {"problems": "synth_math", "problems_per_step": 8, "mixture": mixture}, where="rl")
+
+
+def test_draw_takes_each_mixture_share_and_is_unchanged_without_one():
+    main = [{"id": f"m{i}"} for i in range(50)]
+    easy = [{"id": f"e{i}"} for i in range(50)]
+    plain = RLConfig(problems="hard", problems_per_step=8)
+    mixed = RLConfig(problems="hard", problems_per_step=8, mixture={"easy": 0.25})
+    assert mixed.draws() == {"easy": 2}
+    got = draw_problems(main, {"easy": easy}, mixed, seed=5, step=3)
+    assert [p["id"][0] for p in got] == ["m"] * 6 + ["e"] * 2
+    assert got == draw_problems(main, {"easy": easy}, mixed, seed=5, step=3)  # a function of (seed, step)
+    assert got != draw_problems(main, {"easy": easy}, mixed, seed=5, step=4)
+    # without a mixture: the draw every earlier run made (randint over the whole update)
+    g = torch.Generator().manual_seed(_derived_seed(5, "draw", 3))
+    expected = [main[i] for i in torch.randint(len(main), (8,), generator=g).tolist()]
+    assert draw_problems(main, {}, plain, seed=5, step=3) == expected
 
 
 def _logp(model: GPT, prompt: list[int], completion: list[int]) -> float:

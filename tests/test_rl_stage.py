@@ -111,5 +111,31 @@ def test_outputs_and_series_repeat_byte_for_byte(rl_workspace: Path, repo_root: 
     assert [line.split("\t")[0] for line in val[1:]] == ["0", "2"]  # before training and after the last step
     # What the series were measured on, for the report card's chart titles.
     assert json.loads((root / "runinfo/rl_a.json").read_text())["setup"] == {
-        "problems": "synth_math", "problems_per_step": 1, "group_size": 2, "temperature": 1.0, "pass_k": 1,
-        "eval_problems": 1}
+        "problems": "synth_math", "mixture": {}, "problems_per_step": 1, "group_size": 2, "temperature": 1.0,
+        "pass_k": 1, "eval_problems": 1}
+
+
+def test_mixture_sources_join_the_updates(rl_workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch,
+                                          caplog) -> None:
+    # rl.mixture: a second problem snapshot gives its share of each update; held-out scores stay
+    # on rl.problems. A mixture name that is no problem snapshot is refused, naming the key.
+    monkeypatch.syspath_prepend(str(repo_root))
+    from stages import rl
+
+    root = rl_workspace
+    fetch_source("multi", SOURCE_CONFIGS["synth_math"](family="multistep", n_train=8, n_val=2), root / "raw/multi", seed=2)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["rl"].update(problems="multi", problems_per_step=4, mixture={"synth_math": 0.25})
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    caplog.set_level("INFO", logger="lockstep.rl")
+    assert rl.main(_args(root)) == 0
+    assert "mixture: 1 of each update's 4 problems from synth_math (8 train problems)" in caplog.text
+    setup = json.loads((root / "runinfo/rl.json").read_text())["setup"]
+    assert setup["problems"] == "multi" and setup["mixture"] == {"synth_math": 0.25}
+    metrics = json.loads((root / "metrics/rl.json").read_text())
+    assert metrics["greedy_acc.n"] == 1  # the held-out problem is multi's
+
+    params["rl"]["mixture"] = {"tokenizer": 0.25}
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(Exception, match=r"rl\.mixture\.tokenizer='tokenizer': .* has no meta.json"):
+        rl.main(_args(root))

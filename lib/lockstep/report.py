@@ -192,7 +192,9 @@ def describe_data(stage: str, kind: str, facts: Mapping[str, Any]) -> str:
         if problems is None:
             return "sampled training rollouts"
         per_step = facts.get("setup.problems_per_step"), facts.get("setup.group_size")
-        return (f"train split of {problems}: {per_step[0]} problems x {per_step[1]} samples per step, "
+        mixed = "".join(f" + {m.group(1)} {v:g}" for k, v in sorted(facts.items())
+                        if (m := re.fullmatch(r"setup\.mixture\.(.+)", k)))
+        return (f"train split of {problems}{mixed}: {per_step[0]} problems x {per_step[1]} samples per step, "
                 f"temperature {temperature:g}")
     if kind == "held_out":
         if problems is None:

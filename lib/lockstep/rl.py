@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from lockstep.config import check_range
+from lockstep.config import FieldError, check_range
 from lockstep.engine import Engine
 from lockstep.evaluate.chat import extract_answer
 from lockstep.model import IGNORE_INDEX
@@ -47,6 +47,10 @@ class RLConfig(LRSchedule):
     a longer warmdown by default."""
 
     problems: str = "synth_math"  # raw snapshot of problem records: train split trains, val split evaluates
+    # Other problem snapshots and the share of each update's problems drawn from their train splits
+    # (the rest come from `problems`); held-out scores stay on `problems`. {synth_math: 0.25} keeps
+    # an easier family in the updates, so RL on a harder one does not unlearn it.
+    mixture: dict[str, float] = field(default_factory=dict)
     num_steps: int = 30  # policy updates
     problems_per_step: int = 8  # distinct problems per update
     group_size: int = 8  # completions sampled per problem
@@ -76,6 +80,21 @@ class RLConfig(LRSchedule):
             check_range("top_k", self.top_k, ge=1, why="or null for the full distribution")
         for name in ("eval_every_steps", "nonfinite_patience"):
             check_range(name, getattr(self, name), ge=0)
+        if self.problems in self.mixture:
+            raise FieldError(f"mixture.{self.problems}", self.mixture[self.problems],
+                             "names rl.problems itself: list only the other sources (the rest of each update is rl.problems)")
+        for name, share in self.mixture.items():
+            check_range(f"mixture.{name}", share, gt=0, lt=1, why="the share of each update's problems")
+            if round(share * self.problems_per_step) < 1:
+                raise FieldError(f"mixture.{name}", share, f"gives no problem of the {self.problems_per_step} per update: "
+                                 f"raise it to >= {0.5 / self.problems_per_step:.3g} or drop the entry")
+        if self.problems_per_step - sum(self.draws().values()) < 1:
+            raise FieldError("mixture", dict(self.mixture), f"leaves no problem of rl.problems in an update of "
+                             f"{self.problems_per_step}: lower the shares")
+
+    def draws(self) -> dict[str, int]:
+        """Problems per update from each mixture source: round(share x problems_per_step)."""
+        return {name: round(share * self.problems_per_step) for name, share in sorted(self.mixture.items())}
 
 
 def reward(completion: str, reference_answer: str) -> float:
@@ -250,11 +269,27 @@ class RLResult:
     optimizer_state: dict[str, Any]  # {"optimizers": [state_dict, ...]}, for the checkpoint
 
 
+def draw_problems(train_problems: Sequence[dict[str, Any]], mixture_problems: Mapping[str, Sequence[dict[str, Any]]],
+                  cfg: RLConfig, *, seed: int, step: int) -> list[dict[str, Any]]:
+    """One update's problems, drawn with replacement by a generator seeded from (seed, step):
+    `cfg.draws()` from each mixture source (in name order) after the rest from `train_problems`.
+    Without a mixture the draw is what it has always been, so runs before the setting reproduce."""
+    g = torch.Generator().manual_seed(_derived_seed(seed, "draw", step))
+    draws = cfg.draws()
+    n_main = cfg.problems_per_step - sum(draws.values())
+    picked = [train_problems[i] for i in torch.randint(len(train_problems), (n_main,), generator=g).tolist()]
+    for name, n in draws.items():
+        source = mixture_problems[name]
+        picked += [source[i] for i in torch.randint(len(source), (n,), generator=g).tolist()]
+    return picked
+
+
 def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence[dict[str, Any]],
              val_problems: Sequence[dict[str, Any]], cfg: RLConfig, device: torch.device, seed: int,
              autocast: Any = None, log: Callable[[str], None] = print,
              on_step: Callable[[dict[str, float]], None] | None = None,
-             decode: Mapping[str, Any] | None = None) -> RLResult:
+             decode: Mapping[str, Any] | None = None,
+             mixture_problems: Mapping[str, Sequence[dict[str, Any]]] | None = None) -> RLResult:
     """Run `cfg.num_steps` policy updates. Problems per step are drawn with a generator seeded
     from (seed, step), so a run is a pure function of its inputs and seed. An update whose loss
     or gradient norm is NaN or inf is skipped; more in a row than `cfg.nonfinite_patience`, or
@@ -262,9 +297,17 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
     result row, as `series_columns(cfg)` names them: a held-out row (`val_*`) before the first
     update, every `eval_every_steps` and after the last; a training row after every update.
     `decode` holds the Engine's keywords for the rollouts and held-out scores
-    (lockstep.engine.decode_settings: on CUDA, bf16 and the fast path); None is the reference."""
+    (lockstep.engine.decode_settings: on CUDA, bf16 and the fast path); None is the reference.
+    `mixture_problems` holds the train problems of each `cfg.mixture` source, which give
+    `cfg.draws()` of each update's problems."""
     if not train_problems:
         raise ValueError("no training problems: the problems snapshot's train split is empty")
+    mixture_problems = dict(mixture_problems or {})
+    if set(mixture_problems) != set(cfg.mixture):
+        raise ValueError(f"rl.mixture names {sorted(cfg.mixture)} but train problems came for {sorted(mixture_problems)}")
+    for name, problems in mixture_problems.items():
+        if not problems:
+            raise ValueError(f"no training problems for rl.mixture.{name}: its snapshot's train split is empty")
     if not val_problems:
         raise ValueError("no held-out problems: the problems snapshot's val split is empty")
     engine = Engine(model, tokenizer, **(decode or {}))
@@ -290,11 +333,9 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
     t_start = time.perf_counter()
     for step in range(cfg.num_steps):
         t0 = time.perf_counter()
-        g = torch.Generator().manual_seed(_derived_seed(seed, "draw", step))
-        idx = torch.randint(len(train_problems), (cfg.problems_per_step,), generator=g).tolist()
+        problems = draw_problems(train_problems, mixture_problems, cfg, seed=seed, step=step)
         model.eval()
-        ro = rollout(engine, tokenizer, [train_problems[i] for i in idx], cfg, seed=_derived_seed(seed, "roll", step),
-                     log=log)
+        ro = rollout(engine, tokenizer, problems, cfg, seed=_derived_seed(seed, "roll", step), log=log)
         rollout_tokens += sum(len(c) for c in ro.completions)
         model.train()
         for opt in optimizers:

@@ -62,8 +62,23 @@ def rl_metrics(result: RLResult, cfg: RLConfig, n_problems: int) -> dict[str, An
 def rl_setup(cfg: RLConfig, n_scored: int) -> dict[str, Any]:
     """What the stage's series were measured on, for the report card's charts: the problem
     snapshot, the rollouts per step and their temperature, and the held-out problems scored."""
-    return {"problems": cfg.problems, "problems_per_step": cfg.problems_per_step, "group_size": cfg.group_size,
+    return {"problems": cfg.problems, "mixture": dict(cfg.mixture), "problems_per_step": cfg.problems_per_step,
+            "group_size": cfg.group_size,
             "temperature": cfg.temperature, "pass_k": cfg.pass_k, "eval_problems": n_scored}
+
+
+def problem_snapshot(raw: Path, name: str, key: str) -> Path:
+    """The raw snapshot `name` under `raw`, checked to hold problem records; `key` is the params
+    key that named it, for the error."""
+    snapshot = raw / name
+    try:
+        kind = read_meta(snapshot).get("kind")
+    except SnapshotError as e:
+        raise ConfigError(f"{key}={name!r}: {e}") from None
+    if kind != "problem":
+        raise ConfigError(f"{key}={name!r}: {snapshot} does not hold problem records; name a GSM8K-format source "
+                          "that a fetch stage writes under data/raw")
+    return snapshot
 
 
 def run_rl_stage(*, cfg: RLConfig, paths: RLStagePaths, rt: Runtime, seed: int, code_revision: str,
@@ -77,20 +92,24 @@ def run_rl_stage(*, cfg: RLConfig, paths: RLStagePaths, rt: Runtime, seed: int, 
     tok = load_tokenizer(paths.tokenizer)
     model, _ = ckpt.load_model(paths.init, rt.device, tokenizer_sha256=tok.sha256)
     model.use_kernels(rt.kernels)
-    snapshot = paths.raw / cfg.problems
-    if read_meta(snapshot).get("kind") != "problem":
-        raise ConfigError(f"rl.problems={cfg.problems!r}: {snapshot} does not hold problem records; name a GSM8K-format source")
+    snapshot = problem_snapshot(paths.raw, cfg.problems, "rl.problems")
     train_problems = list(iter_records(snapshot, "train"))
     val_problems = list(iter_records(snapshot, "val"))
     n_scored = min(cfg.eval_problems, len(val_problems))
     log.info("problems: %d train, %d held out (%d scored)", len(train_problems), len(val_problems), n_scored)
+    mixture_problems = {name: list(iter_records(problem_snapshot(paths.raw, name, f"rl.mixture.{name}"), "train"))
+                        for name in sorted(cfg.mixture)}
+    for name, n in cfg.draws().items():
+        log.info("mixture: %d of each update's %d problems from %s (%d train problems)", n, cfg.problems_per_step, name,
+                 len(mixture_problems[name]))
 
     series = SeriesWriter(paths.plots, series_columns(cfg))
     t0 = time.perf_counter()
     try:
         result = train_rl(model, tok, train_problems=train_problems, val_problems=val_problems, cfg=cfg,
                           device=rt.device, seed=seed, autocast=rt.autocast(), log=log.info, on_step=series.add,
-                          decode=decode_settings(rt.device, rt.dtype, rt.kernels, rt.compile))
+                          decode=decode_settings(rt.device, rt.dtype, rt.kernels, rt.compile),
+                          mixture_problems=mixture_problems)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"rl keeps no intermediate checkpoints, so nothing was saved; `dvc repro` runs it "
                                 f"again from {paths.init}") from None
