@@ -324,10 +324,11 @@ def compile_step(step: StaticStep, *, backend: str | Callable = "inductor") -> S
     2.13; not yet counted on a GPU). Compiles nothing yet: the first run() compiles
     (capture_graph's warm-up, on CUDA), and the step then runs the compiled code for its life,
     which recompiles nothing (its shapes never change; the parts read no value that set_sampling
-    changes). Each step's compiled code is its own (isolate_recompiles, where this torch has it), so an engine's many steps
-    do not add up to dynamo's recompile limit. The cache's buffers are attributes the compiled
-    parts mutate in place (inductor keeps an index_copy_ into a whole input tensor in place, not
-    into a view: see StaticKVCache). Compile before capture_graph. Returns the step."""
+    changes). Each step's compiled code is its own (isolate_recompiles, where this torch has it),
+    so an engine's many steps do not add up to dynamo's recompile limit. The cache's buffers are
+    attributes the compiled parts mutate in place (inductor keeps an index_copy_ into a whole input
+    tensor in place, not into a view: see StaticKVCache). Compile before capture_graph. Returns
+    the step."""
     if step.replay is not None:
         raise ValueError("compile_step must come before capture_graph: the captured graph runs the step as it was")
     if not step.compiled:

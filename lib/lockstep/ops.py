@@ -110,7 +110,8 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     reference does. Rows not `counted` (IGNORE_INDEX) give 0 and send no gradient."""
 
     @staticmethod
-    def forward(ctx, x, weight, cols, coefs, counted, cap, vocab_size, chunk_rows, compute_dtype, bodies):  # type: ignore[override]
+    def forward(ctx, x, weight, cols, coefs, counted, cap, vocab_size, chunk_rows, compute_dtype,  # type: ignore[override]
+                bodies):
         # x (N, C), weight (V_padded, C), cols (N, K) int64, coefs (N, K) fp32, counted (N,) bool
         N = x.size(0)
         # autocast off: the dtypes are decided once, by the caller, and the backward, which

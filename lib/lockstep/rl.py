@@ -82,11 +82,13 @@ class RLConfig(LRSchedule):
             check_range(name, getattr(self, name), ge=0)
         if self.problems in self.mixture:
             raise FieldError(f"mixture.{self.problems}", self.mixture[self.problems],
-                             "names rl.problems itself: list only the other sources (the rest of each update is rl.problems)")
+                             "names rl.problems itself: list only the other sources "
+                             "(the rest of each update is rl.problems)")
         for name, share in self.mixture.items():
             check_range(f"mixture.{name}", share, gt=0, lt=1, why="the share of each update's problems")
             if round(share * self.problems_per_step) < 1:
-                raise FieldError(f"mixture.{name}", share, f"gives no problem of the {self.problems_per_step} per update: "
+                raise FieldError(f"mixture.{name}", share,
+                                 f"gives no problem of the {self.problems_per_step} per update: "
                                  f"raise it to >= {0.5 / self.problems_per_step:.3g} or drop the entry")
         if self.problems_per_step - sum(self.draws().values()) < 1:
             raise FieldError("mixture", dict(self.mixture), f"leaves no problem of rl.problems in an update of "
