@@ -3,13 +3,15 @@ raises the log-probability of rewarded completions and lowers that of unrewarded
 
 from __future__ import annotations
 
+import dataclasses
 import pytest
 import torch
 
 from _tiny_model import randomize, tiny_gpt
 from lockstep.config import ConfigError, build_config
 from lockstep.model import GPT
-from lockstep.rl import RLConfig, Rollouts, _derived_seed, draw_problems, policy_loss_backward, reward, rollout
+from lockstep.rl import (RLConfig, Rollouts, _derived_seed, draw_problems, policy_loss_backward, prompt_ids, reward,
+                         rollout)
 from lockstep.engine import Engine
 
 
@@ -36,6 +38,27 @@ def test_reward_refuses_reference_without_answer():
 def test_config_refuses_group_of_one():
     with pytest.raises(ConfigError, match="group_size"):
         build_config(RLConfig, {"group_size": 1}, where="rl")
+
+
+@pytest.mark.parametrize("updates, message", [
+    (0, r"rl\.updates_per_step=0 must be"),
+    (9, r"rl\.updates_per_step=9 splits 8 problems per step: at most problems_per_step"),
+])
+def test_config_refuses_more_updates_than_problems(updates, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(RLConfig, {"problems_per_step": 8, "updates_per_step": updates}, where="rl")
+
+
+def test_split_keeps_each_group_in_one_update():
+    # 3 groups of 2 into 2 updates: whole groups, in order, nothing lost or repeated.
+    ro = Rollouts([[g] for g in (0, 0, 1, 1, 2, 2)], [[10 + i] for i in range(6)], [[1]] * 6,
+                  [1.0, 0.0, 1.0, 1.0, 0.0, 1.0], [0.5, -0.5, 0.0, 0.0, -0.5, 0.5])
+    parts = ro.split(2, group_rows=2)
+    assert [len(p.rewards) for p in parts] == [4, 2]
+    assert [p.prompts for p in parts] == [[[0], [0], [1], [1]], [[2], [2]]]
+    assert sum((p.completions for p in parts), []) == ro.completions
+    assert sum((p.advantages for p in parts), []) == ro.advantages
+    assert ro.split(1, group_rows=2)[0] == ro
 
 
 @pytest.mark.parametrize("mixture, message", [
@@ -122,6 +145,38 @@ def test_rollout_groups_share_a_prompt_and_center_rewards(tok):
         assert sum(adv) == pytest.approx(0.0)
     again = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
     assert again.completions == ro.completions  # seeded: a pure function of its inputs
+
+
+@pytest.mark.parametrize("mode", ["member", "baseline"])
+def test_greedy_rollout_joins_its_group_or_is_its_baseline(tok, mode, monkeypatch):
+    model = tiny_model(5).eval()
+    monkeypatch.setattr("lockstep.rl.reward", lambda text, answer: float(len(text) % 2))  # a random model scores 0
+    cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": 8,
+                                  "greedy_rollout": mode}, where="rl")
+    problems = [{"question": "1+1?", "answer": "#### 2"}, {"question": "2+2?", "answer": "#### 4"}]
+    engine = Engine(model, tok)
+    plain = rollout(engine, tok, problems, dataclasses.replace(cfg, greedy_rollout="off"), seed=7)
+    ro = rollout(engine, tok, problems, cfg, seed=7)
+    greedy = engine.generate_greedy([prompt_ids(tok, p["question"]) for p in problems], max_tokens=8, batch_rows=8)
+    g_rewards = [float(len(tok.decode(g)) % 2) for g in greedy]
+    rows = 5 if mode == "member" else 4
+    assert len(ro.completions) == 2 * rows
+    for g in range(2):
+        group = slice(rows * g, rows * g + rows)
+        assert ro.completions[group][:4] == plain.completions[4 * g: 4 * g + 4]  # the same samples
+        rewards = ro.rewards[group]
+        if mode == "member":
+            assert ro.completions[group][4] == greedy[g] and ro.greedy[group] == [False] * 4 + [True]
+            assert ro.advantages[group] == pytest.approx([r - sum(rewards) / 5 for r in rewards])
+        else:
+            assert ro.greedy[group] == [False] * 4
+            assert ro.advantages[group] == pytest.approx([r - g_rewards[g] for r in rewards])
+    assert ro.mean_reward == pytest.approx(plain.mean_reward)  # over the samples only
+
+
+def test_config_refuses_an_unknown_greedy_rollout():
+    with pytest.raises(ConfigError, match=r"rl\.greedy_rollout='on' must be one of \['off', 'member', 'baseline'\]"):
+        build_config(RLConfig, {"greedy_rollout": "on"}, where="rl")
 
 
 def test_rollouts_on_the_static_cache_path_equal_the_reference(tok):

@@ -115,6 +115,30 @@ def test_outputs_and_series_repeat_byte_for_byte(rl_workspace: Path, repo_root: 
         "pass_k": 1, "eval_problems": 1}
 
 
+def test_each_step_makes_updates_per_step_updates_of_whole_groups(rl_workspace: Path, repo_root: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(repo_root))
+    from lockstep import rl as rl_lib
+    from stages import rl
+
+    root = rl_workspace
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["rl"].update(problems_per_step=3, updates_per_step=2)
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    seen: list[Rollouts] = []
+    real = rl_lib.policy_loss_backward
+
+    def watch(model, ro, **kw):
+        seen.append(ro)
+        return real(model, ro, **kw)
+
+    monkeypatch.setattr(rl_lib, "policy_loss_backward", watch)
+    assert rl.main(_args(root)) == 0
+    assert [len(ro.rewards) for ro in seen] == [4, 2] * 2  # 2 steps x 2 updates; groups of 2 kept whole
+    for ro in seen:
+        assert all(ro.prompts[i] == ro.prompts[i + 1] for i in range(0, len(ro.prompts), 2))
+
+
 def test_mixture_sources_join_the_updates(rl_workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch,
                                           caplog) -> None:
     # rl.mixture: a second problem snapshot gives its share of each update; held-out scores stay

@@ -21,7 +21,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn as nn
@@ -55,6 +55,14 @@ class RLConfig(LRSchedule):
     problems_per_step: int = 8  # distinct problems per update
     group_size: int = 8  # completions sampled per problem
     max_new_tokens: int = 64  # per completion, tool tokens included
+    # Optimizer updates per step: the step's problems (with their groups) split into this many
+    # consecutive updates, each on fresh gradients. Decoding dominates a step's time, so more
+    # updates from the same rollouts cost little; later ones are slightly off-policy.
+    updates_per_step: int = 1
+    # The greedy completion of each problem, decoded beside its samples: "off"; "member": it joins
+    # its group (in the group's mean, trained like a sample); "baseline": it is the baseline
+    # (advantage = reward - greedy reward, self-critical), itself untrained.
+    greedy_rollout: Literal["off", "member", "baseline"] = "off"
     temperature: float = UNSCALED_TEMPERATURE  # sampling temperature of the rollouts
     top_k: int | None = None  # rollouts' top-k (None = full distribution)
     device_batch_rows: int = 16  # completions per forward/backward pass
@@ -71,8 +79,8 @@ class RLConfig(LRSchedule):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("num_steps", "problems_per_step", "max_new_tokens", "device_batch_rows", "generate_batch",
-                     "eval_problems", "pass_k"):
+        for name in ("num_steps", "problems_per_step", "max_new_tokens", "updates_per_step", "device_batch_rows",
+                     "generate_batch", "eval_problems", "pass_k"):
             check_range(name, getattr(self, name), ge=1)
         check_range("group_size", self.group_size, ge=2, why="the advantage compares completions of one problem")
         check_range("temperature", self.temperature, gt=0, why="rollouts must explore")
@@ -80,6 +88,9 @@ class RLConfig(LRSchedule):
             check_range("top_k", self.top_k, ge=1, why="or null for the full distribution")
         for name in ("eval_every_steps", "nonfinite_patience"):
             check_range(name, getattr(self, name), ge=0)
+        if self.updates_per_step > self.problems_per_step:
+            raise FieldError("updates_per_step", self.updates_per_step,
+                             f"splits {self.problems_per_step} problems per step: at most problems_per_step")
         if self.problems in self.mixture:
             raise FieldError(f"mixture.{self.problems}", self.mixture[self.problems],
                              "names rl.problems itself: list only the other sources "
@@ -135,14 +146,34 @@ class Rollouts:
     sampled: list[list[int]]  # 1 sampled by the policy, 0 forced by the tool
     rewards: list[float]
     advantages: list[float]
+    greedy: list[bool] = field(default_factory=list)  # per completion: the greedy one (empty: none is)
+
+    def select(self, rows: Sequence[int]) -> Rollouts:
+        """The completions at `rows`, in that order."""
+        return Rollouts(*([getattr(self, f)[i] for i in rows]
+                          for f in ("prompts", "completions", "sampled", "rewards", "advantages")),
+                        greedy=[self.greedy[i] for i in rows] if self.greedy else [])
+
+    def split(self, parts: int, group_rows: int) -> list[Rollouts]:
+        """`parts` consecutive slices of whole groups of `group_rows` completions, as even as the
+        group count allows."""
+        groups = len(self.rewards) // group_rows
+        bounds = [round(i * groups / parts) * group_rows for i in range(parts + 1)]
+        return [self.select(range(a, b)) for a, b in zip(bounds, bounds[1:])]
+
+    def _samples(self) -> list[int]:
+        return [i for i in range(len(self.rewards)) if not (self.greedy and self.greedy[i])]
 
     @property
     def mean_reward(self) -> float:
-        return sum(self.rewards) / len(self.rewards)
+        """Over the sampled completions (greedy ones left out)."""
+        rows = self._samples()
+        return sum(self.rewards[i] for i in rows) / len(rows)
 
     @property
     def mean_length(self) -> float:
-        return sum(len(c) for c in self.completions) / len(self.completions)
+        rows = self._samples()
+        return sum(len(self.completions[i]) for i in rows) / len(rows)
 
 
 def _chunks(n: int, size: int) -> list[range]:
@@ -179,18 +210,28 @@ def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, A
     countdown = Countdown("rollouts", len(problems), log or (lambda line: None), units="problems")
     per_call = max(1, cfg.generate_batch // cfg.group_size)
     for c, chunk in enumerate(_chunks(len(problems), per_call)):
-        seqs, masks = _sample(engine, prompts[chunk.start:chunk.stop], budgets[chunk.start:chunk.stop],
-                              k=cfg.group_size, batch_rows=cfg.generate_batch, temperature=cfg.temperature,
-                              top_k=cfg.top_k, seed=_derived_seed(seed, c))
+        ps, bs = prompts[chunk.start:chunk.stop], budgets[chunk.start:chunk.stop]
+        seqs, masks = _sample(engine, ps, bs, k=cfg.group_size, batch_rows=cfg.generate_batch,
+                              temperature=cfg.temperature, top_k=cfg.top_k, seed=_derived_seed(seed, c))
+        if cfg.greedy_rollout != "off":
+            greedy_seqs, greedy_masks = engine.generate_many(ps, max_tokens=bs, batch_rows=cfg.generate_batch)
         for j, i in enumerate(chunk):
             group = range(j * cfg.group_size, (j + 1) * cfg.group_size)
-            rewards = [reward(tokenizer.decode(seqs[g]), problems[i]["answer"]) for g in group]
-            mean = sum(rewards) / len(rewards)
-            out.prompts.extend([prompts[i]] * len(group))
-            out.completions.extend(seqs[g] for g in group)
-            out.sampled.extend(masks[g] for g in group)
+            ids, sampled = [seqs[g] for g in group], [masks[g] for g in group]
+            rewards = [reward(tokenizer.decode(s), problems[i]["answer"]) for s in ids]
+            is_greedy = [False] * len(ids)
+            if cfg.greedy_rollout != "off":
+                greedy_reward = reward(tokenizer.decode(greedy_seqs[j]), problems[i]["answer"])
+            if cfg.greedy_rollout == "member":
+                ids, sampled = ids + [greedy_seqs[j]], sampled + [greedy_masks[j]]
+                rewards, is_greedy = rewards + [greedy_reward], is_greedy + [True]
+            base = greedy_reward if cfg.greedy_rollout == "baseline" else sum(rewards) / len(rewards)
+            out.prompts.extend([prompts[i]] * len(ids))
+            out.completions.extend(ids)
+            out.sampled.extend(sampled)
             out.rewards.extend(rewards)
-            out.advantages.extend(r - mean for r in rewards)
+            out.advantages.extend(r - base for r in rewards)
+            out.greedy.extend(is_greedy)
         countdown.tick(len(chunk))
     return out
 
@@ -340,19 +381,24 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
         ro = rollout(engine, tokenizer, problems, cfg, seed=_derived_seed(seed, "roll", step), log=log)
         rollout_tokens += sum(len(c) for c in ro.completions)
         model.train()
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
-        loss, n_tokens = policy_loss_backward(model, ro, device=device, rows_per_pass=cfg.device_batch_rows,
-                                              autocast=autocast)
+        parts: list[tuple[float, int]] = []  # (loss, sampled tokens) per update
         lrm = cfg.lr_multiplier(step, cfg.num_steps)
-        if n_tokens:
-            # The loss is already a host float; the norm's transfer is one per update, against one
-            # per sampled token in the rollouts.
-            norm = float(global_grad_norm(params, cfg.optim.grad_clip))
-            if guard.check(step + 1, cfg.num_steps, loss, norm):
-                set_lr(optimizers, lrm, momentum=cfg.optim.muon_momentum_end)
-                for opt in optimizers:
-                    opt.step()
+        for part in ro.split(cfg.updates_per_step, cfg.group_size + (cfg.greedy_rollout == "member")):
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+            part_loss, part_tokens = policy_loss_backward(model, part, device=device, rows_per_pass=cfg.device_batch_rows,
+                                                          autocast=autocast)
+            if part_tokens:
+                # The loss is already a host float; the norm's transfer is one per update, against one
+                # per sampled token in the rollouts.
+                norm = float(global_grad_norm(params, cfg.optim.grad_clip))
+                if guard.check(step + 1, cfg.num_steps, part_loss, norm):
+                    set_lr(optimizers, lrm, momentum=cfg.optim.muon_momentum_end)
+                    for opt in optimizers:
+                        opt.step()
+            parts.append((part_loss, part_tokens))
+        n_tokens = sum(t for _, t in parts)
+        loss = parts[0][0] if len(parts) == 1 else sum(v * t for v, t in parts) / max(n_tokens, 1)
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
