@@ -58,7 +58,7 @@ def test_run_eval_stage_tiny(tmp_path: Path) -> None:
     assert info["device"] == "cpu" and info["world_size"] == 1 and info["eval_time_s"] > 0
     names = sorted(p.name for p in paths.predictions.iterdir())
     assert names == ["bpb_bard.jsonl", "chat_arc_own.jsonl", "chat_code_own.jsonl", "core_bard_agree.jsonl",
-                     "core_bard_order.jsonl"]
+                     "core_bard_order.jsonl", "core_bard_turn.jsonl"]
     # bpb per document scored (the first 1024 tokens: one document here), whose sums give the metric back.
     docs = [json.loads(line) for line in (paths.predictions / "bpb_bard.jsonl").read_text().splitlines()]
     assert docs and all(d["bytes"] > 0 for d in docs)

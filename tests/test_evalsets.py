@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -24,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EVALSETS = ROOT / "evalsets"
 MIN_ITEMS = 200
 FILES = (evalsets_build.BARD_ORDER, evalsets_build.BARD_AGREE, evalsets_build.BARD_CHOICE, evalsets_build.BARD_SCHEMA,
-         evalsets_build.BARD_CLOZE, evalsets_build.ARC_OWN, evalsets_build.BARD_LINE, evalsets_build.CODE_OWN)
+         evalsets_build.BARD_CLOZE, evalsets_build.BARD_TURN, evalsets_build.ARC_OWN, evalsets_build.BARD_LINE,
+         evalsets_build.CODE_OWN)
 LIMITS = SandboxLimits(timeout_s=10.0, memory_bytes=512 << 20)
 
 
@@ -79,7 +81,7 @@ def test_gold_answers_are_spread_over_the_positions(rel: str, options_key: str, 
 
 def test_the_files_load_through_the_evaluators() -> None:
     core = {t.label: t for t in load_core_tasks(EVALSETS / "core")}
-    assert set(core) == {"bard_order", "bard_agree"}  # the offline presets' CORE-style tasks
+    assert set(core) == {"bard_order", "bard_agree", "bard_turn"}  # the offline presets' CORE-style tasks
     tasks = {**core, **{t.label: t for t in load_core_tasks(EVALSETS / "core_hard")}}
     assert {t.task_type for t in tasks.values()} == {"multiple_choice", "schema", "language_modeling"}
     assert all(len(t.items) >= MIN_ITEMS for t in tasks.values())
@@ -198,3 +200,18 @@ def test_the_readme_gives_each_files_item_count() -> None:
     for rel in FILES:
         row = next(line for line in readme if line.startswith(f"| `{rel}` |"))
         assert f"| {len(_read(rel))} |" in row, f"evalsets/README.md gives another count for {rel}: {row[:120]}"
+
+
+def test_bard_turn_answer_is_the_speaker_before_the_last() -> None:
+    # Neither the first name nor the last is ever the answer, and the pair's two speakers answer
+    # equally often: copying a name from the context pays only by following the turns.
+    items = _read(evalsets_build.BARD_TURN)
+    first_of_pair = 0
+    for it in items:
+        speakers = re.findall(r"^\*\*([A-Z ]+)\*\*$", it["context"], flags=re.M)
+        assert it["context"].endswith("\n\n**") and len(speakers) >= 4, it
+        opener, a, b = speakers[:3]
+        assert len({opener, a, b}) == 3 and all(speakers[i] == (a if i % 2 else b) for i in range(1, len(speakers)))
+        assert it["continuation"] == speakers[-2] and it["continuation"] not in (opener, speakers[-1])
+        first_of_pair += it["continuation"] == a
+    assert first_of_pair * 2 == len(items)

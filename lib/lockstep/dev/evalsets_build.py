@@ -29,6 +29,7 @@ BARD_SCHEMA = "core_hard/eval_data/commonsense_reasoning/bard_schema.jsonl"
 BARD_CLOZE = "core_hard/eval_data/language_modeling/bard_cloze.jsonl"
 BARD_ORDER = "core/eval_data/language_understanding/bard_order.jsonl"
 BARD_AGREE = "core/eval_data/language_understanding/bard_agree.jsonl"
+BARD_TURN = "core/eval_data/language_modeling/bard_turn.jsonl"
 ARC_OWN = "chat/arc_own.jsonl"
 BARD_LINE = "chat/bard_line.jsonl"
 CODE_OWN = "chat/code_own.jsonl"
@@ -651,6 +652,38 @@ def bard_agree_items() -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------
+# bard_turn: language modelling, whose turn it is in an exchange
+#
+# Written as the plays' own text is laid out (`**NAME**`, the speech, a blank line): a third
+# character speaks first, then two others take turns, and the continuation is the name of the one
+# who speaks next, the speaker before the last. Neither the first name nor the last is ever the
+# answer, and the two who take turns answer equally often (an even or odd number of turns), so
+# copying a name from the context wins only by following the turns. The speeches are the
+# bard_order lines; the names are the plays' most frequent speakers.
+
+TURN_NAMES = ("FALSTAFF", "GLOUCESTER", "HAMLET", "BRUTUS", "IAGO", "OTHELLO", "CLEOPATRA", "ROSALIND", "TIMON",
+              "WARWICK", "ROMEO", "MENENIUS", "ANTONIO", "CLAUDIO", "BIRON", "PANDARUS", "DESDEMONA", "VALENTINE",
+              "CRESSIDA", "CORIOLANUS", "FERDINAND", "PROTEUS", "YORK", "PAROLLES", "CASSIUS", "BUCKINGHAM",
+              "SUFFOLK", "BENEDICK", "PORTIA", "SHALLOW", "TROILUS", "ISABELLA", "HELENA", "KENT", "PETRUCHIO",
+              "JULIET", "LEONTES", "MACBETH", "PISTOL", "VIOLA", "PERICLES", "ORLANDO", "OLIVIA", "SPEED")
+_TURN_COUNTS = (4, 5, 6, 7)  # speeches shown: the opener's and 3 to 6 turns of the pair
+_TURN_ITEMS = 50  # per count
+
+
+def bard_turn_items() -> list[dict[str, Any]]:
+    lines = _order_lines()
+    items = []
+    for n in _TURN_COUNTS:
+        for k in range(_TURN_ITEMS):
+            opener, a, b = _pick(TURN_NAMES, 3, "turn", n, k)
+            who = [opener] + [a, b] * n
+            speeches = _pick(lines, n, "turn-lines", n, k)
+            context = "".join(f"**{who[t]}**\n{speeches[t]}\n\n" for t in range(n)) + "**"
+            items.append({"context": context, "continuation": who[n]})
+    return items
+
+
+# ---------------------------------------------------------------------------------------------
 # arc_own: grade-school science (and a little arithmetic), four choices, one letter
 
 ARC_HAND = (
@@ -1169,6 +1202,7 @@ BUILDERS: dict[str, Callable[[], list[dict[str, Any]]]] = {
     BARD_CLOZE: bard_cloze_items,
     BARD_ORDER: bard_order_items,
     BARD_AGREE: bard_agree_items,
+    BARD_TURN: bard_turn_items,
     ARC_OWN: arc_items,
     BARD_LINE: bard_line_items,
     CODE_OWN: code_items,
