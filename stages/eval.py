@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = EvalPaths(ckpt=args.ckpt, cache=args.cache, tokenizer=args.tokenizer, raw=args.raw,
                       evalsets=args.evalsets, out=args.out, predictions=args.predictions, runinfo=args.runinfo)
     try:
-        metrics = run_eval_stage(args.stage, cfg, paths, rt=rt, data_seed=pre.data_seed)
+        metrics = run_eval_stage(args.stage, cfg, paths, rt=rt)
     finally:
         shutdown(rt)
     pre.log.info("eval %s done in %.1fs: core=%s chatcore=%s", args.stage, time.perf_counter() - pre.started_s,

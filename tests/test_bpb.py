@@ -1,6 +1,7 @@
 """Bits per byte is one measure: the figure a training stage reports as `val_bpb` equals the one
 the eval stage reports as `bpb.<cache>`, for the same checkpoint and the same val tokens, on a
-pretraining cache (every target) and on an SFT cache (assistant targets only)."""
+pretraining cache (every target) and on an SFT cache (assistant targets only; eval reads each
+example at its own width, training pads it to the context, so there the two agree to rounding)."""
 
 from __future__ import annotations
 
@@ -72,9 +73,12 @@ def test_training_and_eval_report_the_same_bpb(trained: Path, stage: str, eval_k
     paths = EvalPaths(ckpt=trained / stage, cache=trained / "cache", tokenizer=trained / "tokenizer", raw=trained / "raw",
                       evalsets=ROOT / "evalsets", out=trained / f"metrics/eval_{stage}.json",
                       predictions=trained / f"eval/{stage}", runinfo=trained / f"runinfo/eval_{stage}.json")
-    metrics = run_eval_stage(stage, cfg, paths, rt=init_runtime(RuntimeConfig(device="cpu", dtype="fp32")), data_seed=5)
+    metrics = run_eval_stage(stage, cfg, paths, rt=init_runtime(RuntimeConfig(device="cpu", dtype="fp32")))
     assert math.isfinite(train_bpb) and train_bpb > 0
-    assert metrics[eval_key] == train_bpb
+    if stage == "pretrain":
+        assert metrics[eval_key] == train_bpb
+    else:  # training pads the example to T, eval reads it at its own width: the same sums to rounding
+        assert metrics[eval_key] == pytest.approx(train_bpb, rel=1e-6)
 
 
 def test_per_document_sums_add_up_and_split_at_each_document_start() -> None:

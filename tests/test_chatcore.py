@@ -249,7 +249,7 @@ def test_eval_stage_scores_the_six_benchmarks_from_their_hub_samples(tmp_path: P
     paths = EvalPaths(ckpt=tmp_path / "ckpt", cache=tmp_path / "cache", tokenizer=tmp_path / "tokenizer", raw=raw,
                       evalsets=ROOT / "evalsets", out=tmp_path / "m.json", predictions=tmp_path / "pred",
                       runinfo=tmp_path / "ri.json")
-    metrics = run_eval_stage("sft", cfg, paths, rt=init_runtime(RuntimeConfig(device="cpu", dtype="fp32")), data_seed=1)
+    metrics = run_eval_stage("sft", cfg, paths, rt=init_runtime(RuntimeConfig(device="cpu", dtype="fp32")))
     acc = {t: metrics[f"chat.{t}.accuracy"] for t in CHATCORE_TASKS}
     assert all(metrics[f"chat.{t}.accuracy.n"] == 2 for t in CHATCORE_TASKS)
     assert metrics["chatcore"] == pytest.approx(chatcore_of(acc))

@@ -259,7 +259,7 @@ def test_eval_stage_finishes_with_items_longer_than_the_context(tmp_path: Path) 
     paths = EvalPaths(ckpt=tmp_path / "ckpt", cache=tmp_path / "cache", tokenizer=tmp_path / "tokenizer",
                       raw=tmp_path / "raw", evalsets=tmp_path / "evalsets", out=tmp_path / "metrics.json",
                       predictions=tmp_path / "pred", runinfo=tmp_path / "runinfo.json")
-    run_eval_stage("pretrain", cfg, paths, rt=init_runtime(RuntimeConfig(device="cpu", dtype="fp32")), data_seed=1)
+    run_eval_stage("pretrain", cfg, paths, rt=init_runtime(RuntimeConfig(device="cpu", dtype="fp32")))
     metrics = json.loads(paths.out.read_text())
     assert "bpb.bard" in metrics and math.isfinite(metrics["core"])
     assert metrics["core.mc.skipped"] == 1 and metrics["core.mc.accuracy.n"] == 4

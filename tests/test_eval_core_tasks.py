@@ -91,8 +91,7 @@ def test_eval_metrics_name_the_core_source(tmp_path: Path, core_tasks: str) -> N
     paths = EvalPaths(ckpt=tmp_path / "ckpt", cache=tmp_path / "cache", tokenizer=tmp_path / "tokenizer",
                       raw=tmp_path / "raw", evalsets=ROOT / "evalsets", out=tmp_path / "eval_pretrain.json",
                       predictions=tmp_path / "eval", runinfo=tmp_path / "runinfo.json")
-    metrics = run_eval_stage("pretrain", cfg, paths, rt=init_runtime(RuntimeConfig(device="cpu", dtype="fp32")),
-                             data_seed=1)
+    metrics = run_eval_stage("pretrain", cfg, paths, rt=init_runtime(RuntimeConfig(device="cpu", dtype="fp32")))
     labels = ["topic_field", "topic_schema", "count_on"] if core_tasks.startswith("raw:") else ["bard_order", "bard_agree", "bard_turn"]
     assert {k: metrics[k] for k in ("core_source", "core_tasks", "core_items")} == {
         "core_source": "bundle" if core_tasks.startswith("raw:") else "own", "core_tasks": len(labels),

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from _tiny_model import randomize, tiny_gpt
 from lockstep.cache import CacheError
@@ -18,7 +19,9 @@ from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.checkpoint import save_checkpoint
 from lockstep.config import FieldError, build_config
 from lockstep.engine import Engine
-from lockstep.evaluate.run import EvalConfig, EvalPaths, make_generate, run_eval_stage
+from lockstep.evaluate.run import EvalConfig, EvalPaths, make_generate, run_eval_stage, sft_in_order
+from lockstep.loaders import open_sft_dataset
+from lockstep.model import IGNORE_INDEX
 from lockstep.runtime import RuntimeConfig, init_runtime
 from lockstep.tokenizer.kinds import train_tokenizer
 
@@ -43,7 +46,7 @@ def test_run_eval_stage_tiny(tmp_path: Path) -> None:
                       raw=tmp_path / "raw", evalsets=ROOT / "evalsets", out=tmp_path / "metrics" / "eval_midtrain.json",
                       predictions=tmp_path / "eval" / "midtrain", runinfo=tmp_path / "runinfo" / "eval_midtrain.json")
     rt = init_runtime(RuntimeConfig(device="cpu", dtype="fp32"))
-    metrics = run_eval_stage("midtrain", cfg, paths, rt=rt, data_seed=1)
+    metrics = run_eval_stage("midtrain", cfg, paths, rt=rt)
     on_disk = json.loads(paths.out.read_text())
     assert on_disk == json.loads(json.dumps(metrics))
     assert all(not isinstance(v, dict) for v in on_disk.values())  # flat keys for `dvc metrics diff`
@@ -111,7 +114,7 @@ def test_a_damaged_val_cache_fails_eval(bpb_only) -> None:
     data[10] ^= 1
     shard.write_bytes(bytes(data))
     with pytest.raises(CacheError, match=r"val/shard_00000\.bin fails its sha256 check"):
-        run_eval_stage("pretrain", cfg, paths, rt=rt, data_seed=0)
+        run_eval_stage("pretrain", cfg, paths, rt=rt)
     assert not paths.out.exists()
 
 
@@ -119,7 +122,7 @@ def test_a_cache_folder_without_meta_fails_eval(bpb_only) -> None:
     _tok, cfg, paths, rt = bpb_only
     (paths.cache / "pretrain" / "bard" / "meta.json").unlink()
     with pytest.raises(CacheError, match=r"bard/meta\.json is missing"):
-        run_eval_stage("pretrain", cfg, paths, rt=rt, data_seed=0)
+        run_eval_stage("pretrain", cfg, paths, rt=rt)
 
 
 def test_a_too_small_val_split_is_skipped_with_its_size(bpb_only, caplog) -> None:
@@ -127,7 +130,7 @@ def test_a_too_small_val_split_is_skipped_with_its_size(bpb_only, caplog) -> Non
     _pretrain(tok, paths.cache / "pretrain" / "small", max_val_tokens=T_BPB)  # one token short of a row
     _pretrain(tok, paths.cache / "pretrain" / "narrow", max_val_tokens=T_BPB + 1)  # one row, fewer than bpb_batch_rows
     with caplog.at_level(logging.WARNING, logger="lockstep.eval"):
-        metrics = run_eval_stage("pretrain", cfg, paths, rt=rt, data_seed=0)
+        metrics = run_eval_stage("pretrain", cfg, paths, rt=rt)
     assert _bpb_keys(metrics) == ["bpb.bard", "bpb.narrow"]
     assert 4.0 < metrics["bpb.narrow"] < 12.0
     skipped = [r.getMessage() for r in caplog.records if "left out of bpb" in r.getMessage()]
@@ -143,7 +146,7 @@ def test_work_folders_of_interrupted_builds_are_not_read(bpb_only) -> None:
     sft.mkdir(parents=True)
     (sft / "val_tokens.bin").write_bytes(b"\0\0" * 8)
     (paths.cache / "sft" / ".gitignore").write_text("/chat\n")
-    metrics = run_eval_stage("pretrain", cfg, paths, rt=rt, data_seed=0)
+    metrics = run_eval_stage("pretrain", cfg, paths, rt=rt)
     assert _bpb_keys(metrics) == ["bpb.bard"]
 
 
@@ -153,7 +156,7 @@ def test_sft_val_splits_scored_and_an_empty_one_skipped(bpb_only, caplog) -> Non
     build_sft_cache({"train": convs[:4], "val": convs[4:]}, paths.cache / "sft" / "chat", tokenizer=tok, val_frac=None, seed=0)
     build_sft_cache({"train": convs}, paths.cache / "sft" / "trainonly", tokenizer=tok, val_frac=None, seed=0)
     with caplog.at_level(logging.WARNING, logger="lockstep.eval"):
-        metrics = run_eval_stage("pretrain", cfg, paths, rt=rt, data_seed=0)
+        metrics = run_eval_stage("pretrain", cfg, paths, rt=rt)
     assert _bpb_keys(metrics) == ["bpb.bard", "bpb.sft_chat"]
     assert math.isfinite(metrics["bpb.sft_chat"])
     skipped = [r.getMessage() for r in caplog.records if "left out of bpb" in r.getMessage()]
@@ -183,3 +186,36 @@ def test_generate_batch_must_be_positive() -> None:
         EvalConfig(generate_batch=0)
     with pytest.raises(FieldError, match=r"^eval.generate_batch=0 must be an integer >= 1"):
         build_config(EvalConfig, {"generate_batch": 0}, where="eval")
+
+
+def _qa(i: int) -> dict:
+    return {"messages": [{"role": "user", "content": [{"type": "text", "text": f"q{i}" + "?" * (i % 4)}]},
+                         {"role": "assistant", "content": [{"type": "text", "text": "a" * (1 + i % 5)}]}]}
+
+
+def test_sft_bpb_reads_each_val_example_once_at_its_own_width(tmp_path: Path) -> None:
+    # 11 examples of 8-14 tokens, T = 10: batches of 4 in the split's order, each as wide as its
+    # longest example (cut to T + 1 tokens), assistant targets only, every example once; ranks
+    # split them and together read them all; a token cap stops at the example that reaches it.
+    tok = train_tokenizer("byte", [])
+    build_sft_cache({"train": [_qa(i) for i in range(11)]}, tmp_path / "s", tokenizer=tok, val_frac=None, seed=0)
+    ds = open_sft_dataset(tmp_path / "s", "train", T=10, device="cpu", pad_id=0)
+    lengths = ds.example_lengths()
+    assert lengths.min() < 11 < lengths.max() and len(ds) == 11
+    tokens, mask, offsets = ds.split.tokens, ds.split.mask, ds.split.offsets
+    batches = list(sft_in_order(ds, rows=4))
+    assert [x.shape[0] for x, _ in batches] == [4, 4, 3]
+    for b, (x, y) in enumerate(batches):
+        examples = range(4 * b, 4 * b + x.shape[0])
+        assert x.shape == y.shape and x.shape[1] == min(int(lengths[list(examples)].max()), 11) - 1
+        for r, ex in enumerate(examples):
+            lo, n = int(offsets[ex]), min(int(lengths[ex]), 11)
+            want_y = [t if m else IGNORE_INDEX for t, m in zip(tokens[lo + 1 : lo + n].tolist(), mask[lo + 1 : lo + n])]
+            assert x[r, : n - 1].tolist() == tokens[lo : lo + n - 1].tolist()
+            assert y[r].tolist() == want_y + [IGNORE_INDEX] * (x.shape[1] - n + 1)
+            assert any(t != IGNORE_INDEX for t in want_y)
+    whole = torch.cat([x.flatten() for x, _ in batches])
+    by_rank = torch.cat([x.flatten() for r in range(3) for x, _ in sft_in_order(ds, rows=2, rank=r, world_size=3)])
+    assert sorted(whole[whole != 0].tolist()) == sorted(by_rank[by_rank != 0].tolist())
+    capped = list(sft_in_order(ds, rows=4, max_tokens=min(int(lengths[0]), 11) + 1))
+    assert len(capped) == 1 and capped[0][0].shape[0] == 2

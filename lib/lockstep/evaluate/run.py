@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -25,9 +26,9 @@ from lockstep.engine import Engine, decode_settings
 from lockstep.evaluate import chat, core
 from lockstep.evaluate.sandbox import SandboxLimits
 from lockstep.io import atomic_dir, canonical_json, write_json_atomic
-from lockstep.loaders import ShardedTokenLoader, open_sft_dataset
+from lockstep.loaders import ShardedTokenLoader, SFTExampleDataset, open_sft_dataset
+from lockstep.model import IGNORE_INDEX
 from lockstep.runinfo import write_runinfo
-from lockstep.seeds import stream_generator
 from lockstep.snapshot import SnapshotError, iter_records, open_bundle
 from lockstep.tokenizer import TokenizerFileError, load_tokenizer
 
@@ -217,24 +218,42 @@ def _pretrain_batches(val_dir: Path, *, rows: int, T: int, max_tokens: int, rt: 
 
 
 def _sft_batches(cache_dir: Path, *, rows: int, T: int, max_tokens: int, rt: Runtime, pad_id: int,
-                 tokenizer_sha256: str, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]] | None:
-    """Random val batches, or None when no val example is usable at T (an empty split, or every
-    prompt longer than T). Damage raises, as for pretrain caches."""
+                 tokenizer_sha256: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]] | None:
+    """The val examples as `sft_in_order` reads them, or None when no val example is usable at T
+    (an empty split, or every prompt longer than T). Damage raises, as for pretrain caches."""
     try:
         ds = open_sft_dataset(cache_dir, "val", T=T, device=rt.device, pad_id=pad_id, tokenizer_sha256=tokenizer_sha256)
     except CacheTooSmallError as e:
         log.warning("%s; left out of bpb", e)
         return None
-    return _sft_draws(ds, rows=rows, T=T, max_tokens=max_tokens, rt=rt, seed=seed)
+    return sft_in_order(ds, rows=rows, max_tokens=max_tokens, rank=rt.rank, world_size=rt.world_size)
 
 
-def _sft_draws(ds: Any, *, rows: int, T: int, max_tokens: int, rt: Runtime,
-               seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    g = stream_generator(seed, rt.rank, stride=7919)  # ranks draw different examples
-    steps = max(1, max_tokens // (rows * T * rt.world_size))
-    for _ in range(steps):
-        x, _y, y_masked = ds.get_batch(B=rows, generator=g)
-        yield x, y_masked  # assistant tokens only: the part a chat model is trained to produce
+def sft_in_order(ds: SFTExampleDataset, *, rows: int, max_tokens: int | None = None, rank: int = 0,
+                 world_size: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(x, y) of every example of `ds` once, in the split's order, `rows` to a batch, each batch
+    as wide as its longest example (cut to ds.T + 1 tokens, the rest padded) and y holding the
+    assistant's targets only (IGNORE_INDEX elsewhere): the part a chat model is trained to produce.
+    Rank `rank` of `world_size` reads every world_size-th example from its own on, and stops once
+    its examples hold `max_tokens // world_size` tokens (None: the whole split)."""
+    split = ds.split
+    starts = split.offsets[ds.eligible][rank::world_size]  # (E,) where this rank's examples begin
+    lengths = np.minimum(ds.example_lengths()[rank::world_size], ds.T + 1)  # (E,) tokens read of each
+    if max_tokens is not None:
+        reached = np.cumsum(lengths) >= max(1, max_tokens // world_size)
+        n = int(reached.argmax()) + 1 if reached.any() else len(lengths)  # up to the example that reaches it
+        starts, lengths = starts[:n], lengths[:n]
+    for first in range(0, len(starts), rows):
+        batch = range(first, min(first + rows, len(starts)))
+        width = int(lengths[batch.start : batch.stop].max()) - 1
+        x = np.full((len(batch), width), ds.pad_id, dtype=np.int64)  # (B, T')
+        y = np.full((len(batch), width), IGNORE_INDEX, dtype=np.int64)  # (B, T')
+        for r, i in enumerate(batch):
+            lo, n = int(starts[i]), int(lengths[i])
+            ids = split.tokens[lo : lo + n].astype(np.int64)  # stored narrower: IGNORE_INDEX is negative
+            x[r, : n - 1] = ids[:-1]
+            y[r, : n - 1] = np.where(split.mask[lo + 1 : lo + n].astype(bool), ids[1:], IGNORE_INDEX)
+        yield torch.from_numpy(x).to(ds.device), torch.from_numpy(y).to(ds.device)
 
 
 def _record_bpb(metrics: dict[str, Any], predictions: dict[str, list[dict[str, Any]]], key: str, sums: BpbSums,
@@ -329,11 +348,11 @@ def run_chat_tasks(cfg: EvalConfig, fwd: Callable[[torch.Tensor], torch.Tensor],
     return out
 
 
-def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime, data_seed: int) -> dict[str, Any]:
+def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime) -> dict[str, Any]:
     """Evaluate the `stage` checkpoint; rank 0 writes the metrics JSON and the predictions folder.
-    `rt` is a lockstep.runtime.Runtime. `data_seed` picks the SFT examples measured: the same
-    items for every training seed (replies are greedy, and CORE's few-shot draws follow the
-    reference's fixed seeds, so nothing else is drawn). Returns the metrics."""
+    `rt` is a lockstep.runtime.Runtime. Nothing is drawn: every val split is read in order, replies
+    are greedy, and CORE's few-shot draws follow the reference's fixed seeds, so every training
+    seed is measured on the same items. Returns the metrics."""
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; evaluate one of {list(STAGES)}")
     t0 = time.monotonic()
@@ -357,7 +376,7 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime
             _record_bpb(metrics, predictions, f"bpb.{cache_dir.name}", sums, cache_dir, rt)
     for cache_dir in list_caches(paths.cache / "sft"):
         batches = _sft_batches(cache_dir, rows=cfg.bpb_batch_rows, T=T, max_tokens=cfg.bpb_max_tokens, rt=rt,
-                               pad_id=bos, tokenizer_sha256=tokenizer.sha256, seed=data_seed)
+                               pad_id=bos, tokenizer_sha256=tokenizer.sha256)
         if batches is not None:
             sums = measure_bpb(model, batches, token_bytes, device=rt.device, autocast=rt.autocast, doc_start_id=bos)
             _record_bpb(metrics, predictions, f"bpb.sft_{cache_dir.name}", sums, cache_dir, rt)
