@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from _tiny_model import randomize, tiny_gpt
+from lockstep.decode import draw
 from lockstep.engine import Engine, KVCache, sample_next
 from lockstep.model import GPT, GPTConfig
 from lockstep.sampling import GREEDY_TEMPERATURE, is_greedy
@@ -112,6 +113,32 @@ def test_sampling_filters():
     draws = torch.stack([sample_next(logits, temperature=1.0, top_k=2, top_p=None, generator=g) for _ in range(200)])
     assert set(draws[:, 0].tolist()) == {1, 3} and set(draws[:, 1].tolist()) == {0, 3}
 
+
+
+@pytest.mark.parametrize(("top_k", "top_p", "allowed"), [(None, None, 5), (3, None, 3), (None, 0.8, 3)])
+def test_sampled_frequencies_follow_the_cut_softmax(top_k, top_p, allowed):
+    # 40,000 draws of one row: each id's share within 5 standard errors of its probability after
+    # the cuts (softmax [0.45, 0.27, 0.13, 0.10, 0.05]: the nucleus of 0.8 is the top three).
+    logits = torch.log(torch.tensor([0.45, 0.27, 0.13, 0.10, 0.05]))
+    g = torch.Generator().manual_seed(3)
+    draws = torch.cat([sample_next(logits.expand(8000, -1), temperature=1.0, top_k=top_k, top_p=top_p, generator=g)
+                       for _ in range(5)])
+    want = torch.softmax(logits[:allowed], dim=-1)
+    got = torch.bincount(draws, minlength=5).double() / len(draws)
+    assert got[allowed:].sum() == 0
+    se = (want * (1 - want) / len(draws)).sqrt()
+    assert ((got[:allowed] - want).abs() < 5 * se).all(), (got, want)
+
+
+def test_draw_never_picks_a_candidate_of_probability_zero():
+    # A nucleus cut leaves zeros at the end of the sorted candidates, the softmax of a far lower
+    # logit underflows to zero anywhere: neither is picked at the ends of the uniform's range.
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]])
+    idx = torch.tensor([[4, 3, 2, 1, 0]])
+    below_one = torch.tensor([[1.0]], dtype=torch.float64).nextafter(torch.zeros(1, 1, dtype=torch.float64))
+    for u, place in [(torch.zeros(1, 1, dtype=torch.float64), 1), (below_one, 3), (torch.ones(1, 1, dtype=torch.float64), 3)]:
+        assert draw(probs, None, u).item() == place
+        assert draw(probs, idx, u).item() == 4 - place
 
 # Soft-capped logits reach +-15: at 1e-40 (a subnormal) they overflow fp32 once divided.
 CAPPED_LOGITS = torch.tensor([[15.0, 3.0, 14.9, -15.0], [-15.0, 0.5, 0.0, 15.0]])

@@ -179,21 +179,24 @@ class Sampling:
 
 def sample_on_device(logits: torch.Tensor, *, top_k: int | None, temperature: torch.Tensor | float,
                      top_p: torch.Tensor | float | None, generator: torch.Generator) -> torch.Tensor:
-    """Next ids (B,) drawn from logits (B, V) as lockstep.engine.sample_next draws them at a
-    sampling temperature, without reading anything back to the host. torch.multinomial draws one
-    id as argmax(p / E) with E ~ Exp(1) per id (the exponential race), after reading the
-    probabilities back to check them: a host sync per token, and not capturable in a CUDA graph.
-    The same race here, so on the CPU a generator in the same state draws the same ids. In three
-    parts (candidates, the draw, race) so that a compiled step can leave the draw outside."""
+    """Next ids (B,) drawn from logits (B, V) at a sampling temperature, without reading anything
+    back to the host (torch.multinomial reads the probabilities back to check them: a host sync
+    per token, and not capturable in a CUDA graph). lockstep.engine.sample_next is this function,
+    so both decoding paths draw the same ids from a generator in the same state. In three parts
+    (candidates, the uniforms, draw) so that a compiled step can leave the random numbers outside."""
     probs, idx = candidates(logits, top_k=top_k, temperature=temperature, top_p=top_p)
-    return race(probs, idx, torch.empty_like(probs).exponential_(1.0, generator=generator))
+    return draw(probs, idx, uniforms(probs, generator))
 
 
 def candidates(logits: torch.Tensor, *, top_k: int | None, temperature: torch.Tensor | float,
-               top_p: torch.Tensor | float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ids a draw from logits (B, V) chooses among, most likely first, and their probabilities
-    after the top_k and top_p cuts (0 for an id the nucleus cuts): (probs, ids), each (B, k)."""
+               top_p: torch.Tensor | float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The ids a draw from logits (B, V) chooses among and their probabilities after the top_k and
+    top_p cuts (0 for an id the nucleus cuts): (probs, ids), each (B, k), most likely first; with
+    no cut, the whole softmax in vocabulary order and ids None (no sort: sorting every row's
+    vocabulary was a third of a CPU decode step)."""
     logits = logits.float() / temperature
+    if top_k is None and top_p is None:
+        return torch.softmax(logits, dim=-1), None
     if top_k is not None and top_k < logits.size(-1):
         vals, idx = torch.topk(logits, top_k, dim=-1)  # (B, k), sorted descending
     else:
@@ -206,10 +209,26 @@ def candidates(logits: torch.Tensor, *, top_k: int | None, temperature: torch.Te
     return probs, idx
 
 
-def race(probs: torch.Tensor, idx: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """The picked ids (B,) of the exponential race: the candidate idx (B, k) whose probability
-    (B, k) divided by its Exp(1) noise (B, k) is largest."""
-    return idx.gather(-1, (probs / noise).argmax(dim=-1, keepdim=True)).squeeze(-1)
+def _cdf_dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+
+
+def uniforms(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One U[0, 1) number per row of probs (B, k): (B, 1), what `draw` turns into an id."""
+    return torch.rand(probs.size(0), 1, dtype=_cdf_dtype(probs.device), device=probs.device, generator=generator)
+
+
+def draw(probs: torch.Tensor, idx: torch.Tensor | None, u: torch.Tensor) -> torch.Tensor:
+    """The picked ids (B,) by inverse transform: in each row the first candidate whose cumulative
+    probability passes u (B, 1) times the row's total, summed in float64 (float32 on MPS) so that
+    the smallest probabilities keep their share. A candidate of probability 0 is never picked (its
+    cumulative sum equals its predecessor's, and u * total stays below the total). `idx` (B, k)
+    maps a candidate's place to its id; None when the candidates are the vocabulary in order."""
+    cdf = probs.to(u.dtype).cumsum(dim=-1)  # (B, k)
+    total = cdf[:, -1:]
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    place = torch.searchsorted(cdf, target, right=True)  # (B, 1)
+    return (place if idx is None else idx.gather(-1, place)).squeeze(-1)
 
 
 class StaticStep:
@@ -264,7 +283,7 @@ class StaticStep:
 
     def run(self) -> None:
         """pick(forward(tokens)) into next_ids and tokens: one part when greedy, else the
-        candidates, the draw from the step's generator, and the race. The draw stays outside the
+        candidates, the uniforms from the step's generator, and the draw. The uniforms stay outside the
         parts compile_step compiles: dynamo does not trace a torch.Generator argument, and
         inductor would draw from its own philox stream rather than this generator."""
         with torch.autocast(self.device.type, enabled=False):
@@ -272,7 +291,7 @@ class StaticStep:
                 self._greedy()
             else:
                 probs, idx = self._candidates()  # (B, k) each
-                self._race(probs, idx, torch.empty_like(probs).exponential_(1.0, generator=self.generator))
+                self._draw(probs, idx, uniforms(probs, self.generator))
 
     # The parts of run() that compile_step compiles. Of the sampling they read the graph key's
     # fixed copy only: dynamo guards on every Python value a part reads, and reading
@@ -284,12 +303,12 @@ class StaticStep:
     def _greedy(self) -> None:
         self._emit(self._logits().argmax(dim=-1))
 
-    def _candidates(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _candidates(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         return candidates(self._logits(), top_k=self._top_k, temperature=self.temperature,
                           top_p=self.top_p if self._nucleus else None)
 
-    def _race(self, probs: torch.Tensor, idx: torch.Tensor, noise: torch.Tensor) -> None:
-        self._emit(race(probs, idx, noise))
+    def _draw(self, probs: torch.Tensor, idx: torch.Tensor | None, u: torch.Tensor) -> None:
+        self._emit(draw(probs, idx, u))
 
     def _emit(self, ids: torch.Tensor) -> None:
         self.next_ids.copy_(ids)
@@ -335,7 +354,7 @@ def compile_step(step: StaticStep, *, backend: str | Callable = "inductor") -> S
         opts = dict(fullgraph=True, dynamic=False, backend=backend, **isolated_recompiles())
         step._greedy = torch.compile(step._greedy, **opts)  # type: ignore[method-assign]
         step._candidates = torch.compile(step._candidates, **opts)  # type: ignore[method-assign]
-        step._race = torch.compile(step._race, **opts)  # type: ignore[method-assign]
+        step._draw = torch.compile(step._draw, **opts)  # type: ignore[method-assign]
         step.compiled = True
     return step
 

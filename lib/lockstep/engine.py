@@ -25,9 +25,9 @@ from lockstep.decode import (
     StaticStep,
     StepPool,
     cache_tokens,
-    candidates,
     capture_graph,
     compile_step,
+    sample_on_device,
     weights_dtype,
 )
 from lockstep.model import GPT
@@ -250,13 +250,12 @@ def sample_next(
     """Next ids (B,) from logits (B, V): argmax at temperature 0 (or below
     sampling.GREEDY_TEMPERATURE), else a draw from softmax(logits / temperature) restricted to the
     top_k ids and then to the smallest set whose probability reaches top_p (a top_p below
-    sampling.TOP_P_FLOOR keeps the top id alone)."""
+    sampling.TOP_P_FLOOR keeps the top id alone): lockstep.decode.sample_on_device, one uniform
+    number per row from `generator`."""
     top_p = nucleus_top_p(top_p)  # refuses a top_p outside (0, 1] before the greedy shortcut too
     if is_greedy(temperature):
         return logits.argmax(dim=-1)
-    probs, idx = candidates(logits, top_k=top_k, temperature=temperature, top_p=top_p)  # (B, k) each
-    choice = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
-    return idx.gather(-1, choice).squeeze(-1)
+    return sample_on_device(logits, top_k=top_k, temperature=temperature, top_p=top_p, generator=generator)
 
 
 def _fill_from_the_end(alive: Sequence[bool]) -> list[int]:

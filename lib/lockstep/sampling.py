@@ -29,7 +29,7 @@ UNSCALED_TEMPERATURE = 1.0
 # below about e^-104), a gap finer than bf16 resolves logits of magnitude 2 or more (spacing 0.0156):
 # the draw is the argmax but for near-ties. Much lower temperatures cannot be sampled at all:
 # logits / T overflows fp32 (|logit| / T > 3.4e38, e.g. a soft-capped 15 at T = 1e-40), and
-# inf - inf makes NaN probabilities, which torch.multinomial refuses.
+# inf - inf makes NaN probabilities, which no draw can use.
 GREEDY_TEMPERATURE = 1e-4
 
 # top_p below this keeps the most likely id alone, which is what any top_p below it means anyway:
