@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics", type=Path, required=True, help="metrics JSON, results only (data/metrics/rl.json)")
     ap.add_argument("--runinfo", type=Path, required=True, help="run facts JSON: timings, device (data/runinfo/rl.json)")
     ap.add_argument("--plots", type=Path, required=True, help="per-step series folder (data/plots/rl)")
+    ap.add_argument("--cache", type=Path, default=None, help="token caches folder (data/cache): rl.anchor's SFT caches")
     add_params_option(ap)
     args = ap.parse_args(argv)
     pre = preamble("rl", args.params)
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     rt = start_runtime(pre, pre.section("runtime", RuntimeConfig), module=None, argv=argv)
     assert not isinstance(rt, int)  # a single-process stage is never re-run under torchrun
     paths = RLStagePaths(init=args.init, raw=args.raw, tokenizer=args.tokenizer, out=args.out, metrics=args.metrics,
-                         runinfo=args.runinfo, plots=args.plots)
+                         runinfo=args.runinfo, plots=args.plots, cache=args.cache)
     run_rl_stage(cfg=cfg, paths=paths, rt=rt, seed=pre.seed, code_revision=code_revision("stages.rl"),
                  started_s=pre.started_s)
     return 0

@@ -276,6 +276,10 @@ def test_without_run_facts_each_stage_names_its_own_split() -> None:
              "setup.group_size": 8, "setup.temperature": 1.0}
     assert describe_data("rl", "rollouts", facts) == ("train split of synth_multistep + synth_math 0.25: 16 problems "
                                                       "x 8 samples per step, temperature 1")
+    assert describe_data("rl", "anchor", {}) == "SFT train conversations, assistant tokens only"
+    anchor = {"setup.anchor.synth_chat": 0.5, "setup.anchor.synth_math": 0.5, "setup.anchor_rows": 16}
+    assert describe_data("rl", "anchor", anchor) == ("train split of synth_chat 0.5, synth_math 0.5: 16 conversations "
+                                                     "per update, assistant tokens only")
 
 
 def test_unknown_series_stay_in_their_stage() -> None:

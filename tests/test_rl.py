@@ -10,8 +10,9 @@ import torch
 from _tiny_model import randomize, tiny_gpt
 from lockstep.config import ConfigError, build_config
 from lockstep.model import GPT
-from lockstep.rl import (RLConfig, Rollouts, _derived_seed, draw_problems, policy_loss_backward, prompt_ids, reward,
-                         rollout)
+from lockstep.model import IGNORE_INDEX
+from lockstep.rl import (RLConfig, Rollouts, _derived_seed, anchor_loss_backward, draw_problems, policy_loss_backward,
+                         prompt_ids, reward, rollout, series_columns)
 from lockstep.engine import Engine
 
 
@@ -133,6 +134,50 @@ def test_policy_update_moves_logprobs_by_advantage(tok):
     after = (_logp(model, prompt, good), _logp(model, prompt, bad))
     assert after[0] > before[0] and after[1] < before[1]
 
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"anchor": {"synth_chat": 0.0}}, r"rl\.anchor\.synth_chat=0\.0 must be a finite number > 0; the weight"),
+    ({"anchor": {"synth_chat": 1.0}, "anchor_weight": 0.0}, r"rl\.anchor_weight=0\.0 must be .*> 0; drop rl\.anchor"),
+    ({"anchor_rows": 0}, r"rl\.anchor_rows=0 must be an integer >= 1"),
+])
+def test_config_refuses_an_anchor_without_weight_or_rows(section, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(RLConfig, section, where="rl")
+
+
+class FixedBatches:
+    """A loader that gives the same (x, y, y_masked) whatever it is asked for."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.x, self.y = x, y
+
+    def get_batch(self, *, B: int, generator: torch.Generator):
+        assert B == self.x.shape[0]
+        return self.x, self.y, self.y
+
+
+def test_anchor_adds_its_weighted_mean_cross_entropy_to_the_gradient():
+    # Three conversations, two passes (device_batch_rows 2), cut to the last supervised column:
+    # the gradient is anchor_weight times that of the mean cross-entropy over every supervised
+    # target of the three, read at full width, and the series gets an anchor_loss column.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 200, (3, 12), generator=g)
+    y = torch.randint(0, 200, (3, 12), generator=g)
+    y[:, :5] = IGNORE_INDEX  # the prompt
+    y[2, 8:] = IGNORE_INDEX  # a shorter reply
+    y[:, 10:] = IGNORE_INDEX  # padding: the passes read only the first 10 columns
+    cfg = RLConfig(anchor={"chat": 1.0}, anchor_rows=3, anchor_weight=0.4, device_batch_rows=2)
+    model = tiny_model(5)
+    loss = anchor_loss_backward(model, FixedBatches(x, y), cfg, device=torch.device("cpu"), generator=g)
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    want = torch.nn.functional.cross_entropy(model(x).flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE_INDEX)
+    (0.4 * want).backward()
+    assert loss == pytest.approx(want.item(), rel=1e-5)
+    for a, p in zip(got, model.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)
+    assert "anchor_loss" in series_columns(cfg)["train"] and "anchor_loss" not in series_columns(RLConfig())["train"]
 
 def test_rollout_groups_share_a_prompt_and_center_rewards(tok):
     model = tiny_model(5).eval()

@@ -163,3 +163,39 @@ def test_mixture_sources_join_the_updates(rl_workspace: Path, repo_root: Path, m
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(Exception, match=r"rl\.mixture\.tokenizer='tokenizer': .* has no meta.json"):
         rl.main(_args(root))
+
+
+def test_anchor_conversations_join_every_update(rl_workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch,
+                                                caplog) -> None:
+    # rl.anchor: an SFT cache's train conversations add their loss to each update, and the series
+    # says how large it was. Without --cache, or naming no SFT cache, one error says what to fix.
+    monkeypatch.syspath_prepend(str(repo_root))
+    from lockstep import rl as rl_lib
+    from lockstep.cache_build import build_sft_cache
+    from lockstep.tokenizer import load_tokenizer
+    from stages import rl
+
+    root = rl_workspace
+    calls = iter(range(1000))
+    monkeypatch.setattr(rl_lib, "reward", lambda completion, answer: float(next(calls) % 2))  # groups disagree
+    chats = [{"messages": [{"role": "user", "content": [{"type": "text", "text": f"hi {i}"}]},
+                           {"role": "assistant", "content": [{"type": "text", "text": "I am a small model."}]}]}
+             for i in range(6)]
+    build_sft_cache({"train": chats}, root / "cache/sft/chat", tokenizer=load_tokenizer(root / "tokenizer"),
+                    val_frac=None, seed=0)
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["rl"].update(anchor={"chat": 1.0}, anchor_rows=3)
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    caplog.set_level("INFO", logger="lockstep.rl")
+    assert rl.main(_args(root) + ["--cache", str(root / "cache")]) == 0
+    header, *rows = (root / "plots/rl/train.tsv").read_text().splitlines()
+    assert header.split("\t") == ["step", "reward", "completion_len", "loss", "anchor_loss"] and len(rows) == 2
+    assert all(0 < float(row.split("\t")[4]) < 100 for row in rows)  # every update carried the anchor
+    assert "| anchor " in caplog.text
+
+    with pytest.raises(Exception, match=r"rl\.anchor names \['chat'\]: pass the token caches folder \(--cache"):
+        rl.main(_args(root))
+    params["rl"]["anchor"] = {"prose": 1.0}
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(Exception, match=r"rl\.anchor\.prose: .* holds no SFT cache"):
+        rl.main(_args(root) + ["--cache", str(root / "cache")])

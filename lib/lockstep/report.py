@@ -123,6 +123,8 @@ QUANTITIES: tuple[Quantity, ...] = (
              "-sum(advantage * log p) / sampled tokens", "rollouts"),
     Quantity("completion_len", ("rl",), "rollout_len", "mean completion length per rollout",
              "tokens per completion", "rollouts"),
+    Quantity("anchor_loss", ("rl",), "anchor_loss", "anchor loss (SFT conversations in every update)",
+             "nats per assistant token", "anchor"),
     Quantity("val_pass@1", ("rl",), "heldout_accuracy", "held-out accuracy", "fraction of problems solved",
              "held_out", group="accuracy", label="pass@1 (mean over the samples)", rate=True),
     Quantity(r"val_pass@(\d+)", ("rl",), "heldout_accuracy", "held-out accuracy", "fraction of problems solved",
@@ -196,6 +198,13 @@ def describe_data(stage: str, kind: str, facts: Mapping[str, Any]) -> str:
                         if (m := re.fullmatch(r"setup\.mixture\.(.+)", k)))
         return (f"train split of {problems}{mixed}: {per_step[0]} problems x {per_step[1]} samples per step, "
                 f"temperature {temperature:g}")
+    if kind == "anchor":
+        mix = ", ".join(f"{m.group(1)} {v:g}" for k, v in sorted(facts.items())
+                        if (m := re.fullmatch(r"setup\.anchor\.(.+)", k)))
+        rows = facts.get("setup.anchor_rows")
+        if not mix or rows is None:
+            return "SFT train conversations, assistant tokens only"
+        return f"train split of {mix}: {rows} conversations per update, assistant tokens only"
     if kind == "held_out":
         if problems is None:
             return "held-out problems"

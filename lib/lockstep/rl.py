@@ -10,9 +10,13 @@ Choices, and why:
   DAPO, Yu et al. 2025), so long completions are not down-weighted per token.
 - Only sampled tokens carry gradient: forced tool outputs (`<|output_start|> ... <|output_end|>`)
   are the calculator's words, not the policy's.
-- No KL term to the SFT model by default: on-policy sampling with one update per batch keeps the
-  policy close, and the reference model would double the memory. Held-out pass@k is logged so a
+- No KL term to the SFT model: on-policy sampling with one update per batch keeps the policy
+  close, and the reference model would double the memory. Held-out pass@k is logged so a
   collapse is visible.
+- What the reward never sees can still drift (a chat's identity reply turned into a math
+  solution midway). `rl.anchor` keeps SFT conversations' supervised loss in every update, scaled
+  by `anchor_weight` (the pretraining mix of PPO-ptx, Ouyang et al. 2022), which pulls back only
+  as far as the policy has drifted from them.
 """
 
 from __future__ import annotations
@@ -73,6 +77,12 @@ class RLConfig(LRSchedule):
     eval_every_steps: int = 10  # held-out pass@k; 0 = only before and after
     eval_problems: int = 100  # held-out problems scored (the first ones of the val split)
     pass_k: int = 8  # completions sampled per held-out problem at `temperature`: pass@1 and pass@k from them
+    # SFT caches (data/cache/sft/<name>) and their weights: each update adds anchor_weight x the
+    # mean cross-entropy of `anchor_rows` of their train conversations on the assistant's tokens,
+    # so RL keeps what SFT taught beyond the reward's problems. {} = no anchor.
+    anchor: dict[str, float] = field(default_factory=dict)
+    anchor_rows: int = 16
+    anchor_weight: float = 1.0
     # Consecutive updates with a NaN/inf loss or gradient norm skipped before the run stops with
     # NonFiniteError; 0 = stop at the first.
     nonfinite_patience: int = 0
@@ -80,7 +90,7 @@ class RLConfig(LRSchedule):
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("num_steps", "problems_per_step", "max_new_tokens", "updates_per_step", "device_batch_rows",
-                     "generate_batch", "eval_problems", "pass_k"):
+                     "generate_batch", "eval_problems", "pass_k", "anchor_rows"):
             check_range(name, getattr(self, name), ge=1)
         check_range("group_size", self.group_size, ge=2, why="the advantage compares completions of one problem")
         check_range("temperature", self.temperature, gt=0, why="rollouts must explore")
@@ -101,6 +111,9 @@ class RLConfig(LRSchedule):
                 raise FieldError(f"mixture.{name}", share,
                                  f"gives no problem of the {self.problems_per_step} per update: "
                                  f"raise it to >= {0.5 / self.problems_per_step:.3g} or drop the entry")
+        for name, weight in self.anchor.items():
+            check_range(f"anchor.{name}", weight, gt=0, why="the weight of the cache among the anchor's rows")
+        check_range("anchor_weight", self.anchor_weight, gt=0, why="drop rl.anchor for no anchor")
         if self.problems_per_step - sum(self.draws().values()) < 1:
             raise FieldError("mixture", dict(self.mixture), f"leaves no problem of rl.problems in an update of "
                              f"{self.problems_per_step}: lower the shares")
@@ -134,7 +147,8 @@ def series_columns(cfg: RLConfig) -> dict[str, tuple[str, ...]]:
     """The per-step series `train_rl` reports through `on_step`, by file: columns besides `step`.
     Every value is a result (rewards, lengths, losses, held-out scores); timings stay in the log."""
     held_out = dict.fromkeys(("pass@1", f"pass@{cfg.pass_k}", "greedy", "completion_len"))  # pass@1 once when k = 1
-    return {"train": ("reward", "completion_len", "loss"), "val": tuple(f"val_{k}" for k in held_out)}
+    train = ("reward", "completion_len", "loss") + (("anchor_loss",) if cfg.anchor else ())
+    return {"train": train, "val": tuple(f"val_{k}" for k in held_out)}
 
 
 @dataclass
@@ -269,6 +283,28 @@ def policy_loss_backward(model: nn.Module, ro: Rollouts, *, device: torch.device
     return total, n_tokens
 
 
+def anchor_loss_backward(model: nn.Module, anchor: Any, cfg: RLConfig, *, device: torch.device, generator: torch.Generator,
+                         autocast: Any = None) -> float:
+    """Accumulate gradients of anchor_weight x the mean cross-entropy of `cfg.anchor_rows` SFT
+    conversations drawn from `anchor` (a loader whose get_batch gives x, y, y_masked), on the
+    assistant's tokens; `device_batch_rows` at a time. Returns the unweighted mean loss."""
+    x, _y, y = anchor.get_batch(B=cfg.anchor_rows, generator=generator)  # (B, T) each
+    # Rows come padded to the context; past the last supervised target they change no loss.
+    width = int((y != IGNORE_INDEX).any(dim=0).nonzero().max()) + 1
+    x, y = x[:, :width].to(device), y[:, :width].to(device)
+    n_targets = int((y != IGNORE_INDEX).sum())
+    total = 0.0
+    for start in range(0, cfg.anchor_rows, cfg.device_batch_rows):
+        rows = slice(start, start + cfg.device_batch_rows)
+        ctx = autocast if autocast is not None else torch.autocast(device.type, enabled=False)
+        with ctx:
+            nll = model(x[rows], targets=y[rows], loss_reduction="none")  # (b, T), 0 at ignored targets
+        loss = nll.float().sum() / n_targets
+        (cfg.anchor_weight * loss).backward()
+        total += float(loss.detach())
+    return total
+
+
 @torch.no_grad()
 def pass_at_k(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, Any]], *, k: int, temperature: float,
               max_new_tokens: int, seed: int, batch_rows: int = 128,
@@ -332,7 +368,8 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
              autocast: Any = None, log: Callable[[str], None] = print,
              on_step: Callable[[dict[str, float]], None] | None = None,
              decode: Mapping[str, Any] | None = None,
-             mixture_problems: Mapping[str, Sequence[dict[str, Any]]] | None = None) -> RLResult:
+             mixture_problems: Mapping[str, Sequence[dict[str, Any]]] | None = None,
+             anchor: Any = None) -> RLResult:
     """Run `cfg.num_steps` policy updates. Problems per step are drawn with a generator seeded
     from (seed, step), so a run is a pure function of its inputs and seed. An update whose loss
     or gradient norm is NaN or inf is skipped; more in a row than `cfg.nonfinite_patience`, or
@@ -342,7 +379,8 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
     `decode` holds the Engine's keywords for the rollouts and held-out scores
     (lockstep.engine.decode_settings: on CUDA, bf16 and the fast path); None is the reference.
     `mixture_problems` holds the train problems of each `cfg.mixture` source, which give
-    `cfg.draws()` of each update's problems."""
+    `cfg.draws()` of each update's problems. `anchor` is the loader of `cfg.anchor`'s SFT
+    conversations (lockstep.loaders.Mixture), required exactly when cfg.anchor names caches."""
     if not train_problems:
         raise ValueError("no training problems: the problems snapshot's train split is empty")
     mixture_problems = dict(mixture_problems or {})
@@ -353,6 +391,9 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
             raise ValueError(f"no training problems for rl.mixture.{name}: its snapshot's train split is empty")
     if not val_problems:
         raise ValueError("no held-out problems: the problems snapshot's val split is empty")
+    if (anchor is None) != (not cfg.anchor):
+        raise ValueError(f"rl.anchor names {sorted(cfg.anchor)} but the anchor loader is "
+                         f"{'missing' if anchor is None else 'given'}")
     engine = Engine(model, tokenizer, **(decode or {}))
     optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -382,12 +423,17 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
         rollout_tokens += sum(len(c) for c in ro.completions)
         model.train()
         parts: list[tuple[float, int]] = []  # (loss, sampled tokens) per update
+        anchor_losses: list[float] = []
         lrm = cfg.lr_multiplier(step, cfg.num_steps)
-        for part in ro.split(cfg.updates_per_step, cfg.group_size + (cfg.greedy_rollout == "member")):
+        for u, part in enumerate(ro.split(cfg.updates_per_step, cfg.group_size + (cfg.greedy_rollout == "member"))):
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             part_loss, part_tokens = policy_loss_backward(model, part, device=device, rows_per_pass=cfg.device_batch_rows,
                                                           autocast=autocast)
+            if part_tokens and anchor is not None:
+                g = torch.Generator().manual_seed(_derived_seed(seed, "anchor", step, u))
+                anchor_losses.append(anchor_loss_backward(model, anchor, cfg, device=device, generator=g,
+                                                          autocast=autocast))
             if part_tokens:
                 # The loss is already a host float; the norm's transfer is one per update, against one
                 # per sampled token in the rollouts.
@@ -408,10 +454,14 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
         if step == 0:
             rewards_first = ro.mean_reward
         rewards_last = ro.mean_reward
-        log(f"step {step + 1}/{cfg.num_steps} | reward {ro.mean_reward:.3f} | loss {loss:+.4f} | lr {lrm:.2f} "
-            f"| tokens {n_tokens} | len {ro.mean_length:.1f} | dt {dt:.1f}s | eta {eta}")
+        row = {"step": step + 1, "reward": ro.mean_reward, "completion_len": ro.mean_length, "loss": loss}
+        if anchor is not None:  # NaN when no update stepped (every group unanimous)
+            row["anchor_loss"] = sum(anchor_losses) / len(anchor_losses) if anchor_losses else math.nan
+        log(f"step {step + 1}/{cfg.num_steps} | reward {ro.mean_reward:.3f} | loss {loss:+.4f} "
+            + (f"| anchor {row['anchor_loss']:.4f} " if anchor is not None else "")
+            + f"| lr {lrm:.2f} | tokens {n_tokens} | len {ro.mean_length:.1f} | dt {dt:.1f}s | eta {eta}")
         if on_step is not None:
-            on_step({"step": step + 1, "reward": ro.mean_reward, "completion_len": ro.mean_length, "loss": loss})
+            on_step(row)
         if cfg.eval_every_steps and (step + 1) % cfg.eval_every_steps == 0 and step + 1 < cfg.num_steps:
             evaluate(step + 1)
     train_time_s = time.perf_counter() - t_start

@@ -18,6 +18,7 @@ from lockstep import checkpoint as ckpt
 from lockstep.config import ConfigError, config_to_dict
 from lockstep.engine import decode_settings
 from lockstep.io import sha256_file, write_json_atomic
+from lockstep.loaders import Mixture, open_sft_dataset
 from lockstep.rl import RLConfig, RLResult, series_columns, train_rl
 from lockstep.runinfo import write_runinfo
 from lockstep.runtime import Runtime
@@ -41,6 +42,7 @@ class RLStagePaths:
     metrics: Path  # the metrics JSON: results
     runinfo: Path  # the run facts JSON: timings, device, commit, what decides the numerics
     plots: Path  # per-step series
+    cache: Path | None = None  # token caches root (data/cache): rl.anchor's SFT caches are under sft/
 
 
 def rl_metrics(result: RLResult, cfg: RLConfig, n_problems: int) -> dict[str, Any]:
@@ -61,10 +63,12 @@ def rl_metrics(result: RLResult, cfg: RLConfig, n_problems: int) -> dict[str, An
 
 def rl_setup(cfg: RLConfig, n_scored: int) -> dict[str, Any]:
     """What the stage's series were measured on, for the report card's charts: the problem
-    snapshot, the rollouts per step and their temperature, and the held-out problems scored."""
+    snapshot, the rollouts per step and their temperature, the held-out problems scored, and the
+    anchor's caches and rows when it has one."""
+    anchor = {"anchor": dict(cfg.anchor), "anchor_rows": cfg.anchor_rows} if cfg.anchor else {}
     return {"problems": cfg.problems, "mixture": dict(cfg.mixture), "problems_per_step": cfg.problems_per_step,
             "group_size": cfg.group_size,
-            "temperature": cfg.temperature, "pass_k": cfg.pass_k, "eval_problems": n_scored}
+            "temperature": cfg.temperature, "pass_k": cfg.pass_k, "eval_problems": n_scored, **anchor}
 
 
 def problem_snapshot(raw: Path, name: str, key: str) -> Path:
@@ -79,6 +83,25 @@ def problem_snapshot(raw: Path, name: str, key: str) -> Path:
         raise ConfigError(f"{key}={name!r}: {snapshot} does not hold problem records; name a GSM8K-format source "
                           "that a fetch stage writes under data/raw")
     return snapshot
+
+
+def anchor_loader(cfg: RLConfig, cache: Path | None, *, seq_len: int, device: torch.device, pad_id: int,
+                  tokenizer_sha256: str) -> Mixture | None:
+    """The train conversations of `rl.anchor`'s SFT caches, weighted as it says; None when it is
+    empty."""
+    if not cfg.anchor:
+        return None
+    if cache is None:
+        raise ConfigError(f"rl.anchor names {sorted(cfg.anchor)}: pass the token caches folder (--cache data/cache)")
+    parts = []
+    for name in sorted(cfg.anchor):
+        folder = cache / "sft" / name
+        if not (folder / "meta.json").is_file():
+            raise ConfigError(f"rl.anchor.{name}: {folder} holds no SFT cache; name a cache that a cache stage "
+                              "writes with kind: sft")
+        parts.append((open_sft_dataset(folder, "train", T=seq_len, device=device, pad_id=pad_id,
+                                       tokenizer_sha256=tokenizer_sha256), cfg.anchor[name]))
+    return Mixture(parts, names=sorted(cfg.anchor))
 
 
 def run_rl_stage(*, cfg: RLConfig, paths: RLStagePaths, rt: Runtime, seed: int, code_revision: str,
@@ -103,13 +126,15 @@ def run_rl_stage(*, cfg: RLConfig, paths: RLStagePaths, rt: Runtime, seed: int, 
         log.info("mixture: %d of each update's %d problems from %s (%d train problems)", n, cfg.problems_per_step, name,
                  len(mixture_problems[name]))
 
+    anchor = anchor_loader(cfg, paths.cache, seq_len=model.config.sequence_len, device=rt.device,
+                           pad_id=tok.get_bos_token_id(), tokenizer_sha256=tok.sha256)
     series = SeriesWriter(paths.plots, series_columns(cfg))
     t0 = time.perf_counter()
     try:
         result = train_rl(model, tok, train_problems=train_problems, val_problems=val_problems, cfg=cfg,
                           device=rt.device, seed=seed, autocast=rt.autocast(), log=log.info, on_step=series.add,
                           decode=decode_settings(rt.device, rt.dtype, rt.kernels, rt.compile),
-                          mixture_problems=mixture_problems)
+                          mixture_problems=mixture_problems, anchor=anchor)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"rl keeps no intermediate checkpoints, so nothing was saved; `dvc repro` runs it "
                                 f"again from {paths.init}") from None
