@@ -278,8 +278,12 @@ def test_without_run_facts_each_stage_names_its_own_split() -> None:
                                                       "x 8 samples per step, temperature 1")
     assert describe_data("rl", "anchor", {}) == "SFT train conversations, assistant tokens only"
     anchor = {"setup.anchor.synth_chat": 0.5, "setup.anchor.synth_math": 0.5, "setup.anchor_rows": 16}
-    assert describe_data("rl", "anchor", anchor) == ("train split of synth_chat 0.5, synth_math 0.5: 16 conversations "
+    assert describe_data("rl", "anchor", anchor) == ("train split of synth_chat 0.5 + synth_math 0.5: 16 conversations "
                                                      "per update, assistant tokens only")
+    # every mixture reads the same way: heaviest first, then by name
+    facts |= {"setup.mixture.a_chat": 0.125, "setup.mixture.z_math": 0.5}
+    assert describe_data("rl", "rollouts", facts).startswith("train split of synth_multistep + z_math 0.5 + "
+                                                             "synth_math 0.25 + a_chat 0.125: ")
 
 
 def test_unknown_series_stay_in_their_stage() -> None:

@@ -176,9 +176,11 @@ def _quantity(stage: str, column: str) -> tuple[Quantity, str]:
     return Quantity(re.escape(column), (stage,), _slug(column), column, column, "unrecorded"), f"{stage}/{column}"
 
 
-def _mixture(flat: Mapping[str, Any]) -> str:
-    """`shakespeare 0.9 + roam 0.1` from a training stage's run facts (lockstep.budget.epochs_facts)."""
-    weights = {m.group(1): v for k, v in flat.items() if (m := re.fullmatch(r"epochs\.components\.(.+)\.weight", k))}
+def _mixture(flat: Mapping[str, Any], key: str = r"epochs\.components\.(.+)\.weight") -> str:
+    """`shakespeare 0.9 + roam 0.1`, heaviest first, from the run facts whose keys match `key`
+    (its group the source's name): by default a training stage's mixture
+    (lockstep.budget.epochs_facts); `setup\.anchor\.(.+)` gives RL's anchor."""
+    weights = {m.group(1): v for k, v in flat.items() if (m := re.fullmatch(key, k))}
     return " + ".join(f"{name} {w:g}" for name, w in sorted(weights.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
@@ -194,13 +196,11 @@ def describe_data(stage: str, kind: str, facts: Mapping[str, Any]) -> str:
         if problems is None:
             return "sampled training rollouts"
         per_step = facts.get("setup.problems_per_step"), facts.get("setup.group_size")
-        mixed = "".join(f" + {m.group(1)} {v:g}" for k, v in sorted(facts.items())
-                        if (m := re.fullmatch(r"setup\.mixture\.(.+)", k)))
-        return (f"train split of {problems}{mixed}: {per_step[0]} problems x {per_step[1]} samples per step, "
+        mixed = _mixture(facts, r"setup\.mixture\.(.+)")
+        return (f"train split of {problems}{' + ' + mixed if mixed else ''}: {per_step[0]} problems x {per_step[1]} samples per step, "
                 f"temperature {temperature:g}")
     if kind == "anchor":
-        mix = ", ".join(f"{m.group(1)} {v:g}" for k, v in sorted(facts.items())
-                        if (m := re.fullmatch(r"setup\.anchor\.(.+)", k)))
+        mix = _mixture(facts, r"setup\.anchor\.(.+)")
         rows = facts.get("setup.anchor_rows")
         if not mix or rows is None:
             return "SFT train conversations, assistant tokens only"
