@@ -80,7 +80,10 @@ def test_draw_takes_each_mixture_share_and_is_unchanged_without_one():
     mixed = RLConfig(problems="hard", problems_per_step=8, mixture={"easy": 0.25})
     assert mixed.draws() == {"easy": 2}
     got = draw_problems(main, {"easy": easy}, mixed, seed=5, step=3)
-    assert [p["id"][0] for p in got] == ["m"] * 6 + ["e"] * 2
+    assert sorted(p["id"][0] for p in got) == ["e"] * 2 + ["m"] * 6
+    # shuffled: with updates_per_step=2, the first update of a step gets mixture problems too
+    first_halves = [draw_problems(main, {"easy": easy}, mixed, seed=5, step=s)[:4] for s in range(20)]
+    assert sum(p["id"][0] == "e" for half in first_halves for p in half) > 0
     assert got == draw_problems(main, {"easy": easy}, mixed, seed=5, step=3)  # a function of (seed, step)
     assert got != draw_problems(main, {"easy": easy}, mixed, seed=5, step=4)
     # without a mixture: the draw every earlier run made (randint over the whole update)
@@ -234,3 +237,8 @@ def test_rollouts_on_the_static_cache_path_equal_the_reference(tok):
     fast = rollout(Engine(model, tok, fast=True), tok, problems, cfg, seed=7)
     assert (fast.completions, fast.sampled, fast.rewards) == (ref.completions, ref.sampled, ref.rewards)
     assert len({tuple(c) for c in ref.completions}) > 1
+
+
+@pytest.mark.parametrize("greedy, rows", [("off", 8), ("baseline", 8), ("member", 9)])
+def test_group_rows_counts_a_member_greedy_completion(greedy, rows):
+    assert RLConfig(group_size=8, greedy_rollout=greedy).group_rows == rows

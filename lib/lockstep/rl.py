@@ -118,6 +118,12 @@ class RLConfig(LRSchedule):
             raise FieldError("mixture", dict(self.mixture), f"leaves no problem of rl.problems in an update of "
                              f"{self.problems_per_step}: lower the shares")
 
+    @property
+    def group_rows(self) -> int:
+        """Completions per problem in a step's rollouts: the group, and its greedy completion when
+        that is a member."""
+        return self.group_size + (self.greedy_rollout == "member")
+
     def draws(self) -> dict[str, int]:
         """Problems per update from each mixture source: round(share x problems_per_step)."""
         return {name: round(share * self.problems_per_step) for name, share in sorted(self.mixture.items())}
@@ -350,9 +356,11 @@ class RLResult:
 
 def draw_problems(train_problems: Sequence[dict[str, Any]], mixture_problems: Mapping[str, Sequence[dict[str, Any]]],
                   cfg: RLConfig, *, seed: int, step: int) -> list[dict[str, Any]]:
-    """One update's problems, drawn with replacement by a generator seeded from (seed, step):
-    `cfg.draws()` from each mixture source (in name order) after the rest from `train_problems`.
-    Without a mixture the draw is what it has always been, so runs before the setting reproduce."""
+    """One step's problems, drawn with replacement by a generator seeded from (seed, step): the
+    rest from `train_problems`, then `cfg.draws()` from each mixture source (in name order), then
+    all of them shuffled, so that the `cfg.updates_per_step` consecutive parts of a step mix the
+    sources rather than the mixture's problems all landing in the last. Without a mixture there is nothing to shuffle and the draw is what it has
+    always been, so runs before the setting reproduce."""
     g = torch.Generator().manual_seed(_derived_seed(seed, "draw", step))
     draws = cfg.draws()
     n_main = cfg.problems_per_step - sum(draws.values())
@@ -360,6 +368,8 @@ def draw_problems(train_problems: Sequence[dict[str, Any]], mixture_problems: Ma
     for name, n in draws.items():
         source = mixture_problems[name]
         picked += [source[i] for i in torch.randint(len(source), (n,), generator=g).tolist()]
+    if draws:
+        picked = [picked[i] for i in torch.randperm(len(picked), generator=g).tolist()]
     return picked
 
 
@@ -425,7 +435,7 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
         parts: list[tuple[float, int]] = []  # (loss, sampled tokens) per update
         anchor_losses: list[float] = []
         lrm = cfg.lr_multiplier(step, cfg.num_steps)
-        for u, part in enumerate(ro.split(cfg.updates_per_step, cfg.group_size + (cfg.greedy_rollout == "member"))):
+        for u, part in enumerate(ro.split(cfg.updates_per_step, cfg.group_rows)):
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             part_loss, part_tokens = policy_loss_backward(model, part, device=device, rows_per_pass=cfg.device_batch_rows,
