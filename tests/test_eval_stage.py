@@ -11,7 +11,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from _tiny_model import randomize, tiny_gpt
 from lockstep.cache import CacheError
@@ -19,9 +18,7 @@ from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.checkpoint import save_checkpoint
 from lockstep.config import FieldError, build_config
 from lockstep.engine import Engine
-from lockstep.evaluate.run import EvalConfig, EvalPaths, make_generate, run_eval_stage, sft_in_order
-from lockstep.loaders import open_sft_dataset
-from lockstep.model import IGNORE_INDEX
+from lockstep.evaluate.run import EvalConfig, EvalPaths, make_generate, run_eval_stage
 from lockstep.runtime import RuntimeConfig, init_runtime
 from lockstep.tokenizer.kinds import train_tokenizer
 
@@ -186,36 +183,3 @@ def test_generate_batch_must_be_positive() -> None:
         EvalConfig(generate_batch=0)
     with pytest.raises(FieldError, match=r"^eval.generate_batch=0 must be an integer >= 1"):
         build_config(EvalConfig, {"generate_batch": 0}, where="eval")
-
-
-def _qa(i: int) -> dict:
-    return {"messages": [{"role": "user", "content": [{"type": "text", "text": f"q{i}" + "?" * (i % 4)}]},
-                         {"role": "assistant", "content": [{"type": "text", "text": "a" * (1 + i % 5)}]}]}
-
-
-def test_sft_bpb_reads_each_val_example_once_at_its_own_width(tmp_path: Path) -> None:
-    # 11 examples of 8-14 tokens, T = 10: batches of 4 in the split's order, each as wide as its
-    # longest example (cut to T + 1 tokens), assistant targets only, every example once; ranks
-    # split them and together read them all; a token cap stops at the example that reaches it.
-    tok = train_tokenizer("byte", [])
-    build_sft_cache({"train": [_qa(i) for i in range(11)]}, tmp_path / "s", tokenizer=tok, val_frac=None, seed=0)
-    ds = open_sft_dataset(tmp_path / "s", "train", T=10, device="cpu", pad_id=0)
-    lengths = ds.example_lengths()
-    assert lengths.min() < 11 < lengths.max() and len(ds) == 11
-    tokens, mask, offsets = ds.split.tokens, ds.split.mask, ds.split.offsets
-    batches = list(sft_in_order(ds, rows=4))
-    assert [x.shape[0] for x, _ in batches] == [4, 4, 3]
-    for b, (x, y) in enumerate(batches):
-        examples = range(4 * b, 4 * b + x.shape[0])
-        assert x.shape == y.shape and x.shape[1] == min(int(lengths[list(examples)].max()), 11) - 1
-        for r, ex in enumerate(examples):
-            lo, n = int(offsets[ex]), min(int(lengths[ex]), 11)
-            want_y = [t if m else IGNORE_INDEX for t, m in zip(tokens[lo + 1 : lo + n].tolist(), mask[lo + 1 : lo + n])]
-            assert x[r, : n - 1].tolist() == tokens[lo : lo + n - 1].tolist()
-            assert y[r].tolist() == want_y + [IGNORE_INDEX] * (x.shape[1] - n + 1)
-            assert any(t != IGNORE_INDEX for t in want_y)
-    whole = torch.cat([x.flatten() for x, _ in batches])
-    by_rank = torch.cat([x.flatten() for r in range(3) for x, _ in sft_in_order(ds, rows=2, rank=r, world_size=3)])
-    assert sorted(whole[whole != 0].tolist()) == sorted(by_rank[by_rank != 0].tolist())
-    capped = list(sft_in_order(ds, rows=4, max_tokens=min(int(lengths[0]), 11) + 1))
-    assert len(capped) == 1 and capped[0][0].shape[0] == 2

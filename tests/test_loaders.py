@@ -1,5 +1,5 @@
 """Loaders: window invariant, SFT masking of a chat rendered by the real template against a
-hand-built sequence, rank sharding, resume, mixtures, and determinism from the generator."""
+hand-built sequence, rank sharding, resume, mixtures, determinism from the generator, and the in-order read of evaluation."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from lockstep.loaders import (
     open_sft_dataset,
 )
 from lockstep.model import IGNORE_INDEX
+from lockstep.tokenizer.kinds import train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +164,36 @@ def test_mixture_draws_rows_per_source_reproducibly(tok, pretrain, tmp_path):
     assert torch.equal(x, x2)
     with pytest.raises(ValueError, match="weights"):
         Mixture([(a, 0.0)])
+
+
+def _qa(i: int) -> dict:
+    return {"messages": [{"role": "user", "content": [{"type": "text", "text": f"q{i}" + "?" * (i % 4)}]},
+                         {"role": "assistant", "content": [{"type": "text", "text": "a" * (1 + i % 5)}]}]}
+
+
+def test_in_order_reads_each_example_once_at_its_own_width(tmp_path) -> None:
+    # 11 examples of 8-14 tokens, T = 10: batches of 4 in the split's order, each as wide as its
+    # longest example (cut to T + 1 tokens), assistant targets only, every example once; ranks
+    # split them and together read them all; a token cap stops at the example that reaches it.
+    tok = train_tokenizer("byte", [])
+    build_sft_cache({"train": [_qa(i) for i in range(11)]}, tmp_path / "s", tokenizer=tok, val_frac=None, seed=0)
+    ds = open_sft_dataset(tmp_path / "s", "train", T=10, device="cpu", pad_id=0)
+    lengths = ds.example_lengths()
+    assert lengths.min() < 11 < lengths.max() and len(ds) == 11
+    tokens, mask, offsets = ds.split.tokens, ds.split.mask, ds.split.offsets
+    batches = list(ds.in_order(rows=4))
+    assert [x.shape[0] for x, _ in batches] == [4, 4, 3]
+    for b, (x, y) in enumerate(batches):
+        examples = range(4 * b, 4 * b + x.shape[0])
+        assert x.shape == y.shape and x.shape[1] == min(int(lengths[list(examples)].max()), 11) - 1
+        for r, ex in enumerate(examples):
+            lo, n = int(offsets[ex]), min(int(lengths[ex]), 11)
+            want_y = [t if m else IGNORE_INDEX for t, m in zip(tokens[lo + 1 : lo + n].tolist(), mask[lo + 1 : lo + n])]
+            assert x[r, : n - 1].tolist() == tokens[lo : lo + n - 1].tolist()
+            assert y[r].tolist() == want_y + [IGNORE_INDEX] * (x.shape[1] - n + 1)
+            assert any(t != IGNORE_INDEX for t in want_y)
+    whole = torch.cat([x.flatten() for x, _ in batches])
+    by_rank = torch.cat([x.flatten() for r in range(3) for x, _ in ds.in_order(rows=2, rank=r, world_size=3)])
+    assert sorted(whole[whole != 0].tolist()) == sorted(by_rank[by_rank != 0].tolist())
+    capped = list(ds.in_order(rows=4, max_tokens=min(int(lengths[0]), 11) + 1))
+    assert len(capped) == 1 and capped[0][0].shape[0] == 2

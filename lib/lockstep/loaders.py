@@ -5,7 +5,7 @@ lockstep.cache; writes nothing."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -220,6 +220,32 @@ class SFTExampleDataset:
     def example_lengths(self) -> np.ndarray:
         """(E,) int64 token lengths of the examples the draw picks from, before the cut to T+1."""
         return self._ends[self.eligible] - self.split.offsets[self.eligible]
+
+    def in_order(self, *, rows: int, max_tokens: int | None = None, rank: int = 0,
+                 world_size: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(x, y) of every example once, in the split's order, `rows` to a batch, each batch as wide
+        as its longest example (cut to T + 1 tokens, the rest padded) and y holding the assistant's
+        targets only (IGNORE_INDEX elsewhere): what evaluation reads, where `get_batch` draws.
+        Rank `rank` of `world_size` reads every world_size-th example from its own on, and stops
+        once its examples hold `max_tokens // world_size` tokens (None: the whole split)."""
+        split = self.split
+        starts = split.offsets[self.eligible][rank::world_size]  # (E,) where this rank's examples begin
+        lengths = np.minimum(self.example_lengths()[rank::world_size], self.T + 1)  # (E,) tokens read of each
+        if max_tokens is not None:
+            reached = np.cumsum(lengths) >= max(1, max_tokens // world_size)
+            n = int(reached.argmax()) + 1 if reached.any() else len(lengths)  # up to the example that reaches it
+            starts, lengths = starts[:n], lengths[:n]
+        for first in range(0, len(starts), rows):
+            batch = range(first, min(first + rows, len(starts)))
+            width = int(lengths[batch.start : batch.stop].max()) - 1
+            x = np.full((len(batch), width), self.pad_id, dtype=np.int64)  # (B, T')
+            y = np.full((len(batch), width), IGNORE_INDEX, dtype=np.int64)  # (B, T')
+            for r, i in enumerate(batch):
+                lo, n = int(starts[i]), int(lengths[i])
+                ids = split.tokens[lo : lo + n].astype(np.int64)  # stored narrower: IGNORE_INDEX is negative
+                x[r, : n - 1] = ids[:-1]
+                y[r, : n - 1] = np.where(split.mask[lo + 1 : lo + n].astype(bool), ids[1:], IGNORE_INDEX)
+            yield _to_device(x, self.device), _to_device(y, self.device)
 
     def get_batch(self, *, B: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x, y, y_masked: (B, T) int64 on the device."""

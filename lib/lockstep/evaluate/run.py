@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -26,8 +25,7 @@ from lockstep.engine import Engine, decode_settings
 from lockstep.evaluate import chat, core
 from lockstep.evaluate.sandbox import SandboxLimits
 from lockstep.io import atomic_dir, canonical_json, write_json_atomic
-from lockstep.loaders import ShardedTokenLoader, SFTExampleDataset, open_sft_dataset
-from lockstep.model import IGNORE_INDEX
+from lockstep.loaders import ShardedTokenLoader, open_sft_dataset
 from lockstep.runinfo import write_runinfo
 from lockstep.snapshot import SnapshotError, iter_records, open_bundle
 from lockstep.tokenizer import TokenizerFileError, load_tokenizer
@@ -219,41 +217,14 @@ def _pretrain_batches(val_dir: Path, *, rows: int, T: int, max_tokens: int, rt: 
 
 def _sft_batches(cache_dir: Path, *, rows: int, T: int, max_tokens: int, rt: Runtime, pad_id: int,
                  tokenizer_sha256: str) -> Iterator[tuple[torch.Tensor, torch.Tensor]] | None:
-    """The val examples as `sft_in_order` reads them, or None when no val example is usable at T
+    """The val examples as `SFTExampleDataset.in_order` reads them, or None when no val example is usable at T
     (an empty split, or every prompt longer than T). Damage raises, as for pretrain caches."""
     try:
         ds = open_sft_dataset(cache_dir, "val", T=T, device=rt.device, pad_id=pad_id, tokenizer_sha256=tokenizer_sha256)
     except CacheTooSmallError as e:
         log.warning("%s; left out of bpb", e)
         return None
-    return sft_in_order(ds, rows=rows, max_tokens=max_tokens, rank=rt.rank, world_size=rt.world_size)
-
-
-def sft_in_order(ds: SFTExampleDataset, *, rows: int, max_tokens: int | None = None, rank: int = 0,
-                 world_size: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(x, y) of every example of `ds` once, in the split's order, `rows` to a batch, each batch
-    as wide as its longest example (cut to ds.T + 1 tokens, the rest padded) and y holding the
-    assistant's targets only (IGNORE_INDEX elsewhere): the part a chat model is trained to produce.
-    Rank `rank` of `world_size` reads every world_size-th example from its own on, and stops once
-    its examples hold `max_tokens // world_size` tokens (None: the whole split)."""
-    split = ds.split
-    starts = split.offsets[ds.eligible][rank::world_size]  # (E,) where this rank's examples begin
-    lengths = np.minimum(ds.example_lengths()[rank::world_size], ds.T + 1)  # (E,) tokens read of each
-    if max_tokens is not None:
-        reached = np.cumsum(lengths) >= max(1, max_tokens // world_size)
-        n = int(reached.argmax()) + 1 if reached.any() else len(lengths)  # up to the example that reaches it
-        starts, lengths = starts[:n], lengths[:n]
-    for first in range(0, len(starts), rows):
-        batch = range(first, min(first + rows, len(starts)))
-        width = int(lengths[batch.start : batch.stop].max()) - 1
-        x = np.full((len(batch), width), ds.pad_id, dtype=np.int64)  # (B, T')
-        y = np.full((len(batch), width), IGNORE_INDEX, dtype=np.int64)  # (B, T')
-        for r, i in enumerate(batch):
-            lo, n = int(starts[i]), int(lengths[i])
-            ids = split.tokens[lo : lo + n].astype(np.int64)  # stored narrower: IGNORE_INDEX is negative
-            x[r, : n - 1] = ids[:-1]
-            y[r, : n - 1] = np.where(split.mask[lo + 1 : lo + n].astype(bool), ids[1:], IGNORE_INDEX)
-        yield torch.from_numpy(x).to(ds.device), torch.from_numpy(y).to(ds.device)
+    return ds.in_order(rows=rows, max_tokens=max_tokens, rank=rt.rank, world_size=rt.world_size)
 
 
 def _record_bpb(metrics: dict[str, Any], predictions: dict[str, list[dict[str, Any]]], key: str, sums: BpbSums,
