@@ -177,9 +177,9 @@ def _quantity(stage: str, column: str) -> tuple[Quantity, str]:
 
 
 def _mixture(flat: Mapping[str, Any], key: str = r"epochs\.components\.(.+)\.weight") -> str:
-    """`shakespeare 0.9 + roam 0.1`, heaviest first, from the run facts whose keys match `key`
-    (its group the source's name): by default a training stage's mixture
-    (lockstep.budget.epochs_facts); `setup\.anchor\.(.+)` gives RL's anchor."""
+    """`shakespeare 0.9 + roam 0.1`, heaviest first, from the run facts whose keys match the
+    pattern `key` (its group the source's name): by default a training stage's mixture
+    (lockstep.budget.epochs_facts), else e.g. RL's anchor (`setup.anchor.<name>`)."""
     weights = {m.group(1): v for k, v in flat.items() if (m := re.fullmatch(key, k))}
     return " + ".join(f"{name} {w:g}" for name, w in sorted(weights.items(), key=lambda kv: (-kv[1], kv[0])))
 
@@ -196,8 +196,8 @@ def describe_data(stage: str, kind: str, facts: Mapping[str, Any]) -> str:
         if problems is None:
             return "sampled training rollouts"
         per_step = facts.get("setup.problems_per_step"), facts.get("setup.group_size")
-        mixed = _mixture(facts, r"setup\.mixture\.(.+)")
-        return (f"train split of {problems}{' + ' + mixed if mixed else ''}: {per_step[0]} problems x {per_step[1]} samples per step, "
+        sources = " + ".join(filter(None, [problems, _mixture(facts, r"setup\.mixture\.(.+)")]))
+        return (f"train split of {sources}: {per_step[0]} problems x {per_step[1]} samples per step, "
                 f"temperature {temperature:g}")
     if kind == "anchor":
         mix = _mixture(facts, r"setup\.anchor\.(.+)")
