@@ -359,8 +359,8 @@ def draw_problems(train_problems: Sequence[dict[str, Any]], mixture_problems: Ma
     """One step's problems, drawn with replacement by a generator seeded from (seed, step): the
     rest from `train_problems`, then `cfg.draws()` from each mixture source (in name order), then
     all of them shuffled, so that the `cfg.updates_per_step` consecutive parts of a step mix the
-    sources rather than the mixture's problems all landing in the last. Without a mixture there is nothing to shuffle and the draw is what it has
-    always been, so runs before the setting reproduce."""
+    sources rather than the mixture's problems all landing in the last. Without a mixture there
+    is nothing to shuffle and the draw is what it has always been, so earlier runs reproduce."""
     g = torch.Generator().manual_seed(_derived_seed(seed, "draw", step))
     draws = cfg.draws()
     n_main = cfg.problems_per_step - sum(draws.values())
