@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lockstep.cache import CacheError, open_pretrain_split, open_sft_split, read_cache_meta
+from lockstep.cache import CacheError, find_cache, open_pretrain_split, open_sft_split, read_cache_meta
+from lockstep.config import ConfigError
 from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.io import sha256_file
 from lockstep.records import problem_to_conversation
@@ -476,3 +477,19 @@ def test_sft_input_of_the_wrong_shape_is_refused(tok, tmp_path, examples, kw, er
     with pytest.raises(error, match=pattern):
         build_sft_cache(examples, tmp_path / "s", tokenizer=tok, seed=0, **kw)
     assert not (tmp_path / "s").exists()
+
+
+def test_find_cache_looks_under_pretrain_then_sft_and_names_the_key(tmp_path):
+    for folder in ("pretrain/both", "sft/both", "sft/chat", "sft/empty"):
+        (tmp_path / folder).mkdir(parents=True)
+    for folder in ("pretrain/both", "sft/both", "sft/chat"):
+        (tmp_path / folder / "meta.json").write_text("{}")
+    assert find_cache(tmp_path, "both", key="k") == ("pretrain", tmp_path / "pretrain/both")
+    assert find_cache(tmp_path, "sft/both", key="k") == ("sft", tmp_path / "sft/both")
+    assert find_cache(tmp_path, "chat", key="k") == ("sft", tmp_path / "sft/chat")
+    with pytest.raises(ConfigError, match=r"^sft\.mixture\.pretrain/chat: none of \[.*pretrain/chat'\] holds a cache"):
+        find_cache(tmp_path, "pretrain/chat", key="sft.mixture.pretrain/chat")
+    with pytest.raises(ConfigError, match=r"^rl\.anchor\.empty: none of .* holds a cache \(a meta\.json\)"):
+        find_cache(tmp_path, "sft/empty", key="rl.anchor.empty")
+    with pytest.raises(ConfigError, match=r"^m\.x: cache 'eval/x' must be pretrain/NAME, sft/NAME or a bare NAME"):
+        find_cache(tmp_path, "eval/x", key="m.x")

@@ -197,5 +197,5 @@ def test_anchor_conversations_join_every_update(rl_workspace: Path, repo_root: P
         rl.main(_args(root))
     params["rl"]["anchor"] = {"prose": 1.0}
     (root / "params.yaml").write_text(yaml.safe_dump(params))
-    with pytest.raises(Exception, match=r"rl\.anchor\.prose: .* holds no SFT cache"):
+    with pytest.raises(Exception, match=r"rl\.anchor\.prose: none of \[.*sft/prose\'\] holds a cache"):
         rl.main(_args(root) + ["--cache", str(root / "cache")])

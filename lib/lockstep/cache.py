@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from lockstep.config import ConfigError
 from lockstep.io import read_json, sha256_file
 
 log = logging.getLogger(__name__)
@@ -328,6 +329,24 @@ def list_caches(root: str | os.PathLike[str]) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def find_cache(root: Path, name: str, *, key: str) -> tuple[str, Path]:
+    """(kind, folder) of the cache that config entry `key` names under the caches folder `root`:
+    `pretrain/x` or `sft/x` explicitly, or a bare name looked up under pretrain/ then sft/. Only
+    a folder with a meta.json counts; reading it is the opener's job."""
+    if "/" in name:
+        kind, _, bare = name.partition("/")
+        if kind not in ("pretrain", "sft"):
+            raise ConfigError(f"{key}: cache {name!r} must be pretrain/NAME, sft/NAME or a bare NAME")
+        candidates = [(kind, root / kind / bare)]
+    else:
+        candidates = [("pretrain", root / "pretrain" / name), ("sft", root / "sft" / name)]
+    for kind, path in candidates:
+        if (path / "meta.json").is_file():
+            return kind, path
+    raise ConfigError(f"{key}: none of {[str(p) for _, p in candidates]} holds a cache (a meta.json); add the "
+                      "cache stage that writes it or fix the name")
 
 
 def cache_summary(cache_dir: str | os.PathLike[str]) -> dict[str, Any]:

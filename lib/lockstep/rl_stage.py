@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from lockstep import checkpoint as ckpt
+from lockstep.cache import find_cache
 from lockstep.config import ConfigError, config_to_dict
 from lockstep.engine import decode_settings
 from lockstep.io import sha256_file, write_json_atomic
@@ -95,10 +96,7 @@ def anchor_loader(cfg: RLConfig, cache: Path | None, *, seq_len: int, device: to
         raise ConfigError(f"rl.anchor names {sorted(cfg.anchor)}: pass the token caches folder (--cache data/cache)")
     parts = []
     for name in sorted(cfg.anchor):
-        folder = cache / "sft" / name
-        if not (folder / "meta.json").is_file():
-            raise ConfigError(f"rl.anchor.{name}: {folder} holds no SFT cache; name a cache that a cache stage "
-                              "writes with kind: sft")
+        _, folder = find_cache(cache, f"sft/{name}", key=f"rl.anchor.{name}")
         parts.append((open_sft_dataset(folder, "train", T=seq_len, device=device, pad_id=pad_id,
                                        tokenizer_sha256=tokenizer_sha256), cfg.anchor[name]))
     return Mixture(parts, names=sorted(cfg.anchor))

@@ -23,6 +23,7 @@ from lockstep import checkpoint as ckpt
 from lockstep import objectives
 from lockstep.budget import (ComponentEpochs, Holding, check_epochs, epoch_line, epochs_facts, mixture_epochs,
                              sft_holding)
+from lockstep.cache import find_cache
 from lockstep.config import ConfigError, config_to_dict
 from lockstep.io import atomic_dir, canonical_json, sha256_file, write_json_atomic
 from lockstep.loaders import Mixture, PretrainTokenStreamDataset, SFTExampleDataset, open_sft_dataset
@@ -88,29 +89,12 @@ class AllTargets:
         return getattr(self.source, "last_rows", [])
 
 
-def find_cache(root: Path, name: str) -> tuple[str, Path]:
-    """(kind, folder) of the cache a mixture names: `pretrain/x` or `sft/x` explicitly, or a bare
-    name looked up under pretrain/ then sft/."""
-    if "/" in name:
-        kind, _, bare = name.partition("/")
-        if kind not in ("pretrain", "sft"):
-            raise ConfigError(f"mixture key {name!r}: the prefix must be pretrain/ or sft/")
-        candidates = [(kind, root / kind / bare)]
-    else:
-        candidates = [("pretrain", root / "pretrain" / name), ("sft", root / "sft" / name)]
-    for kind, path in candidates:
-        if (path / "meta.json").is_file():
-            return kind, path
-    raise ConfigError(f"mixture names cache {name!r}, but none of {[str(p) for _, p in candidates]} holds a "
-                      "meta.json; add its cache stage or fix the mixture key")
-
-
 def build_mixture(root: Path, cfg: TrainConfig, *, split: str, seq_len: int, device: torch.device, tok: Tokenizer,
                   stage: str) -> tuple[Mixture, dict[str, str]]:
     """The weighted mixture for `split` and the sha256 of each cache's meta.json (its identity)."""
     if not cfg.mixture:
         raise ConfigError(f"{stage}.mixture is empty; name at least one cache with a weight")
-    found = {name: find_cache(root, name) for name in sorted(cfg.mixture)}
+    found = {name: find_cache(root, name, key=f"{stage}.mixture.{name}") for name in sorted(cfg.mixture)}
     kinds = {kind for kind, _ in found.values()}
     if cfg.loss == "assistant" and "pretrain" in kinds:
         raise ConfigError(f"{stage}.loss=assistant needs SFT caches only; drop the pretraining caches from the mixture")
