@@ -280,6 +280,9 @@ def test_without_run_facts_each_stage_names_its_own_split() -> None:
     anchor = {"setup.anchor.synth_chat": 0.5, "setup.anchor.synth_math": 0.5, "setup.anchor_rows": 16}
     assert describe_data("rl", "anchor", anchor) == ("train split of synth_chat 0.5 + synth_math 0.5: 16 conversations "
                                                      "per update, assistant tokens only")
+    kl = {**anchor, "setup.anchor_target": "sft"}
+    assert describe_data("rl", "anchor", kl) == ("train split of synth_chat 0.5 + synth_math 0.5: 16 conversations "
+                                                 "per update, KL to the starting checkpoint, assistant tokens only")
     # every mixture reads the same way: heaviest first, then by name
     facts |= {"setup.mixture.a_chat": 0.125, "setup.mixture.z_math": 0.5}
     assert describe_data("rl", "rollouts", facts).startswith("train split of synth_multistep + z_math 0.5 + "

@@ -12,7 +12,8 @@ from lockstep.config import ConfigError, build_config
 from lockstep.model import GPT
 from lockstep.model import IGNORE_INDEX
 from lockstep.rl import (RLConfig, Rollouts, _derived_seed, anchor_loss_backward, draw_problems, policy_loss_backward,
-                         prompt_ids, reward, rollout, series_columns)
+                         prompt_ids, reward, rollout, series_columns,
+                         train_rl)
 from lockstep.engine import Engine
 
 
@@ -181,6 +182,66 @@ def test_anchor_adds_its_weighted_mean_cross_entropy_to_the_gradient():
     for a, p in zip(got, model.parameters()):
         torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)
     assert "anchor_loss" in series_columns(cfg)["train"] and "anchor_loss" not in series_columns(RLConfig())["train"]
+
+
+def test_sft_anchor_is_the_kl_to_the_reference_and_zero_until_the_policy_moves():
+    # The same three conversations as above. Against itself the loss and every gradient are zero;
+    # against another model it is KL(reference || model) per supervised target, read at full
+    # width from the full logits, with the reference left untouched.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 200, (3, 12), generator=g)
+    y = torch.randint(0, 200, (3, 12), generator=g)
+    y[:, :5] = IGNORE_INDEX
+    y[2, 8:] = IGNORE_INDEX
+    y[:, 10:] = IGNORE_INDEX
+    cfg = RLConfig(anchor={"chat": 1.0}, anchor_rows=3, anchor_weight=0.4, device_batch_rows=2, anchor_target="sft")
+    model, reference = tiny_model(5), tiny_model(5).requires_grad_(False)
+    loss = anchor_loss_backward(model, FixedBatches(x, y), cfg, device=torch.device("cpu"), generator=g,
+                                reference=reference)
+    assert loss == pytest.approx(0.0, abs=1e-6)
+    assert all(float(p.grad.abs().max()) < 1e-6 for p in model.parameters())
+
+    model = tiny_model(6)
+    model.zero_grad(set_to_none=True)
+    loss = anchor_loss_backward(model, FixedBatches(x, y), cfg, device=torch.device("cpu"), generator=g,
+                                reference=reference)
+    got = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    keep = y != IGNORE_INDEX
+    ref = reference(x).float().log_softmax(-1)[keep]
+    kl = (ref.exp() * (ref - model(x).float().log_softmax(-1)[keep])).sum(-1).mean()
+    (0.4 * kl).backward()
+    assert loss == pytest.approx(kl.item(), rel=1e-4) and kl.item() > 0.01
+    for a, p in zip(got, model.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)
+    assert all(p.grad is None for p in reference.parameters())
+
+
+@pytest.mark.parametrize("target", ["data", "sft"])
+def test_train_rl_keeps_a_frozen_reference_only_for_the_sft_anchor(tok, target, monkeypatch):
+    seen = []
+    def fake_anchor(model, anchor, cfg, *, device, generator, autocast=None, reference=None):
+        seen.append(reference)
+        return 0.0
+    monkeypatch.setattr("lockstep.rl.anchor_loss_backward", fake_anchor)
+    monkeypatch.setattr("lockstep.rl.reward", lambda text, answer: float(len(text) % 2))
+    model = tiny_model(5)
+    start = [p.detach().clone() for p in model.parameters()]
+    cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": 8, "num_steps": 2,
+                                  "eval_every_steps": 0, "eval_problems": 1, "pass_k": 1, "anchor": {"chat": 1.0},
+                                  "anchor_target": target}, where="rl")
+    problems = [{"question": f"{i}+1?", "answer": "#### 1"} for i in range(4)]
+    train_rl(model, tok, train_problems=problems, val_problems=problems, cfg=cfg, device=torch.device("cpu"), seed=3,
+             log=lambda line: None, anchor=FixedBatches(None, None))
+    assert seen, "no update carried the anchor"
+    if target == "data":
+        assert all(r is None for r in seen)
+    else:
+        assert all(r is seen[0] for r in seen) and seen[0] is not model
+        assert not any(p.requires_grad for p in seen[0].parameters()) and not seen[0].training
+        for a, b in zip(start, seen[0].parameters()):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)  # the starting weights, kept as they were
+
 
 def test_rollout_groups_share_a_prompt_and_center_rewards(tok):
     model = tiny_model(5).eval()

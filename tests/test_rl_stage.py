@@ -192,6 +192,17 @@ def test_anchor_conversations_join_every_update(rl_workspace: Path, repo_root: P
     assert header.split("\t") == ["step", "reward", "completion_len", "loss", "anchor_loss"] and len(rows) == 2
     assert all(0 < float(row.split("\t")[4]) < 100 for row in rows)  # every update carried the anchor
     assert "| anchor " in caplog.text
+    setup = json.loads((root / "runinfo/rl.json").read_text())["setup"]
+    assert (setup["anchor"], setup["anchor_rows"], setup["anchor_target"]) == ({"chat": 1.0}, 3, "data")
+
+    # KL to the starting checkpoint: nothing at the first update, which the policy starts at
+    params["rl"]["anchor_target"] = "sft"
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    assert rl.main(_args(root) + ["--cache", str(root / "cache")]) == 0
+    _, *rows = (root / "plots/rl/train.tsv").read_text().splitlines()
+    first, second = (float(row.split("\t")[4]) for row in rows)
+    assert abs(first) < 1e-6 < second < 100
+    assert json.loads((root / "runinfo/rl.json").read_text())["setup"]["anchor_target"] == "sft"
 
     with pytest.raises(Exception, match=r"rl\.anchor names \['chat'\]: pass the token caches folder \(--cache"):
         rl.main(_args(root))

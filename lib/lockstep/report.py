@@ -202,9 +202,10 @@ def describe_data(stage: str, kind: str, facts: Mapping[str, Any]) -> str:
     if kind == "anchor":
         mix = _mixture(facts, r"setup\.anchor\.(.+)")
         rows = facts.get("setup.anchor_rows")
+        measure = " KL to the starting checkpoint," if facts.get("setup.anchor_target") == "sft" else ""
         if not mix or rows is None:
-            return "SFT train conversations, assistant tokens only"
-        return f"train split of {mix}: {rows} conversations per update, assistant tokens only"
+            return f"SFT train conversations,{measure} assistant tokens only"
+        return f"train split of {mix}: {rows} conversations per update,{measure} assistant tokens only"
     if kind == "held_out":
         if problems is None:
             return "held-out problems"

@@ -10,17 +10,19 @@ Choices, and why:
   DAPO, Yu et al. 2025), so long completions are not down-weighted per token.
 - Only sampled tokens carry gradient: forced tool outputs (`<|output_start|> ... <|output_end|>`)
   are the calculator's words, not the policy's.
-- No KL term to the SFT model: on-policy sampling with one update per batch keeps the policy
-  close, and the reference model would double the memory. Held-out pass@k is logged so a
-  collapse is visible.
+- No KL term on the rollouts: on-policy sampling with one update per batch keeps the policy
+  close on the problems. Held-out pass@k is logged so a collapse is visible.
 - What the reward never sees can still drift (a chat's identity reply turned into a math
-  solution midway). `rl.anchor` keeps SFT conversations' supervised loss in every update, scaled
-  by `anchor_weight` (the pretraining mix of PPO-ptx, Ouyang et al. 2022), which pulls back only
-  as far as the policy has drifted from them.
+  solution midway). `rl.anchor` adds a loss on SFT conversations to every update, scaled by
+  `anchor_weight`: their cross-entropy (`anchor_target: data`, the pretraining mix of PPO-ptx,
+  Ouyang et al. 2022), or the KL from the starting checkpoint's next-token distributions on them
+  (`anchor_target: sft`), which, unlike the cross-entropy of a few conversations, has no gradient
+  until the policy drifts, at the cost of a frozen copy of the weights.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +36,7 @@ from lockstep.config import FieldError, check_range
 from lockstep.engine import Engine
 from lockstep.evaluate.chat import extract_answer
 from lockstep.model import IGNORE_INDEX
+from lockstep.ops import capped_logits
 from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, set_lr
 from lockstep.progress import Countdown, format_duration
 from lockstep.records import user_prompt
@@ -83,6 +86,12 @@ class RLConfig(LRSchedule):
     anchor: dict[str, float] = field(default_factory=dict)
     anchor_rows: int = 16
     anchor_weight: float = 1.0
+    # What the anchor holds the policy to on those conversations. "data": their own tokens (the
+    # cross-entropy SFT trained on), whose gradient on 16 conversations is sampling noise as large
+    # as the policy gradient even before the policy moves. "sft": the starting checkpoint's
+    # next-token distributions (KL(start || policy) on the same tokens), zero, gradient included,
+    # until the policy drifts from them; it keeps a frozen copy of the starting weights.
+    anchor_target: Literal["data", "sft"] = "data"
     # Consecutive updates with a NaN/inf loss or gradient norm skipped before the run stops with
     # NonFiniteError; 0 = stop at the first.
     nonfinite_patience: int = 0
@@ -196,6 +205,11 @@ class Rollouts:
         return sum(len(self.completions[i]) for i in rows) / len(rows)
 
 
+def _precision(autocast: Any, device: torch.device) -> Any:
+    """The caller's autocast context for a forward pass, or autocast switched off (fp32)."""
+    return autocast if autocast is not None else torch.autocast(device.type, enabled=False)
+
+
 def _chunks(n: int, size: int) -> list[range]:
     return [range(start, min(start + size, n)) for start in range(0, n, size)]
 
@@ -280,8 +294,7 @@ def policy_loss_backward(model: nn.Module, ro: Rollouts, *, device: torch.device
             keep = torch.tensor(ro.sampled[i], dtype=torch.bool)
             y[r, p - 1 : p - 1 + len(targets)] = torch.where(keep, targets, torch.full_like(targets, IGNORE_INDEX))
         x, y, adv = x.to(device), y.to(device), adv.to(device)
-        ctx = autocast if autocast is not None else torch.autocast(device.type, enabled=False)
-        with ctx:
+        with _precision(autocast, device):
             nll = model(x, targets=y, loss_reduction="none")  # (B, T), 0 at ignored targets
         loss = (nll.float() * adv[:, None]).sum() / n_tokens
         loss.backward()
@@ -290,10 +303,13 @@ def policy_loss_backward(model: nn.Module, ro: Rollouts, *, device: torch.device
 
 
 def anchor_loss_backward(model: nn.Module, anchor: Any, cfg: RLConfig, *, device: torch.device, generator: torch.Generator,
-                         autocast: Any = None) -> float:
-    """Accumulate gradients of anchor_weight x the mean cross-entropy of `cfg.anchor_rows` SFT
-    conversations drawn from `anchor` (a loader whose get_batch gives x, y, y_masked), on the
-    assistant's tokens; `device_batch_rows` at a time. Returns the unweighted mean loss."""
+                         autocast: Any = None, reference: nn.Module | None = None) -> float:
+    """Accumulate gradients of anchor_weight x the anchor's loss on `cfg.anchor_rows` SFT
+    conversations drawn from `anchor` (a loader whose get_batch gives x, y, y_masked), mean over
+    the assistant's tokens, `device_batch_rows` conversations at a time. The loss is their
+    cross-entropy, or with `reference` (the frozen starting policy, `anchor_target: sft`)
+    KL(reference || model) of the next-token distributions at those tokens. Returns the
+    unweighted mean loss."""
     x, _y, y = anchor.get_batch(B=cfg.anchor_rows, generator=generator)  # (B, T) each
     # Rows come padded to the context; past the last supervised target they change no loss.
     width = int((y != IGNORE_INDEX).any(dim=0).nonzero().max()) + 1
@@ -302,13 +318,34 @@ def anchor_loss_backward(model: nn.Module, anchor: Any, cfg: RLConfig, *, device
     total = 0.0
     for start in range(0, cfg.anchor_rows, cfg.device_batch_rows):
         rows = slice(start, start + cfg.device_batch_rows)
-        ctx = autocast if autocast is not None else torch.autocast(device.type, enabled=False)
-        with ctx:
-            nll = model(x[rows], targets=y[rows], loss_reduction="none")  # (b, T), 0 at ignored targets
-        loss = nll.float().sum() / n_targets
+        if reference is None:
+            with _precision(autocast, device):
+                nll = model(x[rows], targets=y[rows], loss_reduction="none")  # (b, T), 0 at ignored targets
+            loss = nll.float().sum() / n_targets
+        else:
+            loss = _kl_to_reference(model, reference, x[rows], y[rows] != IGNORE_INDEX,
+                                    _precision(autocast, device)) / n_targets
         (cfg.anchor_weight * loss).backward()
         total += float(loss.detach())
     return total
+
+
+def _kl_to_reference(model: nn.Module, reference: nn.Module, x: torch.Tensor, keep: torch.Tensor, ctx: Any) -> torch.Tensor:
+    """Sum over the positions `keep` (b, T) of KL(reference || model) between the next-token
+    distributions the two models give after x (b, T); the head reads only those positions."""
+    with torch.no_grad(), ctx:
+        ref = _kept_logits(reference, x, keep).log_softmax(-1)  # (1, N, V)
+    with ctx:
+        logp = _kept_logits(model, x, keep).log_softmax(-1)  # (1, N, V)
+    return (ref.exp() * (ref - logp)).sum()
+
+
+def _kept_logits(model: nn.Module, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The model's soft-capped fp32 logits (1, N, V) at the N positions `keep` of x (b, T),
+    the head applied to those positions only."""
+    c = model.config
+    hidden = model.final_hidden(x)[keep][None]  # (1, N, C)
+    return capped_logits(model.ops.head, hidden, model.lm_head.weight, c.softcap, c.vocab_size)
 
 
 @torch.no_grad()
@@ -405,6 +442,9 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
         raise ValueError(f"rl.anchor names {sorted(cfg.anchor)} but the anchor loader is "
                          f"{'missing' if anchor is None else 'given'}")
     engine = Engine(model, tokenizer, **(decode or {}))
+    # The anchor's reference: the starting weights, frozen (KL(start || policy) on its conversations).
+    reference = (copy.deepcopy(model).eval().requires_grad_(False)
+                 if anchor is not None and cfg.anchor_target == "sft" else None)
     optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd)
     params = [p for p in model.parameters() if p.requires_grad]
     held_out = list(val_problems[: cfg.eval_problems])
@@ -443,7 +483,7 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
             if part_tokens and anchor is not None:
                 g = torch.Generator().manual_seed(_derived_seed(seed, "anchor", step, u))
                 anchor_losses.append(anchor_loss_backward(model, anchor, cfg, device=device, generator=g,
-                                                          autocast=autocast))
+                                                          autocast=autocast, reference=reference))
             if part_tokens:
                 # The loss is already a host float; the norm's transfer is one per update, against one
                 # per sampled token in the rollouts.

@@ -65,8 +65,9 @@ def rl_metrics(result: RLResult, cfg: RLConfig, n_problems: int) -> dict[str, An
 def rl_setup(cfg: RLConfig, n_scored: int) -> dict[str, Any]:
     """What the stage's series were measured on, for the report card's charts: the problem
     snapshot, the rollouts per step and their temperature, the held-out problems scored, and the
-    anchor's caches and rows when it has one."""
-    anchor = {"anchor": dict(cfg.anchor), "anchor_rows": cfg.anchor_rows} if cfg.anchor else {}
+    anchor's caches, rows and target when it has one."""
+    anchor = ({"anchor": dict(cfg.anchor), "anchor_rows": cfg.anchor_rows, "anchor_target": cfg.anchor_target}
+              if cfg.anchor else {})
     return {"problems": cfg.problems, "mixture": dict(cfg.mixture), "problems_per_step": cfg.problems_per_step,
             "group_size": cfg.group_size,
             "temperature": cfg.temperature, "pass_k": cfg.pass_k, "eval_problems": n_scored, **anchor}
