@@ -330,7 +330,7 @@ class GPT(nn.Module):
         continue from the cache's."""
         x = self.final_hidden(idx, kv_cache)
         if targets is None:
-            return self._logits(x)
+            return self.head_logits(x)
         if targets.shape != idx.shape:
             raise ValueError(f"targets shape {tuple(targets.shape)} must equal idx shape {tuple(idx.shape)}")
         return self.head_loss(x, targets, loss_reduction)
@@ -365,8 +365,9 @@ class GPT(nn.Module):
         c = self.config
         return self.ops.head_loss(x, self.lm_head.weight, targets, c.softcap, c.vocab_size, loss_reduction)
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Soft-capped fp32 logits (B, T, vocab_size) of the final normed x (B, T, C)."""
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Soft-capped fp32 logits (B, T, vocab_size) of the final normed x (B, T, C): the head
+        alone, for callers that read only some positions of final_hidden."""
         return capped_logits(self.ops.head, x, self.lm_head.weight, self.config.softcap, self.config.vocab_size)
 
     def _rotary_at(self, pos: torch.Tensor | int, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,7 +36,6 @@ from lockstep.config import FieldError, check_range
 from lockstep.engine import Engine
 from lockstep.evaluate.chat import extract_answer
 from lockstep.model import IGNORE_INDEX
-from lockstep.ops import capped_logits
 from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, set_lr
 from lockstep.progress import Countdown, format_duration
 from lockstep.records import user_prompt
@@ -343,9 +342,7 @@ def _kl_to_reference(model: nn.Module, reference: nn.Module, x: torch.Tensor, ke
 def _kept_logits(model: nn.Module, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """The model's soft-capped fp32 logits (1, N, V) at the N positions `keep` of x (b, T),
     the head applied to those positions only."""
-    c = model.config
-    hidden = model.final_hidden(x)[keep][None]  # (1, N, C)
-    return capped_logits(model.ops.head, hidden, model.lm_head.weight, c.softcap, c.vocab_size)
+    return model.head_logits(model.final_hidden(x)[keep][None])
 
 
 @torch.no_grad()
