@@ -161,16 +161,23 @@ class FixedBatches:
         return self.x, self.y, self.y
 
 
+def anchor_conversations(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Three conversations of 12 tokens as an anchor batch (x, y): a 5-token prompt, the third
+    reply shorter, the last 2 columns padding, so the passes read only the first 10."""
+    x = torch.randint(0, 200, (3, 12), generator=g)
+    y = torch.randint(0, 200, (3, 12), generator=g)
+    y[:, :5] = IGNORE_INDEX  # the prompt
+    y[2, 8:] = IGNORE_INDEX  # a shorter reply
+    y[:, 10:] = IGNORE_INDEX  # padding
+    return x, y
+
+
 def test_anchor_adds_its_weighted_mean_cross_entropy_to_the_gradient():
     # Three conversations, two passes (device_batch_rows 2), cut to the last supervised column:
     # the gradient is anchor_weight times that of the mean cross-entropy over every supervised
     # target of the three, read at full width, and the series gets an anchor_loss column.
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 200, (3, 12), generator=g)
-    y = torch.randint(0, 200, (3, 12), generator=g)
-    y[:, :5] = IGNORE_INDEX  # the prompt
-    y[2, 8:] = IGNORE_INDEX  # a shorter reply
-    y[:, 10:] = IGNORE_INDEX  # padding: the passes read only the first 10 columns
+    x, y = anchor_conversations(g)
     cfg = RLConfig(anchor={"chat": 1.0}, anchor_rows=3, anchor_weight=0.4, device_batch_rows=2)
     model = tiny_model(5)
     loss = anchor_loss_backward(model, FixedBatches(x, y), cfg, device=torch.device("cpu"), generator=g)
@@ -189,11 +196,7 @@ def test_sft_anchor_is_the_kl_to_the_reference_and_zero_until_the_policy_moves()
     # against another model it is KL(reference || model) per supervised target, read at full
     # width from the full logits, with the reference left untouched.
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 200, (3, 12), generator=g)
-    y = torch.randint(0, 200, (3, 12), generator=g)
-    y[:, :5] = IGNORE_INDEX
-    y[2, 8:] = IGNORE_INDEX
-    y[:, 10:] = IGNORE_INDEX
+    x, y = anchor_conversations(g)
     cfg = RLConfig(anchor={"chat": 1.0}, anchor_rows=3, anchor_weight=0.4, device_batch_rows=2, anchor_target="sft")
     model, reference = tiny_model(5), tiny_model(5).requires_grad_(False)
     loss = anchor_loss_backward(model, FixedBatches(x, y), cfg, device=torch.device("cpu"), generator=g,
@@ -202,7 +205,6 @@ def test_sft_anchor_is_the_kl_to_the_reference_and_zero_until_the_policy_moves()
     assert all(float(p.grad.abs().max()) < 1e-6 for p in model.parameters())
 
     model = tiny_model(6)
-    model.zero_grad(set_to_none=True)
     loss = anchor_loss_backward(model, FixedBatches(x, y), cfg, device=torch.device("cpu"), generator=g,
                                 reference=reference)
     got = [p.grad.clone() for p in model.parameters()]
