@@ -285,6 +285,28 @@ def test_greedy_rollout_joins_its_group_or_is_its_baseline(tok, mode, monkeypatc
     assert ro.mean_reward == pytest.approx(plain.mean_reward)  # over the samples only
 
 
+def test_group_std_advantage_divides_each_group_by_its_std(tok, monkeypatch):
+    model = tiny_model(5).eval()
+    monkeypatch.setattr("lockstep.rl.reward", lambda text, answer: float(len(text) % 2))  # a random model scores 0
+    cfg = build_config(RLConfig, {"group_size": 8, "problems_per_step": 3, "max_new_tokens": 8,
+                                  "advantage": "group_std"}, where="rl")
+    problems = [{"question": q, "answer": "#### 2"} for q in ("1+1?", "2+2?", "3+3?")]
+    plain = rollout(Engine(model, tok), tok, problems, dataclasses.replace(cfg, advantage="mean"), seed=7)
+    ro = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
+    assert ro.completions == plain.completions and ro.rewards == plain.rewards
+    spread = 0
+    for g in range(3):
+        group = slice(8 * g, 8 * g + 8)
+        std = torch.tensor(ro.rewards[group]).std(unbiased=False).item()
+        if std == 0:  # unanimous: nothing to push, in either mode
+            assert ro.advantages[group] == [0.0] * 8
+            continue
+        spread += 1
+        assert ro.advantages[group] == pytest.approx([a / std for a in plain.advantages[group]])
+        assert torch.tensor(ro.advantages[group]).std(unbiased=False).item() == pytest.approx(1.0)
+    assert spread, "no group had both rewards: pick another seed"
+
+
 def test_config_refuses_an_unknown_greedy_rollout():
     with pytest.raises(ConfigError, match=r"rl\.greedy_rollout='on' must be one of \['off', 'member', 'baseline'\]"):
         build_config(RLConfig, {"greedy_rollout": "on"}, where="rl")

@@ -5,7 +5,9 @@ function, no KL penalty, single process.
 
 Choices, and why:
 - Advantage = reward - mean(group reward), without dividing by the group's std (which inflates
-  the weight of near-unanimous groups; Dr. GRPO, Liu et al. 2025).
+  the weight of near-unanimous groups; Dr. GRPO, Liu et al. 2025). `advantage: group_std`
+  divides by it (GRPO, Shao et al. 2024): a lone right answer in a group of eight then gets 2.65
+  rather than 0.875, the answers of an even group 1.0 rather than 0.5.
 - The loss is normalised by the number of sampled tokens in the whole step (token-level, as in
   DAPO, Yu et al. 2025), so long completions are not down-weighted per token.
 - Only sampled tokens carry gradient: forced tool outputs (`<|output_start|> ... <|output_end|>`)
@@ -69,6 +71,9 @@ class RLConfig(LRSchedule):
     # its group (in the group's mean, trained like a sample); "baseline": it is the baseline
     # (advantage = reward - greedy reward, self-critical), itself untrained.
     greedy_rollout: Literal["off", "member", "baseline"] = "off"
+    # "mean": advantage = reward - the group's baseline; "group_std": that, divided by the std of
+    # the group's rewards (a group of equal rewards is left unscaled).
+    advantage: Literal["mean", "group_std"] = "mean"
     temperature: float = UNSCALED_TEMPERATURE  # sampling temperature of the rollouts
     top_k: int | None = None  # rollouts' top-k (None = full distribution)
     device_batch_rows: int = 16  # completions per forward/backward pass
@@ -259,11 +264,16 @@ def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, A
                 ids, sampled = ids + [greedy_seqs[j]], sampled + [greedy_masks[j]]
                 rewards, is_greedy = rewards + [greedy_reward], is_greedy + [True]
             base = greedy_reward if cfg.greedy_rollout == "baseline" else sum(rewards) / len(rewards)
+            scale = 1.0
+            if cfg.advantage == "group_std":
+                mean = sum(rewards) / len(rewards)
+                std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+                scale = 1.0 / std if std > 0 else 1.0
             out.prompts.extend([prompts[i]] * len(ids))
             out.completions.extend(ids)
             out.sampled.extend(sampled)
             out.rewards.extend(rewards)
-            out.advantages.extend(r - base for r in rewards)
+            out.advantages.extend((r - base) * scale for r in rewards)
             out.greedy.extend(is_greedy)
         countdown.tick(len(chunk))
     return out
