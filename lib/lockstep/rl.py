@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -264,11 +265,8 @@ def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, A
                 ids, sampled = ids + [greedy_seqs[j]], sampled + [greedy_masks[j]]
                 rewards, is_greedy = rewards + [greedy_reward], is_greedy + [True]
             base = greedy_reward if cfg.greedy_rollout == "baseline" else sum(rewards) / len(rewards)
-            scale = 1.0
-            if cfg.advantage == "group_std":
-                mean = sum(rewards) / len(rewards)
-                std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-                scale = 1.0 / std if std > 0 else 1.0
+            std = statistics.pstdev(rewards) if cfg.advantage == "group_std" else 0.0
+            scale = 1.0 / std if std > 0 else 1.0
             out.prompts.extend([prompts[i]] * len(ids))
             out.completions.extend(ids)
             out.sampled.extend(sampled)
