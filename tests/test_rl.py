@@ -12,7 +12,7 @@ from lockstep.config import ConfigError, build_config
 from lockstep.model import GPT
 from lockstep.model import IGNORE_INDEX
 from lockstep.rl import (RLConfig, Rollouts, _derived_seed, anchor_loss_backward, draw_problems, policy_loss_backward,
-                         prompt_ids, reward, rollout, series_columns,
+                         prompt_ids, reward, rollout, series_columns, tool_steps,
                          train_rl)
 from lockstep.engine import Engine
 
@@ -138,6 +138,49 @@ def test_policy_update_moves_logprobs_by_advantage(tok):
     after = (_logp(model, prompt, good), _logp(model, prompt, bad))
     assert after[0] > before[0] and after[1] < before[1]
 
+
+
+def _tool_call(tok, text: str, expr: str, result: str) -> list[int]:
+    """`text` then a finished tool call as the engine emits it: `expr` sampled, `result` forced."""
+    sp = tok.encode_special
+    return (tok.encode(text) + [sp("<|python_start|>"), *tok.encode(expr), sp("<|python_end|>"),
+                                sp("<|output_start|>"), *tok.encode(result), sp("<|output_end|>")])
+
+
+def test_tool_steps_mark_each_call_and_whether_its_result_is_the_reference_s(tok):
+    engine = Engine(tiny_model(), tok)
+    first, second, third = (_tool_call(tok, "a ", "3*4", "12"), _tool_call(tok, "12. b ", "3*4", "12"),
+                            _tool_call(tok, "12. c ", "12+5", "17"))
+    cut = [tok.encode_special("<|python_start|>"), *tok.encode("17-2"), tok.encode_special("<|python_end|>")]
+    completion = first + second + third + cut
+    steps = tool_steps(completion, engine, "<<3*4=12>>12 <<12+5=17>>17 <<17-2=15>>15\n#### 15")
+    python_end = [i for i, t in enumerate(completion) if t == engine.python_end_id]
+    assert [(w.start, w.stop) for w, _ in steps] == [(0, python_end[0] + 1), (len(first), python_end[1] + 1),
+                                                     (len(first + second), python_end[2] + 1)]
+    # the reference's 12 matches one call only; the last call got no output before the budget ran out
+    assert [right for _, right in steps] == [True, False, True]
+
+
+def test_token_credit_adds_to_each_token_s_advantage(tok):
+    """The loss with per-token credit equals -sum((A + credit) x log p) / N, written out; a
+    completion whose advantage is 0 still counts when its credit is not."""
+    prompt = tok.encode("Q: 2+2? A:")
+    good, bad = tok.encode("#### 4"), tok.encode("#### 5")
+    credit = [[0.1 * t for t in range(len(good))], [-0.2] * len(bad)]
+    ro = Rollouts([prompt, prompt], [good, bad], [[1] * len(good), [1] * len(bad)], [1.0, 1.0], [0.0, 0.0],
+                  token_credit=credit)
+    model = tiny_model(3)
+    loss, n = policy_loss_backward(model, ro, device=torch.device("cpu"), rows_per_pass=1)
+    assert n == len(good) + len(bad)
+    expected = 0.0
+    for comp, row in zip((good, bad), credit):
+        seq = torch.tensor([prompt + comp])
+        with torch.no_grad():
+            logits = model(seq[:, :-1])
+        logp = torch.log_softmax(logits.float(), -1)[0, len(prompt) - 1:].gather(1, torch.tensor(comp)[:, None])[:, 0]
+        expected += float(-(torch.tensor(row) * logp).sum()) / n
+    assert loss == pytest.approx(expected, rel=1e-5)
+    assert ro.select([1]).token_credit == [credit[1]]
 
 
 @pytest.mark.parametrize("section, message", [
@@ -305,6 +348,25 @@ def test_group_std_advantage_divides_each_group_by_its_std(tok, monkeypatch):
         assert ro.advantages[group] == pytest.approx([a / std for a in plain.advantages[group]])
         assert torch.tensor(ro.advantages[group]).std(unbiased=False).item() == pytest.approx(1.0)
     assert spread, "no group had both rewards: pick another seed"
+
+
+def test_rollout_credits_each_call_against_its_group_s_calls(tok, monkeypatch):
+    model = tiny_model(5).eval()
+    # one call per completion, on its first token, right when that token is even
+    monkeypatch.setattr("lockstep.rl.tool_steps", lambda ids, engine, answer: [(range(0, 1), ids[0] % 2 == 0)])
+    cfg = build_config(RLConfig, {"group_size": 8, "problems_per_step": 2, "max_new_tokens": 8,
+                                  "step_advantage": 0.5}, where="rl")
+    problems = [{"question": q, "answer": "#### 2"} for q in ("1+1?", "3+3?")]
+    ro = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
+    plain = rollout(Engine(model, tok), tok, problems, dataclasses.replace(cfg, step_advantage=0.0), seed=7)
+    assert plain.token_credit == [] and ro.advantages == plain.advantages
+    for g in range(2):
+        group = range(8 * g, 8 * g + 8)
+        flags = [ro.completions[i][0] % 2 == 0 for i in group]
+        assert 0 < sum(flags) < 8, "a group of one kind tests nothing: pick another seed"
+        mean = sum(flags) / 8
+        for i, right in zip(group, flags):
+            assert ro.token_credit[i] == [0.5 * (right - mean)] + [0.0] * (len(ro.completions[i]) - 1)
 
 
 def test_config_refuses_an_unknown_greedy_rollout():

@@ -10,6 +10,11 @@ Choices, and why:
   rather than 0.875, the answers of an even group 1.0 rather than 0.5.
 - The loss is normalised by the number of sampled tokens in the whole step (token-level, as in
   DAPO, Yu et al. 2025), so long completions are not down-weighted per token.
+- `step_advantage` adds credit for each tool call on the tokens that write it: whether its
+  result is one of the reference solution's calculator results, against the group's calls. A
+  completion that binds its second step to the wrong number otherwise shares one advantage over
+  all its tokens with the steps it got right (process supervision, as in Lightman et al. 2023
+  and GRPO's process variant, here with the synthetic reference as the judge of each step).
 - Only sampled tokens carry gradient: forced tool outputs (`<|output_start|> ... <|output_end|>`)
   are the calculator's words, not the policy's.
 - No KL term on the rollouts: on-policy sampling with one update per batch keeps the policy
@@ -28,6 +33,7 @@ import copy
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -41,7 +47,7 @@ from lockstep.evaluate.chat import extract_answer
 from lockstep.model import IGNORE_INDEX
 from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, set_lr
 from lockstep.progress import Countdown, format_duration
-from lockstep.records import user_prompt
+from lockstep.records import problem_to_conversation, user_prompt
 from lockstep.sampling import UNSCALED_TEMPERATURE
 from lockstep.seeds import derive_seed
 from lockstep.train import LRSchedule, NonFiniteGuard
@@ -75,6 +81,11 @@ class RLConfig(LRSchedule):
     # "mean": advantage = reward - the group's baseline; "group_std": that, divided by the std of
     # the group's rewards (a group of equal rewards is left unscaled).
     advantage: Literal["mean", "group_std"] = "mean"
+    # Credit for each tool call on its own tokens: the tokens that write a call (from the end of
+    # the previous call's output to its <|python_end|>) get step_advantage x (1 if the call's
+    # result is one of the reference's, else 0, less the mean of that over the group's calls)
+    # added to the completion's advantage (lockstep.rl.tool_steps). 0 = the answer's advantage only.
+    step_advantage: float = 0.0
     temperature: float = UNSCALED_TEMPERATURE  # sampling temperature of the rollouts
     top_k: int | None = None  # rollouts' top-k (None = full distribution)
     device_batch_rows: int = 16  # completions per forward/backward pass
@@ -108,6 +119,7 @@ class RLConfig(LRSchedule):
             check_range(name, getattr(self, name), ge=1)
         check_range("group_size", self.group_size, ge=2, why="the advantage compares completions of one problem")
         check_range("temperature", self.temperature, gt=0, why="rollouts must explore")
+        check_range("step_advantage", self.step_advantage, ge=0, why="the weight of a tool call's own credit")
         if self.top_k is not None:
             check_range("top_k", self.top_k, ge=1, why="or null for the full distribution")
         for name in ("eval_every_steps", "nonfinite_patience"):
@@ -154,6 +166,42 @@ def reward(completion: str, reference_answer: str) -> float:
     return 1.0 if extract_answer(completion) == ref else 0.0
 
 
+def tool_steps(completion: Sequence[int], engine: Engine, reference_answer: str) -> list[tuple[range, bool]]:
+    """Each finished tool call of a completion: the positions of the tokens that write it (from
+    the end of the previous call's output, or the start, to its <|python_end|>) and whether its
+    result is one of the reference's calculator results, each of those matching one call at most."""
+    solution = problem_to_conversation({"question": "", "answer": reference_answer})["messages"][1]
+    left = Counter(part["text"] for part in solution["content"] if part["type"] == "python_output")
+    steps: list[tuple[range, bool]] = []
+    start, writes, output_start = 0, None, None
+    for pos, tok in enumerate(completion):
+        if tok == engine.python_end_id:
+            writes = range(start, pos + 1)
+        elif tok == engine.output_start_id:
+            output_start = pos + 1
+        elif tok == engine.output_end_id and writes is not None and output_start is not None:
+            value = engine.tokenizer.decode(list(completion[output_start:pos])).strip()
+            right = left[value] > 0
+            left[value] -= right
+            steps.append((writes, right))
+            start, writes, output_start = pos + 1, None, None
+    return steps
+
+
+def _call_credit(completions: Sequence[Sequence[int]], engine: Engine, reference_answer: str,
+                 weight: float) -> list[list[float]]:
+    """Per completion of one group, per token: `weight` x (its call's 1 or 0, less the mean over
+    the group's calls) on the tokens that write each call, 0 elsewhere."""
+    steps = [tool_steps(c, engine, reference_answer) for c in completions]
+    flags = [right for group in steps for _, right in group]
+    mean = sum(flags) / len(flags) if flags else 0.0
+    credit = [[0.0] * len(c) for c in completions]
+    for row, group in zip(credit, steps):
+        for writes, right in group:
+            row[writes.start:writes.stop] = [weight * (right - mean)] * len(writes)
+    return credit
+
+
 def _derived_seed(*parts: Any) -> int:
     """RL's seeds: lockstep.seeds.derive_seed in the `lockstep-rl` namespace."""
     return derive_seed("lockstep-rl", *parts)
@@ -181,12 +229,15 @@ class Rollouts:
     rewards: list[float]
     advantages: list[float]
     greedy: list[bool] = field(default_factory=list)  # per completion: the greedy one (empty: none is)
+    # Per completion, per token: added to its advantage (rl.step_advantage; empty: nothing is).
+    token_credit: list[list[float]] = field(default_factory=list)
 
     def select(self, rows: Sequence[int]) -> Rollouts:
         """The completions at `rows`, in that order."""
         return Rollouts(*([getattr(self, f)[i] for i in rows]
                           for f in ("prompts", "completions", "sampled", "rewards", "advantages")),
-                        greedy=[self.greedy[i] for i in rows] if self.greedy else [])
+                        greedy=[self.greedy[i] for i in rows] if self.greedy else [],
+                        token_credit=[self.token_credit[i] for i in rows] if self.token_credit else [])
 
     def split(self, parts: int, group_rows: int) -> list[Rollouts]:
         """`parts` consecutive slices of whole groups of `group_rows` completions, as even as the
@@ -273,16 +324,19 @@ def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, A
             out.rewards.extend(rewards)
             out.advantages.extend((r - base) * scale for r in rewards)
             out.greedy.extend(is_greedy)
+            if cfg.step_advantage:
+                out.token_credit.extend(_call_credit(ids, engine, problems[i]["answer"], cfg.step_advantage))
         countdown.tick(len(chunk))
     return out
 
 
 def policy_loss_backward(model: nn.Module, ro: Rollouts, *, device: torch.device, rows_per_pass: int,
                          autocast: Any = None) -> tuple[float, int]:
-    """Accumulate gradients of -sum(A_i * log p(token)) / N over sampled tokens, N the number of
-    sampled tokens with non-zero advantage in the step. Returns (loss value, N). Completions
-    with zero advantage contribute nothing and are skipped."""
-    rows = [i for i, a in enumerate(ro.advantages) if a != 0.0]
+    """Accumulate gradients of -sum((A_i + c_t) * log p(token)) / N over sampled tokens, c_t a
+    token's credit (`ro.token_credit`, else 0), N the number of sampled tokens of the completions
+    that count in the step. Returns (loss value, N). Completions with zero advantage and no
+    credit contribute nothing and are skipped."""
+    rows = [i for i, a in enumerate(ro.advantages) if a != 0.0 or (ro.token_credit and any(ro.token_credit[i]))]
     n_tokens = sum(sum(ro.sampled[i]) for i in rows)
     if not rows or n_tokens == 0:
         return 0.0, 0
@@ -293,17 +347,19 @@ def policy_loss_backward(model: nn.Module, ro: Rollouts, *, device: torch.device
         T = max(len(s) for s in seqs) - 1
         x = torch.zeros(len(chunk), T, dtype=torch.long)  # (B, T)
         y = torch.full((len(chunk), T), IGNORE_INDEX, dtype=torch.long)  # (B, T)
-        adv = torch.tensor([ro.advantages[i] for i in chunk], dtype=torch.float32)  # (B,)
+        adv = torch.tensor([ro.advantages[i] for i in chunk], dtype=torch.float32)[:, None].repeat(1, T)  # (B, T)
         for r, (i, s) in enumerate(zip(chunk, seqs)):
             x[r, : len(s) - 1] = torch.tensor(s[:-1])
             p = len(ro.prompts[i])
             targets = torch.tensor(ro.completions[i])
             keep = torch.tensor(ro.sampled[i], dtype=torch.bool)
             y[r, p - 1 : p - 1 + len(targets)] = torch.where(keep, targets, torch.full_like(targets, IGNORE_INDEX))
+            if ro.token_credit:
+                adv[r, p - 1 : p - 1 + len(targets)] += torch.tensor(ro.token_credit[i])
         x, y, adv = x.to(device), y.to(device), adv.to(device)
         with _precision(autocast, device):
             nll = model(x, targets=y, loss_reduction="none")  # (B, T), 0 at ignored targets
-        loss = (nll.float() * adv[:, None]).sum() / n_tokens
+        loss = (nll.float() * adv).sum() / n_tokens
         loss.backward()
         total += float(loss.detach())
     return total, n_tokens
