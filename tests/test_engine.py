@@ -373,6 +373,30 @@ def test_generate_many_is_seeded_and_top_k_1_is_greedy(tok, determinism):
     assert [len(m) for m in masks] == [len(r) for r in top1]
 
 
+def test_repeated_prompts_are_prefilled_once_and_draw_what_separate_prefills_draw(tok, determinism, monkeypatch):
+    """A prompt repeated back to back (a problem's k samples) runs its prefill once and copies
+    the cache; the draws equal those with every row prefilled on its own."""
+    model = planted_tool_model(tok)
+    engine = Engine(model, tok)
+    prompts = [tok.encode(t) for t in ("how much?", "tell me more", "why?") for _ in range(4)] + [tok.encode("how much?")]
+    prefills = []
+    forward = model.forward
+
+    def counting_forward(x, *args, **kwargs):
+        if x.size(1) > 1:
+            prefills.append(x.size(1))
+        return forward(x, *args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting_forward)
+    shared = engine.generate_many(prompts, max_tokens=20, batch_rows=5, temperature=1.0, seed=3)
+    assert len(prefills) == 4  # three runs of one prompt, and the first prompt again after another
+    start = Engine._start_reply
+    monkeypatch.setattr(Engine, "_start_reply", lambda self, *a, last=None, **kw: start(self, *a, **kw))
+    prefills.clear()
+    assert engine.generate_many(prompts, max_tokens=20, batch_rows=5, temperature=1.0, seed=3) == shared
+    assert len(prefills) == len(prompts)
+
+
 def test_generate_greedy_refuses_bad_requests_before_any_work(tok):
     model = planted_tool_model(tok)
     engine = Engine(model, tok)

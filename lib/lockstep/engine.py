@@ -244,6 +244,15 @@ class _Reply(_Row):
     masks: list[int] = field(default_factory=list)  # 1 sampled, 0 forced by the tool
 
 
+@dataclass
+class _Prefill:
+    """The latest prompt `Engine.generate_many` prefilled (all but its last token) and its
+    single-row cache, which the next row copies when its prompt is the same."""
+
+    ids: list[int] = field(default_factory=list)
+    cache: KVCache | None = None
+
+
 def sample_next(
     logits: torch.Tensor, *, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator
 ) -> torch.Tensor:
@@ -536,8 +545,9 @@ class Engine:
         `seed`, so a call's draws depend on the prompts, their order and `batch_rows` (the same
         call gives the same completions). Pass a prompt k times for k samples of it.
 
-        Each prompt but its last token is prefilled on its own and copied into a free row of one
-        shared cache, rows keeping their own positions; every step then reads one token per row
+        Each prompt but its last token is prefilled on its own (once for a run of equal prompts,
+        such as a problem's k samples) and copied into a free row of one shared cache, rows
+        keeping their own positions; every step then reads one token per row
         (a fresh row's last prompt token, else its previous token) in a single forward pass. A
         row that finishes hands its place to the next waiting prompt, and once none waits the
         finished rows are dropped from the cache, so they stop costing work."""
@@ -563,7 +573,9 @@ class Engine:
             first = list(waiting)[:batch_rows]
             # Room for the first rows' whole replies up front; a longer prompt later grows the cache.
             cache = KVCache.for_model(self.model, len(first), capacity_tokens=max(len(p) + b for _, p, b in first))
-            rows: list[_Reply] = [self._start_reply(cache, r, *waiting.popleft()) for r in range(cache.batch_size)]
+            last = _Prefill()
+            rows: list[_Reply] = [self._start_reply(cache, r, *waiting.popleft(), last=last)
+                                  for r in range(cache.batch_size)]
             while rows:
                 col = torch.tensor([r.feed for r in rows], dtype=torch.long, device=device)[:, None]  # (B, 1)
                 logits = self.model(col, kv_cache=cache)[:, -1, :]  # (B, V)
@@ -577,7 +589,7 @@ class Engine:
                     if row.done:
                         out[row.index], masks[row.index] = row.ids, row.masks
                         if waiting:
-                            rows[slot] = self._start_reply(cache, slot, *waiting.popleft())
+                            rows[slot] = self._start_reply(cache, slot, *waiting.popleft(), last=last)
                 if any(r.done for r in rows):
                     keep = _fill_from_the_end([not r.done for r in rows])
                     if keep:
@@ -586,13 +598,21 @@ class Engine:
         return out, masks
 
     def _start_reply(self, cache: KVCache | StaticKVCache, slot: int, index: int, prompt: list[int], budget: int,
-                     model: GPT | None = None) -> _Reply:
+                     model: GPT | None = None, last: _Prefill | None = None) -> _Reply:
         """Prefill all of `prompt` but its last token into row `slot` of `cache`; the last token
-        is the row's first feed, so its logits come from the shared decode step."""
+        is the row's first feed, so its logits come from the shared decode step. `last`, one per
+        call of generate_many, keeps the latest prefill: a prompt that repeats the one before it
+        (a problem's k samples) copies that cache rather than running the model again."""
         model = self.model if model is None else model
-        head = KVCache.for_model(model, 1, capacity_tokens=len(prompt))
-        if len(prompt) > 1:
-            model(torch.tensor([prompt[:-1]], dtype=torch.long, device=self._device()), kv_cache=head)  # (1, T - 1)
+        head_ids = prompt[:-1]
+        if last is not None and last.cache is not None and last.ids == head_ids:
+            head = last.cache
+        else:
+            head = KVCache.for_model(model, 1, capacity_tokens=len(prompt))
+            if head_ids:
+                model(torch.tensor([head_ids], dtype=torch.long, device=self._device()), kv_cache=head)  # (1, T - 1)
+            if last is not None:
+                last.ids, last.cache = head_ids, head
         cache.put_row(slot, head)
         return _Reply(index=index, budget=budget, feed=prompt[-1])
 
@@ -611,7 +631,9 @@ class Engine:
         try:
             with torch.inference_mode(), torch.autocast(self._device().type, enabled=False):
                 step.set_sampling(sampling, seed)
-                rows: list[_Reply | None] = [self._start_reply(step.cache, slot, *waiting.popleft(), model=model)
+                last = _Prefill()
+                rows: list[_Reply | None] = [self._start_reply(step.cache, slot, *waiting.popleft(), model=model,
+                                                               last=last)
                                              for slot in range(step.batch_size)]
                 sampled: list[int | None] = [None] * step.batch_size  # what the step feeds itself next
                 while any(r is not None for r in rows):
@@ -630,7 +652,8 @@ class Engine:
                         row.feed = tok
                         if row.done:
                             out[row.index], masks[row.index] = row.ids, row.masks
-                            rows[slot] = (self._start_reply(step.cache, slot, *waiting.popleft(), model=model)
+                            rows[slot] = (self._start_reply(step.cache, slot, *waiting.popleft(), model=model,
+                                                            last=last)
                                           if waiting else None)
         finally:
             self._pool.release(step)
