@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--tokenizer", default="data/tokenizer")
     ap.add_argument("--problems", default="data/raw/synth_multistep/train")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--bf16", action="store_true", help="decode under bf16 autocast, as RL does where the CPU has it")
+    ap.add_argument("--bf16", action="store_true", help="decode under bf16 autocast (RL decodes in the model's fp32 on a CPU, under bf16 on CUDA)")
     args = ap.parse_args()
     tok = load_tokenizer(args.tokenizer)
     model, _ = ckpt.load_model(args.ckpt, torch.device("cpu"), tokenizer_sha256=tok.sha256)
