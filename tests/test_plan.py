@@ -153,6 +153,18 @@ def test_rl_time_from_the_decode_rate_by_hand() -> None:
     assert "rollouts" in text and "decode  reference engine: 151 tok/s at batch 1" in text
 
 
+def test_rl_prompt_once_trains_each_prompt_once_per_group() -> None:
+    params = _rl_params()
+    params["model"]["sequence_len"] = 256  # room for the assumed prompt and the 16-token replies
+    plain = make_plan(params, device="h100", tok_per_s=1000.0)["rl"]
+    params["rl"]["prompt_once"] = True
+    once = make_plan(params, device="h100", tok_per_s=1000.0)["rl"]
+    assert plain["trained_tokens"] == 10 * 2 * 4 * (128 + 16)
+    assert once["trained_tokens"] == 10 * 2 * (128 + 4 * 16)
+    assert once["train_s"] == pytest.approx(once["trained_tokens"] / 1000.0)
+    assert once["generated_tokens"] == plain["generated_tokens"]
+
+
 def test_time_from_datasheet_peak_and_from_measured_throughput() -> None:
     plan = make_plan(_params(), device="a100", gpus=4, mfu=0.5)
     fpt = plan["model"]["flops_per_token"]

@@ -183,6 +183,65 @@ def test_token_credit_adds_to_each_token_s_advantage(tok):
     assert ro.select([1]).token_credit == [credit[1]]
 
 
+def _two_groups(tok) -> Rollouts:
+    """Two problems' groups of three: prompts of different lengths (one a lone <|bos|>), a
+    forced tool output, per-token credit, and a zero-advantage completion without credit."""
+    sp = tok.encode_special
+    long_prompt, short_prompt = [sp("<|bos|>")] + tok.encode("Q: 12 eggs, 3 eaten. A:"), [sp("<|bos|>")]
+    forced = _tool_call(tok, "eggs ", "12-3", "9")
+    comps = [forced + tok.encode(" #### 9"), tok.encode("#### 8"), tok.encode("#### 9 eggs"),
+             tok.encode("#### 4"), tok.encode("#### 40 or so"), tok.encode("#### 5")]
+    out_start, out_end = forced.index(sp("<|output_start|>")), forced.index(sp("<|output_end|>"))
+    sampled = [[1] * len(c) for c in comps]
+    sampled[0][out_start:out_end + 1] = [0] * (out_end + 1 - out_start)  # the calculator's words
+    credit = [[0.25] * len(c) if k == 0 else [0.0] * len(c) for k, c in enumerate(comps)]
+    credit[4] = [0.0] * len(comps[4])  # with advantage 0 below: skipped by both paths
+    return Rollouts([long_prompt] * 3 + [short_prompt] * 3, comps, sampled, [1.0, 0.0, 1.0, 1.0, 0.5, 0.0],
+                    [1 / 3, -2 / 3, 1 / 3, 0.5, 0.0, -0.5], token_credit=credit)
+
+
+@pytest.mark.parametrize("rows_per_pass", [2, 16])
+def test_prompt_once_gives_the_plain_loss_and_gradients(tok, rows_per_pass):
+    """The shared-prompt passes equal the plain ones (fp32, to rounding): loss, token count and
+    every parameter's gradient, whether a group fits one pass or is cut into several."""
+    ro = _two_groups(tok)
+    results = []
+    for once in (False, True):
+        model = tiny_model(4)
+        loss, n = policy_loss_backward(model, ro, device=torch.device("cpu"), rows_per_pass=rows_per_pass,
+                                       prompt_once=once)
+        results.append((loss, n, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}))
+    (plain_loss, plain_n, plain_grads), (once_loss, once_n, once_grads) = results
+    assert once_n == plain_n == sum(sum(ro.sampled[i]) for i in (0, 1, 2, 3, 5))
+    assert once_loss == pytest.approx(plain_loss, rel=1e-5)
+    assert once_grads.keys() == plain_grads.keys() and plain_grads
+    for name, g in plain_grads.items():
+        torch.testing.assert_close(once_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_prompt_once_passes_hold_one_prompt_each(tok, monkeypatch):
+    """Passes break where the prompt changes and at rows_per_pass; each runs its prompt once."""
+    import lockstep.rl as rl_lib
+
+    ro = _two_groups(tok)
+    assert rl_lib._same_prompt_runs(ro, [0, 1, 2, 3, 5], 2) == [[0, 1], [2], [3, 5]]
+    assert rl_lib._same_prompt_runs(ro, [0, 1, 2, 3, 5], 16) == [[0, 1, 2], [3, 5]]
+    model = tiny_model(4)
+    widths = []
+    real = GPT.final_hidden
+
+    def watch(self, idx, kv_cache=None):
+        widths.append(tuple(idx.shape))
+        return real(self, idx, kv_cache)
+
+    monkeypatch.setattr(GPT, "final_hidden", watch)
+    policy_loss_backward(model, ro, device=torch.device("cpu"), rows_per_pass=16, prompt_once=True)
+    longest = max(len(c) for c in ro.completions[:3])
+    # the long prompt less its last token once, then its three completions; the lone <|bos|>
+    # leaves nothing to run before its two completions
+    assert widths == [(1, len(ro.prompts[0]) - 1), (3, longest), (2, max(len(ro.completions[i]) for i in (3, 5)))]
+
+
 @pytest.mark.parametrize("section, message", [
     ({"anchor": {"synth_chat": 0.0}}, r"rl\.anchor\.synth_chat=0\.0 must be a finite number > 0; the weight"),
     ({"anchor": {"synth_chat": 1.0}, "anchor_weight": 0.0}, r"rl\.anchor_weight=0\.0 must be .*> 0; drop rl\.anchor"),

@@ -89,6 +89,10 @@ class RLConfig(LRSchedule):
     temperature: float = UNSCALED_TEMPERATURE  # sampling temperature of the rollouts
     top_k: int | None = None  # rollouts' top-k (None = full distribution)
     device_batch_rows: int = 16  # completions per forward/backward pass
+    # The policy loss's passes hold one prompt's completions, the prompt run once for all of them
+    # rather than once per completion: the same gradients to rounding, fewer tokens through the
+    # model (bench/bench_policy_loss.py). Off: each pass runs device_batch_rows whole sequences.
+    prompt_once: bool = False
     generate_batch: int = 128  # completions decoded together (rollouts and held-out evaluation)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(matrix_lr=0.002, embed_lr=0.02, unembed_lr=0.0004,
                                                                     muon_momentum_warmup_steps=0))
@@ -331,38 +335,113 @@ def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, A
 
 
 def policy_loss_backward(model: nn.Module, ro: Rollouts, *, device: torch.device, rows_per_pass: int,
-                         autocast: Any = None) -> tuple[float, int]:
+                         autocast: Any = None, prompt_once: bool = False) -> tuple[float, int]:
     """Accumulate gradients of -sum((A_i + c_t) * log p(token)) / N over sampled tokens, c_t a
     token's credit (`ro.token_credit`, else 0), N the number of sampled tokens of the completions
     that count in the step. Returns (loss value, N). Completions with zero advantage and no
-    credit contribute nothing and are skipped."""
+    credit contribute nothing and are skipped.
+
+    Each pass runs up to `rows_per_pass` whole sequences (prompt and completion). With
+    `prompt_once`, a pass holds consecutive completions of one prompt instead (a problem's
+    group), and the prompt runs through the model once for all of them (`_SharedPrompt`): the
+    same loss and gradients to rounding, about a third fewer tokens for RL's prompts."""
     rows = [i for i, a in enumerate(ro.advantages) if a != 0.0 or (ro.token_credit and any(ro.token_credit[i]))]
     n_tokens = sum(sum(ro.sampled[i]) for i in rows)
     if not rows or n_tokens == 0:
         return 0.0, 0
+    passes = _same_prompt_runs(ro, rows, rows_per_pass) if prompt_once else [
+        rows[start:start + rows_per_pass] for start in range(0, len(rows), rows_per_pass)]
     total = 0.0
-    for start in range(0, len(rows), rows_per_pass):
-        chunk = rows[start:start + rows_per_pass]
-        seqs = [ro.prompts[i] + ro.completions[i] for i in chunk]
-        T = max(len(s) for s in seqs) - 1
-        x = torch.zeros(len(chunk), T, dtype=torch.long)  # (B, T)
-        y = torch.full((len(chunk), T), IGNORE_INDEX, dtype=torch.long)  # (B, T)
-        adv = torch.tensor([ro.advantages[i] for i in chunk], dtype=torch.float32)[:, None].repeat(1, T)  # (B, T)
-        for r, (i, s) in enumerate(zip(chunk, seqs)):
-            x[r, : len(s) - 1] = torch.tensor(s[:-1])
-            p = len(ro.prompts[i])
-            targets = torch.tensor(ro.completions[i])
-            keep = torch.tensor(ro.sampled[i], dtype=torch.bool)
-            y[r, p - 1 : p - 1 + len(targets)] = torch.where(keep, targets, torch.full_like(targets, IGNORE_INDEX))
-            if ro.token_credit:
-                adv[r, p - 1 : p - 1 + len(targets)] += torch.tensor(ro.token_credit[i])
+    for chunk in passes:
+        if prompt_once:
+            # the completions read after the prompt's last token: input and targets start there
+            prompt = ro.prompts[chunk[0]]
+            starts = [0] * len(chunk)
+            seqs = [prompt[-1:] + ro.completions[i] for i in chunk]
+        else:
+            starts = [len(ro.prompts[i]) - 1 for i in chunk]
+            seqs = [ro.prompts[i] + ro.completions[i] for i in chunk]
+        x, y, adv = _policy_rows(ro, chunk, seqs, starts)
         x, y, adv = x.to(device), y.to(device), adv.to(device)
         with _precision(autocast, device):
-            nll = model(x, targets=y, loss_reduction="none")  # (B, T), 0 at ignored targets
+            if prompt_once:
+                shared = _SharedPrompt(len(prompt) - 1)
+                if shared.length:
+                    model.final_hidden(torch.tensor([prompt[:-1]], dtype=torch.long, device=device), shared)  # (1, P)
+                nll = model(x, targets=y, kv_cache=shared.for_rows(len(chunk)), loss_reduction="none")  # (B, T)
+            else:
+                nll = model(x, targets=y, loss_reduction="none")  # (B, T), 0 at ignored targets
         loss = (nll.float() * adv).sum() / n_tokens
         loss.backward()
         total += float(loss.detach())
     return total, n_tokens
+
+
+def _same_prompt_runs(ro: Rollouts, rows: Sequence[int], size: int) -> list[list[int]]:
+    """`rows` cut into runs of consecutive completions of one prompt, at most `size` each."""
+    runs: list[list[int]] = []
+    for i in rows:
+        if runs and len(runs[-1]) < size and ro.prompts[runs[-1][0]] == ro.prompts[i]:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def _policy_rows(ro: Rollouts, chunk: Sequence[int], seqs: Sequence[list[int]],
+                 starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs x, targets y and per-token advantages (each (B, T)) of the completions `chunk`,
+    row r reading seqs[r] and predicting its completion from position starts[r] on; padding
+    and forced tokens get no target."""
+    T = max(len(s) for s in seqs) - 1
+    x = torch.zeros(len(chunk), T, dtype=torch.long)  # (B, T)
+    y = torch.full((len(chunk), T), IGNORE_INDEX, dtype=torch.long)  # (B, T)
+    adv = torch.tensor([ro.advantages[i] for i in chunk], dtype=torch.float32)[:, None].repeat(1, T)  # (B, T)
+    for r, (i, s, p) in enumerate(zip(chunk, seqs, starts)):
+        x[r, : len(s) - 1] = torch.tensor(s[:-1])
+        targets = torch.tensor(ro.completions[i])
+        keep = torch.tensor(ro.sampled[i], dtype=torch.bool)
+        y[r, p : p + len(targets)] = torch.where(keep, targets, torch.full_like(targets, IGNORE_INDEX))
+        if ro.token_credit:
+            adv[r, p : p + len(targets)] += torch.tensor(ro.token_credit[i])
+    return x, y, adv
+
+
+class _SharedPrompt:
+    """The model's KV-cache interface (lockstep.model.KVCacheLike) for training on completions
+    of one prompt: run over the prompt (less its last token) from position 0, it keeps each
+    layer's keys and values, autograd history included; `for_rows(B)` then gives the pass over
+    B completions, which continue from the prompt's length and attend over those keys (the same
+    for every row, not copied) and causally over their own. The prompt's gradient is the sum
+    over the rows that read it, as when each row runs the prompt itself."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length  # prompt tokens before the completions' first input
+        self.keys: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.rows = 0  # 0 while the prompt runs
+
+    def for_rows(self, rows: int) -> _SharedPrompt:
+        self.rows = rows
+        return self
+
+    def positions(self) -> int:
+        return self.length if self.rows else 0
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        if not self.rows:
+            self.keys.append((k, v))  # (1, Hkv, P, D) each
+            return k, v, None
+        if not self.length:
+            return k, v, None
+        pk, pv = self.keys[layer_idx]
+        B, H, T, D = k.shape
+        own = torch.ones(T, T, dtype=torch.bool, device=k.device).tril()  # (T, T)
+        mask = torch.cat((torch.ones(T, self.length, dtype=torch.bool, device=k.device), own), dim=1)  # (T, P + T)
+        return (torch.cat((pk.expand(B, H, self.length, D), k), dim=2),
+                torch.cat((pv.expand(B, H, self.length, D), v), dim=2), mask[None, None])
+
+    def advance(self, num_tokens: int) -> None:
+        pass
 
 
 def anchor_loss_backward(model: nn.Module, anchor: Any, cfg: RLConfig, *, device: torch.device, generator: torch.Generator,
@@ -540,7 +619,7 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             part_loss, part_tokens = policy_loss_backward(model, part, device=device, rows_per_pass=cfg.device_batch_rows,
-                                                          autocast=autocast)
+                                                          autocast=autocast, prompt_once=cfg.prompt_once)
             if part_tokens and anchor is not None:
                 g = torch.Generator().manual_seed(_derived_seed(seed, "anchor", step, u))
                 anchor_losses.append(anchor_loss_backward(model, anchor, cfg, device=device, generator=g,
