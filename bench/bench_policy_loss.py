@@ -13,31 +13,23 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
-import pyarrow.parquet as pq
 import torch
 
-from lockstep import checkpoint as ckpt
+import rl_step  # the tiny preset's RL step (bench/ is on sys.path)
 from lockstep.engine import Engine
 from lockstep.rl import RLConfig, policy_loss_backward, rollout
-from lockstep.tokenizer import load_tokenizer
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ckpt", default="data/ckpt/sft")
-    ap.add_argument("--tokenizer", default="data/tokenizer")
-    ap.add_argument("--problems", default="data/raw/synth_multistep/train")
-    ap.add_argument("--repeats", type=int, default=3)
+    rl_step.add_arguments(ap)
     ap.add_argument("--bf16", action="store_true", help="the passes under bf16 autocast, as the runtime picks on CPUs with native bf16")
     args = ap.parse_args()
-    tok = load_tokenizer(args.tokenizer)
-    model, _ = ckpt.load_model(args.ckpt, torch.device("cpu"), tokenizer_sha256=tok.sha256)
+    tok, model, problems = rl_step.load(args)
     model.use_kernels(True)
-    problems = pq.read_table(sorted(Path(args.problems).glob("*.parquet"))[0]).to_pylist()[:16]
-    cfg = RLConfig(problems="synth_multistep", problems_per_step=16, group_size=8, max_new_tokens=192, step_advantage=0.5)
-    model.eval()
+    cfg = RLConfig(problems="synth_multistep", problems_per_step=rl_step.PROBLEMS_PER_STEP, group_size=rl_step.GROUP_SIZE,
+                   max_new_tokens=rl_step.MAX_NEW_TOKENS, step_advantage=0.5)
     ro = rollout(Engine(model, tok), tok, problems, cfg, seed=1)
     model.train()
 

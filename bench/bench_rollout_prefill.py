@@ -12,31 +12,22 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
-import pyarrow.parquet as pq
 import torch
 
-from lockstep import checkpoint as ckpt
+import rl_step  # the tiny preset's RL step (bench/ is on sys.path)
 from lockstep.engine import Engine
 from lockstep.rl import prompt_ids
-from lockstep.tokenizer import load_tokenizer
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ckpt", default="data/ckpt/sft")
-    ap.add_argument("--tokenizer", default="data/tokenizer")
-    ap.add_argument("--problems", default="data/raw/synth_multistep/train")
-    ap.add_argument("--repeats", type=int, default=3)
+    rl_step.add_arguments(ap)
     ap.add_argument("--bf16", action="store_true", help="decode under bf16 autocast (RL decodes in the model's fp32 on a CPU, under bf16 on CUDA)")
     args = ap.parse_args()
-    tok = load_tokenizer(args.tokenizer)
-    model, _ = ckpt.load_model(args.ckpt, torch.device("cpu"), tokenizer_sha256=tok.sha256)
-    model.eval()
-    rows = pq.read_table(sorted(Path(args.problems).glob("*.parquet"))[0]).to_pylist()[:16]
-    prompts = [prompt_ids(tok, r["question"]) for r in rows for _ in range(8)]
-    budgets = [min(192, model.config.sequence_len - len(p)) for p in prompts]
+    tok, model, rows = rl_step.load(args)
+    prompts = [prompt_ids(tok, r["question"]) for r in rows for _ in range(rl_step.GROUP_SIZE)]
+    budgets = [min(rl_step.MAX_NEW_TOKENS, model.config.sequence_len - len(p)) for p in prompts]
     engine = Engine(model, tok)
     start_reply = Engine._start_reply
 
