@@ -411,8 +411,8 @@ class _SharedPrompt:
     """The model's KV-cache interface (lockstep.model.KVCacheLike) for training on completions
     of one prompt: run over the prompt (less its last token) from position 0, it keeps each
     layer's keys and values, autograd history included; `for_rows(B)` then gives the pass over
-    B completions, which continue from the prompt's length and attend over those keys (the same
-    for every row, not copied) and causally over their own. The prompt's gradient is the sum
+    B completions, which continue from the prompt's length and attend over those keys (one set,
+    computed once, for every row) and causally over their own. The prompt's gradient is the sum
     over the rows that read it, as when each row runs the prompt itself."""
 
     def __init__(self, length: int) -> None:
