@@ -12,7 +12,7 @@ from lockstep.config import ConfigError, build_config
 from lockstep.model import GPT
 from lockstep.model import IGNORE_INDEX
 from lockstep.rl import (RLConfig, Rollouts, _derived_seed, anchor_loss_backward, draw_problems, policy_loss_backward,
-                         prompt_ids, reward, rollout, series_columns, tool_steps,
+                         prompt_ids, reference_results, reward, rollout, series_columns, tool_steps,
                          train_rl)
 from lockstep.engine import Engine
 
@@ -153,7 +153,10 @@ def test_tool_steps_mark_each_call_and_whether_its_result_is_the_reference_s(tok
                             _tool_call(tok, "12. c ", "12+5", "17"))
     cut = [tok.encode_special("<|python_start|>"), *tok.encode("17-2"), tok.encode_special("<|python_end|>")]
     completion = first + second + third + cut
-    steps = tool_steps(completion, engine, "<<3*4=12>>12 <<12+5=17>>17 <<17-2=15>>15\n#### 15")
+    results = reference_results("<<3*4=12>>12 <<12+5=17>>17 <<17-2=15>>15\n#### 15")
+    assert results == {"12": 1, "17": 1, "15": 1}
+    steps = tool_steps(completion, engine, results)
+    assert results == {"12": 1, "17": 1, "15": 1}  # the caller's count is left as it was, for the next completion
     python_end = [i for i, t in enumerate(completion) if t == engine.python_end_id]
     assert [(w.start, w.stop) for w, _ in steps] == [(0, python_end[0] + 1), (len(first), python_end[1] + 1),
                                                      (len(first + second), python_end[2] + 1)]
@@ -412,7 +415,7 @@ def test_group_std_advantage_divides_each_group_by_its_std(tok, monkeypatch):
 def test_rollout_credits_each_call_against_its_group_s_calls(tok, monkeypatch):
     model = tiny_model(5).eval()
     # one call per completion, on its first token, right when that token is even
-    monkeypatch.setattr("lockstep.rl.tool_steps", lambda ids, engine, answer: [(range(0, 1), ids[0] % 2 == 0)])
+    monkeypatch.setattr("lockstep.rl.tool_steps", lambda ids, engine, results: [(range(0, 1), ids[0] % 2 == 0)])
     cfg = build_config(RLConfig, {"group_size": 8, "problems_per_step": 2, "max_new_tokens": 8,
                                   "step_advantage": 0.5}, where="rl")
     problems = [{"question": q, "answer": "#### 2"} for q in ("1+1?", "3+3?")]

@@ -170,12 +170,18 @@ def reward(completion: str, reference_answer: str) -> float:
     return 1.0 if extract_answer(completion) == ref else 0.0
 
 
-def tool_steps(completion: Sequence[int], engine: Engine, reference_answer: str) -> list[tuple[range, bool]]:
+def reference_results(reference_answer: str) -> Counter[str]:
+    """The calculator results a reference solution names (`<<12*8=96>>` gives "96"), counted."""
+    solution = problem_to_conversation({"question": "", "answer": reference_answer})["messages"][1]
+    return Counter(part["text"] for part in solution["content"] if part["type"] == "python_output")
+
+
+def tool_steps(completion: Sequence[int], engine: Engine, results: Counter[str]) -> list[tuple[range, bool]]:
     """Each finished tool call of a completion: the positions of the tokens that write it (from
     the end of the previous call's output, or the start, to its <|python_end|>) and whether its
-    result is one of the reference's calculator results, each of those matching one call at most."""
-    solution = problem_to_conversation({"question": "", "answer": reference_answer})["messages"][1]
-    left = Counter(part["text"] for part in solution["content"] if part["type"] == "python_output")
+    result is one of the reference's `results` (reference_results), each of those matching one
+    call at most."""
+    left = Counter(results)
     steps: list[tuple[range, bool]] = []
     start, writes, output_start = 0, None, None
     for pos, tok in enumerate(completion):
@@ -196,7 +202,8 @@ def _call_credit(completions: Sequence[Sequence[int]], engine: Engine, reference
                  weight: float) -> list[list[float]]:
     """Per completion of one group, per token: `weight` x (its call's 1 or 0, less the mean over
     the group's calls) on the tokens that write each call, 0 elsewhere."""
-    steps = [tool_steps(c, engine, reference_answer) for c in completions]
+    results = reference_results(reference_answer)
+    steps = [tool_steps(c, engine, results) for c in completions]
     flags = [right for group in steps for _, right in group]
     mean = sum(flags) / len(flags) if flags else 0.0
     credit = [[0.0] * len(c) for c in completions]
@@ -419,6 +426,7 @@ class _SharedPrompt:
         self.length = length  # prompt tokens before the completions' first input
         self.keys: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.rows = 0  # 0 while the prompt runs
+        self.mask: torch.Tensor | None = None  # the completions' (1, 1, T, P + T), made at the first layer
 
     def for_rows(self, rows: int) -> _SharedPrompt:
         self.rows = rows
@@ -435,10 +443,11 @@ class _SharedPrompt:
             return k, v, None
         pk, pv = self.keys[layer_idx]
         B, H, T, D = k.shape
-        own = torch.ones(T, T, dtype=torch.bool, device=k.device).tril()  # (T, T)
-        mask = torch.cat((torch.ones(T, self.length, dtype=torch.bool, device=k.device), own), dim=1)  # (T, P + T)
+        if self.mask is None:
+            own = torch.ones(T, T, dtype=torch.bool, device=k.device).tril()  # (T, T)
+            self.mask = torch.cat((torch.ones(T, self.length, dtype=torch.bool, device=k.device), own), dim=1)[None, None]
         return (torch.cat((pk.expand(B, H, self.length, D), k), dim=2),
-                torch.cat((pv.expand(B, H, self.length, D), v), dim=2), mask[None, None])
+                torch.cat((pv.expand(B, H, self.length, D), v), dim=2), self.mask)
 
     def advance(self, num_tokens: int) -> None:
         pass
