@@ -153,7 +153,7 @@ def test_rl_time_from_the_decode_rate_by_hand() -> None:
     assert "rollouts" in text and "decode  reference engine: 151 tok/s at batch 1" in text
 
 
-def test_rl_prompt_once_trains_each_prompt_once_per_group() -> None:
+def test_rl_prompt_once_trains_each_prompt_once_per_group_and_counts_the_reference() -> None:
     params = _rl_params()
     params["model"]["sequence_len"] = 256  # room for the assumed prompt and the 16-token replies
     plain = make_plan(params, device="h100", tok_per_s=1000.0)["rl"]
@@ -163,6 +163,10 @@ def test_rl_prompt_once_trains_each_prompt_once_per_group() -> None:
     assert once["trained_tokens"] == 10 * 2 * (128 + 4 * 16)
     assert once["train_s"] == pytest.approx(once["trained_tokens"] / 1000.0)
     assert once["generated_tokens"] == plain["generated_tokens"]
+    params["rl"]["reference_rollout"] = "unsolved"  # one more row a group, trained but not generated
+    guided = make_plan(params, device="h100", tok_per_s=1000.0)["rl"]
+    assert guided["trained_tokens"] == 10 * 2 * (128 + 5 * 16)
+    assert guided["generated_tokens"] == plain["generated_tokens"]
 
 
 def test_time_from_datasheet_peak_and_from_measured_throughput() -> None:

@@ -12,8 +12,8 @@ from lockstep.config import ConfigError, build_config
 from lockstep.model import GPT
 from lockstep.model import IGNORE_INDEX
 from lockstep.rl import (RLConfig, Rollouts, _derived_seed, anchor_loss_backward, draw_problems, policy_loss_backward,
-                         prompt_ids, reference_results, reward, rollout, series_columns, tool_steps,
-                         train_rl)
+                         prompt_ids, reference_completion, reference_results, reward, rollout, series_columns,
+                         tool_steps, train_rl)
 from lockstep.engine import Engine
 
 
@@ -448,6 +448,89 @@ def test_rollouts_on_the_static_cache_path_equal_the_reference(tok):
     assert len({tuple(c) for c in ref.completions}) > 1
 
 
-@pytest.mark.parametrize("greedy, rows", [("off", 8), ("baseline", 8), ("member", 9)])
-def test_group_rows_counts_a_member_greedy_completion(greedy, rows):
-    assert RLConfig(group_size=8, greedy_rollout=greedy).group_rows == rows
+@pytest.mark.parametrize("greedy, reference, rows", [("off", "off", 8), ("baseline", "off", 8), ("member", "off", 9),
+                                                     ("off", "unsolved", 9), ("member", "unsolved", 10)])
+def test_group_rows_counts_a_member_greedy_completion_and_the_reference(greedy, reference, rows):
+    assert RLConfig(group_size=8, greedy_rollout=greedy, reference_rollout=reference).group_rows == rows
+
+
+_SOLVED = {"question": "2+2?", "answer": "Two and two make 2 + 2 = <<2+2=4>>4.\n#### 4"}
+_UNSOLVED = {"question": "1+1?", "answer": "One and one make 1 + 1 = <<1+1=2>>2.\n#### 2"}
+
+
+def test_reference_completion_is_the_solution_as_the_model_would_write_it(tok):
+    prompt = prompt_ids(tok, _SOLVED["question"])
+    ids, mask = reference_completion(tok, _SOLVED, prompt)
+    full, _ = tok.render_conversation({"messages": [{"role": "user", "content": "2+2?"}, {
+        "role": "assistant", "content": [{"type": "text", "text": "Two and two make 2 + 2 = "},
+                                         {"type": "python", "text": "2+2"}, {"type": "python_output", "text": "4"},
+                                         {"type": "text", "text": "4.\n#### 4"}]}]})
+    assert prompt + ids == full and ids[-1] == tok.encode_special("<|assistant_end|>")
+    assert reward(tok.decode(ids), _SOLVED["answer"]) == 1.0
+    forced = [t for t, m in zip(ids, mask) if not m]  # the calculator's output and its delimiters, nothing else
+    assert forced == [tok.encode_special("<|output_start|>"), *tok.encode("4"), tok.encode_special("<|output_end|>")]
+
+
+@pytest.mark.parametrize("max_new_tokens, trained", [(64, 1.0), (16, 0.0)])
+def test_reference_rollout_trains_the_solution_beside_an_unsolved_group_only(tok, monkeypatch, max_new_tokens, trained):
+    """Beside a group none of whose samples is right, the reference solution is trained with
+    advantage 1 when it fits the completion budget; the samples, their advantages and credit and
+    the step's mean reward stay as without it."""
+    model = tiny_model(5).eval()
+    # samples of the 2+2 problem are right at odd lengths; no sample of 1+1 is ever right
+    monkeypatch.setattr("lockstep.rl.reward", lambda text, answer: float(answer.endswith("4") and len(text) % 2))
+    monkeypatch.setattr("lockstep.rl.tool_steps", lambda ids, engine, results: [(range(0, 1), ids[0] % 2 == 0)])
+    cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": max_new_tokens,
+                                  "step_advantage": 0.5, "reference_rollout": "unsolved"}, where="rl")
+    engine = Engine(model, tok)
+    plain = rollout(engine, tok, [_UNSOLVED, _SOLVED], dataclasses.replace(cfg, reference_rollout="off"), seed=7)
+    ro = rollout(engine, tok, [_UNSOLVED, _SOLVED], cfg, seed=7)
+    assert any(plain.rewards[4:]), "the 2+2 group has no right sample: pick another seed"
+    assert len(ro.completions) == 10 and ro.reference == ([False] * 4 + [True]) * 2
+    for g, problem in enumerate((_UNSOLVED, _SOLVED)):
+        group, samples = slice(5 * g, 5 * g + 5), slice(4 * g, 4 * g + 4)
+        for name in ("prompts", "completions", "sampled", "rewards", "advantages", "token_credit"):
+            assert getattr(ro, name)[group][:4] == getattr(plain, name)[samples], name
+        ref_ids, ref_mask = reference_completion(tok, problem, prompt_ids(tok, problem["question"]))
+        assert (ro.completions[5 * g + 4], ro.sampled[5 * g + 4]) == (ref_ids, ref_mask)
+        assert ro.token_credit[5 * g + 4] == [0.0] * len(ref_ids)
+    assert ro.advantages[4] == trained and ro.advantages[9] == 0.0
+    assert (ro.mean_reward, ro.mean_length) == (plain.mean_reward, plain.mean_length)  # the samples' only
+
+
+def test_a_trained_reference_is_the_cross_entropy_of_its_written_tokens(tok):
+    """A reference row with advantage 1, the rest 0: the policy loss is the summed cross-entropy
+    of the tokens the model writes in the solution, not the calculator's output, over their count."""
+    model = tiny_model(3)
+    prompt = prompt_ids(tok, _UNSOLVED["question"])
+    ids, mask = reference_completion(tok, _UNSOLVED, prompt)
+    ro = Rollouts([prompt] * 2, [[65, 66], ids], [[1, 1], mask], [0.0, 1.0], [0.0, 1.0], reference=[False, True])
+    loss, n = policy_loss_backward(model, ro, device=torch.device("cpu"), rows_per_pass=2)
+    seq = torch.tensor([prompt + ids])
+    y = torch.full_like(seq, IGNORE_INDEX)[:, :-1].clone()
+    y[0, len(prompt) - 1:] = torch.where(torch.tensor(mask, dtype=torch.bool), torch.tensor(ids), IGNORE_INDEX)
+    with torch.no_grad():
+        expected = float(model(seq[:, :-1], targets=y, loss_reduction="sum"))
+    assert n == sum(mask) < len(ids)
+    assert loss == pytest.approx(expected / n, rel=1e-5)
+
+
+@pytest.mark.parametrize("reference", ["off", "unsolved"])
+def test_train_rl_learns_from_the_reference_where_every_sample_misses(tok, monkeypatch, reference):
+    """Every sample scores 0: without the reference no group has an advantage and no update
+    moves the weights; with it every step trains each problem's reference solution."""
+    monkeypatch.setattr("lockstep.rl.reward", lambda text, answer: 0.0)
+    model = tiny_model(5)
+    start = [p.detach().clone() for p in model.parameters()]
+    cfg = build_config(RLConfig, {"group_size": 2, "problems_per_step": 2, "max_new_tokens": 48, "num_steps": 2,
+                                  "eval_every_steps": 0, "eval_problems": 1, "pass_k": 1,
+                                  "reference_rollout": reference}, where="rl")
+    lines: list[str] = []
+    train_rl(model, tok, train_problems=[_UNSOLVED, _SOLVED], val_problems=[_UNSOLVED], cfg=cfg,
+             device=torch.device("cpu"), seed=3, log=lines.append)
+    moved = any(not torch.equal(a, b) for a, b in zip(start, model.parameters()))
+    steps = [line for line in lines if line.startswith("step ")]
+    if reference == "off":
+        assert not moved and not any("references" in line for line in steps)
+    else:
+        assert moved and all("| references 2 |" in line for line in steps), steps

@@ -78,6 +78,12 @@ class RLConfig(LRSchedule):
     # its group (in the group's mean, trained like a sample); "baseline": it is the baseline
     # (advantage = reward - greedy reward, self-critical), itself untrained.
     greedy_rollout: Literal["off", "member", "baseline"] = "off"
+    # The problem's reference solution, rendered as a reply (its calculator results forced as
+    # tool output), beside each group: "off"; "unsolved": in a group none of whose samples
+    # reaches the reference's answer it is trained with advantage 1 (its reward, less the
+    # samples' mean of 0), off-policy; beside a solved group, or where it is longer than the
+    # completion budget, it is left out (advantage 0). It never enters the samples' baseline.
+    reference_rollout: Literal["off", "unsolved"] = "off"
     # "mean": advantage = reward - the group's baseline; "group_std": that, divided by the std of
     # the group's rewards (a group of equal rewards is left unscaled).
     advantage: Literal["mean", "group_std"] = "mean"
@@ -150,9 +156,9 @@ class RLConfig(LRSchedule):
 
     @property
     def group_rows(self) -> int:
-        """Completions per problem in a step's rollouts: the group, and its greedy completion when
-        that is a member."""
-        return self.group_size + (self.greedy_rollout == "member")
+        """Completions per problem in a step's rollouts: the group, its greedy completion when
+        that is a member, and the reference solution when it is rolled out."""
+        return self.group_size + (self.greedy_rollout == "member") + (self.reference_rollout != "off")
 
     def draws(self) -> dict[str, int]:
         """Problems per update from each mixture source: round(share x problems_per_step)."""
@@ -213,6 +219,17 @@ def _call_credit(completions: Sequence[Sequence[int]], engine: Engine, reference
     return credit
 
 
+def reference_completion(tokenizer: Tokenizer, problem: Mapping[str, Any], prompt: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The problem's reference solution as a completion of `prompt` (prompt_ids of its question):
+    the assistant turn's ids after `<|assistant_start|>`, `<|assistant_end|>` included, and per
+    id 1 where the model writes it, 0 on the calculator's output (forced, as in a rollout)."""
+    ids, mask = tokenizer.render_conversation(problem_to_conversation(problem))
+    if ids[: len(prompt)] != list(prompt):
+        raise ValueError("the reference solution's conversation does not start with the problem's prompt: "
+                         "the chat template renders a question differently alone and with its answer")
+    return ids[len(prompt):], mask[len(prompt):]
+
+
 def _derived_seed(*parts: Any) -> int:
     """RL's seeds: lockstep.seeds.derive_seed in the `lockstep-rl` namespace."""
     return derive_seed("lockstep-rl", *parts)
@@ -240,6 +257,7 @@ class Rollouts:
     rewards: list[float]
     advantages: list[float]
     greedy: list[bool] = field(default_factory=list)  # per completion: the greedy one (empty: none is)
+    reference: list[bool] = field(default_factory=list)  # per completion: the reference solution (empty: none is)
     # Per completion, per token: added to its advantage (rl.step_advantage; empty: nothing is).
     token_credit: list[list[float]] = field(default_factory=list)
 
@@ -248,6 +266,7 @@ class Rollouts:
         return Rollouts(*([getattr(self, f)[i] for i in rows]
                           for f in ("prompts", "completions", "sampled", "rewards", "advantages")),
                         greedy=[self.greedy[i] for i in rows] if self.greedy else [],
+                        reference=[self.reference[i] for i in rows] if self.reference else [],
                         token_credit=[self.token_credit[i] for i in rows] if self.token_credit else [])
 
     def split(self, parts: int, group_rows: int) -> list[Rollouts]:
@@ -258,11 +277,12 @@ class Rollouts:
         return [self.select(range(a, b)) for a, b in zip(bounds, bounds[1:])]
 
     def _samples(self) -> list[int]:
-        return [i for i in range(len(self.rewards)) if not (self.greedy and self.greedy[i])]
+        return [i for i in range(len(self.rewards))
+                if not (self.greedy and self.greedy[i]) and not (self.reference and self.reference[i])]
 
     @property
     def mean_reward(self) -> float:
-        """Over the sampled completions (greedy ones left out)."""
+        """Over the sampled completions (greedy and reference ones left out)."""
         rows = self._samples()
         return sum(self.rewards[i] for i in rows) / len(rows)
 
@@ -305,9 +325,13 @@ def _sample(engine: Engine, prompts: list[list[int]], budgets: list[int], *, k: 
 def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, Any]], cfg: RLConfig, *, seed: int,
             log: Callable[[str], None] | None = None) -> Rollouts:
     """Sample `group_size` completions for each problem (tools on), `generate_batch` of them
-    decoding together, and score them; progress lines to `log` while it takes longer than ~10 s."""
+    decoding together, and score them; progress lines to `log` while it takes longer than ~10 s.
+    Each group's rows: its samples, then the greedy completion (`greedy_rollout: member`), then
+    the reference solution (`reference_rollout`)."""
     out = Rollouts([], [], [], [], [])
     prompts, budgets = _prompts_and_budgets(engine, tokenizer, problems, cfg.max_new_tokens)
+    references = ([reference_completion(tokenizer, p, prompt) for p, prompt in zip(problems, prompts)]
+                  if cfg.reference_rollout != "off" else [])
     countdown = Countdown("rollouts", len(problems), log or (lambda line: None), units="problems")
     per_call = max(1, cfg.generate_batch // cfg.group_size)
     for c, chunk in enumerate(_chunks(len(problems), per_call)):
@@ -329,14 +353,24 @@ def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, A
             base = greedy_reward if cfg.greedy_rollout == "baseline" else sum(rewards) / len(rewards)
             std = statistics.pstdev(rewards) if cfg.advantage == "group_std" else 0.0
             scale = 1.0 / std if std > 0 else 1.0
+            advantages = [(r - base) * scale for r in rewards]
+            credit = _call_credit(ids, engine, problems[i]["answer"], cfg.step_advantage) if cfg.step_advantage else []
+            is_reference = [False] * len(ids)
+            if cfg.reference_rollout != "off":
+                ref_ids, ref_mask = references[i]
+                unsolved = not any(rewards[: cfg.group_size])
+                ids, sampled = ids + [ref_ids], sampled + [ref_mask]
+                rewards, is_greedy, is_reference = rewards + [1.0], is_greedy + [False], is_reference + [True]
+                advantages.append(1.0 if unsolved and len(ref_ids) <= budgets[i] else 0.0)
+                credit = credit + [[0.0] * len(ref_ids)] if cfg.step_advantage else []
             out.prompts.extend([prompts[i]] * len(ids))
             out.completions.extend(ids)
             out.sampled.extend(sampled)
             out.rewards.extend(rewards)
-            out.advantages.extend((r - base) * scale for r in rewards)
+            out.advantages.extend(advantages)
             out.greedy.extend(is_greedy)
-            if cfg.step_advantage:
-                out.token_credit.extend(_call_credit(ids, engine, problems[i]["answer"], cfg.step_advantage))
+            out.reference.extend(is_reference)
+            out.token_credit.extend(credit)
         countdown.tick(len(chunk))
     return out
 
@@ -656,8 +690,10 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
         row = {"step": step + 1, "reward": ro.mean_reward, "completion_len": ro.mean_length, "loss": loss}
         if anchor is not None:  # NaN when no update stepped (every group unanimous)
             row["anchor_loss"] = sum(anchor_losses) / len(anchor_losses) if anchor_losses else math.nan
+        guided = sum(1 for i, is_ref in enumerate(ro.reference) if is_ref and ro.advantages[i])
         log(f"step {step + 1}/{cfg.num_steps} | reward {ro.mean_reward:.3f} | loss {loss:+.4f} "
             + (f"| anchor {row['anchor_loss']:.4f} " if anchor is not None else "")
+            + (f"| references {guided} " if cfg.reference_rollout != "off" else "")
             + f"| lr {lrm:.2f} | tokens {n_tokens} | len {ro.mean_length:.1f} | dt {dt:.1f}s | eta {eta}")
         if on_step is not None:
             on_step(row)
