@@ -496,6 +496,7 @@ def test_reference_rollout_trains_the_solution_beside_an_unsolved_group_only(tok
         assert ro.token_credit[5 * g + 4] == [0.0] * len(ref_ids)
     assert ro.advantages[4] == trained and ro.advantages[9] == 0.0
     assert (ro.mean_reward, ro.mean_length) == (plain.mean_reward, plain.mean_length)  # the samples' only
+    assert ro.decoded_tokens == plain.decoded_tokens == sum(len(c) for c in plain.completions)
 
 
 def test_a_trained_reference_is_the_cross_entropy_of_its_written_tokens(tok):

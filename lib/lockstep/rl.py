@@ -291,6 +291,11 @@ class Rollouts:
         rows = self._samples()
         return sum(len(self.completions[i]) for i in rows) / len(rows)
 
+    @property
+    def decoded_tokens(self) -> int:
+        """Tokens the engine decoded: every completion's but the reference solutions'."""
+        return sum(len(c) for i, c in enumerate(self.completions) if not (self.reference and self.reference[i]))
+
 
 def _precision(autocast: Any, device: torch.device) -> Any:
     """The caller's autocast context for a forward pass, or autocast switched off (fp32)."""
@@ -653,7 +658,7 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
         problems = draw_problems(train_problems, mixture_problems, cfg, seed=seed, step=step)
         model.eval()
         ro = rollout(engine, tokenizer, problems, cfg, seed=_derived_seed(seed, "roll", step), log=log)
-        rollout_tokens += sum(len(c) for c in ro.completions)
+        rollout_tokens += ro.decoded_tokens
         model.train()
         parts: list[tuple[float, int]] = []  # (loss, sampled tokens) per update
         anchor_losses: list[float] = []
