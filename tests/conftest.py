@@ -54,11 +54,17 @@ def restore_process_state(monkeypatch: pytest.MonkeyPatch):
 
 
 @pytest.fixture(autouse=True)
-def _hermetic(monkeypatch: pytest.MonkeyPatch) -> None:
+def _hermetic(monkeypatch: pytest.MonkeyPatch):
     # No test may reach the network: the hub libraries honour these.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    from lockstep import fastpath
+
+    # A fast path that a test made fail stays failed for the process: every test starts afresh.
+    fastpath.reset()
+    yield
+    fastpath.reset()
 
 
 def pytest_configure(config: pytest.Config) -> None:

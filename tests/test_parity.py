@@ -223,13 +223,21 @@ def test_parity_says_which_numerics_facts_differ_when_metrics_do(tmp_path):
     assert "cpu_capability A 'AVX512', B 'AVX2'" in result.output
 
 
+def test_parity_names_a_fast_path_that_fell_back_in_one_run(tmp_path):
+    a = _run_with_facts(tmp_path / "a", {"val_bpb": 1.0}, {**HOST_A, "fast_paths": "chunk_bodies=fast"})
+    b = _run_with_facts(tmp_path / "b", {"val_bpb": 1.1}, {**HOST_A, "fast_paths": "chunk_bodies=reference"})
+    (diff,) = compare_artifacts(a, b)
+    assert diff.endswith("what decides the numerics differs: fast_paths A 'chunk_bodies=fast', "
+                         "B 'chunk_bodies=reference'")
+
+
 def test_parity_says_when_the_numerics_facts_agree_or_are_missing(tmp_path):
     a = _run_with_facts(tmp_path / "a", {"val_bpb": 1.0}, HOST_A)
     b = _run_with_facts(tmp_path / "b", {"val_bpb": 2.0}, HOST_A)
     c = _run_with_facts(tmp_path / "c", {"val_bpb": 2.0}, None)
     (same,) = compare_artifacts(a, b)
-    assert same.endswith("both ran with the same CPU path, torch build, threads and device, so their params, seed, "
-                         "code or inputs differ")
+    assert same.endswith("both ran with the same CPU path, torch build, threads, device and fast paths, so their "
+                         "params, seed, code or inputs differ")
     (missing,) = compare_artifacts(a, c)
     assert "run facts of B do not record what decides the numerics" in missing
     # Equal metrics are no difference, whatever the hosts.

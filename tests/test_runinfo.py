@@ -48,3 +48,22 @@ def test_numerics_differences_name_each_fact_that_differs() -> None:
     b = {NUMERICS_KEY: {"cpu_capability": "AVX512", "threads": 2, "torch": "2.5.0"}}
     assert numerics_differences(a, b) == ["cpu_capability A 'AVX2', B 'AVX512'"]
     assert numerics_differences(a, a) == [] and numerics_differences({}, {}) == []
+
+
+def test_write_runinfo_records_what_each_fast_path_did(tmp_path: Path) -> None:
+    from lockstep import fastpath
+
+    assert write_runinfo(tmp_path / "none.json", {})["fast_paths"] == {}  # no part ran
+    assert numerics_facts()["fast_paths"] == ""
+    fastpath.call("muon_compiled", lambda: 1, lambda: 2)
+
+    def broken() -> int:
+        raise RuntimeError("no kernel image is available\nmore text")
+
+    assert fastpath.call("cuda_graphs", broken, lambda: 3) == 3
+    info = write_runinfo(tmp_path / "r.json", {})
+    assert info["fast_paths"] == {
+        "cuda_graphs": {"path": "reference", "fast_calls": 0, "reference_calls": 1, "compiles": 0, "compile_s": 0.0,
+                        "fell_back": "RuntimeError: no kernel image is available", "results": "reference"},
+        "muon_compiled": {"path": "fast", "fast_calls": 1, "reference_calls": 0, "compiles": 0, "compile_s": 0.0}}
+    assert info[NUMERICS_KEY]["fast_paths"] == "cuda_graphs=reference, muon_compiled=fast"

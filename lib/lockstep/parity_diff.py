@@ -3,7 +3,7 @@ name the first difference in words, upstream first (the dataset snapshot explain
 rendered sample, which explains a different first batch). Then, for each stage that writes run
 facts (data/runinfo/<stage>.json), compare its metrics; where they differ, say which of the facts
 that decide a run's numerics (lockstep.runinfo.numerics_facts: CPU path, torch build, threads,
-device) differ between the two runs, or that none does."""
+device, the path each fast path took) differ between the two runs, or that none does."""
 
 from __future__ import annotations
 
@@ -240,8 +240,8 @@ def explain_numerics(runinfo_a: Mapping[str, Any], runinfo_b: Mapping[str, Any])
     differences = numerics_differences(runinfo_a, runinfo_b)
     if differences:
         return "what decides the numerics differs: " + "; ".join(differences)
-    return ("both ran with the same CPU path, torch build, threads and device, so their params, seed, code or "
-            "inputs differ")
+    return ("both ran with the same CPU path, torch build, threads, device and fast paths, so their params, seed, "
+            "code or inputs differ")
 
 
 def compare_metrics(root_a: Path, root_b: Path) -> list[str]:

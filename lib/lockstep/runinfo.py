@@ -5,8 +5,8 @@ its load, so each stage writes them to `data/runinfo/<stage>.json`, a DVC-cached
 report card reads, `lockstep parity` consults and git does not track.
 
 Every stage writes its run facts through `write_runinfo`, which adds the facts all stages share:
-the git commit and `numerics`, the facts that decide the bytes a model computes on this machine
-(`numerics_facts`). Two runs with the same params and seed whose metrics differ are explained by
+the git commit, `numerics`, the facts that decide the bytes a model computes on this machine
+(`numerics_facts`), and `fast_paths`, what each fast path did (lockstep.fastpath.facts). Two runs with the same params and seed whose metrics differ are explained by
 how their `numerics` differ. Imports torch only inside `numerics_facts`, so the report stays light."""
 
 from __future__ import annotations
@@ -54,9 +54,13 @@ def numerics_facts(device: Any = "cpu") -> dict[str, Any]:
     the CPU instruction-set path torch dispatches to (`cpu_capability`: e.g. AVX2, AVX512), the
     torch build (version, git revision, CUDA and cuDNN versions, null without them), the threads
     its CPU kernels split work over (a reduction split differently sums in another order), and the
-    device's name. Two runs that agree on all of them and on params, seed and code compute the
-    same bytes; a run that differs in one may differ in its last bits, and training amplifies them."""
+    device's name, and the path each fast path took (`fast_paths`: lockstep.fastpath.paths_summary,
+    a fast path that failed falls back to its reference). Two runs that agree on all of them and on
+    params, seed and code compute the same bytes; a run that differs in one may differ in its last
+    bits, and training amplifies them."""
     import torch
+
+    from lockstep import fastpath
 
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -75,16 +79,21 @@ def numerics_facts(device: Any = "cpu") -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "device_type": dev.type,
         "device_name": name,
+        "fast_paths": fastpath.paths_summary(),
     }
 
 
 def write_runinfo(path: Path, facts: Mapping[str, Any], *, device: Any = "cpu") -> dict[str, Any]:
     """Write a stage's run facts to `path` (canonical JSON, atomically) and return them: `facts`,
-    NaN as null, then the facts every stage shares, the commit (`git_commit`) and `numerics`
-    (`numerics_facts` of `device`), unless `facts` already carries them."""
+    NaN as null, then the facts every stage shares, the commit (`git_commit`), `numerics`
+    (`numerics_facts` of `device`) and `fast_paths` (lockstep.fastpath.facts), unless `facts`
+    already carries them."""
+    from lockstep import fastpath
+
     info = nan_to_null(dict(facts))
     info.setdefault("git_commit", git_commit())
     info.setdefault(NUMERICS_KEY, numerics_facts(device))
+    info.setdefault("fast_paths", fastpath.facts())
     write_json_atomic(path, info)
     return info
 
