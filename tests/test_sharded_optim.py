@@ -303,3 +303,23 @@ def test_sharded_optim_refuses_state_that_does_not_fit(tmp_path) -> None:
                                               r"optimizers on 1 rank\(s\) \(replicated\).*runtime.nproc x runtime.nnodes = 2"
                                               r".*or delete .* to start fresh"):
         resume.load(found, _model(), optimizers, CPU)
+
+
+def test_sharded_optimizers_in_one_process_equal_the_replicated_ones() -> None:
+    # What the GPU check's ls_shard phase checks on a GPU: sharded=True builds the sharded classes
+    # even at world size 1 (their collectives are copies). Their updates change no bit; with
+    # clipping, the sharded global norm sums squares in fp64 where clip_grad_norm_ takes the norm
+    # of fp32 norms, so the clip factor, and then the weights, differ by rounding.
+    runs = {}
+    for clip in (0.0, 0.1):
+        for sharded in (False, True):
+            model = _model()
+            trainer = _trainer(model, _cfg(num_steps=3, optim=_optim(clip)), CPU, shard_optimizer=sharded)
+            for _ in range(3):
+                trainer.step()
+            runs[clip, sharded] = model.state_dict()
+            kinds = [type(o).__name__ for o in trainer.optimizers]
+            assert kinds == (["ShardedAdamW", "ShardedMuon"] if sharded else ["AdamW", "Muon"])
+    for name, value in runs[0.0, False].items():
+        assert torch.equal(runs[0.0, True][name], value), name
+    _assert_close(runs[0.1, True], runs[0.1, False], "sharded in one process, clipped")

@@ -460,8 +460,9 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, *, model_dim: int, rank
     """[AdamW, Muon] over the model's parameters. Every group records `initial_lr` so a schedule
     can scale it. `ns_dtype`: Muon's Newton-Schulz matmul dtype (the run's compute dtype).
     `sharded`: ShardedAdamW and ShardedMuon instead of the replicated AdamW and Muon; None (the
-    default) shards whenever world_size > 1. One process never shards. `compiled`: Muon's
-    compiled step (compiled_step says when a run wants it)."""
+    default) shards whenever world_size > 1, so one process does not shard unless asked (True:
+    the sharded classes at world size 1, whose collectives are copies, for checking them against
+    the replicated ones). `compiled`: Muon's compiled step (compiled_step says when a run wants it)."""
     groups = split_params(model)
     width_scale = (model_dim / _REFERENCE_WIDTH) ** -0.5
     adam_groups = []
@@ -476,7 +477,7 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, *, model_dim: int, rank
     matrix_groups = [{"params": [p for _, p in groups["matrix"]], "role": "matrix"}]
     muon_kw: dict[str, Any] = {"lr": cfg.matrix_lr, "momentum": cfg.muon_momentum_start, "ns_dtype": ns_dtype,
                                "compiled": compiled}
-    if world_size > 1 and (sharded is None or sharded):
+    if sharded or (sharded is None and world_size > 1):
         optimizers: list[torch.optim.Optimizer] = [
             ShardedAdamW(adam_groups, rank=rank, world_size=world_size, **adam_kw),
             ShardedMuon(matrix_groups, rank=rank, world_size=world_size, **muon_kw)]
