@@ -24,22 +24,11 @@ import yaml
 
 from lockstep.config import build_config
 from lockstep.model import GPT
-from lockstep.plan import calibrate_tok_per_s, make_plan
+from lockstep.plan import RandomTokens, calibrate_training, make_plan
 from lockstep.runtime import RuntimeConfig, init_runtime
 from lockstep.train import ModelParams, TrainConfig, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class RandomWindows:
-    """Uniform random token ids: the step costs what the real data's do (the model is shape-bound)."""
-
-    def __init__(self, vocab_size: int, T: int) -> None:
-        self.vocab_size, self.T = vocab_size, T
-
-    def get_batch(self, *, B: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.randint(0, self.vocab_size, (B, self.T + 1), generator=generator)  # (B, T+1)
-        return rows[:, :-1], rows[:, 1:]
 
 
 def main() -> None:
@@ -60,12 +49,12 @@ def main() -> None:
     rt = None
     calibrated, ratios = [], []
     for r in range(args.rounds):
-        tok_s = calibrate_tok_per_s(gcfg, rows=cfg.device_batch_rows, batch_tokens=cfg.batch_tokens, optim=cfg.optim,
-                                    runtime=rt_cfg, steps=args.calibrate_steps, configure_process=True)
+        tok_s = calibrate_training(gcfg, cfg, runtime=rt_cfg, steps=args.calibrate_steps,
+                                   configure_process=True).tok_per_s
         rt = rt or init_runtime(rt_cfg)
         model = GPT.build(gcfg, rt.device, seed=r).use_kernels(rt.kernels)
         with tempfile.TemporaryDirectory() as tmp:
-            trainer = Trainer(model, run_cfg, rt, data=RandomWindows(gcfg.vocab_size, gcfg.sequence_len), seed=r)
+            trainer = Trainer(model, run_cfg, rt, data=RandomTokens(gcfg.vocab_size, gcfg.sequence_len), seed=r)
             result = trainer.fit(Path(tmp), {"code_revision": "bench"})
         # Both sides are medians of timed steps (the loop's tok/s leaves its first step out).
         planned_s = args.steps * cfg.batch_tokens / tok_s

@@ -1,29 +1,36 @@
 """`lockstep plan` (lockstep.plan): parameter counts, FLOPs per token, memory and time against
 hand computations for a small config; epochs from a built cache equal to the training stage's
-own count; the flags; the --json schema through the command line."""
+own count; the flags; the --json schema through the command line; the calibration's timed
+Trainer steps, compiled as the stage compiles them, apart from their warm-up, with their memory."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from torch._dynamo.testing import CompileCounterWithBackend
 from typer.testing import CliRunner
 
+from lockstep import fastpath
+from lockstep import plan as plan_module
 from lockstep.cache_build import build_pretrain_cache
 from lockstep.cli import app
 from lockstep.loaders import PretrainTokenStreamDataset
 from lockstep.model import GPTConfig
-from lockstep.optim import OptimConfig
 from lockstep.plan import (
     DECODE_RATES,
     DEVICES,
     FLAG,
     HEAD_BASIS,
-    calibrate_tok_per_s,
+    MAX_WARMUP_STEPS,
+    DevicePeak,
+    calibrate_training,
     chars_per_token,
     decode_step_s,
     head_path,
@@ -33,6 +40,7 @@ from lockstep.plan import (
     render_text,
 )
 from lockstep.runtime import RuntimeConfig
+from lockstep.train import TrainConfig
 from lockstep.train_stage import holding_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,8 +231,9 @@ def test_json_schema_through_the_command_line(tmp_path: Path, monkeypatch: pytes
                                  "--cache", str(tmp_path / "none"), "--raw", str(tmp_path / "none")])
     assert r.exit_code == 0, r.output
     plan = json.loads(r.output)
-    assert set(plan) == {"preset", "model", "throughput", "stages", "rl", "eval", "disk", "assumptions", "flags"}
-    assert plan["preset"] == "d20" and plan["flags"] == []
+    assert set(plan) == {"preset", "model", "throughput", "stages", "calibration", "rl", "eval", "disk", "assumptions",
+                         "flags"}
+    assert plan["preset"] == "d20" and plan["flags"] == [] and plan["calibration"] is None
     assert [s["stage"] for s in plan["stages"]] == ["pretrain", "midtrain", "sft"]
     for s in plan["stages"]:
         assert {"steps", "horizon", "tokens", "flops", "time_s", "max_epochs", "epochs", "memory_bytes",
@@ -255,12 +264,126 @@ def test_bad_device_is_refused_with_the_choices(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "h100, h200, a100, cpu" in r.output
 
 
-def test_calibration_times_real_steps() -> None:
-    gcfg = GPTConfig.from_depth(1, 256, 32, 32)
-    before = torch.get_num_threads()
-    tok_s = calibrate_tok_per_s(gcfg, rows=2, batch_tokens=128, optim=OptimConfig(),
-                                runtime=RuntimeConfig(device="cpu", dtype="fp32"), steps=2)
-    assert 0 < tok_s < float("inf") and torch.get_num_threads() == before
+# The calibration's shape: _params' model (depth 1, T=64, 256 ids) at 2 rows x 2 micro-batches.
+_CAL_GPT = GPTConfig.from_depth(1, 256, 64, 32)
+_CAL_TRAIN = TrainConfig(batch_tokens=256, device_batch_rows=2)
+
+
+def _compile_with(monkeypatch: pytest.MonkeyPatch, backend) -> None:
+    """torch.compile, wherever lockstep calls it, through `backend`: the compile the stage would
+    make, in seconds on a CPU instead of inductor's minute."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
+
+
+def test_calibration_compiles_where_the_stage_compiles_and_times_apart_from_the_warm_up(monkeypatch) -> None:
+    backend = CompileCounterWithBackend("aot_eager")
+    _compile_with(monkeypatch, backend)
+    rng, threads = torch.get_rng_state(), torch.get_num_threads()
+    cal = calibrate_training(_CAL_GPT, _CAL_TRAIN, runtime=RuntimeConfig(device="cpu", dtype="fp32", compile="on"),
+                             steps=2)
+    assert cal.compiled and not cal.compiled_optimizer and not cal.kernels  # Muon compiles on CUDA only
+    # the graphs were compiled in the warm-up, and only there
+    assert backend.frame_count >= 1 and cal.warmup_graphs == backend.frame_count and cal.timed_graphs == 0
+    assert cal.warmup_steps >= 1 and len(cal.timed_step_s) == 2
+    # the compile (seconds) stays out of the timed steps (milliseconds)
+    assert max(cal.timed_step_s) < cal.warmup_s
+    assert cal.step_s == statistics.median(cal.timed_step_s) and cal.tok_per_s == pytest.approx(256 / cal.step_s)
+    assert (cal.rows, cal.micro_batches, cal.device, cal.dtype) == (2, 2, "cpu", "float32")
+    # the caller's RNG and threads are as they were
+    assert torch.equal(torch.get_rng_state(), rng) and torch.get_num_threads() == threads
+
+
+@pytest.mark.parametrize("setting", ["off", "auto"])  # auto compiles on CUDA only, as init_runtime decides
+def test_calibration_compiles_nothing_where_the_stage_compiles_nothing(monkeypatch, setting: str) -> None:
+    backend = CompileCounterWithBackend("aot_eager")
+    _compile_with(monkeypatch, backend)
+    cal = calibrate_training(_CAL_GPT, _CAL_TRAIN, runtime=RuntimeConfig(device="cpu", dtype="fp32", compile=setting),
+                             steps=2)
+    assert not cal.compiled and backend.frame_count == 0 and cal.warmup_graphs == cal.timed_graphs == 0
+    assert cal.warmup_steps == 1 and len(cal.timed_step_s) == 2  # the first step is warm-up all the same
+    # on a CPU the device memory is said to be unmeasured; the process's RSS is labelled as what it is
+    assert cal.device_peak_bytes is None and cal.host_peak_rss_bytes > 0
+    assert "not measured on CPU" in cal.memory_basis and "resident set" in cal.memory_basis
+
+
+class _CompilingSteps:
+    """Stands in for fastpath.graphs_compiled, which calibrate_training reads before and after each
+    step: one new graph after each step named in `compiling` (1-based)."""
+
+    def __init__(self, compiling: set[int]) -> None:
+        self.compiling, self.reads, self.graphs = compiling, 0, 0
+
+    def __call__(self) -> int:
+        self.reads += 1
+        if self.reads % 2 == 0 and self.reads // 2 in self.compiling:
+            self.graphs += 1
+        return self.graphs
+
+
+def test_a_later_step_that_compiles_is_warm_up_too(monkeypatch) -> None:
+    cpu = RuntimeConfig(device="cpu", dtype="fp32")
+    monkeypatch.setattr(fastpath, "graphs_compiled", _CompilingSteps({1, 3}))  # a recompile in the third step
+    cal = calibrate_training(_CAL_GPT, _CAL_TRAIN, runtime=cpu, steps=2)
+    assert (cal.warmup_steps, cal.warmup_graphs, cal.timed_graphs, len(cal.timed_step_s)) == (3, 2, 0, 2)
+    assert "calibration" not in " ".join(make_plan(_params(), device="cpu", calibration=cal)["flags"])
+    # a step that still compiles past MAX_WARMUP_STEPS is timed, and the plan flags it
+    monkeypatch.setattr(fastpath, "graphs_compiled", _CompilingSteps(set(range(1, 20))))
+    cal = calibrate_training(_CAL_GPT, _CAL_TRAIN, runtime=cpu, steps=2)
+    assert (cal.warmup_steps, cal.timed_graphs, len(cal.timed_step_s)) == (MAX_WARMUP_STEPS, 2, 2)
+    flags = make_plan(_params(), device="cpu", calibration=cal)["flags"]
+    assert any("still compiled 2 graph(s)" in f for f in flags), flags
+
+
+def test_calibration_keeps_the_peak_device_memory_of_the_timed_steps(monkeypatch) -> None:
+    """torch.cuda's peak counter stood in for (CUDA-only): reset before each step, read after it,
+    the most of the timed steps kept; the warm-up step's higher peak (its compile) is not."""
+    peaks = iter([9e9, 2e9, 3e9])  # warm-up, then the two timed steps
+    calls: list[str] = []
+
+    class CudaPeak(DevicePeak):
+        def __init__(self, device: torch.device) -> None:
+            super().__init__(device)
+            self.cuda = True
+
+    def reset(device) -> None:
+        calls.append("reset")
+        reset.now = next(peaks)
+
+    monkeypatch.setattr(plan_module, "DevicePeak", CudaPeak)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: calls.append("read") or reset.now)
+    cal = calibrate_training(_CAL_GPT, _CAL_TRAIN, runtime=RuntimeConfig(device="cpu", dtype="fp32"), steps=2)
+    assert calls == ["reset", "read"] * 3
+    assert cal.device_peak_bytes == 3e9 and "max_memory_allocated" in cal.memory_basis
+    plan = make_plan(_params(), device="cpu", calibration=cal)
+    assert "timed step, 2 rows on 1 device: peak 3GB allocated (torch.cuda.max_memory_allocated)" in render_text(plan)
+
+
+def test_calibrate_through_the_command_line(tmp_path: Path, monkeypatch, restore_process_state) -> None:
+    monkeypatch.setattr(plan_module, "keep_heap_memory", lambda: False)  # the heap policy is per process
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(_params()))
+    args = ["plan", "--params", str(params), "--device", "cpu", "--calibrate", "--calibrate-steps", "2",
+            "--cache", str(tmp_path / "none"), "--raw", str(tmp_path / "none")]
+    r = CliRunner().invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.output)
+    cal = plan["calibration"]
+    assert {"tok_per_s", "step_s", "timed_step_s", "warmup_steps", "warmup_s", "warmup_graphs", "compiled",
+            "compiled_optimizer", "kernels", "device_peak_bytes", "host_peak_rss_bytes", "memory_basis",
+            "estimated_memory_bytes"} <= set(cal)
+    assert plan["throughput"]["tok_per_s_per_device"] == cal["tok_per_s"] and len(cal["timed_step_s"]) == 2
+    assert plan["throughput"]["basis"].startswith("calibrated: median of 2 timed training steps")
+    assert not cal["compiled"] and not cal["kernels"] and cal["device_peak_bytes"] is None
+    # the estimate beside it is the plan's own for that step: pretrain's rows, one device, fp32, eager head
+    assert cal["estimated_memory_bytes"] == plan["stages"][0]["memory_bytes"]["total"]
+    # --kernels times the fast paths the plan is asked for, not the params' reference
+    assert json.loads(CliRunner().invoke(app, [*args, "--json", "--kernels"]).output)["calibration"]["kernels"]
+    text = CliRunner().invoke(app, args).output
+    assert "timed   2 x 2 rows x T=64 on cpu: median step" in text
+    assert "warm-up left out: 1 step(s)" in text and "0 graph(s) compiled" in text
+    assert "device memory not measured on CPU (host peak RSS" in text and "estimated (eager head)" in text
 
 
 def _eval_params(tmp_path: Path, **eval_section) -> dict:

@@ -53,9 +53,11 @@ def plan(
     peak_tflops: float = typer.Option(None, "--peak-tflops", min=0.0, help="per-device peak, overriding the table"),
     kernels: bool = typer.Option(None, "--kernels/--no-kernels", help="plan the fast paths (runtime.kernels): the "
                                  "chunked loss head's memory, the fast engine's decode rate; default: the params' value"),
-    calibrate: bool = typer.Option(False, "--calibrate", help="time a few real training steps of the pretrain "
-                                   "shape on this machine for the throughput (a few seconds on CPU for tiny)"),
-    calibrate_steps: int = typer.Option(3, "--calibrate-steps", min=1, help="timed steps (after one untimed warm-up step)"),
+    calibrate: bool = typer.Option(False, "--calibrate", help="time a few training steps of the pretrain shape on "
+                                   "this machine, compiled as the stage compiles them, for the throughput and the "
+                                   "step's peak memory (a few seconds on CPU for tiny)"),
+    calibrate_steps: int = typer.Option(3, "--calibrate-steps", min=1, help="timed steps, after the untimed warm-up "
+                                        "(the first step and any later one that compiles)"),
     cache: Path = typer.Option(Path("data/cache"), help="where built caches are read from when they exist"),
     raw: Path = typer.Option(Path("data/raw"), help="where raw snapshots are measured when they exist"),
     as_json: bool = typer.Option(False, "--json", help="JSON, for scripts"),
@@ -63,13 +65,14 @@ def plan(
     """What the params will cost, without training or data: parameters, FLOPs per token, tokens
     and wall time per stage, epochs per data source, disk and memory per device. Figures over
     a limit are flagged (!!)."""
+    import dataclasses
     import json
 
     import torch
     import yaml
 
     from lockstep.config import ConfigError, build_config
-    from lockstep.plan import FLAG, calibrate_tok_per_s, make_plan, render_text
+    from lockstep.plan import FLAG, calibrate_training, make_plan, render_text
     from lockstep.runtime import RuntimeConfig
     from lockstep.train import ModelParams, TrainConfig
 
@@ -79,7 +82,7 @@ def plan(
         if not isinstance(params, dict):
             raise ConfigError(f"{source} must hold a mapping of params sections")
         device = device or ("h100" if torch.cuda.is_available() else "cpu")
-        tok_per_s = None
+        calibration = None
         if calibrate:
             if device != "cpu" and not torch.cuda.is_available():
                 raise ConfigError(f"--calibrate times this machine, which has no CUDA device; use --device cpu, "
@@ -88,10 +91,10 @@ def plan(
             gcfg = build_config(ModelParams, params.get("model") or {}, where="model").gpt_config(
                 params["tokenizer"]["vocab_size"])
             rt_cfg = build_config(RuntimeConfig, params.get("runtime") or {}, where="runtime")
-            tok_per_s = calibrate_tok_per_s(gcfg, rows=pre.device_batch_rows, batch_tokens=pre.batch_tokens,
-                                            optim=pre.optim, runtime=rt_cfg, steps=calibrate_steps,
-                                            configure_process=True)
-        result = make_plan(params, device=device, gpus=gpus, mfu=mfu, peak_tflops=peak_tflops, tok_per_s=tok_per_s,
+            if kernels is not None:  # time the paths the plan is asked for
+                rt_cfg = dataclasses.replace(rt_cfg, kernels=kernels)
+            calibration = calibrate_training(gcfg, pre, runtime=rt_cfg, steps=calibrate_steps, configure_process=True)
+        result = make_plan(params, device=device, gpus=gpus, mfu=mfu, peak_tflops=peak_tflops, calibration=calibration,
                            cache_root=cache, raw_root=raw, root=Path.cwd(), kernels=kernels)
     except (OSError, ValueError, KeyError, yaml.YAMLError) as e:
         typer.echo(f"error: {source}: {e}", err=True)

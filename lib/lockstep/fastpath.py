@@ -67,8 +67,10 @@ def enabled(part: str) -> bool:
     return _record(part).path == "fast"
 
 
-def _graphs_compiled() -> int:
-    """Graphs dynamo has compiled in this process so far (0 before torch._dynamo is imported)."""
+def graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process so far (0 before torch._dynamo is imported): what
+    `call` counts towards a part, and what lockstep.plan's calibration reads to tell the steps
+    that compiled from the ones it times."""
     import sys
 
     utils = sys.modules.get("torch._dynamo.utils")
@@ -113,7 +115,7 @@ def call(part: str, fast: Callable[[], T], reference: Callable[[], T]) -> T:
         return reference()
     outer = getattr(_nested, "acc", None)
     _nested.acc = [0, 0.0]  # graphs and compile seconds of parts called inside this one
-    before, t0 = _graphs_compiled(), time.perf_counter()
+    before, t0 = graphs_compiled(), time.perf_counter()
     try:
         out = fast()
     except Exception as e:  # noqa: BLE001 - any failure of a fast path is answered by its reference
@@ -125,7 +127,7 @@ def call(part: str, fast: Callable[[], T], reference: Callable[[], T]) -> T:
     finally:
         inner_graphs, inner_s = _nested.acc
         _nested.acc = outer
-    graphs = _graphs_compiled() - before
+    graphs = graphs_compiled() - before
     seconds = time.perf_counter() - t0 if graphs else 0.0
     with _lock:
         if graphs - inner_graphs > 0:

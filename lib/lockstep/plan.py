@@ -6,7 +6,8 @@ epochs per mixture component (lockstep.budget; from cache meta.json where caches
 estimated from the fetch budgets), disk for raw snapshots, caches and checkpoints, and peak memory
 per device (fitted to measured GPU peaks for the reference path, estimated for the fast paths).
 Estimates only: it trains nothing and refuses nothing, but flags what will not fit.
-`calibrate_tok_per_s` times a few real training steps of the planned shape on this machine.
+`calibrate_training` times a few of the training loop's own steps of the planned shape on this
+machine, as the stage compiles them, apart from their warm-up, with their peak memory.
 Takes the params as a mapping; reading params.yaml or a preset is the CLI's job. Over 400
 lines because the per-source size facts, the cost formulas and the rendering of the one report
 they make read best side by side; each part is short."""
@@ -17,14 +18,15 @@ import math
 import dataclasses
 import os
 import statistics
+import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from lockstep import fastpath
 from lockstep.budget import ASSUMED_CHARS_PER_TOKEN, Holding, mixture_epochs, over_limit
 from lockstep.config import build_config
 from lockstep.evaluate.chat import CHATCORE_TASKS
@@ -35,11 +37,13 @@ from lockstep.io import read_json
 from lockstep.loaders import PretrainTokenStreamDataset, open_sft_dataset
 from lockstep.model import GPT, GPTConfig
 from lockstep.ops import CHUNK_ROWS
-from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, split_params
+from lockstep.optim import compiled_step, split_params
 from lockstep.rl import RLConfig
 from lockstep.runtime import (
+    Runtime,
     RuntimeConfig,
     choose_device_dtype,
+    compile_enabled,
     configure_determinism,
     configure_threads,
     keep_heap_memory,
@@ -47,7 +51,7 @@ from lockstep.runtime import (
 )
 from lockstep.sources import SOURCE_CONFIGS
 from lockstep.sources.dclm_core import extract_zip
-from lockstep.train import STAGE_CONFIGS, ModelParams, horizon_steps
+from lockstep.train import STAGE_CONFIGS, ModelParams, TrainConfig, Trainer, horizon_steps
 from lockstep.train_stage import holding_of
 
 FLAG = "!!"  # marks a figure over its limit in the text output
@@ -145,9 +149,14 @@ HEAD_BYTES_PER_LOGIT = {"compiled": 4.0, "eager": 16.0, "cpu_kernels": 2.0}
 # per logit, plus the fp32 gradient of the hidden states (4 B per token and channel). An
 # estimate, unmeasured.
 CHUNKED_HEAD_BYTES_PER_LOGIT = 10.0
-# Untimed calibration steps: the first carries allocator and kernel warm-up, which the training
-# loop leaves out of its throughput too.
+# Untimed calibration steps: the first carries compile, allocator and kernel warm-up, which the
+# training loop leaves out of its throughput too (Trainer.step); a later step that still compiles
+# a graph is warm-up as well, up to MAX_WARMUP_STEPS. A step still compiling after that points to
+# a recompile on every step (dynamo gives up on a function only after
+# torch._dynamo.config.recompile_limit, 8, recompiles), and waiting longer would only spend the
+# time the plan is meant to save: the plan flags it instead.
 WARMUP_STEPS = 1
+MAX_WARMUP_STEPS = 4
 ASSUMED_RL_PROMPT_TOKENS = 128  # a GSM8K problem rendered as a chat prompt, roughly
 
 # Whole public sources, for estimates before a snapshot exists: characters of text, or
@@ -304,9 +313,13 @@ def head_path(device: str, runtime: RuntimeConfig) -> str:
     CPU: lockstep.kernels' fused head), compiled (the reference under torch.compile, which
     `compile: auto` turns on for GPUs) or eager (the reference uncompiled)."""
     gpu = device != "cpu"
-    if runtime.kernels:
+    return _head(gpu=gpu, compiled=compile_enabled(runtime.compile, "cuda" if gpu else "cpu"), kernels=runtime.kernels)
+
+
+def _head(*, gpu: bool, compiled: bool, kernels: bool) -> str:
+    """head_path from what a step runs: on a GPU or not, compiled or not, on the fast paths or not."""
+    if kernels:
         return "chunked" if gpu else "cpu_kernels"
-    compiled = runtime.compile == "on" or (runtime.compile == "auto" and gpu)
     return "compiled" if compiled else "eager"
 
 
@@ -363,10 +376,14 @@ class Throughput:
 
 
 def throughput(device: str, *, gpus: int, flops_per_token: int, runtime: RuntimeConfig, mfu: float | None = None,
-               peak_tflops: float | None = None, tok_per_s: float | None = None) -> Throughput:
-    """The per-device speed for `device` (a DEVICES key). A measured `tok_per_s` (calibration)
-    wins; else peak x MFU / FLOPs per token, the peak from --peak-tflops, the datasheet, or on CPU
-    a short matmul measurement in the runtime's compute dtype."""
+               peak_tflops: float | None = None, tok_per_s: float | None = None,
+               calibration: Calibration | None = None) -> Throughput:
+    """The per-device speed for `device` (a DEVICES key). A `calibration`'s rate, or a measured
+    `tok_per_s` (a median of calibrations), wins; else peak x MFU / FLOPs per token, the peak
+    from --peak-tflops, the datasheet, or on CPU a short matmul measurement in the runtime's
+    compute dtype."""
+    if tok_per_s is not None and calibration is not None:
+        raise ValueError("pass a calibration or a measured tok_per_s, not both: the calibration carries its rate")
     if device not in DEVICES:
         raise ValueError(f"--device {device!r} is not one of {', '.join(DEVICES)}; pick one or pass --peak-tflops")
     spec = DEVICES[device]
@@ -376,6 +393,10 @@ def throughput(device: str, *, gpus: int, flops_per_token: int, runtime: Runtime
     else:
         bf16, memory = True, float(spec.memory_bytes or 0)
     u = spec.mfu if mfu is None else mfu
+    if calibration is not None:
+        return Throughput(device, gpus, None, None, calibration.tok_per_s,
+                          f"calibrated: median of {len(calibration.timed_step_s)} timed training steps on this machine, "
+                          f"{calibration.ran()}", memory, bf16)
     if tok_per_s is not None:
         return Throughput(device, gpus, None, None, tok_per_s, "calibrated: timed training steps on this machine",
                           memory, bf16)
@@ -389,45 +410,141 @@ def throughput(device: str, *, gpus: int, flops_per_token: int, runtime: Runtime
     return Throughput(device, gpus, peak, u, peak * u / flops_per_token, f"{source}, MFU {u:g} assumed", memory, bf16)
 
 
-def calibrate_tok_per_s(gcfg: GPTConfig, *, rows: int, batch_tokens: int, optim: OptimConfig, runtime: RuntimeConfig,
-                        steps: int = 3, seed: int = 0, configure_process: bool = False) -> float:
-    """Tokens per second of real training steps of this shape on this machine (one process):
-    the stage's forward/backward per micro-batch, its gradient accumulation and optimizers, on
-    random tokens; WARMUP_STEPS untimed steps, then the median of `steps` timed ones.
-    `configure_process` sets this process's threads, determinism and CPU heap reuse as a
-    training stage does (lockstep.runtime), which changes CPU speed; the CLI and the bench set
-    it, tests do not."""
+class RandomTokens:
+    """A batch source (lockstep.train.BatchSource) of uniform random token ids, drawn from the
+    generator the Trainer passes for each micro-batch: a training step costs what it does on real
+    data, since the model's work depends on the batch's shape alone."""
+
+    def __init__(self, vocab_size: int, seq_len: int) -> None:
+        self.vocab_size, self.seq_len = vocab_size, seq_len
+
+    def get_batch(self, *, B: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.randint(0, self.vocab_size, (B, self.seq_len + 1), generator=generator)  # (B, T+1)
+        return rows[:, :-1], rows[:, 1:]
+
+
+class DevicePeak:
+    """The peak device memory of one step at a time: torch.cuda's allocator high-water mark, reset
+    before the step and read after it. A CPU has no such counter: `read` gives None there."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.cuda = device, device.type == "cuda"
+
+    def reset(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def read(self) -> float | None:
+        return float(torch.cuda.max_memory_allocated(self.device)) if self.cuda else None
+
+    @property
+    def basis(self) -> str:
+        """What the figures a Calibration keeps beside this meter's are."""
+        if self.cuda:
+            return ("device: torch.cuda.max_memory_allocated of the timed steps (tensors only, not the allocator's "
+                    "cache or the CUDA context); host: this process's peak resident set since it started")
+        return ("device memory not measured on CPU; host: this process's peak resident set since it started "
+                "(getrusage), more than the step holds")
+
+
+def host_peak_rss_bytes() -> float | None:
+    """This process's peak resident set since it started (getrusage), in bytes; None where the
+    platform does not say. All the process ever held (Python, torch, the plan's own work): not a
+    step's device memory."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return None
+    peak = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What `calibrate_training` measured on this machine: the training step a stage of the timed
+    shape runs here (its compile, fast paths and optimizers), its median time and rate, the
+    warm-up steps left out of them and what they cost, and the step's peak memory."""
+
+    tok_per_s: float  # on this one device: tokens per step / step_s
+    step_s: float  # the median of timed_step_s
+    timed_step_s: tuple[float, ...]  # each timed step's wall time (Trainer.step's dt_s)
+    warmup_steps: int  # untimed steps before them: the first, and each later one that compiled a graph
+    warmup_s: float  # the warm-up steps' wall time: compiling, allocator and kernel warm-up
+    warmup_graphs: int  # graphs torch.compile made in the warm-up
+    timed_graphs: int  # graphs made in the timed steps: 0 unless still compiling after MAX_WARMUP_STEPS
+    compiled: bool  # the model and loss through torch.compile (runtime.compile, as init_runtime decides)
+    compiled_optimizer: bool  # Muon's update through torch.compile (lockstep.optim.compiled_step)
+    kernels: bool  # the model's fast paths (runtime.kernels)
+    device: str  # where it ran: "cpu", "cuda:0"
+    dtype: str  # the matmuls' compute dtype: "float32", "bfloat16"
+    rows: int  # sequences per micro-batch (the stage's device_batch_rows)
+    micro_batches: int  # micro-batches per step (gradient accumulation on one device)
+    device_peak_bytes: float | None  # the most any timed step held on the device; None on CPU (no counter)
+    host_peak_rss_bytes: float | None  # this process's peak resident set since it started: not device memory
+    memory_basis: str  # what the two memory figures are
+
+    def ran(self) -> str:
+        """What the timed step ran, in a few words."""
+        return ", ".join([self.dtype, "compiled" if self.compiled else "eager",
+                          "kernels" if self.kernels else "reference ops",
+                          "Muon compiled" if self.compiled_optimizer else "Muon eager"])
+
+
+def calibrate_training(gcfg: GPTConfig, cfg: TrainConfig, *, runtime: RuntimeConfig, steps: int = 3, seed: int = 0,
+                       configure_process: bool = False) -> Calibration:
+    """Time real training steps of the model `gcfg` under the training section `cfg` (its
+    device_batch_rows, batch_tokens and optimizers) on this machine, in one process: a
+    lockstep.train.Trainer on random tokens (RandomTokens), so the step timed is Trainer.step,
+    the one the stage runs, with the runtime a stage decides from `runtime` (device, dtype,
+    torch.compile per runtime.compile, the fast paths per runtime.kernels, Muon's compiled update
+    where lockstep.optim.compiled_step says). The objective is cross-entropy over every target
+    (the prefix-smoothed objective needs the tokenizer, which a plan does not read).
+
+    Warm-up: the first step, and every later one that compiles a graph (up to
+    MAX_WARMUP_STEPS), is left out of the timing and reported apart; then the median of `steps`
+    timed steps. On CUDA, the peak allocated memory of the timed steps. The process's RNG is left
+    as it was found. `configure_process` sets this process's threads, determinism and CPU heap
+    reuse as a training stage does (lockstep.runtime), which changes CPU speed; the CLI and the
+    bench set it, tests do not."""
+    if steps < 1:
+        raise ValueError(f"steps={steps} must be >= 1: the timed steps, after the warm-up")
     if configure_process:
         configure_threads(runtime.threads, runtime.nproc)
         configure_determinism(runtime.deterministic)
         keep_heap_memory()
-    dev, dtype, _ = choose_device_dtype(runtime.device, runtime.dtype)
-    model = GPT.build(gcfg, dev, seed=seed).use_kernels(runtime.kernels)
-    optimizers = build_optimizers(model, optim, model_dim=gcfg.n_embd, ns_dtype=dtype)
-    params = [p for p in model.parameters() if p.requires_grad]
-    T = gcfg.sequence_len
-    accum = max(1, batch_tokens // (rows * T))
-    g = torch.Generator().manual_seed(seed)
-    autocast = torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
-    times = []
-    for step in range(WARMUP_STEPS + steps):
-        batches = [torch.randint(0, gcfg.vocab_size, (rows, T + 1), generator=g).to(dev) for _ in range(accum)]
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t0 = time.perf_counter()
-        for b in batches:
-            with autocast:
-                loss = model(b[:, :-1], b[:, 1:], loss_reduction="sum")
-            (loss / (rows * T * accum)).backward()
-        global_grad_norm(params, optim.grad_clip)
-        for opt in optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        if step >= WARMUP_STEPS:
-            times.append(time.perf_counter() - t0)
-    return accum * rows * T / statistics.median(times)
+    dev, dtype, reason = choose_device_dtype(runtime.device, runtime.dtype)
+    rt = Runtime(device=dev, dtype=dtype, reason=reason, compile=compile_enabled(runtime.compile, dev.type),
+                 kernels=runtime.kernels)
+    # The horizon only shapes the LR schedule, which costs nothing; no evaluation, sample or
+    # checkpoint runs, since only Trainer.step is called.
+    run_cfg = dataclasses.replace(cfg, num_steps=MAX_WARMUP_STEPS + steps, objective="ce", loss="all",
+                                  eval_every_steps=0, sample_every_steps=0, checkpoint_every_steps=0)
+    meter = DevicePeak(dev)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        model = GPT.build(gcfg, dev, seed=seed).use_kernels(rt.kernels)
+        trainer = Trainer(model, run_cfg, rt, data=RandomTokens(gcfg.vocab_size, gcfg.sequence_len), seed=seed)
+        dts: list[float] = []
+        graphs: list[int] = []
+        peaks: list[float | None] = []
+        warm = WARMUP_STEPS
+        while len(dts) < warm + steps:
+            before = fastpath.graphs_compiled()
+            meter.reset()
+            dts.append(trainer.step().dt_s)
+            peaks.append(meter.read())
+            graphs.append(fastpath.graphs_compiled() - before)
+            if graphs[-1] and len(dts) <= MAX_WARMUP_STEPS:
+                warm = max(warm, len(dts))  # it compiled: warm-up, and the timed steps start after it
+    timed = dts[warm:]
+    step_s = statistics.median(timed)
+    timed_peaks = [p for p in peaks[warm:] if p is not None]
+    return Calibration(tok_per_s=run_cfg.batch_tokens / step_s, step_s=step_s, timed_step_s=tuple(timed),
+                       warmup_steps=warm, warmup_s=sum(dts[:warm]), warmup_graphs=sum(graphs[:warm]),
+                       timed_graphs=sum(graphs[warm:]), compiled=rt.compile, compiled_optimizer=compiled_step(rt),
+                       kernels=rt.kernels, device=str(dev), dtype=str(dtype).removeprefix("torch."),
+                       rows=cfg.device_batch_rows, micro_batches=trainer.accum,
+                       device_peak_bytes=max(timed_peaks) if timed_peaks else None,
+                       host_peak_rss_bytes=host_peak_rss_bytes(), memory_basis=meter.basis)
 
 
 def plan_stage(stage: str, params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, cache_root: Path | None,
@@ -742,11 +859,14 @@ def built_from(params: dict[str, Any], raw_root: Path | None, cache_root: Path |
 
 def make_plan(params: dict[str, Any], *, device: str = "h100", gpus: int = 1, mfu: float | None = None,
               peak_tflops: float | None = None, tok_per_s: float | None = None, cache_root: Path | None = None,
-              raw_root: Path | None = None, root: Path = Path("."), kernels: bool | None = None) -> dict[str, Any]:
+              raw_root: Path | None = None, root: Path = Path("."), kernels: bool | None = None,
+              calibration: Calibration | None = None) -> dict[str, Any]:
     """The plan of `params` (a params.yaml mapping) as a JSON-ready dict. `cache_root`/`raw_root`:
     where built caches and snapshots are looked up (None: estimate everything from the fetch
     params); `root`: what relative source paths (roam's notes folder) are relative to; `kernels`
-    overrides runtime.kernels (the fast paths: the loss head's memory, the decode rate)."""
+    overrides runtime.kernels (the fast paths: the loss head's memory, the decode rate);
+    `calibration` (calibrate_training of the pretrain section) gives the throughput, and its
+    measured memory goes beside the plan's estimate for the shape it timed."""
     if gpus < 1:
         raise ValueError(f"--gpus {gpus} must be >= 1")
     model_params = build_config(ModelParams, params.get("model") or {}, where="model")
@@ -757,7 +877,7 @@ def make_plan(params: dict[str, Any], *, device: str = "h100", gpus: int = 1, mf
         runtime = dataclasses.replace(runtime, kernels=kernels)
     head, decode = head_path(device, runtime), decode_path(runtime)
     tp = throughput(device, gpus=gpus, flops_per_token=m["flops_per_token"], runtime=runtime, mfu=mfu,
-                    peak_tflops=peak_tflops, tok_per_s=tok_per_s)
+                    peak_tflops=peak_tflops, tok_per_s=tok_per_s, calibration=calibration)
     built = built_from(params, raw_root, cache_root)
     stages = [plan_stage(s, params, m, tp, cache_root=cache_root, built=built, root=root, head=head)
               for s in STAGE_CONFIGS if s in params]
@@ -765,6 +885,10 @@ def make_plan(params: dict[str, Any], *, device: str = "h100", gpus: int = 1, mf
              for s in stages for c in s["epochs"] if c["over_limit"]]
     flags += [f"{s['stage']}: ~{s['memory_bytes']['total'] / 1e9:.1f} GB per device, above the device's "
               f"{tp.memory_bytes / 1e9:.0f} GB; lower {s['stage']}.device_batch_rows" for s in stages if s["memory_over"]]
+    if calibration is not None and calibration.timed_graphs:
+        flags.append(f"calibration: the timed steps still compiled {calibration.timed_graphs} graph(s) after "
+                     f"{calibration.warmup_steps} warm-up steps, so its rate includes compiling; something recompiles "
+                     "every step (TORCH_LOGS=recompiles says what)")
     return {
         "preset": params.get("preset"),
         "model": m,
@@ -772,6 +896,7 @@ def make_plan(params: dict[str, Any], *, device: str = "h100", gpus: int = 1, mf
                        "peak_flops_per_device": tp.peak_flops, "mfu": tp.mfu, "tok_per_s_per_device": tp.tok_per_s,
                        "basis": tp.basis, "memory_bytes_per_device": tp.memory_bytes, "bf16": tp.bf16},
         "stages": stages,
+        "calibration": None if calibration is None else _calibration(calibration, m),
         "rl": plan_rl(params, m, tp, decode=decode),
         "eval": plan_eval(params, m, tp, root=root, raw_root=raw_root, decode=decode),
         "disk": plan_disk(params, m, root=root, raw_root=raw_root, cache_root=cache_root, built=built),
@@ -788,6 +913,15 @@ def make_plan(params: dict[str, Any], *, device: str = "h100", gpus: int = 1, mf
         },
         "flags": flags,
     }
+
+
+def _calibration(cal: Calibration, m: dict[str, Any]) -> dict[str, Any]:
+    """A calibration for the plan's JSON, with `estimated_memory_bytes`: what memory_per_device
+    says the timed step holds (its rows, one device's optimizer state, its dtype and loss head),
+    to read beside the measured `device_peak_bytes`."""
+    head = _head(gpu=cal.device.startswith("cuda"), compiled=cal.compiled, kernels=cal.kernels)
+    estimate = memory_per_device(m, rows=cal.rows, gpus=1, bf16=cal.dtype == "bfloat16", head=head)["total"]
+    return {**dataclasses.asdict(cal), "estimated_memory_bytes": estimate, "estimated_memory_head": head}
 
 
 def _size(x: float | None, unit: str = "") -> str:
@@ -821,7 +955,16 @@ def render_text(plan: dict[str, Any]) -> str:
            f"compute {_size(m['flops_per_token'])}FLOP/token (6N + attention, as the training loop's MFU)",
            f"device  {tp['gpus']} x {tp['device_name']}: {_size(tp['tok_per_s_per_device'])} tok/s per device "
            f"({tp['basis']}"
-           + (f"; peak {_size(tp['peak_flops_per_device'])}FLOP/s" if tp["peak_flops_per_device"] else "") + ")", ""]
+           + (f"; peak {_size(tp['peak_flops_per_device'])}FLOP/s" if tp["peak_flops_per_device"] else "") + ")"]
+    cal = plan.get("calibration")
+    if cal:
+        steps_ms = [1e3 * t for t in cal["timed_step_s"]]
+        out.append(f"timed   {cal['micro_batches']} x {cal['rows']} rows x T={m['sequence_len']} on {cal['device']}: "
+                   f"median step {1e3 * cal['step_s']:.1f} ms of {len(steps_ms)} "
+                   f"({min(steps_ms):.1f}-{max(steps_ms):.1f}); "
+                   f"warm-up left out: {cal['warmup_steps']} step(s), {cal['warmup_s']:.1f} s, "
+                   f"{cal['warmup_graphs']} graph(s) compiled")
+    out.append("")
     out.append(f"{'stage':9} {'steps':>7} {'tokens':>8} {'FLOPs':>8} {'time':>10} {'memory/dev':>11}  horizon")
     for s in plan["stages"]:
         mem = f"{_size(s['memory_bytes']['total'], 'B')}{' ' + FLAG if s['memory_over'] else ''}"
@@ -873,6 +1016,14 @@ def render_text(plan: dict[str, Any]) -> str:
         out.append(f"memory  {worst['stage']} per device: " + ", ".join(f"{k} {_size(v, 'B')}" for k, v in mb.items())
                    + f" (device has {_size(tp['memory_bytes_per_device'], 'B')})")
         out.append(f"        loss head {plan['assumptions']['memory_head']}")
+    if cal:
+        estimate = f"~{_size(cal['estimated_memory_bytes'], 'B')} estimated ({cal['estimated_memory_head']} head)"
+        if cal["device_peak_bytes"] is not None:
+            measured = f"peak {_size(cal['device_peak_bytes'], 'B')} allocated (torch.cuda.max_memory_allocated)"
+        else:
+            measured = (f"device memory not measured on CPU (host peak RSS {_size(cal['host_peak_rss_bytes'], 'B')}: "
+                        "all this process held since it started)")
+        out.append(f"        timed step, {cal['rows']} rows on 1 device: {measured} vs {estimate}")
     a = plan["assumptions"]
     d = a["decode"]
     rates = (f"{d['b1_tok_s']:,.0f} tok/s at batch 1, {d['b8_tok_s']:,.0f} at batch 8, "

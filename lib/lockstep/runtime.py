@@ -315,9 +315,15 @@ def init_runtime(cfg: RuntimeConfig) -> Runtime:
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, device_id=dev if dev.type == "cuda" else None)
-    compile_on = cfg.compile == "on" or (cfg.compile == "auto" and dev.type == "cuda")
-    return Runtime(device=dev, dtype=dt, reason=reason, rank=rank, local_rank=local_rank,
-                   world_size=world_size, nodes=nodes, compile=compile_on, kernels=cfg.kernels)
+    return Runtime(device=dev, dtype=dt, reason=reason, rank=rank, local_rank=local_rank, world_size=world_size,
+                   nodes=nodes, compile=compile_enabled(cfg.compile, dev.type), kernels=cfg.kernels)
+
+
+def compile_enabled(setting: str, device_type: str) -> bool:
+    """Whether a run on a `device_type` ("cpu", "cuda") device compiles (torch.compile) under
+    runtime.compile `setting`: `on`, or `auto` on CUDA. One rule for the stages (init_runtime)
+    and for what `lockstep plan` plans and times, so the two cannot disagree."""
+    return setting == "on" or (setting == "auto" and device_type == "cuda")
 
 
 class NodeOrderError(ConfigError):
