@@ -1,15 +1,19 @@
 """Muon's compiled step (lockstep.optim._muon_group_update under torch.compile) against the eager
-step it stands in for, on CPU in fp32; and the rule that picks it (CUDA with compile and kernels
-on, never on CPU)."""
+step it stands in for, on CPU in fp32: equal to rounding, the eager step exactly when the compile
+fails (lockstep.fastpath), the same hyperparameter tensors every step; and the rule that picks it
+(CUDA with compile and kernels on, never on CPU)."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 
 import pytest
 import torch
 from torch import nn
 
+from lockstep import fastpath, optim
 from lockstep.optim import Muon, compiled_step, set_lr
 from lockstep.runtime import Runtime
 from test_train import CPU, _cfg, _model, _trainer
@@ -20,6 +24,77 @@ def _matrices(seed: int) -> list[nn.Parameter]:
     # two shapes: tall (transposed inside Newton-Schulz, aspect factor 2) and wide
     return [nn.Parameter(torch.randn(32, 16, generator=g)) for _ in range(3)] + \
            [nn.Parameter(torch.randn(16, 48, generator=g)) for _ in range(2)]
+
+
+_KW = dict(lr=0.05, momentum=0.85, nesterov=True, weight_decay=0.1)
+
+
+def _scheduled_steps(pairs: list[tuple[Muon, list[nn.Parameter]]], steps: int) -> None:
+    """`steps` Muon steps of each (optimizer, its matrices), all given the same random gradients,
+    under a momentum warm-up and a decaying LR: new hyperparameters every step."""
+    for opt, _ in pairs:
+        for group in opt.param_groups:
+            group["initial_lr"] = group["lr"]
+    g = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        set_lr([opt for opt, _ in pairs], 1 - step / 8, momentum=0.85 + 0.02 * step)
+        grads = [torch.randn(p.shape, generator=g) for p in pairs[0][1]]
+        for opt, params in pairs:
+            for p, grad in zip(params, grads, strict=True):
+                p.grad = grad.clone()
+            opt.step()
+
+
+def _compile_fails(gm: torch.fx.GraphModule, example_inputs: list) -> None:
+    """A torch.compile backend that cannot compile anything."""
+    raise RuntimeError("this backend compiles nothing")
+
+
+def test_a_failed_compile_is_answered_by_the_eager_update_exactly(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(optim, "_compiled_muon_group_update", lambda: torch.compile(
+        optim._muon_group_update, backend=_compile_fails, dynamic=False, fullgraph=True))
+    torch._dynamo.reset()
+    eager, compiled = _matrices(0), _matrices(0)
+    opt_eager, opt_compiled = Muon(eager, **_KW), Muon(compiled, **_KW, compiled=True)
+    with caplog.at_level(logging.WARNING, logger="lockstep.fastpath"):
+        _scheduled_steps([(opt_eager, eager), (opt_compiled, compiled)], steps=4)
+    for a, b, start in zip(eager, compiled, _matrices(0), strict=True):
+        assert not torch.equal(b.data, start.data)
+        assert torch.equal(b.data, a.data)
+        assert torch.equal(opt_compiled.state[b]["momentum_buffer"], opt_eager.state[a]["momentum_buffer"])
+    facts = fastpath.facts()["muon_compiled"]
+    assert (facts["path"], facts["results"], facts["fast_calls"]) == ("reference", "reference", 0)
+    assert facts["reference_calls"] == 2 * 4  # two shapes, four steps
+    assert facts["fell_back"].startswith("BackendCompilerFailed"), facts["fell_back"]
+    assert len([r for r in caplog.records if r.name == "lockstep.fastpath"]) == 1
+
+
+def test_compiled_update_gets_the_same_hyperparameter_tensors_every_step(monkeypatch) -> None:
+    """What the compiled graph receives: per same-shape stack three persistent 0-d fp32 tensors on
+    the weights' device (the same objects and storage every step), holding this step's momentum,
+    lr x aspect factor and 1 - lr x weight_decay as the eager update's fp32 kernels round them."""
+    calls: list[tuple[tuple[int, ...], list[torch.Tensor], list[int], list[float]]] = []
+
+    def recording_update(params, grads, bufs, *hyper, **kw):
+        calls.append((tuple(params[0].shape), list(hyper), [t.data_ptr() for t in hyper], [t.item() for t in hyper]))
+        optim._muon_group_update(params, grads, bufs, *hyper, **kw)
+
+    monkeypatch.setattr(optim, "_compiled_muon_group_update", lambda: recording_update)
+    params = _matrices(0)
+    opt = Muon(params, **_KW, compiled=True)
+    _scheduled_steps([(opt, params)], steps=3)
+    assert [shape for shape, *_ in calls] == [(32, 16), (16, 48)] * 3
+    for step in range(3):
+        lr, mu = _KW["lr"] * (1 - step / 8), 0.85 + 0.02 * step
+        for k, aspect in enumerate((2.0, 1.0)):
+            shape, hyper, ptrs, values = calls[2 * step + k]
+            first_hyper, first_ptrs = calls[k][1], calls[k][2]
+            assert all(t is f for t, f in zip(hyper, first_hyper, strict=True)) and ptrs == first_ptrs, (step, shape)
+            assert all(t.shape == () and t.dtype == torch.float32 and t.device == params[0].device for t in hyper)
+            fp32 = [torch.tensor(x, dtype=torch.float32).item() for x in (mu, lr * math.sqrt(aspect), 1 - lr * 0.1)]
+            assert values == fp32, (step, shape)
+    assert not {id(t) for t in calls[0][1]} & {id(t) for t in calls[1][1]}  # one set per stack
+    assert fastpath.facts()["muon_compiled"]["fast_calls"] == 6
 
 
 @pytest.mark.slow  # compiles two graphs: ~25 s with inductor's on-disk cache warm, ~50 s cold (2-core CPU)

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lockstep import fastpath
 from lockstep.config import check_range
 
 if TYPE_CHECKING:
@@ -100,8 +101,10 @@ class Muon(torch.optim.Optimizer):
     instead receives only its own matrices' gradients and all-gathers the weights.
 
     `compiled`: run each same-shape stack's update (momentum, Newton-Schulz, decay and step)
-    through torch.compile (_muon_group_update) instead of the eager ops below, which stay the
-    reference; equal to them to float rounding (tests/test_compiled_optim.py)."""
+    through torch.compile (_muon_group_update) instead of the eager ops (`_eager_update`), which
+    stay the reference: equal to them to float rounding (tests/test_compiled_optim.py), and
+    answering in their place, for the rest of the process, once a compile fails (lockstep.fastpath
+    part "muon_compiled")."""
 
     def __init__(self, params: Iterable, lr: float = 0.02, momentum: float = 0.95, nesterov: bool = True,
                  ns_steps: int = 5, weight_decay: float = 0.0, *, rank: int = 0, world_size: int = 1,
@@ -115,6 +118,7 @@ class Muon(torch.optim.Optimizer):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
         self.rank, self.world_size, self.ns_dtype, self.compiled = rank, world_size, ns_dtype, compiled
+        self._hyper: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # _hyperparameters()
         super().__init__(groups, {"lr": lr, "momentum": momentum, "nesterov": nesterov,
                                   "ns_steps": ns_steps, "weight_decay": weight_decay})
 
@@ -127,48 +131,78 @@ class Muon(torch.optim.Optimizer):
         # Matrices of one shape, dtype and group are orthogonalised as one stack: a d4 model's 24
         # block matrices are 3 batched Newton-Schulz runs instead of 24 runs of small matmuls.
         batches: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        group_index = {id(g): k for k, g in enumerate(self.param_groups)}
         for i, p, group in self._owned():
             if i % self.world_size != self.rank or p.grad is None:
                 continue
             state = self.state[p]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p.grad)
-            key = (id(group), tuple(p.shape), p.dtype, p.device)
+            key = (group_index[id(group)], tuple(p.shape), p.dtype, p.device)
             batches.setdefault(key, []).append((p, state["momentum_buffer"]))
-        groups = {id(g): g for g in self.param_groups}
-        for (group_id, shape, _, _), items in batches.items():
-            group = groups[group_id]
+        for key, items in batches.items():
+            group, shape = self.param_groups[key[0]], key[1]
             params, bufs = [p for p, _ in items], [b for _, b in items]
             grads = [p.grad for p in params]
             scale = math.sqrt(max(1.0, shape[0] / shape[1]))
+            eager = functools.partial(self._eager_update, group, params, grads, bufs, scale)
             if self.compiled:
-                # 0-d tensors, not floats: a float is baked into the compiled graph, and the
-                # schedule changes lr and momentum every step (a recompile each time).
-                hyper = [torch.tensor(x, dtype=torch.float64) for x in
-                         (group["momentum"], group["lr"] * scale, 1 - group["lr"] * group["weight_decay"])]
-                _compiled_muon_group_update()(params, grads, bufs, *hyper, nesterov=group["nesterov"],
-                                              ns_steps=group["ns_steps"], ns_dtype=self.ns_dtype)
-                continue
-            mu = group["momentum"]
-            updates = []
-            for grad, buf in zip(grads, bufs, strict=True):
-                buf.mul_(mu).add_(grad)
-                updates.append(grad.add(buf, alpha=mu) if group["nesterov"] else buf)
-            ortho = orthogonalize(torch.stack(updates), group["ns_steps"], dtype=self.ns_dtype)
-            if group["weight_decay"]:
-                torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
-            torch._foreach_add_(params, list(ortho.unbind(0)), alpha=-group["lr"] * scale)
+                # A compile fails before its graph runs, so the eager update answering it is exact.
+                fastpath.call("muon_compiled",
+                              functools.partial(self._compiled_update, key, group, params, grads, bufs, scale), eager)
+            else:
+                eager()
         if self.world_size > 1:
             for i, p, _ in self._owned():
                 dist.broadcast(p.data, src=i % self.world_size)
         return None
+
+    def _eager_update(self, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor],
+                      bufs: list[torch.Tensor], scale: float) -> None:
+        """One same-shape stack's update in eager ops: what CPU runs step with, the reference the
+        compiled update is held to, and what answers it when it fails (fastpath "muon_compiled")."""
+        mu = group["momentum"]
+        updates = []
+        for grad, buf in zip(grads, bufs, strict=True):
+            buf.mul_(mu).add_(grad)
+            updates.append(grad.add(buf, alpha=mu) if group["nesterov"] else buf)
+        ortho = orthogonalize(torch.stack(updates), group["ns_steps"], dtype=self.ns_dtype)
+        if group["weight_decay"]:
+            torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+        torch._foreach_add_(params, list(ortho.unbind(0)), alpha=-group["lr"] * scale)
+
+    def _compiled_update(self, key: tuple, group: dict, params: list[torch.Tensor], grads: list[torch.Tensor],
+                         bufs: list[torch.Tensor], scale: float) -> None:
+        """One same-shape stack's update through the compiled _muon_group_update, its hyperparameters
+        written into the stack's persistent 0-d tensors (`_hyperparameters`) first."""
+        momentum, step_size, decay = self._hyperparameters(key, params[0])
+        momentum.fill_(group["momentum"])
+        step_size.fill_(group["lr"] * scale)
+        decay.fill_(1 - group["lr"] * group["weight_decay"])
+        _compiled_muon_group_update()(params, grads, bufs, momentum, step_size, decay, nesterov=group["nesterov"],
+                                      ns_steps=group["ns_steps"], ns_dtype=self.ns_dtype)
+
+    def _hyperparameters(self, key: tuple, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The compiled update's (momentum, lr x aspect factor, 1 - lr x weight_decay) for the stack
+        `key` (group index, shape, dtype, device): 0-d tensors on the stack's device, made on its
+        first step and filled in place every step after. Tensors, not floats: a float is baked into
+        the compiled graph, and the schedule changes lr and momentum every step (a recompile each
+        time). The same tensors every step: the graph's inputs keep their addresses, and no host
+        tensor is made (nor copied to the device) per step. Their dtype is the weights' opmath type
+        (float32 for fp32 and bf16 weights, float64 for fp64): the eager update multiplies by
+        Python floats, which its kernels round to that type first, so the compiled update
+        multiplies by exactly the same values. Not optimizer state: checkpoints leave them out."""
+        if key not in self._hyper:
+            dtype = torch.promote_types(like.dtype, torch.float32)
+            self._hyper[key] = tuple(torch.zeros((), dtype=dtype, device=like.device) for _ in range(3))
+        return self._hyper[key]
 
 
 def _muon_group_update(params: list[torch.Tensor], grads: list[torch.Tensor], bufs: list[torch.Tensor],
                        momentum: torch.Tensor, step_size: torch.Tensor, decay: torch.Tensor, *, nesterov: bool,
                        ns_steps: int, ns_dtype: torch.dtype) -> None:
     """Muon's update of a stack of same-shape matrices, written for torch.compile: the arithmetic
-    of Muon.step's eager branch with the hyperparameters as 0-d tensors (`step_size` = lr x the
+    of Muon._eager_update with the hyperparameters as 0-d tensors (`step_size` = lr x the
     aspect factor, `decay` = 1 - lr x weight_decay), so that the momentum update, the Newton-Schulz
     pointwise work and the weight update fuse into few kernels around the batched matmuls."""
     updates = []
