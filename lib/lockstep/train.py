@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from lockstep import resume
+from lockstep import fastpath, resume
 from lockstep.bpb import measure_bpb
 from lockstep.config import ConfigError, FieldError, check_range
 from lockstep.model import GPT, IGNORE_INDEX, GPTConfig
@@ -35,6 +35,8 @@ log = logging.getLogger("lockstep.train")
 _ETA_STEPS = 8  # the progress line's ETA is the mean of this many recent step times
 # The per-step series `train` reports, by file: columns besides `step`, results only.
 SERIES_COLUMNS: dict[str, tuple[str, ...]] = {"train": ("train_loss", "lr_mult"), "val": ("val_bpb",)}
+# (x, y) -> the objective summed over a micro-batch's targets
+LossSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -412,7 +414,7 @@ class Trainer:
         self.guard = NonFiniteGuard(cfg.nonfinite_patience, keys=f"{params_section}." if params_section else "",
                                     announce=rt.is_main)
         self.peak, self.peak_why = peak_flops(rt, declared=cfg.peak_flops)
-        self._forward = self._loss_sum(loss)
+        self._eager_loss, self._compiled_loss = self._loss_sum(loss)
         model.train()
         self.step_count = 0  # optimizer steps completed, resumed ones included
         self.start_step = 0  # where this process started (a resumed checkpoint's step)
@@ -423,8 +425,9 @@ class Trainer:
         self.dts: list[float] = []  # this process's step times, the warm-up step left out
         self.last_eval: dict[str, float] = {}
 
-    def _loss_sum(self, loss: Objective | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        """(x, y) -> the objective summed over the micro-batch's targets, compiled if the runtime says so."""
+    def _loss_sum(self, loss: Objective | None) -> tuple[LossSum, LossSum | None]:
+        """The objective summed over a micro-batch's targets, eager, and the same through
+        torch.compile when the runtime compiles (else None)."""
         if loss is None:
             if self.cfg.objective != "ce":
                 raise ValueError(f"objective {self.cfg.objective} needs the vocabulary's ancestor table: pass "
@@ -435,7 +438,7 @@ class Trainer:
         def loss_sum(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return loss(model, x, y, "sum")
 
-        return torch.compile(loss_sum) if self.rt.compile else loss_sum
+        return loss_sum, (torch.compile(loss_sum) if self.rt.compile else None)
 
     def step(self) -> StepStats:
         """One optimizer step: the scheduled LR, the global batch of this step (its micro-batches
@@ -482,12 +485,7 @@ class Trainer:
             dist.all_reduce(n_targets)
         # kept on the device (no sync); a count is exact in fp32 up to 2^24 targets per step
         denom = n_targets.clamp(min=1.0).float()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
-        for x, y in micro:
-            with rt.autocast():
-                loss = self._forward(x, y)
-            (loss / denom).backward()
-            loss_sum += loss.detach().double()
+        loss_sum = self._backward(micro, denom)
         reduce_grads(self.optimizers, self.params)
         if rt.distributed:
             dist.all_reduce(loss_sum)
@@ -497,6 +495,42 @@ class Trainer:
         # all-reduces every rank holds the same loss and gradient norm, so all ranks decide alike.
         loss_total, norm, count = torch.stack([loss_sum, grad_norm.to(loss_sum), denom.to(loss_sum)]).tolist()
         return loss_total / count, norm
+
+    def _backward(self, micro: list[tuple[torch.Tensor, torch.Tensor]], denom: torch.Tensor) -> torch.Tensor:
+        """Accumulate this rank's gradients of `micro` ((x, y) pairs), each loss divided by `denom`;
+        returns their summed loss (fp64, on the device). With runtime.compile, through the compiled
+        loss while fastpath part "compiled_loss" is on its fast path. Any of that may fail: the
+        forward's compile, or the backward's, which AOT autograd makes lazily at the first
+        `.backward()`, after the eager part of the backward (the chunked head loss's, behind its
+        graph break) has accumulated the head's gradients. The part then falls back, and `redo`
+        clears the gradients and computes the step's again on the eager loss: batches are a pure
+        function of (seed, step, micro), so the step equals a reference step. (On later steps
+        `redo` is the reference path; its clearing finds no gradients, zero_grad having freed them.)"""
+        if self._compiled_loss is None:
+            return self._accumulate(micro, denom, self._eager_loss)
+        compiled = self._compiled_loss
+
+        def redo() -> torch.Tensor:
+            for p in self.params:
+                p.grad = None
+            return self._accumulate(micro, denom, self._eager_loss)
+
+        # Under torch.distributed the redo is local to the rank: _accumulate holds no collective
+        # (the model is not wrapped in DDP; the target count was summed before it; reduce_grads
+        # and the norm's all_reduce come after it), so a rank that redoes its step still meets
+        # the other ranks' collectives in the same order, with gradients of the same step.
+        return fastpath.call("compiled_loss", lambda: self._accumulate(micro, denom, compiled), redo)
+
+    def _accumulate(self, micro: list[tuple[torch.Tensor, torch.Tensor]], denom: torch.Tensor,
+                    loss_sum_fn: LossSum) -> torch.Tensor:
+        """Backward of each micro-batch's `loss_sum_fn` / `denom`; the losses' sum (fp64, on the device)."""
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.rt.device)
+        for x, y in micro:
+            with self.rt.autocast():
+                loss = loss_sum_fn(x, y)
+            (loss / denom).backward()
+            loss_sum += loss.detach().double()
+        return loss_sum
 
     def _report(self, step: int, train_loss: float, mult: float, dt: float) -> None:
         """Rank 0, after an applied step: the progress line, the series row and the throughput."""
