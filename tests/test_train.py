@@ -1,11 +1,13 @@
-"""Training loop: schedule and horizon, one Trainer step and its state, learning on a toy source,
-bit-exact resume and byte-identical outputs on CPU."""
+"""Training loop: schedule and horizon, one Trainer step and its state, the order of a step's batch
+draws, copies, host read and updates, learning on a toy source, bit-exact resume and
+byte-identical outputs on CPU."""
 
 from __future__ import annotations
 
 import ast
 import copy
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -19,8 +21,8 @@ from lockstep.model import GPT, IGNORE_INDEX
 from lockstep.optim import OptimConfig
 from lockstep.rl import RLConfig
 from lockstep.runtime import Runtime
-from lockstep.train import (ModelParams, TrainConfig, Trainer, TrainResult, Validation, grad_accum_steps, horizon_steps,
-                            lr_multiplier)
+from lockstep.train import (ModelParams, TrainConfig, Trainer, TrainResult, Validation, batch_generator, grad_accum_steps,
+                            horizon_steps, host_to_device, lr_multiplier)
 
 V, T = 64, 32
 CPU = Runtime(device=torch.device("cpu"), dtype=torch.float32, reason="test")
@@ -242,6 +244,108 @@ def test_one_host_sync_per_step(monkeypatch) -> None:
                 trainer.step()
         monkeypatch.undo()
         assert (syncs, reads.count) == (["tolist"] * 3, 0), accum
+
+
+class _RecordingSource(_IndexSource):
+    """_IndexSource that knows which (step, micro-batch) each batch belongs to (from its generator's
+    seed, for seed 5) and keeps, by the id of each batch's inputs, that tag and the tensor."""
+
+    def __init__(self, events: list[tuple]) -> None:
+        super().__init__()
+        self.events, self.inputs = events, {}
+        self.tags = {batch_generator(5, step, micro).initial_seed(): (step, micro) for step in range(8) for micro in range(4)}
+
+    def get_batch(self, *, B: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
+        batch = super().get_batch(B=B, generator=generator)
+        tag = self.tags[generator.initial_seed()]
+        self.events.append(("draw", *tag))
+        self.inputs[id(batch[0])] = (tag, batch[0])
+        return batch
+
+
+def _recorded(monkeypatch, trainer_kw: dict | None = None) -> tuple[Trainer, list[tuple]]:
+    """A Trainer (3 steps of 2 micro-batches) whose steps leave events in order: ("draw", step,
+    micro) as a micro-batch is drawn, ("copy", step, micro) as its inputs go to the device,
+    ("forward", step, micro), ("read",) for each read to the host, ("update",) per optimizer step."""
+    events: list[tuple] = []
+    source = _RecordingSource(events)
+    trainer = Trainer(_model(), _cfg(num_steps=3), CPU, data=source, seed=5, **(trainer_kw or {}))
+
+    def copy_to(t, device):
+        if id(t) in source.inputs:
+            events.append(("copy", *source.inputs[id(t)][0]))
+        return host_to_device(t, device)
+
+    def forward(x, y, loss=trainer._eager_loss):
+        events.append(("forward", *source.inputs[id(x)][0]))
+        return loss(x, y)
+
+    def update(opt_step):
+        return lambda *a, **kw: (events.append(("update",)), opt_step(*a, **kw))[1]
+
+    monkeypatch.setattr(lockstep.train, "host_to_device", copy_to)
+    trainer._eager_loss = forward
+    for opt in trainer.optimizers:
+        opt.step = update(opt.step)
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: (events.append(("read",)), tolist(t))[1])
+    return trainer, events
+
+
+def _step_events(step: int, *, next_step: bool = True, applied: bool = True) -> list[tuple]:
+    """What step `step` should record: its forwards (its batches drawn the step before), the one
+    read, the next step's batches drawn and copied, then the two optimizer updates."""
+    drawn = [e for m in range(2) for e in (("draw", step + 1, m), ("copy", step + 1, m))] if next_step else []
+    return [("forward", step, 0), ("forward", step, 1), ("read",)] + drawn + [("update",)] * 2 * applied
+
+
+def test_next_steps_batches_are_drawn_and_copied_before_this_steps_update(monkeypatch) -> None:
+    trainer, events = _recorded(monkeypatch)
+    for _ in range(3):
+        trainer.step()
+    first = [("draw", 0, 0), ("copy", 0, 0), ("draw", 0, 1), ("copy", 0, 1)]  # nothing was prefetched yet
+    # the last step draws nothing: there is no step 3 to run
+    assert events == first + _step_events(0) + _step_events(1) + _step_events(2, next_step=False)
+
+
+def test_a_skipped_step_still_counts_so_the_batches_drawn_during_it_are_the_next_steps(monkeypatch) -> None:
+    trainer, events = _recorded(monkeypatch)
+    monkeypatch.setattr(trainer.guard, "check", lambda *a: False)  # every step non-finite, none applied
+    trainer.step()
+    trainer.step()
+    assert events[4:] == _step_events(0, applied=False) + _step_events(1, applied=False)
+
+
+def test_after_load_state_dict_a_step_draws_its_own_batches(monkeypatch) -> None:
+    """The batches drawn during step 1 are step 2's: after loading the state of step 1 they are
+    not used; step 1 draws its own, and its loss is step 1's again."""
+    trainer, events = _recorded(monkeypatch)
+    trainer.step()
+    state = copy.deepcopy(trainer.state_dict())
+    loss_1 = trainer.step().train_loss
+    del events[:]
+    trainer.load_state_dict(state)
+    assert trainer.step().train_loss == loss_1
+    assert events == [("draw", 1, 0), ("copy", 1, 0), ("draw", 1, 1), ("copy", 1, 1)] + _step_events(1)
+
+
+def test_host_batches_are_pinned_and_copied_without_waiting_on_cuda() -> None:
+    """The decision, with the CUDA calls stood in: a host tensor bound for CUDA is pinned, then
+    copied with non_blocking=True (a copy from pageable memory could wait for the queued update);
+    one already on the device is left to .to(); on the CPU the tensor itself comes back."""
+    cuda = torch.device("cuda", 0)
+    host = mock.MagicMock(spec=torch.Tensor, device=torch.device("cpu"))
+    out = host_to_device(host, cuda)
+    host.pin_memory.assert_called_once_with()
+    host.pin_memory.return_value.to.assert_called_once_with(cuda, non_blocking=True)
+    assert out is host.pin_memory.return_value.to.return_value
+    host.to.assert_not_called()
+    on_device = mock.MagicMock(spec=torch.Tensor, device=cuda)
+    assert host_to_device(on_device, cuda) is on_device.to.return_value
+    on_device.to.assert_called_once_with(cuda)
+    on_device.pin_memory.assert_not_called()
+    cpu_batch = torch.arange(6).view(2, 3)
+    assert host_to_device(cpu_batch, torch.device("cpu")) is cpu_batch
 
 
 class _ScriptedClock:

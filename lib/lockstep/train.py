@@ -37,6 +37,8 @@ _ETA_STEPS = 8  # the progress line's ETA is the mean of this many recent step t
 SERIES_COLUMNS: dict[str, tuple[str, ...]] = {"train": ("train_loss", "lr_mult"), "val": ("val_bpb",)}
 # (x, y) -> the objective summed over a micro-batch's targets
 LossSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# One rank's micro-batches of a step: (inputs x, targets y) pairs, each (B, T), on the device
+MicroBatches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -265,6 +267,19 @@ def batch_generator(seed: int, step: int, micro: int) -> torch.Generator:
 
 
 
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Batch tensor `t` on `device`, its copy queued without waiting for the device. On CUDA a
+    host tensor is pinned first: a copy from pageable memory can wait for the work queued on the
+    stream before it (the CUDA runtime's API synchronization notes: to stage pageable memory the
+    driver may synchronize with the stream), which in the loop is the previous step's optimizer
+    update; one from pinned memory with non_blocking=True is queued behind that work instead.
+    Otherwise `t.to(device)`: `t` itself on the CPU, where pinning needs an accelerator, and for a
+    batch a loader already put on the device (lockstep.loaders pins and copies its own)."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def _targets(batch: Sequence[torch.Tensor], loss: str) -> torch.Tensor:
     if loss == "assistant":
         if len(batch) < 3:
@@ -392,6 +407,8 @@ class Trainer:
     the rows up to its checkpoint first, so the callback sees the whole run. Timings stay out of
     the rows (they go to the log and the TrainResult): the series are equal for equal runs."""
 
+    _prefetched: tuple[int, MicroBatches] | None = None  # (step, its batches), drawn during the step before
+
     def __init__(self, model: GPT, cfg: TrainConfig, rt: Runtime, *, data: BatchSource, seed: int,
                  loss: Objective | None = None, validation: Validation | None = None, samples: Samples | None = None,
                  on_step: Callable[[dict[str, float]], None] | None = None, params_section: str = "",
@@ -445,14 +462,17 @@ class Trainer:
         split over ranks), gradients, clipping and the update, unless the loss or gradient norm
         is not finite (then the update is skipped, or NonFiniteError raised past the patience)."""
         cfg, rt, step = self.cfg, self.rt, self.step_count
-        # One host sync per step: the loss and gradient norm the NaN guard needs. Device work still
-        # queued from the previous step's update is waited for inside this step, so in steady state
-        # each step's time is its own; the first timed step of a process is left out of throughput.
+        # One host sync per step (in _gradients), which the NaN guard needs before any update; the
+        # previous update's queued work is waited for inside it: in steady state a step's time is its own.
         t0 = time.perf_counter()
         mult = cfg.lr_multiplier(step, self.total_steps)
         set_lr(self.optimizers, mult, momentum=muon_momentum(step, cfg.optim))
         train_loss, norm = self._gradients(step)
         applied = self.guard.check(step + 1, self.total_steps, train_loss, norm)
+        if step + 1 < self.total_steps:  # applied or skipped, step + 1 runs next
+            # Right after the sync the device's queue is empty: drawing the next step's batches
+            # waits for nothing (a source's own blocking copy included); their copies go ahead of the update.
+            self._prefetched = (step + 1, self._device_batches(step + 1))
         if applied:
             for opt in self.optimizers:
                 opt.step()
@@ -473,11 +493,8 @@ class Trainer:
     def _gradients(self, step: int) -> tuple[float, float]:
         """Accumulate the gradients of step `step`'s global batch; (loss per target, gradient norm)
         on the host, the same on every rank."""
-        cfg, rt, rows = self.cfg, self.rt, self.cfg.device_batch_rows
-        micro = []
-        for i in range(self.accum):
-            batch = self.data.get_batch(B=rows, generator=batch_generator(self.seed, step, rt.rank * self.accum + i))
-            micro.append((batch[0].to(rt.device, non_blocking=True), _targets(batch, cfg.loss).to(rt.device, non_blocking=True)))
+        cfg, rt = self.cfg, self.rt
+        micro = self._batches(step)
         # Normalise by the target count of the whole global batch, so an SFT batch with few
         # assistant tokens weighs each token the same, and 1 or N ranks give the same gradient.
         n_targets = sum((y != IGNORE_INDEX).sum() for _, y in micro).to(torch.float64)
@@ -496,7 +513,26 @@ class Trainer:
         loss_total, norm, count = torch.stack([loss_sum, grad_norm.to(loss_sum), denom.to(loss_sum)]).tolist()
         return loss_total / count, norm
 
-    def _backward(self, micro: list[tuple[torch.Tensor, torch.Tensor]], denom: torch.Tensor) -> torch.Tensor:
+    def _batches(self, step: int) -> MicroBatches:
+        """This rank's micro-batches (x, y) of step `step` on the device: those drawn for it during
+        the step before, else drawn now (a process's first step; the first after load_state_dict,
+        when the batches drawn before were another step's)."""
+        prefetched, self._prefetched = self._prefetched, None
+        if prefetched is not None and prefetched[0] == step:
+            return prefetched[1]
+        return self._device_batches(step)
+
+    def _device_batches(self, step: int) -> MicroBatches:
+        """Draw this rank's micro-batches (x, y) of step `step` (batch_generator: a pure function of
+        the seed, the step and the global micro-batch index) and queue their copies to the device."""
+        rt, rows = self.rt, self.cfg.device_batch_rows
+        micro = []
+        for i in range(self.accum):
+            batch = self.data.get_batch(B=rows, generator=batch_generator(self.seed, step, rt.rank * self.accum + i))
+            micro.append((host_to_device(batch[0], rt.device), host_to_device(_targets(batch, self.cfg.loss), rt.device)))
+        return micro
+
+    def _backward(self, micro: MicroBatches, denom: torch.Tensor) -> torch.Tensor:
         """Accumulate this rank's gradients of `micro` ((x, y) pairs), each loss divided by `denom`;
         returns their summed loss (fp64, on the device). With runtime.compile, through the compiled
         loss while fastpath part "compiled_loss" is on its fast path. Any of that may fail: the
@@ -521,8 +557,7 @@ class Trainer:
         # the other ranks' collectives in the same order, with gradients of the same step.
         return fastpath.call("compiled_loss", lambda: self._accumulate(micro, denom, compiled), redo)
 
-    def _accumulate(self, micro: list[tuple[torch.Tensor, torch.Tensor]], denom: torch.Tensor,
-                    loss_sum_fn: LossSum) -> torch.Tensor:
+    def _accumulate(self, micro: MicroBatches, denom: torch.Tensor, loss_sum_fn: LossSum) -> torch.Tensor:
         """Backward of each micro-batch's `loss_sum_fn` / `denom`; the losses' sum (fp64, on the device)."""
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.rt.device)
         for x, y in micro:
