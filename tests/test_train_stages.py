@@ -294,3 +294,48 @@ def test_entry_point_prints_one_line(monkeypatch: pytest.MonkeyPatch, capsys) ->
     monkeypatch.setenv("RANK", "1")
     assert entry(interrupted) == 130 and entry(bad_config, errors=(ConfigError,)) == 1
     assert capsys.readouterr().err == ""
+
+
+def test_a_compile_that_fails_falls_back_and_the_stage_finishes(workspace: Path, repo_root: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    """runtime.compile: on with a torch.compile whose compiler raises (as inductor did on the first
+    GPU run): the stage does not end; its model, metrics and series equal the eager run's, and its
+    run facts say the compiled loss fell back, why, and that the results are the reference's."""
+    import functools
+    import logging
+
+    monkeypatch.syspath_prepend(str(repo_root))
+    from stages import pretrain
+
+    monkeypatch.setattr("stages.pretrain.code_revision", lambda entry: "sha256:pinned")
+    root = workspace
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    for mode in ("off", "on"):
+        params["runtime"]["compile"] = mode
+        (root / f"params_compile_{mode}.yaml").write_text(yaml.safe_dump(params))
+
+    def broken_compiler(gm, example_inputs):
+        raise RuntimeError("inductor: an illegal memory access was encountered")
+
+    def run(mode: str) -> None:
+        args = _args(root, "pretrain", f"pretrain_compile_{mode}", runs=f"runs_compile_{mode}")
+        args[args.index("--params") + 1] = str(root / f"params_compile_{mode}.yaml")
+        assert pretrain.main(args) == 0
+
+    run("off")
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=broken_compiler))
+    with caplog.at_level(logging.WARNING, logger="lockstep.fastpath"):
+        run("on")
+    eager, fell_back = root / "pretrain_compile_off", root / "pretrain_compile_on"
+    assert (eager / "model.safetensors").read_bytes() == (fell_back / "model.safetensors").read_bytes()
+    assert (root / "metrics/pretrain_compile_off.json").read_bytes() == \
+           (root / "metrics/pretrain_compile_on.json").read_bytes()
+    assert (root / "plots/pretrain_compile_off/train.tsv").read_bytes() == \
+           (root / "plots/pretrain_compile_on/train.tsv").read_bytes()
+    facts = json.loads((root / "runinfo/pretrain_compile_on.json").read_text())
+    part = facts["fast_paths"]["compiled_loss"]
+    assert part["path"] == "reference" and part["results"] == "reference" and part["fast_calls"] == 0
+    assert "illegal memory access" in part["fell_back"] and facts["device"]["compile"] is True
+    assert facts["numerics"]["fast_paths"] == "compiled_loss=reference"
+    assert json.loads((root / "runinfo/pretrain_compile_off.json").read_text())["fast_paths"] == {}
+    assert sum("fast path compiled_loss" in r.getMessage() for r in caplog.records) == 1

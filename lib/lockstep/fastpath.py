@@ -78,9 +78,16 @@ def graphs_compiled() -> int:
 
 
 def _reason(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    first = text[0] if text else ""
-    return f"{type(error).__name__}: {first}"[:REASON_CHARS]
+    """`Type: first line of the message`, and the same of the error underneath when there is one:
+    torch.compile wraps a compiler's error in BackendCompilerFailed, whose own first line only says
+    which backend raised."""
+    parts = []
+    seen: BaseException | None = error
+    while seen is not None and len(parts) < 3:
+        lines = [line for line in str(seen).strip().splitlines() if line.strip()]
+        parts.append(f"{type(seen).__name__}: {lines[0] if lines else ''}".rstrip(": "))
+        seen = getattr(seen, "inner_exception", None) or seen.__cause__
+    return " <- ".join(parts)[:REASON_CHARS]
 
 
 def fall_back(part: str, error: BaseException | str) -> None:
