@@ -1,13 +1,17 @@
 """lockstep.ops.chunked_head_loss (CUDA_OPS' head loss) against the reference head_loss: losses and
 gradients, reductions, ignored and all-ignored targets, with and without a soft cap, chunks that do
 not divide the rows, bf16 autocast, torch.compile, the prefix-smoothed objective, and that no
-tensor of the batch's rows times the vocabulary is ever made, forward or backward.
+tensor of the batch's rows times the vocabulary is ever made, forward or backward. Also what it
+costs: three vocabulary-sized matmuls per chunk for sum and mean (the gradient taken in the
+forward), four for none, fewer where no gradient is wanted; and the head's gradient summed in fp32
+without a bf16 temporary where addmm can write fp32 (CUDA; a stand-in on this CPU).
 
 fp32 tolerance: 1e-6 of the largest |element| of the reference tensor (the chunks change only the
 matmuls' blocking; measured differences are 0-4e-7). Under bf16 autocast both paths round the
-logits and the logit gradient to bf16 at the same points, but the chunked head rounds the lm_head
-gradient once per chunk before summing in fp32 where the reference rounds the whole product once:
-1e-2 of the scale (a few bf16 units in the last place, 2^-8 each), cosine > 0.9999.
+logits and the logit gradient to bf16 at the same points, but the chunked head sums the lm_head
+gradient in fp32 over chunks (on this CPU, whose addmm cannot write fp32, each chunk's product
+rounded to bf16 first) where the reference rounds the whole product once: 1e-2 of the scale (a few
+bf16 units in the last place, 2^-8 each), cosine > 0.9999.
 
 torch.compile runs with the aot_eager backend: it is dynamo's and AOT autograd's tracing and graph
 partitioning that decide what is saved between forward and backward, and inductor's C++ build
@@ -150,7 +154,8 @@ def _vocab_rows(t) -> int:
     return t.numel() // vocab_dims[0] if vocab_dims else 0
 
 
-def test_chunked_loss_under_torch_compile_equals_eager_and_keeps_chunks(monkeypatch):
+@pytest.mark.parametrize("reduction, bodies", [("none", 2), ("mean", 1)])  # bodies: forward and backward, or one
+def test_chunked_loss_under_torch_compile_equals_eager_and_keeps_chunks(monkeypatch, reduction, bodies):
     # Compiled, the loss is a graph break and each chunk's body compiles on its own: no compiled
     # graph holds more than one chunk's logits, in either pass. (Compiled whole, inductor fused all
     # chunks' reductions into one kernel: every chunk alive at once, and past 2^31 elements an
@@ -169,23 +174,24 @@ def test_chunked_loss_under_torch_compile_equals_eager_and_keeps_chunks(monkeypa
             return ops.chunked_head_loss(x, w, y, 2.0, V, reduction, chunk_rows=CHUNK_ROWS)
 
         compiled, rows = _compiled_with_graph_rows(chunked, fullgraph=False)
-        eager = _loss_and_grads(chunked, x, w, y, "none")
-        got = _loss_and_grads(compiled, x, w, y, "none")
+        eager = _loss_and_grads(chunked, x, w, y, reduction)
+        got = _loss_and_grads(compiled, x, w, y, reduction)
         for what, a, b in zip(("loss", "grad x", "grad w"), got, eager):
             _assert_close_to_scale(a, b, 1e-6, what)
-        # the caller's graphs hold no logits; the bodies, forward and gradient, were compiled, each
-        # for the full chunks and the last one (12 rows), and hold one chunk's logits at most
+        # the caller's graphs hold no logits; each body that ran (none: the forward and the
+        # gradient; mean: the forward with its gradient) was compiled for the full chunks and the
+        # last one (12 rows), and holds one chunk's logits at most
         assert rows.get("forward", 0) == 0 and rows.get("backward", 0) == 0, rows
-        assert len(body_rows) >= 3 and max(body_rows) == CHUNK_ROWS, body_rows
+        assert len(body_rows) >= 2 * bodies and max(body_rows) == CHUNK_ROWS, body_rows
     finally:
         ops.compiled_chunk_bodies.cache_clear()
     # uncompiled, the eager bodies run (nothing new compiled)
     n = len(body_rows)
-    _loss_and_grads(chunked, x, w, y, "none")
+    _loss_and_grads(chunked, x, w, y, reduction)
     assert len(body_rows) == n
     # the reference's compiled graphs hold the batch's logits (so the row count can fail)
     reference, ref_rows = _compiled_with_graph_rows(_reference(2.0))
-    _loss_and_grads(reference, x, w, y, "none")
+    _loss_and_grads(reference, x, w, y, reduction)
     assert ref_rows["forward"] >= N and ref_rows["backward"] >= N, ref_rows
 
 
@@ -221,6 +227,107 @@ def test_chunked_loss_makes_no_batch_by_vocab_tensor(cap):
     assert rows == CHUNK_ROWS, shape  # (16, V) chunks, forward and backward
     ref_rows, ref_shape = _rows_made(lambda: ops.head_loss(x, w, y, cap, V, "mean"), (V, V_PADDED))
     assert ref_rows >= N, ref_shape  # the probe sees the reference's (N, V) logits
+
+
+_MATMULS = {"mm", "addmm", "addmm_", "bmm", "baddbmm", "baddbmm_"}  # aten's, with their out= and dtype overloads
+
+
+class _VocabMatmuls(TorchDispatchMode):
+    """Counts the matmuls (aten mm, addmm, bmm) with an operand or output that has a
+    vocabulary-sized dim: the (rows x C x V) GEMMs of the head, forward and backward."""
+
+    def __init__(self, vocab_dims: tuple[int, ...]):
+        super().__init__()
+        self.vocab_dims = vocab_dims
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if func.overloadpacket.__name__ in _MATMULS and any(d in self.vocab_dims for t in tensors for d in t.shape):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _vocab_matmuls(loss_fn, *, backward: bool = True) -> int:
+    with _VocabMatmuls((V, V_PADDED)) as probe:
+        loss = loss_fn()
+        if backward:
+            loss.sum().backward()
+    return probe.count
+
+
+@pytest.mark.parametrize("reduction, per_chunk", [("sum", 3), ("mean", 3), ("none", 4)])
+def test_chunked_loss_matmuls_per_chunk(reduction, per_chunk):
+    # sum and mean take the gradient from the forward's logits: logits, dx and dW, three GEMMs per
+    # chunk; none recomputes the logits in the backward, four
+    chunks = -(-N // CHUNK_ROWS)  # 4
+    x, w, y = _inputs(4)
+    loss = _chunked(2.0)
+    assert _vocab_matmuls(lambda: loss(x, w, y, reduction)) == per_chunk * chunks
+    # a gradient not wanted is not computed: without w's, dx alone; without grad mode, the plain loss
+    w.requires_grad_(False)
+    assert _vocab_matmuls(lambda: loss(x, w, y, reduction)) == (per_chunk - 1) * chunks
+    with torch.no_grad():
+        assert _vocab_matmuls(lambda: loss(x, w, y, reduction), backward=False) == chunks
+    x.requires_grad_(False)
+    assert _vocab_matmuls(lambda: loss(x, w, y, reduction), backward=False) == chunks
+
+
+def test_chunked_loss_backward_twice_is_refused():
+    # the backward of sum and mean scales the gradients the forward kept in place: a second one
+    # through the same graph would be wrong, and autograd refuses it
+    x, w, y = _inputs()
+    loss = ops.chunked_head_loss(x, w, y, 2.0, V, "mean", chunk_rows=CHUNK_ROWS)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+def test_chunked_loss_accumulates_the_head_gradient_in_fp32_where_addmm_can(monkeypatch):
+    # CUDA's addmm writes a bf16 product into an fp32 out; the CPU has no such kernel, so here a
+    # stand-in computes addmm.dtype_out exactly, and the head's gradient must come only from it
+    x, w, y = _inputs(1)
+    monkeypatch.setattr(ops, "_addmm_writes_fp32", lambda device_type: True)
+    calls = []
+
+    class Fp32Addmm(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten.addmm.dtype_out:
+                acc, a, b, out_dtype = args
+                calls.append((acc is kwargs["out"], acc.dtype, a.dtype, b.dtype, out_dtype, tuple(acc.shape)))
+                return acc.add_(a.float() @ b.float())
+            out = func(*args, **kwargs)
+            if func.overloadpacket.__name__ in _MATMULS:  # no product of the head's shape rounded to bf16 first
+                assert not (out.dtype == torch.bfloat16 and tuple(out.shape) == (V, C)), func
+            return out
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = _loss_and_grads(_reference(2.0), x, w, y, "sum")
+        with Fp32Addmm():
+            got = _loss_and_grads(_chunked(2.0), x, w, y, "sum")
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert calls == [(True, fp32, bf16, bf16, fp32, (V, C))] * -(-N // CHUNK_ROWS)  # into the fp32 sum, per chunk
+    for what, a, b in zip(("loss", "grad x", "grad w"), got, ref):
+        _assert_close_to_scale(a, b, 1e-5 if what == "loss" else 1e-2, what)
+
+
+def test_the_fp32_addmm_feature_test(monkeypatch):
+    # a backend without the kernel, one that writes the product over the sum, and one that adds
+    probe = ops._addmm_writes_fp32.__wrapped__
+
+    def missing(*args, **kwargs):
+        raise NotImplementedError("Could not run 'aten::addmm.dtype_out' with arguments from the 'CPU' backend")
+
+    def overwrites(acc, a, b, *, out_dtype, out):
+        return out.copy_(a.float() @ b.float())
+
+    def adds(acc, a, b, *, out_dtype, out):
+        return out.add_(a.float() @ b.float())
+
+    for addmm, works in ((missing, False), (overwrites, False), (adds, True)):
+        monkeypatch.setattr(torch, "addmm", addmm)
+        assert probe("cpu") is works, addmm.__name__
 
 
 def _prefix_model(ops_set, V_model: int, seq: int):

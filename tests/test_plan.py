@@ -78,10 +78,13 @@ def test_memory_by_hand() -> None:
                    "activations": 1 * 42 * 2 * 64 * 64, "logits": 4.0 * 2 * 64 * 256,
                    "total": 8.0 * P + 4.0 * adamw + 2.0 * muon + 42 * 2 * 64 * 64 + 4.0 * 2 * 64 * 256}
     assert memory_per_device(m, rows=2, gpus=2, bf16=False)["activations"] == 2 * 42 * 2 * 64 * 64
-    # the loss head by path: bytes per logit, or one chunk plus the hidden states' gradient
+    # the loss head by path: bytes per logit, or one chunk plus the hidden states' gradient (the
+    # returned fp32 one and the bf16 one the forward holds) and the head's fp32 gradient
     logits = {h: memory_per_device(m, rows=2, gpus=2, bf16=True, head=h)["logits"] for h in HEAD_BASIS}
     assert logits == {"compiled": 4.0 * 128 * 256, "eager": 16.0 * 128 * 256, "cpu_kernels": 2.0 * 128 * 256,
-                      "chunked": 10.0 * 128 * 256 + 4.0 * 128 * 64}  # the whole batch is smaller than one chunk
+                      "chunked": 10.0 * 128 * 256 + (4.0 + 2.0) * 128 * 64 + 4.0 * 256 * 64}  # the batch is under a chunk
+    assert memory_per_device(m, rows=2, gpus=2, bf16=False, head="chunked")["logits"] == (
+        10.0 * 128 * 256 + (4.0 + 4.0) * 128 * 64 + 4.0 * 256 * 64)
     assert memory_per_device(m, rows=2, gpus=2, bf16=False, head="cpu_kernels")["logits"] == 4.0 * 128 * 256
     with pytest.raises(ValueError, match="head='fused'"):
         memory_per_device(m, rows=2, gpus=2, bf16=True, head="fused")

@@ -75,10 +75,14 @@ def fused_head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap
 # ---- chunked head + cross-entropy (the GPU fast path) -----------------------------------------
 
 # Rows (tokens) of the batch whose logits exist at once in chunked_head_loss. Run eagerly, a chunk
-# holds at most two fp32 (rows, V) buffers and one in the matmul dtype, so the loss needs at most
-# ~2.5 x CHUNK_ROWS x V x 4 bytes beyond the weights: 1.25 GiB at V = 65,536, against 16 GiB for
-# one fp32 copy of the logits of 32 x 2048 tokens (a compiled chunk body fuses the fp32 passes and
-# needs less). 2048 rows keep each chunk's (2048 x C) @ (C x V) matmul large enough to fill a GPU.
+# holds at most two fp32 (rows, V) buffers and one in the matmul dtype, so the chunk loop needs at
+# most ~2.5 x CHUNK_ROWS x V x 4 bytes beyond the weights: 1.25 GiB at V = 65,536, against 16 GiB
+# for one fp32 copy of the logits of 32 x 2048 tokens (a compiled chunk body fuses the fp32 passes
+# and needs less). For `sum` and `mean` the forward computes the gradients too (_ChunkedHeadLoss)
+# and holds them until the backward: the hidden states' (N, C) in the matmul dtype, the size of one
+# activation (96 MiB at d12's 32 x 2048 tokens and C = 768, in bf16), and the head's (V_padded, C)
+# in fp32, the size of the head's gradient itself (192 MiB at d12). 2048 rows keep each chunk's
+# (2048 x C) @ (C x V) matmul large enough to fill a GPU.
 CHUNK_ROWS = 2048
 # The backend that compiles the chunk bodies when the caller is being compiled (tests count and
 # inspect the bodies' graphs through another).
@@ -99,21 +103,79 @@ def _chunk_logits(x: torch.Tensor, w: torch.Tensor, cap: float, *,
     return t.mul_(cap), None
 
 
+@functools.cache
+def _addmm_writes_fp32(device_type: str) -> bool:
+    """Whether this torch's addmm on `device_type` multiplies bf16 matrices into an fp32 tensor and
+    adds there (`torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)`): cuBLAS then
+    accumulates the product straight onto the fp32 sum. Tried once per device type on 2 x 3 x 2
+    ones (a wrong sum counts as missing), not read off torch's version: a kernel exists per backend
+    and build. CUDA has it where torch's `_addmm_dtype_out_cuda` accepts an fp32 `self` (older
+    builds require `self` in the operands' dtype and raise); the CPU of torch 2.13 has no kernel
+    for `addmm.dtype_out` (NotImplementedError)."""
+    try:
+        acc = torch.ones(2, 2, dtype=torch.float32, device=device_type)
+        ones = torch.ones(2, 3, dtype=torch.bfloat16, device=device_type)
+        torch.addmm(acc, ones, ones.t(), out_dtype=torch.float32, out=acc)
+    except (RuntimeError, TypeError):  # no kernel (NotImplementedError), a dtype check, no out_dtype keyword
+        return False
+    return acc.tolist() == [[4.0, 4.0], [4.0, 4.0]]  # 1 + 3 ones: the product added, not written over
+
+
+def _accumulate_fp32(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc (m, n) fp32 += a (m, k) @ b (k, n), a and b in the matmul dtype. fp32 operands: addmm_.
+    bf16 ones where addmm writes fp32 (_addmm_writes_fp32: CUDA): the product accumulates in fp32
+    onto acc, with no temporary. Elsewhere (the CPU, or an older CUDA build) the product is made in
+    bf16, a (m, n) temporary rounded once (2^-8 relative) before the fp32 sum, which is what the
+    chunked head did everywhere before; the CPU runs this loss only in tests."""
+    if a.dtype == torch.float32:
+        acc.addmm_(a, b)
+    elif _addmm_writes_fp32(acc.device.type):
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:
+        acc.add_(torch.mm(a, b))
+
+
+def _chunk_input_grads(dz: torch.Tensor, xc: torch.Tensor, w: torch.Tensor, dx_rows: torch.Tensor | None,
+                       dw_v: torch.Tensor | None) -> None:
+    """One chunk's share of the input gradients from its logit gradient dz (r, V): dx_rows (r, C)
+    = dz @ w, written in place, and dz.T @ xc (V, C) added to the fp32 dw_v; None where that
+    gradient is not wanted. The results are written only here, after the chunk's body returned."""
+    if dx_rows is not None:
+        torch.mm(dz, w, out=dx_rows)  # (r, C)
+    if dw_v is not None:
+        _accumulate_fp32(dw_v, dz.t(), xc)  # (V, C)
+
+
 class _ChunkedHeadLoss(torch.autograd.Function):
-    """Per-row cross-entropy of the soft-capped logits l = cap * tanh(x @ W[:V].T / cap) against a
-    target distribution q over K ids per row (weights `coefs` on ids `cols`, a one-hot for plain
-    cross-entropy): lse(l) - sum_k q_k l[cols_k], computed `chunk_rows` rows at a time. The forward
-    keeps one log-sum-exp per row, not the logits; the backward recomputes a chunk's logits and
-    turns them into dz = g * (softmax(l) - q) * (1 - t^2) (t = tanh(z / cap)), then dx = dz @ W
-    and dW += dz.T @ x, so neither pass ever holds more than one chunk's (rows, V) logits. The
-    matmuls run in `compute_dtype` (bf16 under autocast), everything between them in fp32, as the
-    reference does. Rows not `counted` (IGNORE_INDEX) give 0 and send no gradient."""
+    """Cross-entropy of the soft-capped logits l = cap * tanh(x @ W[:V].T / cap) against a target
+    distribution q over K ids per row (weights `coefs` on ids `cols`, a one-hot for plain
+    cross-entropy), lse(l) - sum_k q_k l[cols_k] per row, computed `chunk_rows` rows at a time so
+    that neither pass holds more than one chunk's (rows, V) logits. A row's logit gradient is
+    dz = g * (softmax(l) - q) * (1 - t^2) (t = tanh(z / cap), g the row's output gradient), and
+    from it dx = dz @ W and dW = the sum over chunks of dz.T @ x.
+
+    `reduction` "sum" or "mean" returns the reduced loss, through which every counted row gets the
+    same g: the incoming scalar (divided by the count for mean). So the forward turns each chunk's
+    logits into dz with g = 1 right after their log-sum-exp, and computes that chunk's dx rows and
+    dW share from them; the backward only scales dx and dW by the scalar, on the device. That is
+    three (rows x C x V) matmuls per chunk, where recomputing the logits in the backward takes
+    four: 2 x C x V FLOPs more per token, +9.7% of d12's training FLOPs (V = 65,536, C = 768,
+    against lockstep plan's 1.04 GFLOP per token) and +4.8% of d20's. The gradients are computed
+    only where wanted (`need_x`, `need_w`); with neither the forward is the plain loss. "none"
+    returns the rows, whose g differ: the forward keeps one log-sum-exp per row and the backward
+    recomputes each chunk's logits (four matmuls per chunk).
+
+    The matmuls run in `compute_dtype` (bf16 under autocast), everything between them in fp32, as
+    the reference does; dW accumulates in fp32 (_accumulate_fp32). Rows not `counted`
+    (IGNORE_INDEX) give 0 and send no gradient."""
 
     @staticmethod
     def forward(ctx, x, weight, cols, coefs, counted, cap, vocab_size, chunk_rows, compute_dtype,  # type: ignore[override]
-                bodies):
+                reduction, need_x, need_w, bodies):
         # x (N, C), weight (V_padded, C), cols (N, K) int64, coefs (N, K) fp32, counted (N,) bool
-        N = x.size(0)
+        N, C = x.shape
+        grads_now = reduction != "none" and (need_x or need_w)
+        dx = dw = None
         # autocast off: the dtypes are decided once, by the caller, and the backward, which
         # autograd may run inside the caller's autocast or outside it, computes in the same ones
         with torch.autocast(x.device.type, enabled=False):
@@ -121,23 +183,51 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             w = weight[:vocab_size].to(compute_dtype)  # (V, C)
             lse = torch.empty(N, dtype=torch.float32, device=x.device)  # (N,)
             picked = torch.empty(N, dtype=torch.float32, device=x.device)  # (N,) sum_k q_k l[cols_k]
+            if grads_now:
+                g = counted.float()  # (N,): each counted row's gradient before the output's, ignored rows 0
+                if need_x:
+                    dx = torch.empty(N, C, dtype=compute_dtype, device=x.device)  # (N, C)
+                if need_w:
+                    # accumulated in fp32 across chunks; padded ids (rows V..V_padded) get zero
+                    dw = torch.zeros(weight.size(0), C, dtype=torch.float32, device=x.device)  # (V_padded, C)
             for i in range(0, N, chunk_rows):
                 i2 = min(i + chunk_rows, N)
-                lse[i:i2], picked[i:i2] = bodies.forward(xc[i:i2], w, cols[i:i2], coefs[i:i2], cap)
-        ctx.save_for_backward(xc, w, lse, cols, coefs, counted)
-        ctx.meta = (cap, chunk_rows, x.dtype, weight.dtype, weight.size(0), bodies)
-        return torch.where(counted, lse - picked, 0.0)
+                if grads_now:
+                    lse[i:i2], picked[i:i2], dz = bodies.forward_with_grad(xc[i:i2], w, cols[i:i2], coefs[i:i2],
+                                                                           g[i:i2], cap)  # dz (r, V)
+                    _chunk_input_grads(dz, xc[i:i2], w, None if dx is None else dx[i:i2],
+                                       None if dw is None else dw[:vocab_size])
+                    del dz
+                else:
+                    lse[i:i2], picked[i:i2] = bodies.forward(xc[i:i2], w, cols[i:i2], coefs[i:i2], cap)
+        rows = torch.where(counted, lse - picked, 0.0)  # (N,)
+        ctx.meta = (reduction, cap, chunk_rows, x.dtype, weight.dtype, weight.size(0), bodies)
+        if reduction == "none":
+            ctx.save_for_backward(xc, w, lse, cols, coefs, counted)
+            return rows
+        count = counted.sum().clamp(min=1)  # a device scalar: no host sync
+        # the backward scales dx and dW in place: a second backward (retain_graph) would find them
+        # changed, and autograd refuses it when it unpacks them
+        ctx.save_for_backward(dx, dw, count)
+        total = rows.sum()
+        return total if reduction == "sum" else total / count
 
     @staticmethod
-    def backward(ctx, grad_rows):  # type: ignore[override]
+    def backward(ctx, grad_out):  # type: ignore[override]
+        reduction, cap, chunk_rows, x_dtype, w_dtype, v_padded, bodies = ctx.meta
+        if reduction != "none":
+            dx, dw, count = ctx.saved_tensors
+            scale = grad_out.float() if reduction == "sum" else grad_out.float() / count  # () on the device
+            gx = None if dx is None else dx.to(x_dtype).mul_(scale)
+            gw = None if dw is None else dw.mul_(scale).to(w_dtype)
+            return gx, gw, None, None, None, None, None, None, None, None, None, None, None
         xc, w, lse, cols, coefs, counted = ctx.saved_tensors
-        cap, chunk_rows, x_dtype, w_dtype, v_padded, bodies = ctx.meta
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         N, C = xc.shape
         V = w.size(0)
         dx = dw = None
         with torch.autocast(xc.device.type, enabled=False):
-            g = torch.where(counted, grad_rows.float(), 0.0)  # (N,): ignored rows send nothing back
+            g = torch.where(counted, grad_out.float(), 0.0)  # (N,): ignored rows send nothing back
             if need_x:
                 dx = torch.empty(N, C, dtype=xc.dtype, device=xc.device)  # (N, C)
             if need_w:
@@ -146,16 +236,23 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             for i in range(0, N, chunk_rows):
                 i2 = min(i + chunk_rows, N)
                 dz = bodies.grad_logits(xc[i:i2], w, lse[i:i2], cols[i:i2], coefs[i:i2], g[i:i2], cap)  # (r, V)
-                if need_x:
-                    dx[i:i2] = torch.mm(dz, w)  # (r, C)
-                if need_w:
-                    if dz.dtype == torch.float32:
-                        dw[:V].addmm_(dz.t(), xc[i:i2])
-                    else:
-                        dw[:V].add_(torch.mm(dz.t(), xc[i:i2]))  # (V, C) rounded once per chunk, summed in fp32
+                _chunk_input_grads(dz, xc[i:i2], w, None if dx is None else dx[i:i2], None if dw is None else dw[:V])
                 del dz
         return (dx.to(x_dtype) if need_x else None, dw.to(w_dtype) if need_w else None,
-                None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None, None, None)
+
+
+def _logit_grad(logits: torch.Tensor, t: torch.Tensor | None, lse: torch.Tensor, cols: torch.Tensor,
+                coefs: torch.Tensor, g: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """dz = g * (softmax(l) - q) * (1 - t^2) (r, V) from a chunk's fp32 logits (r, V), computed
+    over their buffer, and rounded to `dtype` (the matmul dtype) as autograd rounds the
+    reference's logit gradient."""
+    p = logits.sub_(lse[:, None]).exp_()  # softmax, over the logits' buffer
+    p.scatter_add_(1, cols, coefs.neg())  # softmax - q
+    p.mul_(g[:, None])
+    if t is not None:
+        p.mul_(t.square_().neg_().add_(1.0))  # through the cap: d(cap tanh(z/cap))/dz = 1 - t^2
+    return p.to(dtype)
 
 
 def _chunk_forward(xc: torch.Tensor, w: torch.Tensor, cols: torch.Tensor, coefs: torch.Tensor,
@@ -165,32 +262,40 @@ def _chunk_forward(xc: torch.Tensor, w: torch.Tensor, cols: torch.Tensor, coefs:
     return torch.logsumexp(logits, dim=1), torch.linalg.vecdot(logits.gather(1, cols), coefs)
 
 
+def _chunk_forward_with_grad(xc: torch.Tensor, w: torch.Tensor, cols: torch.Tensor, coefs: torch.Tensor,
+                             g: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One chunk's forward and its logit gradient from the same logits: the log-sum-exp (r,),
+    sum_k q_k l[cols_k] (r,), and dz (r, V) in the matmul dtype for row gradients g (r,)."""
+    logits, t = _chunk_logits(xc, w, cap, keep_tanh=True)  # (r, V) fp32
+    lse = torch.logsumexp(logits, dim=1)
+    picked = torch.linalg.vecdot(logits.gather(1, cols), coefs)
+    return lse, picked, _logit_grad(logits, t, lse, cols, coefs, g, xc.dtype)
+
+
 def _chunk_grad_logits(xc: torch.Tensor, w: torch.Tensor, lse: torch.Tensor, cols: torch.Tensor, coefs: torch.Tensor,
                        g: torch.Tensor, cap: float) -> torch.Tensor:
-    """One chunk's dz = g * (softmax(l) - q) * (1 - t^2), (r, V) in the matmul dtype, as autograd
-    rounds the reference's logit gradient."""
+    """One chunk's dz (r, V) in the matmul dtype, its logits recomputed from xc and the forward's lse."""
     logits, t = _chunk_logits(xc, w, cap, keep_tanh=True)  # (r, V) fp32
-    p = logits.sub_(lse[:, None]).exp_()  # softmax, over the logits' buffer
-    p.scatter_add_(1, cols, coefs.neg())  # softmax - q
-    p.mul_(g[:, None])
-    if t is not None:
-        p.mul_(t.square_().neg_().add_(1.0))  # through the cap: d(cap tanh(z/cap))/dz = 1 - t^2
-    return p.to(xc.dtype)
+    return _logit_grad(logits, t, lse, cols, coefs, g, xc.dtype)
 
 
 @dataclass(frozen=True)
 class ChunkBodies:
-    """What _ChunkedHeadLoss runs per chunk: `forward` (_chunk_forward) and `grad_logits`
-    (_chunk_grad_logits), eager or compiled. The loop over chunks stays in Python either way:
-    compiled whole, inductor fused all chunks' reductions into one kernel, which kept every chunk's
-    logits alive at once and, at 32 x 2048 rows and 65,536 ids (2^32 elements), overran 32-bit
-    indexing: an illegal memory access on an H100 (torch 2.11). A body sees one chunk only."""
+    """What _ChunkedHeadLoss runs per chunk, eager or compiled: `forward` (_chunk_forward) where no
+    gradient is computed in the forward, `forward_with_grad` (_chunk_forward_with_grad) for the sum
+    and mean reductions, and `grad_logits` (_chunk_grad_logits) in the backward of "none". The
+    loop over chunks stays in Python either way: compiled whole, inductor fused all chunks'
+    reductions into one kernel, which kept every chunk's logits alive at once and, at 32 x 2048
+    rows and 65,536 ids (2^32 elements), overran 32-bit indexing: an illegal memory access on an
+    H100 (torch 2.11). A body sees one chunk only."""
 
     forward: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    forward_with_grad: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     grad_logits: Callable[..., torch.Tensor]
 
 
-EAGER_CHUNK_BODIES = ChunkBodies(forward=_chunk_forward, grad_logits=_chunk_grad_logits)
+EAGER_CHUNK_BODIES = ChunkBodies(forward=_chunk_forward, forward_with_grad=_chunk_forward_with_grad,
+                                 grad_logits=_chunk_grad_logits)
 
 
 @functools.cache
@@ -198,18 +303,22 @@ def compiled_chunk_bodies(backend: str | Callable) -> ChunkBodies:
     """The chunk bodies through torch.compile with `backend` (made once per backend): their
     elementwise passes over a chunk's (r, V) logits fuse. Shapes may vary (the last chunk, other
     batches): dynamo marks them dynamic after the first recompile."""
-    return ChunkBodies(forward=torch.compile(_chunk_forward, backend=backend, fullgraph=True),
-                       grad_logits=torch.compile(_chunk_grad_logits, backend=backend, fullgraph=True))
+    return ChunkBodies(**{name: torch.compile(body, backend=backend, fullgraph=True)
+                          for name, body in vars(EAGER_CHUNK_BODIES).items()})
 
 
 @torch.compiler.disable
-def _chunked_rows(x: torch.Tensor, w: torch.Tensor, cols: torch.Tensor, coefs: torch.Tensor, counted: torch.Tensor,
-                  cap: float, vocab_size: int, chunk_rows: int, compute_dtype: torch.dtype,
+def _chunked_loss(x: torch.Tensor, w: torch.Tensor, cols: torch.Tensor, coefs: torch.Tensor, counted: torch.Tensor,
+                  cap: float, vocab_size: int, chunk_rows: int, compute_dtype: torch.dtype, reduction: LossReduction,
                   compiled: bool) -> torch.Tensor:
     """_ChunkedHeadLoss outside any compiled graph the caller is in (a graph break): the chunk loop
-    runs in Python, on compiled bodies where the caller was being compiled."""
+    runs in Python, on compiled bodies where the caller was being compiled. The gradients a
+    backward will want are decided here, where grad mode is the caller's (inside the Function's
+    forward it is off)."""
     bodies = compiled_chunk_bodies(CHUNK_COMPILE_BACKEND) if compiled else EAGER_CHUNK_BODIES
-    return _ChunkedHeadLoss.apply(x, w, cols, coefs, counted, cap, vocab_size, chunk_rows, compute_dtype, bodies)
+    grad = torch.is_grad_enabled()
+    return _ChunkedHeadLoss.apply(x, w, cols, coefs, counted, cap, vocab_size, chunk_rows, compute_dtype, reduction,
+                                  grad and x.requires_grad, grad and w.requires_grad, bodies)
 
 
 def chunked_head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap: float, vocab_size: int,
@@ -218,9 +327,11 @@ def chunked_head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, c
                       target_weights: torch.Tensor | None = None) -> torch.Tensor:
     """`head_loss` computed `chunk_rows` rows (tokens) at a time, forward and backward
     (_ChunkedHeadLoss), so that the fp32 logits of the whole batch never exist: the extra memory
-    is about 2.5 x chunk_rows x vocab_size x 4 bytes (CHUNK_ROWS). x (..., C), targets (...) with
-    IGNORE_INDEX, reductions as `cross_entropy` (`mean` over counted targets, 0 when none is).
-    Under autocast the matmuls run in its dtype and the softmax in fp32.
+    is about 2.5 x chunk_rows x vocab_size x 4 bytes, and for `sum` and `mean`, whose gradients
+    the forward computes, the hidden states' and the head's gradients held until the backward
+    (CHUNK_ROWS). x (..., C), targets (...) with IGNORE_INDEX, reductions as `cross_entropy`
+    (`mean` over counted targets, 0 when none is). Under autocast the matmuls run in its dtype and
+    the softmax in fp32.
 
     With `target_cols` and `target_weights` (both (..., K)), a counted position's target is not
     its one id but the distribution putting target_weights[..., k] on id target_cols[..., k]
@@ -253,14 +364,9 @@ def chunked_head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, c
         compute_dtype = w.dtype
     # Being compiled (by the Trainer's torch.compile, say), the chunk bodies compile too; the loop
     # over them runs outside the caller's graph either way (ChunkBodies says why).
-    rows = _chunked_rows(x.reshape(N, C), w, cols, coefs, counted, float(cap), vocab_size, chunk_rows, compute_dtype,
-                         torch.compiler.is_compiling())  # (N,)
-    if reduction == "none":
-        return rows.view(targets.shape)
-    total = rows.sum()
-    if reduction == "sum":
-        return total
-    return total / counted.sum().clamp(min=1)
+    loss = _chunked_loss(x.reshape(N, C), w, cols, coefs, counted, float(cap), vocab_size, chunk_rows, compute_dtype,
+                         reduction, torch.compiler.is_compiling())  # (N,) for "none", else ()
+    return loss.view(targets.shape) if reduction == "none" else loss
 
 
 def chunked_smoothed_head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, target_cols: torch.Tensor,

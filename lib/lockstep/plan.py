@@ -146,8 +146,10 @@ ACTIVATION_BYTES_PER_TOKEN_CHANNEL_16BIT = 42
 HEAD_BYTES_PER_LOGIT = {"compiled": 4.0, "eager": 16.0, "cpu_kernels": 2.0}
 # The chunked head loss (GPU fast path, lockstep.ops.chunked_head_loss) holds no (B, T, V)
 # tensor: at most ~2.5 fp32 copies of one chunk's logits (lockstep.ops.CHUNK_ROWS rows x V), 10 B
-# per logit, plus the fp32 gradient of the hidden states (4 B per token and channel). An
-# estimate, unmeasured.
+# per logit, plus the gradients its forward computes for the training loop's `sum` and holds
+# until the backward: the hidden states' in the matmul dtype (2 B per token and channel at 16-bit,
+# 4 at fp32) and the head's in fp32 (4 B per id and channel), and the fp32 gradient of the hidden
+# states the backward returns (4 B per token and channel). An estimate, unmeasured.
 CHUNKED_HEAD_BYTES_PER_LOGIT = 10.0
 # Untimed calibration steps: the first carries compile, allocator and kernel warm-up, which the
 # training loop leaves out of its throughput too (Trainer.step); a later step that still compiles
@@ -338,7 +340,8 @@ def memory_per_device(m: dict[str, Any], *, rows: int, gpus: int, bf16: bool, he
     (lockstep.optim.ShardedAdamW, ShardedMuon); activations of one micro-batch, n_layer x
     ACTIVATION_BYTES x rows x T x C bytes at 16-bit (x2 at fp32); and the loss head's logits as
     `head` (head_path) holds them: HEAD_BYTES_PER_LOGIT x rows x T x V_padded, or for the chunked
-    head one chunk of lockstep.ops.CHUNK_ROWS rows plus the hidden states' gradient. Allocator
+    head one chunk of lockstep.ops.CHUNK_ROWS rows plus the hidden states' and the head's
+    gradients (CHUNKED_HEAD_BYTES_PER_LOGIT). Allocator
     slack, the CUDA context and compile workspaces are not counted."""
     P = m["params_total"]
     tokens = rows * m["sequence_len"]
@@ -346,7 +349,8 @@ def memory_per_device(m: dict[str, Any], *, rows: int, gpus: int, bf16: bool, he
     act = m["n_layer"] * ACTIVATION_BYTES_PER_TOKEN_CHANNEL_16BIT * tokens * m["n_embd"] * (1 if bf16 else 2)
     if head == "chunked":
         chunk = min(tokens, CHUNK_ROWS) * V
-        logits = CHUNKED_HEAD_BYTES_PER_LOGIT * chunk + 4.0 * tokens * m["n_embd"]
+        held_dx = 2.0 if bf16 else 4.0  # bytes per token and channel
+        logits = CHUNKED_HEAD_BYTES_PER_LOGIT * chunk + (4.0 + held_dx) * tokens * m["n_embd"] + 4.0 * V * m["n_embd"]
     elif head in HEAD_BYTES_PER_LOGIT:
         per = HEAD_BYTES_PER_LOGIT[head] * (2 if head == "cpu_kernels" and not bf16 else 1)
         logits = per * tokens * V
