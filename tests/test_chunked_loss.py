@@ -4,7 +4,9 @@ not divide the rows, bf16 autocast, torch.compile, the prefix-smoothed objective
 tensor of the batch's rows times the vocabulary is ever made, forward or backward. Also what it
 costs: three vocabulary-sized matmuls per chunk for sum and mean (the gradient taken in the
 forward), four for none, fewer where no gradient is wanted; and the head's gradient summed in fp32
-without a bf16 temporary where addmm can write fp32 (CUDA; a stand-in on this CPU).
+without a bf16 temporary where addmm can write fp32 (CUDA; a stand-in on this CPU). And that
+compiled chunk bodies whose compile fails fall back to the eager ones (lockstep.fastpath), the
+loss unchanged and the run facts saying so.
 
 fp32 tolerance: 1e-6 of the largest |element| of the reference tensor (the chunks change only the
 matmuls' blocking; measured differences are 0-4e-7). Under bf16 autocast both paths round the
@@ -20,6 +22,7 @@ takes over a minute on a 2-core CPU; inductor itself gives the same numbers (che
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 import torch
@@ -30,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from _tiny_model import randomize, tiny_gpt
-from lockstep import ops
+from lockstep import fastpath, ops
 from lockstep.model import GPT, GPTConfig
 from lockstep.objectives import model_prefix_smooth_loss, prefix_smooth_loss
 from lockstep.ops import CUDA_OPS, IGNORE_INDEX, KERNEL_OPS, REFERENCE_OPS
@@ -183,6 +186,7 @@ def test_chunked_loss_under_torch_compile_equals_eager_and_keeps_chunks(monkeypa
         # last one (12 rows), and holds one chunk's logits at most
         assert rows.get("forward", 0) == 0 and rows.get("backward", 0) == 0, rows
         assert len(body_rows) >= 2 * bodies and max(body_rows) == CHUNK_ROWS, body_rows
+        assert fastpath.facts()["chunk_bodies"]["path"] == "fast"
     finally:
         ops.compiled_chunk_bodies.cache_clear()
     # uncompiled, the eager bodies run (nothing new compiled)
@@ -193,6 +197,66 @@ def test_chunked_loss_under_torch_compile_equals_eager_and_keeps_chunks(monkeypa
     reference, ref_rows = _compiled_with_graph_rows(_reference(2.0))
     _loss_and_grads(reference, x, w, y, reduction)
     assert ref_rows["forward"] >= N and ref_rows["backward"] >= N, ref_rows
+
+
+def _compiled_loss_with_body_backend(monkeypatch, caplog, body_backend, reduction, calls=2):
+    """Loss and gradients of the chunked loss under torch.compile of its caller, the bodies compiled
+    by `body_backend`, `calls` times; the fastpath warnings logged meanwhile; and the eager loss."""
+    x, w, y = _inputs(2)
+
+    def chunked(x, w, y, reduction):
+        return ops.chunked_head_loss(x, w, y, 2.0, V, reduction, chunk_rows=CHUNK_ROWS)
+
+    monkeypatch.setattr(ops, "CHUNK_COMPILE_BACKEND", body_backend)
+    ops.compiled_chunk_bodies.cache_clear()
+    try:
+        compiled, _ = _compiled_with_graph_rows(chunked, fullgraph=False)
+        with caplog.at_level(logging.WARNING, logger="lockstep.fastpath"):
+            got = [_loss_and_grads(compiled, x, w, y, reduction) for _ in range(calls)]
+    finally:
+        ops.compiled_chunk_bodies.cache_clear()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "lockstep.fastpath"]
+    return got, warnings, _loss_and_grads(chunked, x, w, y, reduction)
+
+
+@pytest.mark.parametrize("reduction, bodies_per_chunk", [("mean", 1), ("none", 2)])
+def test_chunked_loss_bodies_that_fail_to_compile_fall_back_to_eager(monkeypatch, caplog, reduction, bodies_per_chunk):
+    # a real torch.compile failure (the backend's compiler raises; dynamo raises
+    # BackendCompilerFailed) on the first body: the run goes on with the eager bodies, and says so
+    def broken(gm, example_inputs):
+        raise RuntimeError("no kernel fits this chunk")
+
+    got, warnings, eager = _compiled_loss_with_body_backend(monkeypatch, caplog, broken, reduction)
+    for results in got:
+        for what, a, b in zip(("loss", "grad x", "grad w"), results, eager):
+            _assert_close_to_scale(a, b, 1e-6, what)
+    assert len(warnings) == 1 and "fast path chunk_bodies" in warnings[0], warnings
+    facts = fastpath.facts()["chunk_bodies"]
+    assert facts["path"] == "reference" and facts["results"] == "reference" and facts["fast_calls"] == 0
+    assert facts["fell_back"] == "BackendCompilerFailed: backend='broken' raised <- RuntimeError: no kernel fits this chunk"
+    assert facts["reference_calls"] == 2 * bodies_per_chunk * -(-N // CHUNK_ROWS)  # two calls, 4 chunks
+
+
+def test_chunked_loss_backward_body_failing_after_the_forward_compiled_is_mixed(monkeypatch, caplog):
+    # "none": the forward bodies compile and answer; the backward's gradient body (the one with a
+    # scatter_add) fails. The loss is still right, and the record says the run mixed both paths.
+    compiled_graphs = []
+
+    def grad_body_fails(gm, example_inputs):
+        if "scatter_add" in gm.code:
+            raise RuntimeError("the backward body does not compile")
+        compiled_graphs.append(gm)
+        return gm.forward
+
+    got, warnings, eager = _compiled_loss_with_body_backend(monkeypatch, caplog, grad_body_fails, "none", calls=1)
+    for what, a, b in zip(("loss", "grad x", "grad w"), got[0], eager):
+        _assert_close_to_scale(a, b, 1e-6, what)
+    assert compiled_graphs  # the forward body did compile
+    assert len(warnings) == 1 and "answered 4 call(s) already" in warnings[0], warnings
+    facts = fastpath.facts()["chunk_bodies"]
+    assert facts["path"] == "reference" and facts["results"] == "mixed"
+    assert (facts["fast_calls"], facts["reference_calls"]) == (4, 4)  # 4 chunks forward, 4 backward
+    assert fastpath.paths_summary() == "chunk_bodies=fast>reference"
 
 
 class _LargestVocabTensor(TorchDispatchMode):

@@ -10,16 +10,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
 
-from lockstep import kernels
+from lockstep import fastpath, kernels
 
 IGNORE_INDEX = -100  # a target without a loss
 LossReduction = Literal["mean", "sum", "none"]
 RMS_EPS = 1e-6  # added to the mean square; fixed rather than finfo(dtype).eps so bf16 and fp32 agree
+T = TypeVar("T")  # what a chunk body returns
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
@@ -298,12 +299,25 @@ EAGER_CHUNK_BODIES = ChunkBodies(forward=_chunk_forward, forward_with_grad=_chun
                                  grad_logits=_chunk_grad_logits)
 
 
+def _falling_back(compiled: Callable[..., T], eager: Callable[..., T]) -> Callable[..., T]:
+    """A chunk body that calls `compiled` through the fast path "chunk_bodies" (lockstep.fastpath):
+    where a compile or recompile raises, that call and every later one of any body are answered by
+    `eager`, the same function uncompiled. A body is a pure function of its inputs that returns new
+    tensors, and the chunk loop writes what it returns only after it returned
+    (_chunk_input_grads), so a failed compiled call leaves nothing to undo."""
+    def body(*args):
+        return fastpath.call("chunk_bodies", lambda: compiled(*args), lambda: eager(*args))
+
+    return body
+
+
 @functools.cache
 def compiled_chunk_bodies(backend: str | Callable) -> ChunkBodies:
-    """The chunk bodies through torch.compile with `backend` (made once per backend): their
-    elementwise passes over a chunk's (r, V) logits fuse. Shapes may vary (the last chunk, other
-    batches): dynamo marks them dynamic after the first recompile."""
-    return ChunkBodies(**{name: torch.compile(body, backend=backend, fullgraph=True)
+    """The chunk bodies through torch.compile with `backend` (made once per backend), each falling
+    back to its eager self (_falling_back): their elementwise passes over a chunk's (r, V) logits
+    fuse. Shapes may vary (the last chunk, other batches): dynamo marks them dynamic after the
+    first recompile."""
+    return ChunkBodies(**{name: _falling_back(torch.compile(body, backend=backend, fullgraph=True), body)
                           for name, body in vars(EAGER_CHUNK_BODIES).items()})
 
 
@@ -338,7 +352,8 @@ def chunked_head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, c
     (weights summing to 1; a repeated id adds up): lockstep.objectives' prefix smoothing. `targets`
     still says which positions count. Under torch.compile the loss is a graph break: the chunk
     loop runs in Python and each chunk's body is compiled on its own (compiled_chunk_bodies), so no
-    compiled kernel spans more than one chunk."""
+    compiled kernel spans more than one chunk; where a body's compile fails, the bodies run eagerly
+    from then on (lockstep.fastpath's part "chunk_bodies"), with one warning."""
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
     if chunk_rows < 1:
