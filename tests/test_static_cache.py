@@ -6,7 +6,8 @@ runs, so a CPU generator gives the same ids); bf16 within a stated tolerance; th
 against full forwards; the CUDA-graph wrapper's logic on the CPU through a stand-in backend
 (warm-up undone, buffers reused, replays in place), refusing a CPU device with the real one; and
 the compiled step (compile_step) against the uncompiled one and the reference engine, compiled
-once per step and never again, its cache written in place."""
+once per step and never again, its cache written in place, and falling back to the eager step
+with the eager step's tokens when its compile or a compiled part fails."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from _tiny_model import randomize, tiny_gpt
-from lockstep import decode, engine as engine_module
+from lockstep import decode, engine as engine_module, fastpath
 from lockstep.decode import (
     Sampling,
     StaticKVCache,
@@ -565,6 +566,151 @@ def test_static_cache_compiled_engine_through_the_graph_wrapper(tok, compiled_en
     assert fast.generate_greedy(prompts, max_tokens=20, batch_rows=2) == \
         Engine(model, tok).generate_greedy(prompts, max_tokens=20, batch_rows=2)
     assert graphs.captures == compiled_engines.frame_count == 1
+
+
+class FailingAtGraph(CompileCounterWithBackend):
+    """A backend that compiles as aot_eager, except that its `fail_at`-th graph (1-based) raises,
+    as a compiler that cannot build some part of the step would."""
+
+    def __init__(self, fail_at: int):
+        super().__init__("aot_eager")
+        self.fail_at = fail_at
+        self.__name__ = "failing_at_graph"  # what dynamo names the backend in its error
+
+    def __call__(self, gm, example_inputs):
+        if self.frame_count + 1 == self.fail_at:
+            raise RuntimeError(f"no code for graph {self.fail_at}")
+        return super().__call__(gm, example_inputs)
+
+
+def fastpath_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "lockstep.fastpath"]
+
+
+def test_static_cache_compile_that_fails_falls_back_to_the_eager_step(tok, monkeypatch, caplog):
+    """A step whose compile raises (a real torch.compile failure, in the backend) does not end the
+    call: generate and generate_many finish with the reference engine's tokens, and the fallback is
+    recorded once."""
+    monkeypatch.setattr(engine_module, "compile_step", functools.partial(compile_step, backend=FailingAtGraph(1)))
+    model = talkative_tool_model(tok)
+    ref, compiled = Engine(model, tok), Engine(model, tok, fast=True, compile_step=True)
+    prompt = tok.encode("how much?")
+    prompts = [tok.encode(t) for t in ["how much?", "q", "stop here.", "why?", "tell me more"]]
+    with caplog.at_level("WARNING", logger="lockstep.fastpath"):
+        kw = dict(num_samples=3, max_tokens=30, temperature=0.0)
+        assert compiled.generate_batch(prompt, **kw) == ref.generate_batch(prompt, **kw)
+        assert compiled.generate_greedy(prompts, max_tokens=20, batch_rows=3) == \
+            ref.generate_greedy(prompts, max_tokens=20, batch_rows=3)
+        kw = dict(num_samples=3, max_tokens=30, temperature=0.9, top_k=40, seed=1)
+        assert compiled.generate_batch(prompt, **kw) == ref.generate_batch(prompt, **kw)
+    facts = fastpath.facts()["decode_compiled"]
+    assert facts["path"] == "reference" and facts["results"] == "reference" and facts["fast_calls"] == 0
+    assert facts["fell_back"] == \
+        "BackendCompilerFailed: backend='failing_at_graph' raised <- RuntimeError: no code for graph 1"
+    assert facts["reference_calls"] > 50  # every step after the first: the compile was not tried again
+    assert len(fastpath_warnings(caplog)) == 1 and "decode_compiled" in fastpath_warnings(caplog)[0]
+
+
+@pytest.mark.parametrize("sampling", [Sampling.of(1.0, None, None), Sampling.of(0.8, 20, 0.9)],
+                         ids=["plain", "top_k_top_p"])
+def test_static_cache_compiled_step_failing_after_a_part_ran_repeats_the_step_eagerly(tok, monkeypatch, sampling):
+    """The sampled step's candidates compile and run (forward: the cache written, the positions
+    advanced; the uniforms drawn), then the draw's compile fails: the eager step that answers
+    starts from the same positions and input and draws with the same uniforms, so every token and
+    position is the eager step's, and the generator has drawn once per step."""
+    model = random_model(5)
+    eager, compiled = prefilled_step(model, sampling), prefilled_step(model, sampling)
+    compile_step(compiled, backend=FailingAtGraph(2))
+    with torch.inference_mode():
+        for s in (eager, compiled):
+            s.set_sampling(sampling, seed=3)
+        for i in range(6):
+            eager()
+            compiled()
+            assert torch.equal(compiled.next_ids, eager.next_ids) and torch.equal(compiled.tokens, eager.tokens), i
+            assert torch.equal(compiled.cache.pos, eager.cache.pos), i
+    assert compiled.cache.pos.tolist() == [3 + 6] * 3
+    assert torch.equal(compiled.generator.get_state(), eager.generator.get_state())
+    assert fastpath.facts()["decode_compiled"]["fell_back"].startswith(
+        "BackendCompilerFailed: backend='failing_at_graph' raised <- RuntimeError: no code for graph")
+    # the whole engine, sampled: the same seed draws the reference's tokens
+    monkeypatch.setattr(engine_module, "compile_step", functools.partial(compile_step, backend=FailingAtGraph(2)))
+    fastpath.reset()
+    talky = talkative_tool_model(tok)
+    kw = dict(num_samples=4, max_tokens=30, temperature=1.0, top_k=sampling.top_k, top_p=sampling.top_p, seed=2)
+    assert Engine(talky, tok, fast=True, compile_step=True).generate_batch(tok.encode("why?"), **kw) == \
+        Engine(talky, tok).generate_batch(tok.encode("why?"), **kw)
+    assert fastpath.facts()["decode_compiled"]["path"] == "reference"
+
+
+class FailingAfterRunning(CompileCounterWithBackend):
+    """A backend that compiles as aot_eager, but whose compiled code raises after it has run (the
+    cache written, the positions advanced, the picks written into `tokens` and `next_ids`), as an
+    error that a device reports after the step's kernels ran would."""
+
+    def __init__(self):
+        super().__init__("aot_eager")
+
+    def __call__(self, gm, example_inputs):
+        compiled = super().__call__(gm, example_inputs)
+
+        def run_then_fail(*args):
+            compiled(*args)
+            raise RuntimeError("the device reported an error after the step ran")
+
+        return run_then_fail
+
+
+def test_static_cache_compiled_step_failing_after_it_ran_repeats_the_step_from_its_inputs(tok, monkeypatch):
+    model = random_model(5)
+    eager, compiled = prefilled_step(model, Sampling(greedy=True)), prefilled_step(model, Sampling(greedy=True))
+    compile_step(compiled, backend=FailingAfterRunning())
+    with torch.inference_mode():
+        for i in range(6):
+            eager()
+            compiled()
+            assert torch.equal(compiled.next_ids, eager.next_ids) and torch.equal(compiled.tokens, eager.tokens), i
+            assert torch.equal(compiled.cache.pos, eager.cache.pos), i
+    assert compiled.cache.pos.tolist() == [3 + 6] * 3
+    facts = fastpath.facts()["decode_compiled"]
+    assert facts["fell_back"] == "RuntimeError: the device reported an error after the step ran"
+    assert facts["results"] == "reference"
+    monkeypatch.setattr(engine_module, "compile_step", functools.partial(compile_step, backend=FailingAfterRunning()))
+    fastpath.reset()
+    talky = talkative_tool_model(tok)
+    prompts = [tok.encode(t) for t in ["how much?", "q", "why?", "tell me more"]]
+    assert Engine(talky, tok, fast=True, compile_step=True).generate_greedy(prompts, max_tokens=20, batch_rows=2) == \
+        Engine(talky, tok).generate_greedy(prompts, max_tokens=20, batch_rows=2)
+
+
+def test_static_cache_compiled_step_in_a_capture_copies_nothing_and_reruns_nothing(monkeypatch):
+    """Inside a CUDA-graph capture the compiled step runs as it is: no undo copies (the graph would
+    replay them with every token), and a compiled part that fails there fails the capture rather
+    than being rerun eagerly after its recorded kernels."""
+    under_capture = [False]
+    monkeypatch.setattr(decode, "capturing", lambda device: under_capture[0])
+
+    class RecordingGraphs(StandInGraphs):
+        """A stand-in whose capture runs the step once while `capturing` says so, as torch's does."""
+
+        def capture(self, fn, generator, device):
+            step._pos_before.fill_(-1)  # an undo copy inside the capture would overwrite this
+            under_capture[0] = True
+            try:
+                fn()
+            finally:
+                under_capture[0] = False
+            return super().capture(fn, generator, device)
+
+    model = random_model(0)
+    step = compile_step(prefilled_step(model, Sampling(greedy=True)), backend="aot_eager")
+    with torch.inference_mode():
+        capture_graph(step, backend=RecordingGraphs(), warmup_steps=1)  # the warm-up compiles
+    assert step._pos_before.tolist() == [-1] * 3
+    step = compile_step(prefilled_step(model, Sampling.of(1.0, None, None)), backend=FailingAtGraph(2))
+    with torch.inference_mode(), pytest.raises(torch._dynamo.exc.BackendCompilerFailed):
+        capture_graph(step, backend=RecordingGraphs(), warmup_steps=0)  # the draw compiles in the capture
+    assert fastpath.enabled("decode_compiled")  # the capture failed; the compiled step did not fall back
 
 
 @pytest.mark.slow  # inductor builds the step in C++: ~15 s on this 2-core CPU cold, ~6 s with its build cached

@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from lockstep import fastpath
 from lockstep.sampling import is_greedy, nucleus_top_p
 
 # Cache lengths come in powers of two from this many positions up to the model's context, so the
@@ -231,13 +232,19 @@ def draw(probs: torch.Tensor, idx: torch.Tensor | None, u: torch.Tensor) -> torc
     return (place if idx is None else idx.gather(-1, place)).squeeze(-1)
 
 
+# A decode step's parts: greedy (the whole greedy step), candidates, draw; see StaticStep.run.
+_Parts = tuple[Callable[[], None], Callable[[], tuple[torch.Tensor, torch.Tensor | None]],
+               Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], None]]
+
+
 class StaticStep:
     """One decode step of fixed shape over a StaticKVCache: reads `tokens` (B, 1) at the cache's
     positions, writes the picked ids to `next_ids` (B,) and also into `tokens`, so the next step
     reads them unless the engine writes other ids there (a forced tool token, a new prompt), and
     advances the positions. Every tensor it reads or writes is allocated here, once. `run()` is the
     step itself (the CPU path, and what a CUDA graph captures), eager unless `compile_step` has
-    compiled its parts; calling the step replays its graph once `capture_graph` has made one, else
+    compiled its parts, and then eager again if the compiled run fails (lockstep.fastpath's
+    "decode_compiled"); calling the step replays its graph once `capture_graph` has made one, else
     runs it. Autocast is off inside: it computes in the model's weights' dtype, whatever context
     the caller is in."""
 
@@ -251,9 +258,19 @@ class StaticStep:
         self.top_p = torch.ones((), dtype=torch.float32, device=device)
         self.generator = torch.Generator(device=device)
         self.replay: Callable[[], None] | None = None  # set by capture_graph
-        self.compiled = False  # set by compile_step
+        self._compiled_parts: _Parts | None = None  # _greedy, _candidates, _draw through torch.compile: compile_step
+        # What a compiled run starts from, copied in before it (outside a capture): a run that fails
+        # after its forward advanced the positions and wrote `tokens` is put back to this before
+        # the eager run repeats the step. next_ids needs no copy: the eager run rewrites all of it.
+        self._pos_before = torch.zeros_like(cache.pos)  # (B,)
+        self._tokens_before = torch.zeros_like(self.tokens)  # (B, 1)
         # the sampling's graph key, fixed for the step's life: what the compiled parts read
         self._top_k, self._nucleus = sampling.top_k, sampling.top_p is not None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether compile_step has compiled the step's parts (they compile at its first run)."""
+        return self._compiled_parts is not None
 
     @property
     def batch_size(self) -> int:
@@ -285,13 +302,62 @@ class StaticStep:
         """pick(forward(tokens)) into next_ids and tokens: one part when greedy, else the
         candidates, the uniforms from the step's generator, and the draw. The uniforms stay outside the
         parts compile_step compiles: dynamo does not trace a torch.Generator argument, and
-        inductor would draw from its own philox stream rather than this generator."""
+        inductor would draw from its own philox stream rather than this generator.
+
+        Compiled, the run goes through lockstep.fastpath's "decode_compiled": when the compiled
+        run raises (a compile that fails, or a part that fails after an earlier one ran), the
+        positions and `tokens` are put back, the eager run repeats the step with the uniforms the
+        compiled run drew (the generator has moved past them), and every later run in this
+        process is eager, so the step's result is the eager step's. That costs two copies of a few
+        integers per token outside a capture (see _run_compiled); a replayed graph runs none of
+        this Python."""
         with torch.autocast(self.device.type, enabled=False):
-            if self.sampling.greedy:
-                self._greedy()
+            compiled = self._compiled_parts
+            if compiled is None:
+                self._run_parts(self._eager_parts(), [])
+            elif capturing(self.device):
+                # The graph records the path in use as it is. No copies for an undo (they would be
+                # recorded, and replayed with every token), and no eager rerun after a failed
+                # compiled part (the replays would run the failed part's recorded kernels and the
+                # rerun's both): a failure fails the capture, whose caller keeps the step uncaptured.
+                self._run_parts(compiled if fastpath.enabled("decode_compiled") else self._eager_parts(), [])
             else:
-                probs, idx = self._candidates()  # (B, k) each
-                self._draw(probs, idx, uniforms(probs, self.generator))
+                self._run_compiled(compiled)
+
+    def _run_compiled(self, compiled: _Parts) -> None:
+        # The undo's two copies into the step's own buffers (no allocation) took 1.5 us and
+        # fastpath.call's bookkeeping 3-5 us on the 2-core CPU, against 1.0-1.7 ms for a step of the
+        # tests' 2-layer model at 8 rows (aot_eager, torch 2.13): under 0.5%. On a GPU the copies
+        # are two small launches, and a replayed graph runs neither.
+        undo = fastpath.enabled("decode_compiled")
+        if undo:
+            self._pos_before.copy_(self.cache.pos)
+            self._tokens_before.copy_(self.tokens)
+        drawn: list[torch.Tensor] = []  # the uniforms the compiled run drew, for the eager rerun
+
+        def eager() -> None:
+            if undo:  # the compiled run failed, maybe part way: start the step again from its inputs
+                self.cache.pos.copy_(self._pos_before)
+                self.tokens.copy_(self._tokens_before)
+            self._run_parts(self._eager_parts(), drawn)
+
+        fastpath.call("decode_compiled", lambda: self._run_parts(compiled, drawn), eager)
+
+    def _eager_parts(self) -> _Parts:
+        return self._greedy, self._candidates, self._draw
+
+    def _run_parts(self, parts: _Parts, drawn: list[torch.Tensor]) -> None:
+        """One run through the given parts (eager or compiled). A sampled run draws its uniforms
+        into `drawn`, or reuses the ones there: those a failed compiled run of this step drew,
+        which the eager step would have drawn from the generator in the same state."""
+        greedy_part, candidates_part, draw_part = parts
+        if self.sampling.greedy:
+            greedy_part()
+            return
+        probs, idx = candidates_part()  # (B, k) each
+        if not drawn:
+            drawn.append(uniforms(probs, self.generator))
+        draw_part(probs, idx, drawn[0])
 
     # The parts of run() that compile_step compiles. Of the sampling they read the graph key's
     # fixed copy only: dynamo guards on every Python value a part reads, and reading
@@ -321,6 +387,12 @@ class StaticStep:
             self.run()
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on `device`'s current stream (never, off CUDA: a
+    CPU-only torch has no capture to ask about, and its query raises)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 @functools.cache
 def isolated_recompiles() -> dict[str, bool]:
     """torch.compile's keyword that gives each compiled step its own recompile budget, where this
@@ -346,16 +418,15 @@ def compile_step(step: StaticStep, *, backend: str | Callable = "inductor") -> S
     changes). Each step's compiled code is its own (isolate_recompiles, where this torch has it),
     so an engine's many steps do not add up to dynamo's recompile limit. The cache's buffers are
     attributes the compiled parts mutate in place (inductor keeps an index_copy_ into a whole input
-    tensor in place, not into a view: see StaticKVCache). Compile before capture_graph. Returns
-    the step."""
+    tensor in place, not into a view: see StaticKVCache). The eager parts stay beside the
+    compiled ones, for the fallback (StaticStep.run). Compile before capture_graph. Returns the
+    step."""
     if step.replay is not None:
         raise ValueError("compile_step must come before capture_graph: the captured graph runs the step as it was")
     if not step.compiled:
         opts = dict(fullgraph=True, dynamic=False, backend=backend, **isolated_recompiles())
-        step._greedy = torch.compile(step._greedy, **opts)  # type: ignore[method-assign]
-        step._candidates = torch.compile(step._candidates, **opts)  # type: ignore[method-assign]
-        step._draw = torch.compile(step._draw, **opts)  # type: ignore[method-assign]
-        step.compiled = True
+        step._compiled_parts = (torch.compile(step._greedy, **opts), torch.compile(step._candidates, **opts),
+                                torch.compile(step._draw, **opts))
     return step
 
 

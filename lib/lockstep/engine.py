@@ -304,7 +304,9 @@ class Engine:
     `compile_step` runs each step through torch.compile (lockstep.decode.compile_step) before it
     is captured: fewer, fused kernels per token, the same tokens to rounding (exactly, under
     aot_eager on the CPU), at the price of a compile per new step (batch rows, cache length,
-    sampling graph key): 3-17 s with its first run on a 2-core CPU (bench/bench_decode.py)."""
+    sampling graph key): 3-17 s with its first run on a 2-core CPU (bench/bench_decode.py). A
+    compile that fails does not end the call: the step runs eagerly instead, for the rest of the
+    process, recorded in lockstep.fastpath's facts ("decode_compiled")."""
 
     STOP_TOKENS = ("<|assistant_end|>", "<|bos|>")
 
@@ -339,13 +341,13 @@ class Engine:
             model = self._weights.last()  # the caller has just refreshed it
             step = StaticStep(model, StaticKVCache.for_model(model, batch_size, cache_len), sampling)
             if self.compile_step:
-                compile_step(step)  # compiles at the step's first run: capture_graph's warm-up on CUDA
+                # compiles at the step's first run (capture_graph's warm-up on CUDA), where a compile
+                # that fails falls back to the eager step (lockstep.fastpath's "decode_compiled")
+                compile_step(step)
             if not self.cuda_graphs:
                 return step
             try:
                 return capture_graph(step)
-            except torch._dynamo.exc.TorchDynamoException:
-                raise  # the compile failed, not the capture: Engine(compile_step=False) (runtime.compile: off)
             except RuntimeError as e:  # an op that cannot be captured (a host sync in some torch build)
                 log.warning("decoding without CUDA graphs: capturing the decode step failed (%s); the static-cache "
                             "step runs eagerly instead, same tokens, more launch overhead per token", e)
