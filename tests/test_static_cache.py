@@ -4,17 +4,21 @@ stop at different times, the calculator's forced tokens, many prompts sharing a 
 tokens equal for the same seed (the device-side draw is the exponential race torch.multinomial
 runs, so a CPU generator gives the same ids); bf16 within a stated tolerance; the static cache
 against full forwards; the CUDA-graph wrapper's logic on the CPU through a stand-in backend
-(warm-up undone, buffers reused, replays in place), refusing a CPU device with the real one; and
-the compiled step (compile_step) against the uncompiled one and the reference engine, compiled
-once per step and never again, its cache written in place, and falling back to the eager step
-with the eager step's tokens when its compile or a compiled part fails."""
+(warm-up undone, buffers reused, replays in place, a capture that fails leaving the step
+uncaptured), refusing a CPU device with the real one, and its generator registration against
+stand-ins for torch's graph API of each era; and the compiled step (compile_step) against the
+uncompiled one and the reference engine, compiled once per step and never again, its cache
+written in place, and falling back to the eager step with the eager step's tokens when its
+compile or a compiled part fails."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import math
 import re
+import warnings
 import weakref
 
 import pytest
@@ -57,6 +61,11 @@ def talkative_tool_model(tok, seed: int = 7) -> Planted:
               o("6"): sp("<|python_end|>"), o("."): sp("<|assistant_end|>")}
     plants.update({o(c): sp("<|assistant_end|>") for c in "aeiounst!,;:"})
     return Planted(random_model(seed), plants).eval()
+
+
+def fastpath_warnings(caplog) -> list[str]:
+    """The warnings lockstep.fastpath logged: one per fast path that fell back."""
+    return [r.getMessage() for r in caplog.records if r.name == "lockstep.fastpath"]
 
 
 # -- greedy and sampled tokens against the reference engine --------------------------------------
@@ -272,6 +281,7 @@ class StandInGraphs:
 
     def __init__(self):
         self.warmups = self.captures = self.replays = 0
+        self.generators = []  # what each capture was given to register
 
     def check(self, device):
         pass
@@ -283,6 +293,7 @@ class StandInGraphs:
 
     def capture(self, fn, generator, device):
         self.captures += 1
+        self.generators.append(generator)
 
         def replay():
             self.replays += 1
@@ -352,26 +363,156 @@ def test_static_cache_engine_through_the_graph_wrapper_equals_reference(tok, mon
         assert fast.generate_batch(prompts[0], num_samples=3, max_tokens=30, temperature=0.9, top_k=40, seed=seed) == \
             ref.generate_batch(prompts[0], num_samples=3, max_tokens=30, temperature=0.9, top_k=40, seed=seed)
     assert backend.captures == fast._pool.built == 2 and backend.replays > 40
+    # the greedy step draws nothing, so it has no generator to register; the sampled one has its own
+    sampled = fast._pool.acquire(3, 64, Sampling.of(0.9, 40, None))
+    assert backend.generators == [None, sampled.generator]
 
 
 class FailingGraphs(StandInGraphs):
-    """A backend whose capture fails, as one would on an op that syncs with the host."""
+    """A backend whose capture fails after its warm-up: by default as one would on an op that
+    syncs with the host; given `error`, with that (a torch whose graph API moved raises
+    AttributeError)."""
+
+    def __init__(self, error: Exception | None = None):
+        super().__init__()
+        self.error = error or RuntimeError("operation not permitted when stream is capturing")
 
     def capture(self, fn, generator, device):
-        raise RuntimeError("operation not permitted when stream is capturing")
+        raise self.error
 
 
-def test_static_cache_falls_back_to_eager_steps_when_capture_fails(tok, monkeypatch, caplog):
-    monkeypatch.setattr(engine_module, "capture_graph", functools.partial(capture_graph, backend=FailingGraphs()))
-    model = random_model(2)
-    fast = Engine(model, tok, fast=True)
+CAPTURE_ERRORS = [RuntimeError("operation not permitted when stream is capturing"),
+                  AttributeError("'CUDAGraph' object has no attribute 'register_generator_state'")]
+
+
+@pytest.mark.parametrize("error", CAPTURE_ERRORS, ids=["op_not_capturable", "api_gone"])
+def test_static_cache_decodes_uncaptured_when_capture_fails(tok, monkeypatch, caplog, error):
+    graphs = FailingGraphs(error)
+    monkeypatch.setattr(engine_module, "capture_graph", functools.partial(capture_graph, backend=graphs))
+    model = talkative_tool_model(tok)
+    ref, fast = Engine(model, tok), Engine(model, tok, fast=True)
     fast.cuda_graphs = True
-    prompt = tok.encode("abc")
-    with caplog.at_level("WARNING", logger="lockstep.engine"):
-        got = fast.generate_batch(prompt, num_samples=2, max_tokens=12, temperature=0.0, use_tools=False)
-    assert got == Engine(model, tok).generate_batch(prompt, num_samples=2, max_tokens=12, temperature=0.0,
-                                                    use_tools=False)
-    assert "decoding without CUDA graphs" in caplog.text and not fast.cuda_graphs
+    prompts = [tok.encode(t) for t in ["how much?", "q", "why?", "tell me more"]]
+    with caplog.at_level("WARNING", logger="lockstep.fastpath"):
+        assert fast.generate_greedy(prompts, max_tokens=20, batch_rows=2) == \
+            ref.generate_greedy(prompts, max_tokens=20, batch_rows=2)
+        kw = dict(num_samples=3, max_tokens=30, temperature=0.9, top_k=40, seed=1)
+        assert fast.generate_batch(prompts[0], **kw) == ref.generate_batch(prompts[0], **kw)
+    assert fastpath.facts()["cuda_graphs"] == {
+        "path": "reference", "fast_calls": 0, "reference_calls": fast._pool.built, "compiles": 0, "compile_s": 0.0,
+        "fell_back": f"{type(error).__name__}: {error}", "results": "reference"}
+    assert fast._pool.built == 2 and graphs.warmups == decode.GRAPH_WARMUP_STEPS  # one capture tried, no more
+    assert len(fastpath_warnings(caplog)) == 1 and "cuda_graphs" in fastpath_warnings(caplog)[0]
+
+
+def test_static_cache_failed_capture_leaves_the_step_as_it_was():
+    model = random_model(4)
+    sampling = Sampling.of(1.0, 10, None)
+    step, twin = prefilled_step(model, sampling, rows=2), prefilled_step(model, sampling, rows=2)
+    with torch.inference_mode(), pytest.raises(AttributeError, match="register_generator_state"):
+        capture_graph(step, backend=FailingGraphs(CAPTURE_ERRORS[1]), warmup_steps=3)
+    assert step.replay is None and not decode._CAPTURE_LOCK.locked()
+    assert step.cache.pos.tolist() == [3, 3] and step.tokens.tolist() == [[6], [6]]  # the warm-up undone
+    with torch.inference_mode():
+        for s in (step, twin):
+            s.set_sampling(sampling, seed=4)
+        for _ in range(4):
+            step()
+            twin()
+            assert torch.equal(step.next_ids, twin.next_ids)
+
+
+class GraphWithoutRegistration:
+    """torch.cuda.CUDAGraph of a torch without register_generator_state (generators register with
+    a capture at their first draw): what CudaGraphs.capture touches of it, on the CPU."""
+
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+class GraphWithRegistration(GraphWithoutRegistration):
+    """torch 2.3 to 2.13: a capture draws only from the generators registered with it."""
+
+    registered: list = []
+
+    def register_generator_state(self, generator):
+        self.registered.append(generator)
+
+
+class GraphWithMarkedDeprecation(GraphWithRegistration):
+    """A torch that marks the call deprecated the PEP 702 way (`__deprecated__`, as
+    warnings.deprecated does)."""
+
+    def register_generator_state(self, generator):
+        super().register_generator_state(generator)
+
+    register_generator_state.__deprecated__ = "generators register at their first use during capture"
+
+
+class GraphWithDeprecatedRegistration(GraphWithRegistration):
+    """torch 2.14: the call is a no-op that warns of its deprecation at every call."""
+
+    def register_generator_state(self, generator):
+        super().register_generator_state(generator)
+        warnings.warn("CUDAGraph.register_generator_state is deprecated: generators register at their first use "
+                      "during capture", FutureWarning, stacklevel=2)
+
+
+@pytest.fixture
+def cpu_cuda_graphs(monkeypatch):
+    """torch.cuda's graph API stood in on the CPU for CudaGraphs.capture: `use(graph_class)` makes
+    torch.cuda.CUDAGraph build that class; torch.cuda.graph runs the captured function as the
+    capture does, once. Returns `use` and the graphs made."""
+    made = []
+
+    def use(graph_class):
+        def make():
+            made.append(graph_class())
+            return made[-1]
+
+        monkeypatch.setattr(graph_class, "registered", [], raising=False)
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", make)
+
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **kw: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(decode.CudaGraphs, "registration_deprecated", False)  # restored after the test
+    return use, made
+
+
+def test_static_cache_capture_registers_the_generator_where_torch_has_the_call(cpu_cuda_graphs, caplog):
+    use, made = cpu_cuda_graphs
+    generator, runs = torch.Generator(), []
+    graphs = decode.CudaGraphs()
+    # a torch without the call: the capture proceeds
+    use(GraphWithoutRegistration)
+    replay = graphs.capture(lambda: runs.append(1), generator, torch.device("cpu"))
+    assert runs == [1] and replay == made[-1].replay
+    replay()
+    assert made[-1].replays == 1
+    # a torch that needs it: every sampled step's capture registers its generator; a greedy one has none
+    use(GraphWithRegistration)
+    graphs.capture(lambda: None, generator, torch.device("cpu"))
+    graphs.capture(lambda: None, generator, torch.device("cpu"))
+    graphs.capture(lambda: None, None, torch.device("cpu"))
+    assert GraphWithRegistration.registered == [generator, generator]
+    # a torch that marks it deprecated: not called
+    use(GraphWithMarkedDeprecation)
+    graphs.capture(lambda: None, generator, torch.device("cpu"))
+    assert GraphWithMarkedDeprecation.registered == []
+    # a torch where it warns of its deprecation: called once, its warning logged once, then no more calls
+    use(GraphWithDeprecatedRegistration)
+    with warnings.catch_warnings(record=True) as shown, caplog.at_level("INFO", logger="lockstep.decode"):
+        warnings.simplefilter("always")
+        for _ in range(3):
+            graphs.capture(lambda: None, generator, torch.device("cpu"))
+    assert GraphWithDeprecatedRegistration.registered == [generator]
+    assert not [w for w in shown if issubclass(w.category, FutureWarning)]
+    assert [r.getMessage() for r in caplog.records if "register_generator_state is deprecated" in r.getMessage()] \
+        and len(caplog.records) == 1
+    assert len(made) == 8
 
 
 def test_static_cache_steps_are_reused_across_calls_and_never_shared(tok):
@@ -581,10 +722,6 @@ class FailingAtGraph(CompileCounterWithBackend):
         if self.frame_count + 1 == self.fail_at:
             raise RuntimeError(f"no code for graph {self.fail_at}")
         return super().__call__(gm, example_inputs)
-
-
-def fastpath_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "lockstep.fastpath"]
 
 
 def test_static_cache_compile_that_fails_falls_back_to_the_eager_step(tok, monkeypatch, caplog):

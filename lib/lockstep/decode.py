@@ -12,6 +12,7 @@ import functools
 import inspect
 import logging
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -438,7 +439,7 @@ class GraphBackend(Protocol):
 
     def warm_up(self, fn: Callable[[], None], steps: int, device: torch.device) -> None: ...
 
-    def capture(self, fn: Callable[[], None], generator: torch.Generator,
+    def capture(self, fn: Callable[[], None], generator: torch.Generator | None,
                 device: torch.device) -> Callable[[], None]: ...
 
 
@@ -449,8 +450,11 @@ _CAPTURE_LOCK = threading.Lock()
 class CudaGraphs:
     """torch.cuda graphs: the eager runs on a side stream (as capture needs), then one capture
     per step in its own memory pool (steps are replayed in any order and from several threads,
-    which a shared pool does not allow), with the step's generator registered so each replay
-    draws fresh numbers from it."""
+    which a shared pool does not allow), with the step's generator registered where torch asks for
+    it (register_generator), so each replay draws fresh numbers from it."""
+
+    # Set once a register_generator_state call has warned of its deprecation in this process.
+    registration_deprecated = False
 
     def check(self, device: torch.device) -> None:
         if device.type != "cuda":
@@ -467,31 +471,68 @@ class CudaGraphs:
                 fn()
         torch.cuda.current_stream(device).wait_stream(side)
 
-    def capture(self, fn: Callable[[], None], generator: torch.Generator, device: torch.device) -> Callable[[], None]:
+    def capture(self, fn: Callable[[], None], generator: torch.Generator | None,
+                device: torch.device) -> Callable[[], None]:
         graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(generator)
+        if generator is not None:
+            self.register_generator(graph, generator)
         # thread_local: work that other server threads run meanwhile does not break the capture
         with torch.cuda.device(device), torch.cuda.graph(graph, capture_error_mode="thread_local"):
             fn()
         return graph.replay
+
+    def register_generator(self, graph: torch.cuda.CUDAGraph, generator: torch.Generator) -> None:
+        """Tell `graph` that its capture draws from `generator`, where this torch wants to be told.
+        torch 2.3 to 2.13 must be told (CUDAGraph.register_generator_state), or the capture's
+        draws do not come from the generator's state at each replay; torch 2.14 registers a
+        generator at its first draw in a capture and made the call a deprecated no-op that warns
+        at every call (pytorch/pytorch#176753); a later torch drops it. Decided by what the graph
+        has and says, never by torch's version: no call where the method is gone or marked
+        deprecated (PEP 702's `__deprecated__`), and none after a call has warned of its
+        deprecation through Python's warnings (the rest of the process), which is logged once
+        instead. A warning that torch prints from C++ without Python's warnings seeing it cannot
+        be told apart; then each sampled step's capture prints it (a greedy step registers
+        nothing), as many times as there are sampled step shapes."""
+        register = getattr(graph, "register_generator_state", None)
+        if register is None or getattr(register, "__deprecated__", None) or type(self).registration_deprecated:
+            return
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            register(generator)
+        deprecation = [w for w in caught if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+        for w in caught:
+            if w not in deprecation:  # any other warning is not ours to hide
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if deprecation:
+            type(self).registration_deprecated = True
+            said = str(deprecation[0].message).strip().partition("\n")[0]
+            logging.getLogger(__name__).info(
+                "torch's CUDAGraph.register_generator_state is deprecated here (%s); a capture registers the "
+                "generators it draws from by itself, so the decode steps' later captures skip the call", said)
 
 
 def capture_graph(step: StaticStep, *, backend: GraphBackend | None = None,
                   warmup_steps: int = GRAPH_WARMUP_STEPS) -> StaticStep:
     """Make `step` replay a CUDA graph of its `run()`: a few eager warm-up runs, whose moves are
     undone (positions and input restored; the slots they wrote lie past every row's position,
-    where the mask hides them until real steps overwrite them), then one capture. The step's
-    buffers are the graph's inputs and outputs; a replay reads and writes them in place, so
-    nothing is allocated per token. Refuses (ValueError) a step that is not on a CUDA device.
-    Returns the step."""
+    where the mask hides them until real steps overwrite them), then one capture, given the step's
+    generator when it samples (a greedy step draws nothing). The step's buffers are the graph's
+    inputs and outputs; a replay reads and writes them in place, so nothing is allocated per
+    token. A warm-up or capture that raises leaves the step as it was, uncaptured, positions and
+    input restored, and the error propagates. Refuses (ValueError) a step that is not on a CUDA
+    device. Returns the step."""
     backend = backend if backend is not None else CudaGraphs()
     backend.check(step.device)
     with _CAPTURE_LOCK:
         pos, tokens = step.cache.pos.clone(), step.tokens.clone()
-        backend.warm_up(step.run, warmup_steps, step.device)
-        step.replay = backend.capture(step.run, step.generator, step.device)  # records, runs nothing
-        step.cache.pos.copy_(pos)
-        step.tokens.copy_(tokens)
+        try:
+            backend.warm_up(step.run, warmup_steps, step.device)
+            generator = None if step.sampling.greedy else step.generator
+            replay = backend.capture(step.run, generator, step.device)  # records, runs nothing
+        finally:
+            step.cache.pos.copy_(pos)
+            step.tokens.copy_(tokens)
+        step.replay = replay
     return step
 
 

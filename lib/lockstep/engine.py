@@ -9,7 +9,6 @@ GPU; they share the row state and the tool handling, which are easiest to check 
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lockstep import fastpath
 from lockstep.calculator import NO_RESULT, evaluate
 from lockstep.decode import (
     DecodeWeights,
@@ -35,8 +35,6 @@ from lockstep.sampling import UNSCALED_TEMPERATURE, check_temperature, check_top
 
 if TYPE_CHECKING:
     from lockstep.tokenizer import Tokenizer
-
-log = logging.getLogger(__name__)
 
 # Cache rows grow in steps of this many positions when a sequence outruns them.
 CACHE_GROW_TOKENS = 128
@@ -295,8 +293,10 @@ class Engine:
 
     `fast` decodes through lockstep.decode: a preallocated cache, sampling on the device, one host
     read per step (the stop and tool check), the step replayed from a CUDA graph when the model is
-    on CUDA (`cuda_graphs`, None = there and only there); greedy tokens equal the reference's in
-    fp32, sampled ones too on the CPU for the same seed (tests/test_static_cache.py). `dtype`
+    on CUDA (`cuda_graphs`, None = there and only there; a capture that fails leaves that step and
+    every later one in the process uncaptured: lockstep.fastpath's "cuda_graphs" alone says
+    whether captures are still made); greedy tokens equal the reference's in fp32, sampled ones
+    too on the CPU for the same seed (tests/test_static_cache.py). `dtype`
     (bf16, or None for the model's own) is what decoding computes in: the reference path runs
     under autocast to it, the fast path with a copy of the weights in it, refreshed from the model
     at every call. A fast engine reuses its steps across calls and serves concurrent calls, each
@@ -346,13 +346,9 @@ class Engine:
                 compile_step(step)
             if not self.cuda_graphs:
                 return step
-            try:
-                return capture_graph(step)
-            except RuntimeError as e:  # an op that cannot be captured (a host sync in some torch build)
-                log.warning("decoding without CUDA graphs: capturing the decode step failed (%s); the static-cache "
-                            "step runs eagerly instead, same tokens, more launch overhead per token", e)
-                self.cuda_graphs = False
-                return step
+            # A capture that fails (an op that cannot be captured, a torch whose graph API moved)
+            # leaves this step and every later one uncaptured: the same tokens, launched op by op.
+            return fastpath.call("cuda_graphs", lambda: capture_graph(step), lambda: step)
 
     def _reference_precision(self) -> contextlib.AbstractContextManager:
         """Autocast to `dtype` for the reference path, where one was asked for and the weights are
