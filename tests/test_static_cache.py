@@ -413,13 +413,7 @@ def test_static_cache_failed_capture_leaves_the_step_as_it_was():
         capture_graph(step, backend=FailingGraphs(CAPTURE_ERRORS[1]), warmup_steps=3)
     assert step.replay is None and not decode._CAPTURE_LOCK.locked()
     assert step.cache.pos.tolist() == [3, 3] and step.tokens.tolist() == [[6], [6]]  # the warm-up undone
-    with torch.inference_mode():
-        for s in (step, twin):
-            s.set_sampling(sampling, seed=4)
-        for _ in range(4):
-            step()
-            twin()
-            assert torch.equal(step.next_ids, twin.next_ids)
+    run_beside(step, twin, 4, seed=4)
 
 
 class GraphWithoutRegistration:
@@ -577,6 +571,19 @@ def prefilled_step(model, sampling: Sampling, prompt=(3, 4, 5), rows: int = 3) -
     step = StaticStep(model, cache, sampling)
     step.tokens.fill_(6)
     return step
+
+
+def run_beside(step: StaticStep, twin: StaticStep, steps: int, seed: int = 0) -> None:
+    """Run `step` and its plain eager `twin` `steps` times from the same seed, asserting after each
+    that their picks, inputs and positions are equal."""
+    with torch.inference_mode():
+        for s in (step, twin):
+            s.set_sampling(twin.sampling, seed=seed)
+        for i in range(steps):
+            step()
+            twin()
+            assert torch.equal(step.next_ids, twin.next_ids) and torch.equal(step.tokens, twin.tokens), i
+            assert torch.equal(step.cache.pos, twin.cache.pos), i
 
 
 @pytest.mark.parametrize("sampling", [Sampling(greedy=True), Sampling.of(1.0, None, None), Sampling.of(0.8, 20, 0.9)],
@@ -758,14 +765,7 @@ def test_static_cache_compiled_step_failing_after_a_part_ran_repeats_the_step_ea
     model = random_model(5)
     eager, compiled = prefilled_step(model, sampling), prefilled_step(model, sampling)
     compile_step(compiled, backend=FailingAtGraph(2))
-    with torch.inference_mode():
-        for s in (eager, compiled):
-            s.set_sampling(sampling, seed=3)
-        for i in range(6):
-            eager()
-            compiled()
-            assert torch.equal(compiled.next_ids, eager.next_ids) and torch.equal(compiled.tokens, eager.tokens), i
-            assert torch.equal(compiled.cache.pos, eager.cache.pos), i
+    run_beside(compiled, eager, 6, seed=3)
     assert compiled.cache.pos.tolist() == [3 + 6] * 3
     assert torch.equal(compiled.generator.get_state(), eager.generator.get_state())
     assert fastpath.facts()["decode_compiled"]["fell_back"].startswith(
@@ -802,12 +802,7 @@ def test_static_cache_compiled_step_failing_after_it_ran_repeats_the_step_from_i
     model = random_model(5)
     eager, compiled = prefilled_step(model, Sampling(greedy=True)), prefilled_step(model, Sampling(greedy=True))
     compile_step(compiled, backend=FailingAfterRunning())
-    with torch.inference_mode():
-        for i in range(6):
-            eager()
-            compiled()
-            assert torch.equal(compiled.next_ids, eager.next_ids) and torch.equal(compiled.tokens, eager.tokens), i
-            assert torch.equal(compiled.cache.pos, eager.cache.pos), i
+    run_beside(compiled, eager, 6)
     assert compiled.cache.pos.tolist() == [3 + 6] * 3
     facts = fastpath.facts()["decode_compiled"]
     assert facts["fell_back"] == "RuntimeError: the device reported an error after the step ran"
