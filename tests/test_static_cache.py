@@ -9,7 +9,8 @@ uncaptured), refusing a CPU device with the real one, and its generator registra
 stand-ins for torch's graph API of each era; and the compiled step (compile_step) against the
 uncompiled one and the reference engine, compiled once per step and never again, its cache
 written in place, and falling back to the eager step with the eager step's tokens when its
-compile or a compiled part fails."""
+compile or a compiled part fails; and generate_many building a bounded set of steps (and
+compiles) for any number of prompts."""
 
 from __future__ import annotations
 
@@ -700,6 +701,30 @@ def test_static_cache_compiled_engine_generate_greedy_equals_reference(tok, comp
     assert compiled.generate_greedy(prompts, max_tokens=budgets, batch_rows=3) == want
     assert compiled.generate_greedy(prompts, max_tokens=budgets, batch_rows=3) == want
     assert compiled_engines.frame_count == compiled._pool.built == 1  # one step, compiled once, both calls
+
+
+def test_static_cache_compiled_engine_builds_a_bounded_set_of_steps_for_any_number_of_prompts(tok, compiled_engines):
+    """generate_many over 1, 2, ..., 16 prompts at batch_rows=8, one cache length: the step rows are
+    powers of two up to 8 (step_rows), so the engine builds and compiles 4 steps (1, 2, 4 and 8
+    rows), where exact row counts built 8, and every reply is the reference engine's."""
+    model = talkative_tool_model(tok)
+    ref, compiled = Engine(model, tok), Engine(model, tok, fast=True, compile_step=True)
+    texts = ["how much?", "q", "stop here.", "why?", "tell me more", "x", "a longer prompt, then?", "z" * 20,
+             "abc", "so?", "what now", "hm.", "7", "more?", "end", "yes"]
+    prompts = [tok.encode(t) for t in texts]
+    budgets = [12, 6, 9, 20, 15, 3, 10, 8, 14, 7, 11, 5, 16, 9, 4, 13]
+    for n in range(1, 17):
+        assert compiled.generate_greedy(prompts[:n], max_tokens=budgets[:n], batch_rows=8) == \
+            ref.generate_greedy(prompts[:n], max_tokens=budgets[:n], batch_rows=8), n
+    assert compiled._pool.built == compiled_engines.frame_count == fastpath.facts()["decode_compiled"]["compiles"] == 4
+    assert sorted(step.batch_size for step in compiled._pool._idle.values()) == [1, 2, 4, 8]
+
+
+def test_static_cache_step_rows():
+    assert [decode.step_rows(n, 8) for n in range(1, 17)] == [1, 2, 4, 4] + [8] * 12
+    assert {decode.step_rows(n, 6) for n in range(1, 40)} == {1, 2, 4, 6}  # floor(log2 6) + 2 shapes
+    with pytest.raises(ValueError, match="must be >= 1"):
+        decode.step_rows(0, 8)
 
 
 def test_static_cache_compiled_engine_through_the_graph_wrapper(tok, compiled_engines, monkeypatch):

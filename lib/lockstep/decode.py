@@ -30,7 +30,12 @@ from lockstep.sampling import is_greedy, nucleus_top_p
 # row's cache is 37 KB per position, 75 MB per step at batch 8 and 256 positions, 600 MB at 2048.
 MIN_CACHE_TOKENS = 256
 # Idle steps kept for reuse per engine (each holds its cache and, on CUDA, its graph); the least
-# recently used beyond this are freed.
+# recently used beyond this are freed, and a freed step asked for again is built, compiled and
+# captured again. generate_many's row counts (step_rows) are 1, 2, 4, ..., batch_rows, so 6 idle
+# steps hold every row count of one cache length and sampling kind up to batch_rows 32, or up to
+# 16 beside one other step; more shapes in turn than that (several cache lengths and kinds, as
+# RL's rollouts and held-out evaluation alternate) rebuild some. Not raised: every idle step
+# keeps its cache's memory (see MIN_CACHE_TOKENS).
 MAX_IDLE_STEPS = 6
 # Eager runs before a capture: the first call of some CUDA libraries initialises state (cuBLAS
 # handles and workspaces) that must not happen during capture; torch's own examples use a few.
@@ -43,6 +48,20 @@ def cache_tokens(needed_tokens: int, limit: int) -> int:
     if not 0 < needed_tokens <= limit:
         raise ValueError(f"a request of {needed_tokens} positions does not fit the model's context of {limit} tokens")
     return min(limit, max(MIN_CACHE_TOKENS, 1 << (needed_tokens - 1).bit_length()))
+
+
+def step_rows(needed_rows: int, max_rows: int) -> int:
+    """The rows of the step that decodes `needed_rows` requests at most `max_rows` at a time: the
+    smallest power of two >= needed_rows, capped at max_rows. Any number of requests then takes
+    one of at most floor(log2(max_rows)) + 2 row counts (1, 2, 4, ..., max_rows), so an engine
+    builds, compiles and captures at most that many steps per cache length and sampling kind,
+    where exact counts made the short last batch of every call a new shape, and so a new compile
+    (tens of seconds each on a GPU, docs/performance.md). The rows past `needed_rows` decode
+    ignored tokens: up to as many rows again of work, in calls with fewer requests than max_rows
+    only."""
+    if needed_rows < 1 or max_rows < 1:
+        raise ValueError(f"needed_rows={needed_rows} and max_rows={max_rows} must be >= 1")
+    return min(max_rows, 1 << (needed_rows - 1).bit_length())
 
 
 def weights_dtype(model: nn.Module) -> torch.dtype:

@@ -28,6 +28,7 @@ from lockstep.decode import (
     capture_graph,
     compile_step,
     sample_on_device,
+    step_rows,
     weights_dtype,
 )
 from lockstep.model import GPT
@@ -450,7 +451,13 @@ class Engine:
         every row of a static step's cache; the first column is sampled from its logits, every
         later one by the step, which feeds each row its own pick back. The host reads the picks
         once a step and writes the step's input only where a row's next token is not its pick (a
-        forced tool token); a finished row keeps decoding its own picks, ignored."""
+        forced tool token); a finished row keeps decoding its own picks, ignored. The step has
+        exactly `num_samples` rows, not generate_many's power of two (decode.step_rows): rows
+        added would draw uniform numbers from the step's generator too, so from the second token
+        on a row's draw would no longer be the reference's for the same seed, and drawing for the
+        asked rows alone would fix their count into the captured graph. lockstep's own callers
+        ask for one row (eval's one-at-a-time replies, chat, serve), so this adds one step per
+        cache length and sampling kind."""
         model = self._weights.current()
         sampling = Sampling.of(temperature, top_k, top_p)
         cache_len = cache_tokens(len(prompt_ids) + max_tokens, self.model.config.sequence_len)
@@ -619,21 +626,28 @@ class Engine:
         """`generate_many` on the fast path, filling `out` and `masks`: the rows of one static
         step, each prompt prefilled by the plain forward into a free row, a finished row's place
         going to the next waiting prompt. The rows stay (fixed shapes); once none waits, a finished
-        row keeps decoding its own picks, ignored, until the last live row finishes. Greedy, it
-        gives the reference path's tokens; sampled, draws from the same distributions but not the
-        same draws (the step also draws for rows that finished)."""
+        row keeps decoding its own picks, ignored, until the last live row finishes. The step has
+        decode.step_rows rows, a power of two up to `batch_rows`, so that any number of prompts
+        reuses one of a few steps (and their compiles); the rows no prompt fills decode their own
+        picks from the first step on, ignored. Greedy, it gives the reference path's tokens;
+        sampled, draws from the same distributions but not the same draws (the step also draws for
+        rows that finished or hold no prompt)."""
         model = self._weights.current()
         limit = self.model.config.sequence_len
         cache_len = cache_tokens(max(len(p) + b for _, p, b in waiting), limit)  # room for the longest request
-        step = self._pool.acquire(min(batch_rows, len(waiting)), cache_len, sampling)
+        step = self._pool.acquire(step_rows(len(waiting), batch_rows), cache_len, sampling)
         try:
             with torch.inference_mode(), torch.autocast(self._device().type, enabled=False):
                 step.set_sampling(sampling, seed)
                 last = _Prefill()
                 rows: list[_Reply | None] = [self._start_reply(step.cache, slot, *waiting.popleft(), model=model,
-                                                               last=last)
+                                                               last=last) if waiting else None
                                              for slot in range(step.batch_size)]
-                sampled: list[int | None] = [None] * step.batch_size  # what the step feeds itself next
+                # What the step's input holds (its picks, once it has run): first each prompt's last
+                # token, and for a row with no prompt any valid id, read at whatever position that
+                # cache row was left (its picks are ignored, and rows never see each other's keys).
+                sampled = [self.assistant_end_id if row is None else row.feed for row in rows]
+                step.tokens.copy_(torch.tensor(sampled, dtype=torch.long)[:, None])  # (B, 1)
                 while any(r is not None for r in rows):
                     feed = [sampled[slot] if row is None else row.feed for slot, row in enumerate(rows)]
                     if feed != sampled:
