@@ -183,3 +183,53 @@ def test_generate_batch_must_be_positive() -> None:
         EvalConfig(generate_batch=0)
     with pytest.raises(FieldError, match=r"^eval.generate_batch=0 must be an integer >= 1"):
         build_config(EvalConfig, {"generate_batch": 0}, where="eval")
+
+
+def test_an_eval_stage_whose_decode_compile_fails_finishes_with_the_reference_results(tmp_path: Path, monkeypatch,
+                                                                                      caplog) -> None:
+    """The fast decode path as on CUDA (static cache, step compiled), with a compiler that raises:
+    the stage's generations fall back to the eager static step, so its metrics and every
+    prediction equal the reference engine's run, and its run facts say decode_compiled fell back."""
+    import functools
+    import logging
+
+    from lockstep import decode, engine, fastpath
+    from lockstep.evaluate import run as eval_run
+
+    tok = train_tokenizer("byte", [TEXT])
+    tok.save(tmp_path / "tokenizer")
+    build_pretrain_cache({"train": [TEXT] * 4, "val": [TEXT] * 4}, tmp_path / "cache" / "pretrain" / "bard",
+                         tokenizer=tok, max_train_tokens=None, max_val_tokens=None, shard_bytes=1 << 20, seed=0,
+                         shuffle_buffer=4, num_threads=1)
+    model = tiny_gpt(sequence_len=256, vocab_size=tok.get_vocab_size())
+    save_checkpoint(tmp_path / "ckpt", model.state_dict(), {0: {}},
+                    {"step": 0, "model_config": model.config.to_dict(), "tokenizer_sha256": tok.sha256})
+    cfg = EvalConfig(bpb_max_tokens=256, bpb_batch_rows=2, core_stages=(), chat_stages=("midtrain",),
+                     chat_max_items=3, math_sources=(), conversation_sources=(), max_new_tokens=8,
+                     sandbox_timeout_s=3.0)
+    rt = init_runtime(RuntimeConfig(device="cpu", dtype="fp32"))
+
+    def run(name: str) -> tuple[dict, dict[str, str], dict]:
+        paths = EvalPaths(ckpt=tmp_path / "ckpt", cache=tmp_path / "cache", tokenizer=tmp_path / "tokenizer",
+                          raw=tmp_path / "raw", evalsets=ROOT / "evalsets", out=tmp_path / name / "metrics.json",
+                          predictions=tmp_path / name / "eval", runinfo=tmp_path / name / "runinfo.json")
+        metrics = run_eval_stage("midtrain", cfg, paths, rt=rt)
+        predictions = {p.name: p.read_text() for p in sorted(paths.predictions.iterdir())}
+        return metrics, predictions, json.loads(paths.runinfo.read_text())
+
+    reference = run("reference")
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("triton: no kernel image for this device")
+
+    monkeypatch.setattr(eval_run, "decode_settings", lambda *a, **k: {"fast": True, "dtype": None, "compile_step": True})
+    monkeypatch.setattr(engine, "compile_step", functools.partial(decode.compile_step, backend=broken))
+    with caplog.at_level(logging.WARNING, logger="lockstep.fastpath"):
+        fell_back = run("fell_back")
+    assert fell_back[0] == reference[0] and fell_back[1] == reference[1]
+    assert any(name.startswith("chat_") for name in reference[1])  # the generations are compared
+    part = fell_back[2]["fast_paths"]["decode_compiled"]
+    assert part["path"] == "reference" and part["results"] == "reference" and part["reference_calls"] > 0
+    assert "no kernel image" in part["fell_back"] and reference[2]["fast_paths"] == {}
+    assert fastpath.facts()["decode_compiled"]["fast_calls"] == 0
+    assert sum("fast path decode_compiled" in r.getMessage() for r in caplog.records) == 1

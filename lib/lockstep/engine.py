@@ -644,9 +644,10 @@ class Engine:
                                                                last=last) if waiting else None
                                              for slot in range(step.batch_size)]
                 # What the step's input holds (its picks, once it has run): first each prompt's last
-                # token, and for a row with no prompt any valid id, read at whatever position that
-                # cache row was left (its picks are ignored, and rows never see each other's keys).
-                sampled = [self.assistant_end_id if row is None else row.feed for row in rows]
+                # token, and for a row with no prompt id 0, which every vocabulary has, read at
+                # whatever position that cache row was left (its picks are ignored, and rows never
+                # see each other's keys).
+                sampled = [0 if row is None else row.feed for row in rows]
                 step.tokens.copy_(torch.tensor(sampled, dtype=torch.long)[:, None])  # (B, 1)
                 while any(r is not None for r in rows):
                     feed = [sampled[slot] if row is None else row.feed for slot, row in enumerate(rows)]
