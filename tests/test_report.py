@@ -128,7 +128,11 @@ def test_results_carry_intervals_and_run_facts_stay_apart(tmp_path: Path) -> Non
         "chat.synth_math.accuracy": 0.8, "chat.synth_math.accuracy.n": 10, "bpb.shakespeare": 2.0, "step": 5}))
     (metrics / "rl.json").write_text(json.dumps({"pass@1": 0.715, "pass@1.n": 100, "steps": 20}))
     (runinfo / "eval_sft.json").write_text(json.dumps({"eval_time_s": 12.5, "device": "cpu"}))
-    (runinfo / "pretrain.json").write_text(json.dumps({"tok_per_s": 5000.0, "git_commit": "feedbeef"}))
+    (runinfo / "pretrain.json").write_text(json.dumps({
+        "tok_per_s": 5000.0, "git_commit": "feedbeef", "numerics": {"fast_paths": "compiled_loss=reference"},
+        "fast_paths": {"compiled_loss": {"path": "reference", "results": "reference", "compiles": 0,
+                                         "fell_back": "RuntimeError: no kernel"}}}))
+    (runinfo / "sft.json").write_text(json.dumps({"numerics": {"fast_paths": ""}}))  # no fast path ran
     # Three documents whose bits per byte are 1.0, 2.0 and 3.0.
     docs = [{"index": i, "nats": b * (i + 1) * math.log(2), "bytes": b} for i, b in enumerate((100, 100, 100))]
     (preds / "sft" / "bpb_shakespeare.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
@@ -147,6 +151,10 @@ def test_results_carry_intervals_and_run_facts_stay_apart(tmp_path: Path) -> Non
     assert "| tok_per_s | 5000.0000 |" in facts and "| eval_time_s |" in facts
     assert "tok_per_s" not in text[:text.index("## Run facts")]
     assert "pretrain: git_commit | feedbeef" in text
+    # Which path each fast path took, once, and why one fell back; nothing for a stage that used none.
+    assert "| pretrain: numerics.fast_paths | compiled_loss=reference |" in text
+    assert "| pretrain: fast_paths.compiled_loss.fell_back | RuntimeError: no kernel |" in text
+    assert "fast_paths.compiled_loss.path" not in text and "sft: numerics.fast_paths" not in text
 
 
 def test_header_names_tokenizer_embedding_and_losses(tmp_path: Path) -> None:

@@ -562,6 +562,12 @@ def setup_line(metrics: Mapping[str, Mapping[str, Any]], runinfo: Mapping[str, M
     return f"**Tokenizer** {kind} · **embedding** {embedding} · **loss** {', '.join(losses) or '-'}"
 
 
+def _per_part_path(key: str) -> bool:
+    """A fast path's own `path` or `results` fact (fast_paths.<part>.path): `numerics.fast_paths`
+    already names every part's path in one line, and `fast_paths.<part>.fell_back` the reason."""
+    return key.startswith("fast_paths.") and key.rsplit(".", 1)[-1] in ("path", "results")
+
+
 def render_markdown(metrics: Mapping[str, Mapping[str, Any]], charts: Sequence[Chart], environment: Mapping[str, str],
                     runinfo: Mapping[str, Mapping[str, Any]] | None = None,
                     ivs: Mapping[tuple[str, str], Interval] | None = None) -> str:
@@ -580,7 +586,7 @@ def render_markdown(metrics: Mapping[str, Mapping[str, Any]], charts: Sequence[C
     for source in (metrics, runinfo):
         for stem in sorted(source):
             for k, v in sorted(source[stem].items()):
-                if isinstance(v, str) and k not in CORE_FACTS:
+                if isinstance(v, str) and v and k not in CORE_FACTS and not _per_part_path(k):
                     env_rows.append([f"{stem}: {k}", v])
     lines += _table(["", "value"], env_rows) + [""]
 
