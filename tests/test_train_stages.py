@@ -11,8 +11,10 @@ import pytest
 import torch
 import yaml
 
+from _cache_stage import one_error_line, tree
 from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.checkpoint import load_checkpoint
+from lockstep.resume import LOCK_FILE
 from lockstep.tokenizer.kinds import train_tokenizer
 
 _WORDS = "the king said to the queen that the castle was cold and the night was long".split()
@@ -339,3 +341,50 @@ def test_a_compile_that_fails_falls_back_and_the_stage_finishes(workspace: Path,
     assert facts["numerics"]["fast_paths"] == "compiled_loss=reference"
     assert json.loads((root / "runinfo/pretrain_compile_off.json").read_text())["fast_paths"] == {}
     assert sum("fast path compiled_loss" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_second_process_in_the_run_folder_stops_and_touches_nothing(workspace: Path, repo_root: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """A pretrain process holds its run folder (SIGSTOPped once it has taken the lock, so it writes
+    nothing more), as an orphan of a killed `dvc repro` would: the same stage started again, as the
+    next `dvc repro` starts it, ends in one `error:` line naming the holder's pid, status 1, with
+    the run folder as it was and none of its own outputs written. Once the holder is SIGKILLed its
+    lock is gone and the stage runs to the end."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.syspath_prepend(str(repo_root))
+    from stages import pretrain
+    from stages._common import entry
+
+    from lockstep.codeid import code_revision
+
+    # Both processes must name the same run folder: pin this one to the revision the other computes.
+    revision = code_revision("stages.pretrain")
+    monkeypatch.setattr("stages.pretrain.code_revision", lambda entry: revision)
+    root = workspace
+    params = _params_file(root, "params_lock.yaml", num_steps=6, checkpoint_every_steps=2, eval_every_steps=0)
+    holder = subprocess.Popen([sys.executable, "-m", "stages.pretrain", *_args_with(root, "held", "runs_lock", params)],
+                              cwd=repo_root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 180
+        while not any(f"{holder.pid}" in p.read_text() for p in (root / "runs_lock").glob(f"pretrain-*/{LOCK_FILE}")):
+            assert holder.poll() is None and time.monotonic() < deadline, "the stage ended before it took its run folder"
+            time.sleep(0.01)
+        holder.send_signal(signal.SIGSTOP)
+        before = tree(root / "runs_lock")
+        status = entry(lambda: pretrain.main(_args_with(root, "second", "runs_lock", params)), errors=pretrain.STAGE_ERRORS)
+        line = one_error_line(capsys.readouterr().err)
+        assert status == 1
+        assert f"is in use by process {holder.pid} on host" in line and f"`kill {holder.pid}`" in line, line
+        assert tree(root / "runs_lock") == before
+        assert not any((root / p).exists() for p in ("second", "metrics/second.json", "runinfo/second.json", "plots/second"))
+    finally:
+        holder.kill()  # SIGKILL reaches a stopped process
+        holder.wait()
+    assert pretrain.main(_args_with(root, "second", "runs_lock", params)) == 0
+    assert json.loads((root / "metrics/second.json").read_text())["steps"] == 6

@@ -3,15 +3,22 @@ to resume from and loading it into every rank. Under torch.distributed rank 0 al
 writes the run folder (lockstep.checkpoint's files); the other ranks exchange their state with it
 over the process group, so nodes need no shared disk. A checkpoint written on another number of
 ranks, or with the optimizer state laid out otherwise (sharded or replicated), is resumed by
-resharding that state on rank 0. Not the training loop (lockstep.train) and not the file format
-(lockstep.checkpoint)."""
+resharding that state on rank 0. A stage holds its run folder's lock (`hold_run_dir`) while it
+trains and publishes, so two processes never write checkpoints into one folder. Not the training
+loop (lockstep.train) and not the file format (lockstep.checkpoint)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import json
 import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +27,89 @@ import torch.distributed as dist
 from torch import nn
 
 from lockstep import checkpoint as ckpt
-from lockstep.io import read_json, write_json_atomic
+from lockstep.io import canonical_json, read_json, write_json_atomic
 from lockstep.optim import optimizer_state_kind, state_layout
 from lockstep.runtime import Runtime, barrier
 
 PROGRESS_FILE = "progress.json"  # per-step series, throughput and wall time so far, beside the checkpoints
+LOCK_FILE = "stage.lock"  # flock()ed by the process training in the run folder; its pid and host inside
 log = logging.getLogger("lockstep.resume")
+
+
+class RunFolderInUseError(RuntimeError):
+    """Another live process holds the run folder's lock: it is training there (`hold_run_dir`)."""
+
+
+def _holder_record() -> dict[str, Any]:
+    """What the lock file says about its holder, for the message another process prints."""
+    return {"pid": os.getpid(), "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())}
+
+
+def _in_use_message(run_dir: Path, lock_file: Path) -> str:
+    """The line a second process stops with: who holds `run_dir` (read from `lock_file`, which its
+    holder may not have filled in yet) and how to stop it or wait."""
+    try:
+        holder = json.loads(lock_file.read_text(encoding="utf-8"))
+        pid, host, since = int(holder["pid"]), str(holder["host"]), str(holder["since"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return (f"{run_dir} is in use by another process (its lock {lock_file} is held); two runs in one folder would "
+                "overwrite each other's checkpoints: wait for it to end, or stop it, then run the stage again")
+    where = "" if host == socket.gethostname() else f" on {host}"
+    return (f"{run_dir} is in use by process {pid} on host {host} (training there since {since}); two runs in one "
+            f"folder would overwrite each other's checkpoints: wait for it to end, or stop it (`kill {pid}`{where}; "
+            "a rerun resumes from its last complete checkpoint), then run the stage again")
+
+
+def _lock(run_dir: Path) -> tuple[int | None, str | None]:
+    """Rank 0: take `run_dir`'s lock without waiting. Returns (the lock file's descriptor, None),
+    or (None, the line to stop with) when another process holds it. A file system without locks
+    (some network and FUSE mounts) is logged and trained on unlocked: (None, None)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock_file = run_dir / LOCK_FILE
+    # Opened without O_TRUNC: the holder's record stays readable to whoever fails to lock. The
+    # descriptor is not inherited by the programs a stage starts (PEP 446), so the lock ends with
+    # this process: the kernel releases a flock when its last descriptor closes, a SIGKILL included.
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None, _in_use_message(run_dir, lock_file)
+    except OSError as e:
+        os.close(fd)
+        log.warning("cannot lock %s (%s): a second process training in this run folder would go unnoticed",
+                    lock_file, os.strerror(e.errno) if e.errno else e)
+        return None, None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, canonical_json(_holder_record()).encode("utf-8"), 0)
+    return fd, None
+
+
+@contextlib.contextmanager
+def hold_run_dir(run_dir: Path, rt: Runtime) -> Iterator[None]:
+    """Hold `run_dir`'s lock (LOCK_FILE, created with the folder) for the block: what a stage does
+    in its run folder, and the outputs it publishes from it, happen in one process at a time. A
+    second process raises RunFolderInUseError naming the holder's pid and host before it touches
+    anything. The kernel drops the lock when its holder dies, however it dies, so a crashed run
+    leaves no stale lock and its rerun resumes as before.
+
+    Under torch.distributed rank 0 alone takes it, as it alone reads and writes the run folder
+    (the other ranks' nodes may not even see it); it tells every rank whether it got it, so that
+    all of them stop together (a collective). Per-node locks would buy nothing and, on a file
+    system shared between nodes, make the ranks of one job refuse each other."""
+    fd, refused = _lock(run_dir) if rt.is_main else (None, None)
+    if rt.distributed:
+        told = [refused]
+        dist.broadcast_object_list(told, src=0)
+        refused = told[0]
+    if refused is not None:
+        raise RunFolderInUseError(refused)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock; the record stays, read only by someone who fails to lock
 
 
 def open_run_dir(run_dir: Path, rt: Runtime) -> list[Path]:

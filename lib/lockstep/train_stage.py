@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from lockstep import checkpoint as ckpt
-from lockstep import objectives
+from lockstep import objectives, resume
 from lockstep.budget import (ComponentEpochs, Holding, check_epochs, epoch_line, epochs_facts, mixture_epochs,
                              sft_holding)
 from lockstep.cache import find_cache
@@ -52,7 +52,7 @@ from lockstep.train import (
 )
 
 # Errors whose message says what to fix: a training stage's entry point prints them as one line.
-ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError, TokenizerFileError)
+ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError, TokenizerFileError, resume.RunFolderInUseError)
 
 # Short prompts whose greedy continuations show, in the log and the metrics, what the model learnt.
 TEXT_PROMPTS = ("The", "To be, or not", "First Citizen:")
@@ -262,7 +262,9 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
     checkpoints; `started_s` (time.perf_counter) is when the stage began, for its wall time.
 
     Resumes from the run folder's latest checkpoint; Ctrl-C raises KeyboardInterrupt carrying
-    the line that says where a rerun resumes. Only rank 0 writes outputs."""
+    the line that says where a rerun resumes. Only rank 0 writes outputs, holding the run folder's
+    lock from the first write to the last (lockstep.resume.hold_run_dir): a second process on the
+    same run raises RunFolderInUseError before it writes anything."""
     log = logging.getLogger(f"lockstep.{stage}")
     if (paths.init is None) == (model_params is None):
         raise ValueError("pass model_params for a fresh model or paths.init for a checkpoint to start from, not both")
@@ -299,31 +301,32 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
                       extra={"caches": train_ids, "init_manifest_sha256": init_identity, "runtime": rt.settings(),
                              "code_revision": code_revision})
     log.info("run folder %s", run_dir)
-    series = SeriesWriter(paths.plots, SERIES_COLUMNS) if rt.is_main else None
-    if rt.is_main:
-        # Parity artifact: the first micro-batch exactly as step 0 draws it (data order is stateless).
-        first = train_data.get_batch(B=cfg.device_batch_rows, generator=batch_generator(seed, 0, 0))
-        dump_first_batch(paths.plots / FIRST_BATCH_FILE, first[0], first[1], first[2] if len(first) > 2 else None,
-                         rows=train_data.last_rows, meta={"stage": stage, "step": 0, "micro_batch": 0})
-    try:
-        trainer = Trainer(model, cfg, rt, data=train_data, seed=seed, loss=loss,
-                          validation=Validation(val_data, token_bytes, seed=data_seed),
-                          samples=Samples(sample_prompts(stage, tok), tok.decode),
-                          on_step=series.add if series is not None else None, params_section=stage)
-        result = trainer.fit(run_dir, meta)
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt(resume_note(stage, run_dir)) from None
-    metrics = None
-    if rt.is_main:
-        assert series is not None
-        publish_checkpoint(result.checkpoint, paths.out)
-        series.write()
-        metrics = stage_metrics(result, model)
-        write_runinfo(paths.runinfo, stage_runinfo(result, rt, started_s=started_s,
-                                                   epochs=epochs_facts(epochs, cfg.max_epochs),
-                                                   setup=stage_setup(gcfg, cfg)), device=rt.device)
-        write_json_atomic(paths.metrics, metrics)
-        log.info("done: val bpb %.4f (unigram %.4f), %d steps, %s", metrics["val_bpb"] or float("nan"),
-                 metrics["unigram_bpb"] or float("nan"), result.step, paths.out)
-    barrier(rt)
+    with resume.hold_run_dir(run_dir, rt):
+        series = SeriesWriter(paths.plots, SERIES_COLUMNS) if rt.is_main else None
+        if rt.is_main:
+            # Parity artifact: the first micro-batch exactly as step 0 draws it (data order is stateless).
+            first = train_data.get_batch(B=cfg.device_batch_rows, generator=batch_generator(seed, 0, 0))
+            dump_first_batch(paths.plots / FIRST_BATCH_FILE, first[0], first[1], first[2] if len(first) > 2 else None,
+                             rows=train_data.last_rows, meta={"stage": stage, "step": 0, "micro_batch": 0})
+        try:
+            trainer = Trainer(model, cfg, rt, data=train_data, seed=seed, loss=loss,
+                              validation=Validation(val_data, token_bytes, seed=data_seed),
+                              samples=Samples(sample_prompts(stage, tok), tok.decode),
+                              on_step=series.add if series is not None else None, params_section=stage)
+            result = trainer.fit(run_dir, meta)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(resume_note(stage, run_dir)) from None
+        metrics = None
+        if rt.is_main:
+            assert series is not None
+            publish_checkpoint(result.checkpoint, paths.out)
+            series.write()
+            metrics = stage_metrics(result, model)
+            write_runinfo(paths.runinfo, stage_runinfo(result, rt, started_s=started_s,
+                                                       epochs=epochs_facts(epochs, cfg.max_epochs),
+                                                       setup=stage_setup(gcfg, cfg)), device=rt.device)
+            write_json_atomic(paths.metrics, metrics)
+            log.info("done: val bpb %.4f (unigram %.4f), %d steps, %s", metrics["val_bpb"] or float("nan"),
+                     metrics["unigram_bpb"] or float("nan"), result.step, paths.out)
+        barrier(rt)
     return metrics
