@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+import stages  # the package, run first: its ANCESTRY was read before the heavy imports
+from lockstep import lifeline
 from lockstep.config import ConfigError, build_config
 
 T = TypeVar("T")
@@ -128,7 +130,12 @@ def entry(main: Callable[[], object], *, errors: tuple[type[Exception], ...] = (
     Ctrl-C ends with one line on stderr and exit status 130 (128 + SIGINT), not a traceback: the
     stage's own message when it raised KeyboardInterrupt with one (where a rerun resumes), else
     a generic line. An exception of the `errors` types, whose message already says what to fix,
-    ends with one `error: ...` line and status 1. Under torchrun only rank 0 prints."""
+    ends with one `error: ...` line and status 1. Under torchrun only rank 0 prints.
+
+    A stage that DVC or torchrun started ends, with one `stopped:` line and status 129, as soon
+    as that launcher dies (lockstep.lifeline), so that it never publishes behind a `dvc repro` run
+    after it; one started by hand is not tied to its shell."""
+    lifeline.arm(lifeline.find_launcher(stages.ANCESTRY))
     speak = os.environ.get("RANK", "0") == "0"
     try:
         status = main()

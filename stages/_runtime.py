@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+from lockstep import lifeline
 from lockstep.runtime import (
     Runtime,
     RuntimeConfig,
@@ -50,6 +51,7 @@ def start_runtime(pre: Preamble, rt_cfg: RuntimeConfig, *, module: str | None,
                             rdzv_endpoint=rt_cfg.rdzv_endpoint, rdzv_id=rt_cfg.rdzv_id)
         pre.log.info("re-running under torchrun: %s", " ".join(cmd))
         proc = subprocess.Popen(cmd)
+        lifeline.tie(proc)  # if DVC dies, torchrun is told to stop its ranks before this process ends
         try:
             return proc.wait()
         except KeyboardInterrupt:

@@ -388,3 +388,48 @@ def test_a_second_process_in_the_run_folder_stops_and_touches_nothing(workspace:
         holder.wait()
     assert pretrain.main(_args_with(root, "second", "runs_lock", params)) == 0
     assert json.loads((root / "metrics/second.json").read_text())["steps"] == 6
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc to see who is alive")
+def test_a_stage_ends_when_the_dvc_that_started_it_is_killed(workspace: Path, repo_root: Path) -> None:
+    """`dvc repro` with SHELL=/bin/sh runs pretrain through dash, which waits for it and outlives
+    dvc; dvc SIGKILLed mid-training: the stage is gone within seconds, its run folder released,
+    and nothing published. (bash, where dvc is the stage's parent, is in tests/test_lifeline.py.)"""
+    import os
+    import shlex
+    import signal
+    import subprocess
+    import time
+
+    from _procs import BIN, gone_within, stage_env
+
+    root = workspace
+    project = root / "dvc_project"
+    project.mkdir()
+    params = _params_file(root, "params_dvc.yaml", num_steps=5000, checkpoint_every_steps=2, eval_every_steps=0,
+                          max_epochs=None)
+    cmd = shlex.join(["python", "-m", "stages.pretrain", *_args_with(root, "orphan", "runs_dvc", params)])
+    (project / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"pretrain": {"cmd": cmd}}}))
+    env = stage_env(repo_root, SHELL="/bin/sh", OMP_NUM_THREADS="1")
+    subprocess.run([BIN / "dvc", "init", "--no-scm", "-q"], cwd=project, env=env, check=True)
+    dvc = subprocess.Popen([BIN / "dvc", "repro"], cwd=project, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    stage = None
+    try:
+        deadline = time.monotonic() + 180
+        while not list((root / "runs_dvc").glob("pretrain-*/step_*/manifest.json")):
+            assert dvc.poll() is None and time.monotonic() < deadline, "stage ended before its first checkpoint"
+            time.sleep(0.01)
+        (lock,) = (root / "runs_dvc").glob(f"pretrain-*/{LOCK_FILE}")
+        stage = json.loads(lock.read_text())["pid"]
+        shell = int(Path(f"/proc/{stage}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert Path(f"/proc/{shell}/comm").read_text() == "sh\n"  # the case this test is for
+        dvc.kill()
+        dvc.wait()
+        assert gone_within(stage, 10), "the stage outlived dvc"
+    finally:
+        dvc.kill()
+        dvc.wait()
+        if stage is not None and not gone_within(stage, 0):
+            os.kill(stage, signal.SIGKILL)
+    assert not any((root / p).exists() for p in ("orphan", "metrics/orphan.json", "runinfo/orphan.json"))
