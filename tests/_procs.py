@@ -45,3 +45,18 @@ def wait_for_pid(path: Path, proc: subprocess.Popen, timeout_s: float = 120) -> 
         assert proc.poll() is None and time.monotonic() < deadline, f"{path.name} never written"
         time.sleep(0.02)
     return int(path.read_text())
+
+
+def run_with_file_size_limit(cmd: list[str], *, cwd: Path, env: dict[str, str], limit_bytes: int,
+                             timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    """`cmd` run to its end with RLIMIT_FSIZE at `limit_bytes`, output captured through pipes
+    (which the limit does not cover). Python starts with SIGXFSZ ignored, so a Python program's
+    write past the limit fails with EFBIG rather than killing it; no bytecode is written, so
+    that its first write is the program's own."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    return subprocess.run(cmd, cwd=cwd, env={**env, "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True, text=True,
+                          timeout=timeout_s, preexec_fn=limit)

@@ -1,19 +1,22 @@
-"""A full disk during a cache build, through the stage's entry point: one `error:` line naming the
-folder and the fix, status 1, and nothing a reader would take (no meta.json, no half shard, no
-work folder; a previous cache stays byte for byte). The disk is simulated at the builders' file
-writes, which write what fits and then fail with ENOSPC as the kernel does, and at fsync."""
+"""A full disk or a file size limit during a cache build, through the stage's entry point: one
+`error:` line naming the folder and the fix, status 1, and nothing a reader would take (no
+meta.json, no half shard, no work folder; a previous cache stays byte for byte). The disk is
+simulated at the builders' file writes, which write what fits and then fail with ENOSPC as the
+kernel does, and at fsync; the size limit is a real RLIMIT_FSIZE on the stage's process."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 import lockstep.cache_build as cache_build
 from _cache_stage import make_workdir, one_error_line, run_stage, tree, write_params
+from _procs import run_with_file_size_limit, stage_env
 from lockstep.cache import CacheError, open_pretrain_split
 
 
@@ -134,3 +137,37 @@ def test_other_os_errors_are_not_reported_as_a_full_disk(workdir, monkeypatch):
         main(["notes", "--raw", "raw/notes", "--tokenizer", "tok", "--out", "cache/pretrain/notes"])
     assert e.value.errno == errno.EIO and not isinstance(e.value, CacheError)
     assert not (workdir / "cache/pretrain/notes").exists()
+
+
+def test_a_file_size_limit_during_a_rebuild_ends_in_one_error_line_and_keeps_the_previous_cache(
+        workdir, monkeypatch, capsys, repo_root):
+    """RLIMIT_FSIZE (`ulimit -f`) below a shard's size, in the stage's own process run as
+    `python -m stages.cache`: EFBIG, not a traceback and not a SIGXFSZ death."""
+    assert run_stage(monkeypatch, capsys, "notes", "pretrain")[0] == 0
+    before = tree(workdir / "cache/pretrain/notes")
+    write_params(workdir, {"shuffle_buffer": 2})
+    proc = run_with_file_size_limit([sys.executable, "-m", "stages.cache", "notes", "--raw", "raw/notes", "--tokenizer",
+                                     "tok", "--out", "cache/pretrain/notes"], cwd=workdir, env=stage_env(repo_root),
+                                    limit_bytes=300)  # below the 512-byte shards
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = one_error_line(proc.stderr)
+    assert line.startswith("error: a file reached this process's size limit of 300 bytes (RLIMIT_FSIZE) trying to build "
+                           "cache/pretrain/notes (File too large); nothing was written there."), line
+    assert "Raise the limit (`ulimit -f unlimited`" in line and line.endswith("and run the cache stage again")
+    _assert_nothing_left(workdir / "cache" / "pretrain", {"notes": before})
+
+
+def test_a_file_larger_than_the_file_system_holds_ends_in_one_error_line(workdir, monkeypatch, capsys):
+    """EFBIG with no size limit on the process: the file system's largest file (FAT's 4 GiB)."""
+    import resource
+
+    def too_large(*a, **k):
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+
+    monkeypatch.setattr(cache_build, "open", too_large, raising=False)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY,) * 2)
+    status, err = run_stage(monkeypatch, capsys, "notes", "pretrain")
+    line = one_error_line(err)
+    assert status == 1 and "a file grew past what the file system holding cache/pretrain allows" in line, line
+    assert "Point cache/pretrain at a file system that holds larger files" in line
+    _assert_nothing_left(workdir / "cache" / "pretrain", {})

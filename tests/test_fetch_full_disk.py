@@ -1,8 +1,8 @@
-"""A full disk during a fetch: the stage ends in one `error:` line naming the folder and the fix,
-publishes nothing, and keeps a previous snapshot; a resumable fetch keeps its finished parts, and
-once there is room again its rerun publishes the same bytes as an uninterrupted fetch. The disk
-is /dev/full, which fails every write with ENOSPC: parquet parts are written there from the
-chosen part on."""
+"""A full disk or a file size limit during a fetch: the stage ends in one `error:` line naming the
+folder and the fix, publishes nothing, and keeps a previous snapshot; a resumable fetch keeps its
+finished parts, and once there is room again its rerun publishes the same bytes as an
+uninterrupted fetch. The disk is /dev/full, which fails every write with ENOSPC: parquet parts are
+written there from the chosen part on; the size limit is a real RLIMIT_FSIZE on the stage."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import yaml
 
 from _cache_stage import one_error_line, tree
 from _fineweb_shards import no_thread_shutdown_sleep, write_shards
+from _procs import run_with_file_size_limit, stage_env
 from lockstep.config import build_config
 from lockstep.snapshot import SnapshotError
 from lockstep.sources import SOURCE_CONFIGS, fetch_source
@@ -117,3 +118,14 @@ def test_resumable_fetch_keeps_its_parts_and_the_rerun_carries_on(tmp_path, monk
     assert len(list((tmp_path / "partial").rglob("*.parquet"))) >= 4  # the finished parts, kept
     fetch(tmp_path / "out", tmp_path / "partial")
     assert tree(tmp_path / "out") == tree(tmp_path / "reference")
+
+
+def test_a_file_size_limit_during_a_fetch_ends_in_one_error_line(workdir, repo_root):
+    """RLIMIT_FSIZE (`ulimit -f`) below a parquet part's size, on `python -m stages.fetch` itself."""
+    proc = run_with_file_size_limit([sys.executable, "-m", "stages.fetch", "notes", "--out", "raw/notes"], cwd=workdir,
+                                    env=stage_env(repo_root), limit_bytes=500)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = one_error_line(proc.stderr)
+    assert line.startswith("error: a file reached this process's size limit of 500 bytes (RLIMIT_FSIZE) trying to fetch "
+                           "raw/notes (File too large); nothing was published."), line
+    assert not (workdir / "raw").exists() or sorted(p.name for p in (workdir / "raw").iterdir()) == []

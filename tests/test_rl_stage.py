@@ -210,3 +210,30 @@ def test_anchor_conversations_join_every_update(rl_workspace: Path, repo_root: P
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(Exception, match=r"rl\.anchor\.prose: none of \[.*sft/prose\'\] holds a cache"):
         rl.main(_args(root) + ["--cache", str(root / "cache")])
+
+
+def test_a_full_disk_at_the_checkpoint_publishes_nothing_and_ends_with_one_error_line(
+        rl_workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The disk fills while the RL checkpoint is written (its optimizer state is in, its weights
+    are not): one line naming the folder and the fix, status 1, and no half checkpoint beside
+    the output, staging folder included."""
+    import errno
+    import os
+
+    monkeypatch.syspath_prepend(str(repo_root))
+    from stages import rl
+    from stages._common import entry
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ckpt, "finish_checkpoint", disk_full)
+    root = rl_workspace
+    assert entry(lambda: rl.main(_args(root)), errors=rl.STAGE_ERRORS) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    assert err.splitlines()[-1] == (
+        f"error: no space left to publish {root / 'rl'} (No space left on device); no output was half written (RL keeps "
+        f"no intermediate checkpoints). Free space on the disk holding {root}, or point {root} at a disk with room (a "
+        f"symlink will do), and run the stage again: it trains from {root / 'sft'}")
+    assert sorted(p.name for p in root.iterdir()) == ["params.yaml", "raw", "sft", "tokenizer"]  # no .rl.partial

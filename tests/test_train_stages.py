@@ -433,3 +433,28 @@ def test_a_stage_ends_when_the_dvc_that_started_it_is_killed(workspace: Path, re
         if stage is not None and not gone_within(stage, 0):
             os.kill(stage, signal.SIGKILL)
     assert not any((root / p).exists() for p in ("orphan", "metrics/orphan.json", "runinfo/orphan.json"))
+
+
+def test_a_file_size_limit_at_a_checkpoint_ends_in_one_error_line(workspace: Path, repo_root: Path) -> None:
+    """RLIMIT_FSIZE (`ulimit -f`) below the checkpoint's optimizer state (529 kB here) but above the
+    first-batch artifact (1 kB), on `python -m stages.pretrain`: one line, status 1, nothing
+    published and no checkpoint left looking complete."""
+    import sys
+
+    from _procs import run_with_file_size_limit, stage_env
+
+    from lockstep.checkpoint import list_checkpoints
+
+    root = workspace
+    params = _params_file(root, "params_fsize.yaml", num_steps=4, checkpoint_every_steps=2, eval_every_steps=0)
+    proc = run_with_file_size_limit([sys.executable, "-m", "stages.pretrain", *_args_with(root, "fsize", "runs_fsize", params)],
+                                    cwd=repo_root, env=stage_env(repo_root, OMP_NUM_THREADS="1"), limit_bytes=100_000)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = one_error_line(proc.stderr)
+    assert line.startswith("error: a file reached this process's size limit of 100000 bytes (RLIMIT_FSIZE) trying to "
+                           "train pretrain in "), line
+    assert "the run keeps its last complete checkpoint, if any, and nothing was published" in line
+    assert "Raise the limit (`ulimit -f unlimited`" in line and line.endswith("it resumes from that checkpoint")
+    assert not any((root / p).exists() for p in ("fsize", "metrics/fsize.json", "runinfo/fsize.json"))
+    (run,) = (root / "runs_fsize").iterdir()
+    assert list_checkpoints(run) == []

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import hashlib
 import itertools
 import logging
@@ -35,7 +34,7 @@ from lockstep.cache import (
 )
 from lockstep.config import FieldError, check_range
 from lockstep.encode import EncodePool, available_cores, encode_join, to_token_array
-from lockstep.io import atomic_dir, atomic_open, sha256_file, write_json_atomic
+from lockstep.io import atomic_dir, atomic_open, no_room_is, sha256_file, write_json_atomic
 from lockstep.parity import MAX_SAMPLE_TOKENS, RenderedSamples, SnapshotCollector
 from lockstep.progress import Progress
 from lockstep.records import as_conversation
@@ -169,21 +168,13 @@ def buffer_shuffle(items: Iterable[Any], buffer_size: int, generator: torch.Gene
 # writers
 
 
-@contextlib.contextmanager
-def _no_space_is_a_cache_error(out_dir: Path) -> Iterator[None]:
-    """A full disk or quota while building `out_dir` as a CacheError that names the folder and
-    the fix. Entered outside atomic_dir, so by the time it speaks the work folder is gone and
-    `out_dir` holds the previous cache, if any: nothing half-written is left for a reader."""
-    try:
-        yield
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise CacheError(
-            f"no space left to build {out_dir} ({os.strerror(e.errno)}); nothing was written there. Free space on the disk "
-            f"holding {out_dir.parent}, or point {out_dir.parent} at a disk with room (a symlink will do), and run "
-            "the cache stage again"
-        ) from None
+def _no_room_is_a_cache_error(out_dir: Path) -> contextlib.AbstractContextManager[None]:
+    """A full disk, quota or file size limit while building `out_dir` as a CacheError that names
+    the folder and the fix (lockstep.io.no_room_is). Entered outside atomic_dir, so by the time it
+    speaks the work folder is gone and `out_dir` holds the previous cache, if any: nothing
+    half-written is left for a reader."""
+    return no_room_is(CacheError, doing=f"build {out_dir}", folder=out_dir.parent, outcome="nothing was written there",
+                      rerun="run the cache stage again")
 
 
 class _ShardWriter:
@@ -372,7 +363,7 @@ def build_pretrain_cache(
     }
     snapshot = SnapshotCollector(artifact_records)
     rendered = RenderedSamples(tokenizer, artifact_records, bos_id=bos_id)
-    with _no_space_is_a_cache_error(Path(out_dir)), atomic_dir(out_dir) as tmp, contextlib.ExitStack() as stack:
+    with _no_room_is_a_cache_error(Path(out_dir)), atomic_dir(out_dir) as tmp, contextlib.ExitStack() as stack:
         pool = None
         if num_workers > 1:
             assert tokenizer_dir is not None
@@ -516,7 +507,7 @@ def build_sft_cache(
     }
     snapshot = SnapshotCollector(artifact_records)
     rendered = RenderedSamples(tokenizer, artifact_records, bos_id=bos_id)
-    with _no_space_is_a_cache_error(Path(out_dir)), atomic_dir(out_dir) as tmp:
+    with _no_room_is_a_cache_error(Path(out_dir)), atomic_dir(out_dir) as tmp:
         for split_name in SPLITS:
             offsets: list[int] = []
             n_tokens = n_supervised = 0

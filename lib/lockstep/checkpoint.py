@@ -107,11 +107,16 @@ def finish_checkpoint(staging: Path, final_dir: str | os.PathLike[str], *, model
 def save_checkpoint(final_dir: str | os.PathLike[str], model_state: Mapping[str, torch.Tensor],
                     optim_states: Mapping[int, Mapping[str, Any]], meta: Mapping[str, Any],
                     rng_states: Mapping[str, torch.Tensor] | None = None) -> dict[str, str]:
-    """Single-writer save: every rank's optimizer state is given here, keyed by rank."""
+    """Single-writer save: every rank's optimizer state is given here, keyed by rank. A save that
+    fails (a full disk) leaves no staging folder beside `final_dir`."""
     staging = begin_checkpoint(final_dir)
-    for rank, state in sorted(optim_states.items()):
-        write_optim_state(staging, rank, state)
-    return finish_checkpoint(staging, final_dir, model_state=model_state, meta=meta, rng_states=rng_states)
+    try:
+        for rank, state in sorted(optim_states.items()):
+            write_optim_state(staging, rank, state)
+        return finish_checkpoint(staging, final_dir, model_state=model_state, meta=meta, rng_states=rng_states)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, str]:

@@ -1,17 +1,20 @@
 """Atomic file writes (and removal of what an interrupted one left behind), the one canonical
-JSON serialization, and sha256 helpers. Knows nothing about what the files mean."""
+JSON serialization, sha256 helpers, and the one-line error for a write refused for want of room.
+Knows nothing about what the files mean."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
+import resource
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -159,3 +162,45 @@ def atomic_dir(out_dir: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+class NoRoomError(RuntimeError):
+    """A write refused for want of room (`no_room_is`), for writers without an error of their own
+    (the training and RL stages); its message says what to free or raise."""
+
+
+def _no_room(e: OSError, doing: str, folder: Path) -> tuple[str, str] | None:
+    """(what happened, how to make room) when `e` refused a write for want of room, else None."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (f"no space left to {doing} ({os.strerror(e.errno)})",
+                f"Free space on the disk holding {folder}, or point {folder} at a disk with room (a symlink will do)")
+    if e.errno != errno.EFBIG:
+        return None
+    limit_bytes = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit_bytes != resource.RLIM_INFINITY:
+        return (f"a file reached this process's size limit of {limit_bytes} bytes (RLIMIT_FSIZE) trying to {doing} "
+                f"({os.strerror(e.errno)})", "Raise the limit (`ulimit -f unlimited` in the shell that runs the stage)")
+    return (f"a file grew past what the file system holding {folder} allows trying to {doing} ({os.strerror(e.errno)})",
+            f"Point {folder} at a file system that holds larger files (a symlink will do)")
+
+
+@contextlib.contextmanager
+def no_room_is(error: Callable[[str], Exception], *, doing: str, folder: Path, outcome: str,
+               rerun: str) -> Iterator[None]:
+    """A write in the block refused for want of room, as `error` with one line that says what
+    happened, `outcome` (what is left), how to make room and `rerun`: a full disk or quota
+    (ENOSPC, EDQUOT) names the disk holding `folder`; a file over this process's size limit
+    (EFBIG under RLIMIT_FSIZE, `ulimit -f`) names the limit; a file over the largest the file
+    system holds (EFBIG without a limit) names `folder` too. Any other OSError passes through.
+    Entered outside the atomic writes, so by the time it speaks their work files are gone.
+
+    Python starts with SIGXFSZ ignored, so a write past RLIMIT_FSIZE fails with EFBIG instead of
+    killing the stage with no word of why; subprocess gives the programs it starts SIGXFSZ back
+    (restore_signals), so the code sandbox's file limit still ends its program."""
+    try:
+        yield
+    except OSError as e:
+        room = _no_room(e, doing, folder)
+        if room is None:
+            raise
+        raise error(f"{room[0]}; {outcome}. {room[1]}, and {rerun}") from None

@@ -18,7 +18,7 @@ from lockstep import checkpoint as ckpt
 from lockstep.cache import find_cache
 from lockstep.config import ConfigError, config_to_dict
 from lockstep.engine import decode_settings
-from lockstep.io import sha256_file, write_json_atomic
+from lockstep.io import NoRoomError, no_room_is, sha256_file, write_json_atomic
 from lockstep.loaders import Mixture, open_sft_dataset
 from lockstep.rl import RLConfig, RLResult, series_columns, train_rl
 from lockstep.runinfo import write_runinfo
@@ -29,7 +29,8 @@ from lockstep.tokenizer import TokenizerFileError, load_tokenizer
 from lockstep.train import NonFiniteError
 
 # Errors whose message says what to fix: the stage's entry point prints them as one `error:` line.
-ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError, TokenizerFileError, SnapshotError, FileNotFoundError)
+ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError, TokenizerFileError, SnapshotError, FileNotFoundError,
+          NoRoomError)
 
 
 @dataclass(frozen=True)
@@ -145,14 +146,17 @@ def run_rl_stage(*, cfg: RLConfig, paths: RLStagePaths, rt: Runtime, seed: int, 
             "code_revision": code_revision}
     state = {k: v.detach().to("cpu", torch.float32) if v.is_floating_point() else v.detach().cpu()
              for k, v in model.state_dict().items()}
-    ckpt.save_checkpoint(paths.out, state, {0: result.optimizer_state}, meta)
-    series.write()
-    metrics = rl_metrics(result, cfg, n_scored)
-    write_runinfo(paths.runinfo, {"train_time_s": result.train_time_s, "wall_time_s": wall_s,
-                                  "stage_wall_time_s": time.perf_counter() - started_s, "device": rt.describe(),
-                                  "setup": rl_setup(cfg, n_scored)},
-                  device=rt.device)
-    write_json_atomic(paths.metrics, metrics)
+    with no_room_is(NoRoomError, doing=f"publish {paths.out}", folder=paths.out.parent,
+                    outcome="no output was half written (RL keeps no intermediate checkpoints)",
+                    rerun=f"run the stage again: it trains from {paths.init}"):
+        ckpt.save_checkpoint(paths.out, state, {0: result.optimizer_state}, meta)
+        series.write()
+        metrics = rl_metrics(result, cfg, n_scored)
+        write_runinfo(paths.runinfo, {"train_time_s": result.train_time_s, "wall_time_s": wall_s,
+                                      "stage_wall_time_s": time.perf_counter() - started_s, "device": rt.describe(),
+                                      "setup": rl_setup(cfg, n_scored)},
+                      device=rt.device)
+        write_json_atomic(paths.metrics, metrics)
     k = cfg.pass_k
     log.info("done: held-out pass@1 %.3f -> %.3f, pass@%d %.3f -> %.3f", result.before["pass@1"],
              result.after["pass@1"], k, result.before[f"pass@{k}"], result.after[f"pass@{k}"])

@@ -25,7 +25,7 @@ from lockstep.budget import (ComponentEpochs, Holding, check_epochs, epoch_line,
                              sft_holding)
 from lockstep.cache import find_cache
 from lockstep.config import ConfigError, config_to_dict
-from lockstep.io import atomic_dir, canonical_json, sha256_file, write_json_atomic
+from lockstep.io import NoRoomError, atomic_dir, canonical_json, no_room_is, sha256_file, write_json_atomic
 from lockstep.loaders import Mixture, PretrainTokenStreamDataset, SFTExampleDataset, open_sft_dataset
 from lockstep.model import GPT, GPTConfig
 from lockstep.parity import FIRST_BATCH_FILE, dump_first_batch
@@ -52,7 +52,7 @@ from lockstep.train import (
 )
 
 # Errors whose message says what to fix: a training stage's entry point prints them as one line.
-ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError, TokenizerFileError, resume.RunFolderInUseError)
+ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError, TokenizerFileError, resume.RunFolderInUseError, NoRoomError)
 
 # Short prompts whose greedy continuations show, in the log and the metrics, what the model learnt.
 TEXT_PROMPTS = ("The", "To be, or not", "First Citizen:")
@@ -301,7 +301,11 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
                       extra={"caches": train_ids, "init_manifest_sha256": init_identity, "runtime": rt.settings(),
                              "code_revision": code_revision})
     log.info("run folder %s", run_dir)
-    with resume.hold_run_dir(run_dir, rt):
+    # A full disk or file size limit ends in one line: while training (checkpoints), and while publishing.
+    training_room = no_room_is(NoRoomError, doing=f"train {stage} in {run_dir}", folder=paths.runs,
+                               outcome="the run keeps its last complete checkpoint, if any, and nothing was published",
+                               rerun="run the stage again: it resumes from that checkpoint")
+    with resume.hold_run_dir(run_dir, rt), training_room:
         series = SeriesWriter(paths.plots, SERIES_COLUMNS) if rt.is_main else None
         if rt.is_main:
             # Parity artifact: the first micro-batch exactly as step 0 draws it (data order is stateless).
@@ -319,13 +323,16 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
         metrics = None
         if rt.is_main:
             assert series is not None
-            publish_checkpoint(result.checkpoint, paths.out)
-            series.write()
-            metrics = stage_metrics(result, model)
-            write_runinfo(paths.runinfo, stage_runinfo(result, rt, started_s=started_s,
-                                                       epochs=epochs_facts(epochs, cfg.max_epochs),
-                                                       setup=stage_setup(gcfg, cfg)), device=rt.device)
-            write_json_atomic(paths.metrics, metrics)
+            with no_room_is(NoRoomError, doing=f"publish {paths.out}", folder=paths.out.parent,
+                            outcome=f"no output was half written, and the finished run stays in {run_dir}",
+                            rerun="run the stage again: it publishes that run without training"):
+                publish_checkpoint(result.checkpoint, paths.out)
+                series.write()
+                metrics = stage_metrics(result, model)
+                write_runinfo(paths.runinfo, stage_runinfo(result, rt, started_s=started_s,
+                                                           epochs=epochs_facts(epochs, cfg.max_epochs),
+                                                           setup=stage_setup(gcfg, cfg)), device=rt.device)
+                write_json_atomic(paths.metrics, metrics)
             log.info("done: val bpb %.4f (unigram %.4f), %d steps, %s", metrics["val_bpb"] or float("nan"),
                      metrics["unigram_bpb"] or float("nan"), result.step, paths.out)
         barrier(rt)

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import importlib
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from lockstep.config import ConfigError, config_to_dict
-from lockstep.io import atomic_dir
+from lockstep.io import atomic_dir, no_room_is
 from lockstep.sources.ai2_arc import Ai2ArcConfig
 from lockstep.sources.common import SourceFormatError, SourceUnavailableError, SplitLayoutError
 from lockstep.sources.dclm_core import DclmCoreConfig
@@ -138,29 +135,20 @@ def fetch_source(
     mod = _module(source)
     config = config_to_dict(cfg)
     resumable = resume_dir is not None and getattr(mod, "RESUMABLE", False)
-    with _no_space_is_a_snapshot_error(Path(out_dir), Path(resume_dir) if resumable else None):
+    with _no_room_is_a_snapshot_error(Path(out_dir), Path(resume_dir) if resumable else None):
         return _fetch(name, cfg, mod, Path(out_dir), seed=seed, part_bytes=part_bytes, config=config,
                       resume_dir=resume_dir if resumable else None, arrow_batches=arrow_batches)
 
 
-@contextlib.contextmanager
-def _no_space_is_a_snapshot_error(out_dir: Path, resume_dir: Path | None) -> Iterator[None]:
-    """A full disk or quota during a fetch as a SnapshotError that names the folder and the fix.
-    Nothing is published by then (atomic_dir removed its work folder; a resumable fetch keeps its
-    finished parts in `resume_dir`, which the rerun carries on from)."""
-    try:
-        yield
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        where = resume_dir if resume_dir is not None else out_dir.parent
-        kept = (f"; the parts finished so far stay in {resume_dir}, and the rerun carries on from them"
-                if resume_dir is not None else "")
-        raise SnapshotError(
-            f"no space left to fetch {out_dir} ({os.strerror(e.errno)}); nothing was published. Free space on the "
-            f"disk holding {where}, or point {where} at a disk with room (a symlink will do), and run the fetch "
-            f"stage again{kept}"
-        ) from None
+def _no_room_is_a_snapshot_error(out_dir: Path, resume_dir: Path | None) -> contextlib.AbstractContextManager[None]:
+    """A full disk, quota or file size limit during a fetch as a SnapshotError that names the
+    folder and the fix (lockstep.io.no_room_is). Nothing is published by then (atomic_dir removed
+    its work folder; a resumable fetch keeps its finished parts in `resume_dir`, which the rerun
+    carries on from)."""
+    kept = (f"; the parts finished so far stay in {resume_dir}, and the rerun carries on from them"
+            if resume_dir is not None else "")
+    return no_room_is(SnapshotError, doing=f"fetch {out_dir}", folder=resume_dir if resume_dir is not None else out_dir.parent,
+                      outcome="nothing was published", rerun=f"run the fetch stage again{kept}")
 
 
 def _fetch(name: str, cfg: Any, mod: Any, out_dir: Path, *, seed: int, part_bytes: int, config: dict[str, Any],
