@@ -53,6 +53,18 @@ def restore_process_state(monkeypatch: pytest.MonkeyPatch):
     root.setLevel(level)
 
 
+@pytest.fixture
+def keep_fd_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For tests that run `lockstep serve` in this process, which raises its soft open-file limit
+    toward the hard one: the limit stays as it is, and serving is planned under it."""
+    import resource
+
+    from lockstep import serving
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    monkeypatch.setattr(serving, "raise_fd_limit", lambda: (soft, soft, hard))
+
+
 @pytest.fixture(autouse=True)
 def _hermetic(monkeypatch: pytest.MonkeyPatch):
     # No test may reach the network: the hub libraries honour these.

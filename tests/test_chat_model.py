@@ -140,20 +140,21 @@ def test_real_engine_stops_within_a_couple_of_steps_of_a_disconnect(tmp_path):
         assert counter.steps < 4000
 
 
+@pytest.mark.usefixtures("keep_fd_limit")
 def test_serve_command_binds_loopback_by_default(tiny, monkeypatch):
-    import uvicorn
+    from lockstep import serving
 
     ckpt, tok_dir = tiny
     seen = {}
 
-    def fake_run(app, **kwargs):  # serve the app through the test client instead of a socket
+    def fake_run(app, limits, plan, **kwargs):  # serve the app through the test client instead of a socket
         seen.update(kwargs)
         with TestClient(app) as c:
             seen["health"] = c.get("/health").json()
             seen["cors"] = c.options("/v1/models", headers={"Origin": "http://localhost:5173",
                                                             "Access-Control-Request-Method": "GET"}).headers
 
-    monkeypatch.setattr(uvicorn, "run", fake_run)
+    monkeypatch.setattr(serving, "run_server", fake_run)
     r = CliRunner().invoke(cli_app, ["serve", "--ckpt", str(ckpt), "--tokenizer", str(tok_dir), "--port", "9",
                                      "--allow-origin", "http://localhost:5173"])
     assert r.exit_code == 0, r.output

@@ -244,13 +244,13 @@ def ckpt_and_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, 
 
 
 def _serve(ckpt: Path, tok: Path, *args: str, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, list]:
-    import uvicorn
     from typer.testing import CliRunner
 
+    from lockstep import serving
     from lockstep.cli import app
 
     served: list = []
-    monkeypatch.setattr(uvicorn, "run", lambda asgi, **kw: served.append(kw))
+    monkeypatch.setattr(serving, "run_server", lambda asgi, limits, plan, **kw: served.append({**kw, "limits": limits}))
     r = CliRunner().invoke(app, ["serve", "--ckpt", str(ckpt), "--tokenizer", str(tok), *args])
     assert "Traceback" not in r.output, r.output
     return r.exit_code, r.output, served
@@ -261,12 +261,17 @@ def _serve(ckpt: Path, tok: Path, *args: str, monkeypatch: pytest.MonkeyPatch) -
     (["--workers", "-3"], "--workers=-3"),
     (["--max-queued", "-1"], "--max-queued=-1 must be an integer >= 0"),
     (["--allow-origin", "https://a.example", "--allow-origin", "*"], "--allow-origin=['https://a.example', '*'] may not"),
+    (["--header-timeout-s", "0"], "--header-timeout-s=0.0 must be a finite number > 0"),
+    (["--body-timeout-s", "nan"], "--body-timeout-s=nan must be a finite number > 0"),
+    (["--max-connections", "-1"], "--max-connections=-1 must be an integer >= 0"),
+    (["--max-connections", "100000000"], "--max-connections=100000000 must be at most"),
     (["--port", "65536"], "--port=65536 must be from 0 to 65535"),
     (["--port", "-1"], "--port=-1"),
     (["--device", "tpu"], "--device"),
     (["--ckpt", "/nonexistent/ckpt"], "--ckpt"),
     (["--tokenizer", "/nonexistent/tok"], "--tokenizer"),
 ])
+@pytest.mark.usefixtures("keep_fd_limit")
 def test_serve_refuses_a_bad_option_in_one_line(ckpt_and_tokenizer, monkeypatch, args, named) -> None:
     ckpt, tok = ckpt_and_tokenizer
     status, output, served = _serve(ckpt, tok, *args, monkeypatch=monkeypatch)
@@ -276,9 +281,14 @@ def test_serve_refuses_a_bad_option_in_one_line(ckpt_and_tokenizer, monkeypatch,
     assert served == []
 
 
+@pytest.mark.usefixtures("keep_fd_limit")
 def test_serve_takes_the_boundary_values(ckpt_and_tokenizer, monkeypatch) -> None:
+    from lockstep.serving import ServingLimits
+
     ckpt, tok = ckpt_and_tokenizer
     status, output, served = _serve(ckpt, tok, "--workers", "1", "--max-queued", "0", "--port", "0",
-                                    "--allow-origin", "https://a.example", monkeypatch=monkeypatch)
+                                    "--allow-origin", "https://a.example", "--header-timeout-s", "0.001",
+                                    "--body-timeout-s", "0.001", "--max-connections", "1", monkeypatch=monkeypatch)
     assert status == 0, output
-    assert served == [{"host": "127.0.0.1", "port": 0, "log_level": "info"}]
+    assert served == [{"host": "127.0.0.1", "port": 0, "limits": ServingLimits(header_timeout_s=0.001,
+                                                                              body_timeout_s=0.001, max_connections=1)}]

@@ -8,7 +8,6 @@ import contextlib
 import json
 import logging
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
@@ -17,11 +16,13 @@ import pytest
 from fastapi.testclient import TestClient
 from test_chat import ScriptedEngine, byte_tokenizer, make_backend, script_for
 from test_engine import random_model
+from test_serving import serve_in_thread, wait_for
 
 from lockstep.chat import EngineBackend
 from lockstep.engine import Engine
 from lockstep.records import text_message
 from lockstep.server import ServerConfig, create_app, sse_event
+from lockstep.serving import ServingLimits
 
 
 def parse_sse(raw: str) -> list[str]:
@@ -358,37 +359,11 @@ def test_message_text_never_reaches_the_log(client, caplog):
 
 
 @contextlib.contextmanager
-def live_server(app) -> Iterator[str]:
-    """Serve `app` with uvicorn on a free 127.0.0.1 port in a thread; yields the base URL."""
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start within 10 s")
-        time.sleep(0.01)
-    try:
+def live_server(app, limits: ServingLimits | None = None) -> Iterator[str]:
+    """Serve `app` as `lockstep serve` does (uvicorn under lockstep.serving's guard) on a free
+    127.0.0.1 port in a thread; yields the base URL."""
+    with serve_in_thread(app, limits, lifespan="on", timeout_graceful_shutdown=2) as (port, _):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
-
-
-def wait_for(predicate, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
 
 
 def test_busy_server_answers_503_instead_of_queueing():
@@ -447,6 +422,23 @@ def test_generation_stops_within_a_couple_of_tokens_of_a_disconnect(stream):
         assert steps_after <= 2, f"{steps_after} engine steps ran after the client disconnected"
         with httpx.Client(base_url=url, timeout=5) as http:
             assert wait_for(lambda: http.get("/health").json()["running"] == 0)
+
+
+def test_a_reply_streamed_for_longer_than_the_read_bounds_is_not_cut():
+    tok = byte_tokenizer()
+    engine = ScriptedEngine(tok.encode("abc"), repeat=True, step_s=0.01)
+    backend = EngineBackend(engine, tok, model_id="long", context_tokens=4096)
+    app = create_app(backend, ServerConfig(max_reply_tokens=200, default_max_tokens=200))
+    limits = ServingLimits(header_timeout_s=0.3, body_timeout_s=0.3)
+    with live_server(app, limits) as url, httpx.Client(base_url=url, timeout=10) as http:
+        start_s = time.monotonic()
+        r = http.post("/v1/chat/completions", json={"messages": [user("go")], "stream": True, "max_tokens": 100})
+        took_s = time.monotonic() - start_s
+        # The same kept-alive connection serves the next request.
+        assert http.post("/v1/chat/completions", json={"messages": [user("go")], "max_tokens": 3}).status_code == 200
+    events = parse_sse(r.text)
+    assert took_s > 2 * limits.body_timeout_s, took_s
+    assert events[-1] == "[DONE]" and content_of(events) == ("abc" * 34)[:100]
 
 
 def test_app_keeps_serving_across_lifespan_cycles():

@@ -204,6 +204,7 @@ def test_training_and_rl_stages(forged, tmp_path, stage):
     assert not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.usefixtures("keep_fd_limit")
 def test_lockstep_chat_serve_and_data_inspect(forged, tmp_path):
     from lockstep.cli import app
 

@@ -400,18 +400,26 @@ def serve(
     workers: int = typer.Option(1, help="replies generated at once, 1 or more"),
     max_queued: int = typer.Option(4, "--max-queued", help="requests waiting for a worker before 503, 0 or more"),
     allow_origin: list[str] = typer.Option([], "--allow-origin", help="a web origin allowed to call the API (repeatable)"),
+    header_timeout_s: float = typer.Option(10.0, "--header-timeout-s", help="seconds a client has to send a request's "
+                                           "headers, from connecting or from its previous reply; later, 408 and closed"),
+    body_timeout_s: float = typer.Option(15.0, "--body-timeout-s", help="seconds a client has to send a request's "
+                                         "body after its headers; later, 408 and closed. Replies are not timed"),
+    max_connections: int = typer.Option(0, "--max-connections", help="open connections at most; 0 = 1000, fewer if "
+                                        "the open-file limit needs. At the cap a new connection replaces the one "
+                                        "waiting longest for a request, or gets 503 when all are busy"),
     device: str = typer.Option("cpu", help="torch device to run on: cpu, cuda, cuda:1, mps"),
     kernels: bool = typer.Option(False, help="run the model on its CPU fast paths (lockstep.kernels; runtime.kernels)"),
 ) -> None:
     """Serve the chat UI and an OpenAI-compatible API (/v1/chat/completions) for a checkpoint."""
-    import uvicorn
-
+    from lockstep import serving
     from lockstep.chat import load_backend
     from lockstep.config import FieldError, build_config
     from lockstep.server import ServerConfig, create_app
 
-    # The options that set a ServerConfig field, to name them in its errors.
-    options = {"workers": "--workers", "max_queued": "--max-queued", "allowed_origins": "--allow-origin"}
+    # The options that set a ServerConfig or ServingLimits field, to name them in its errors.
+    options = {"workers": "--workers", "max_queued": "--max-queued", "allowed_origins": "--allow-origin",
+               "header_timeout_s": "--header-timeout-s", "body_timeout_s": "--body-timeout-s",
+               "max_connections": "--max-connections"}
     if not 0 <= port <= 65535:
         typer.echo(f"error: --port={port} must be from 0 to 65535 (0 = any free port)", err=True)
         raise typer.Exit(2)
@@ -419,6 +427,10 @@ def serve(
         # Checked before the model loads: a bad option fails in a second, not after the weights.
         config = build_config(ServerConfig, {"workers": workers, "max_queued": max_queued,
                                              "allowed_origins": list(allow_origin)})
+        limits = build_config(serving.ServingLimits, {"header_timeout_s": header_timeout_s,
+                                                      "body_timeout_s": body_timeout_s,
+                                                      "max_connections": max_connections})
+        plan = serving.plan_for_this_process(limits)  # raises the open-file limit where allowed
     except FieldError as e:
         typer.echo(f"error: {options.get(e.key, e.key)}={e.value!r} {e.requirement}", err=True)
         raise typer.Exit(2) from None
@@ -432,7 +444,7 @@ def serve(
     # Request lines from lockstep.server (sizes and timings, never message text) next to uvicorn's.
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s %(message)s")
     typer.echo(f"serving {backend.model_id} on http://{host}:{port}/")
-    uvicorn.run(create_app(backend, config), host=host, port=port, log_level="info")
+    serving.run_server(create_app(backend, config), limits, plan, host=host, port=port)
 
 
 if __name__ == "__main__":
