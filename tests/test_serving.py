@@ -1,15 +1,17 @@
 """The connection guard of `lockstep serve` (lockstep.serving) against slow and abusive clients, on a
 live uvicorn on 127.0.0.1 with bounds of a second or less: header and body tricklers closed within
-their bound while /health keeps answering, the connection cap, and the cap planned under the
-open-file limit."""
+their bound while /health keeps answering, the connection cap, the bounded log of accept errors
+(a child process out of descriptors), and the cap planned under the open-file limit."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -192,9 +194,10 @@ def poll_health(port: int, stop: threading.Event, latencies_s: list[float], fail
         time.sleep(0.1)
 
 
-def test_tricklers_are_closed_within_their_bounds_while_health_answers():
-    limits = ServingLimits(header_timeout_s=1.0, body_timeout_s=1.0, max_connections=200)
+def test_tricklers_are_closed_within_their_bounds_while_health_answers(caplog):
+    limits = ServingLimits(header_timeout_s=1.0, body_timeout_s=1.0, max_connections=200, log_interval_s=60)
     margin_s = 1.0
+    caplog.set_level(logging.WARNING, logger="lockstep.serving")
     with serve_in_thread(tiny_app, limits) as (port, server):
         stop, latencies_s, failures = threading.Event(), [], []
         poller = threading.Thread(target=poll_health, args=(port, stop, latencies_s, failures), daemon=True)
@@ -223,6 +226,9 @@ def test_tricklers_are_closed_within_their_bounds_while_health_answers():
         assert wait_for(lambda: not (server.server_state.connections or server.guard.waiting or server.guard.arriving))
         gc.collect()
         assert [o for o in gc.get_objects() if type(o) is GuardedH11Protocol] == []
+    # 50 timeouts: the first of each kind logged, the rest counted for the summary.
+    lines = [r.getMessage() for r in caplog.records if r.name == "lockstep.serving"]
+    assert len(lines) == 2 and "the request headers did not arrive within 1 s" in lines[0] and "body" in lines[1], lines
 
 
 def test_a_late_request_is_answered_408_at_its_bound():
@@ -329,6 +335,64 @@ def test_at_the_cap_a_silent_connection_is_replaced_only_after_a_grace():
             conn.close()
 
 
+CHILD = textwrap.dedent("""
+    import logging, os, resource, socket, sys, threading, time
+    from lockstep.serving import ServingLimits, build_server, plan_connections
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s %(message)s")
+    limits = ServingLimits(log_interval_s=1.0)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = build_server(app, limits, plan_connections(limits, fd_limit=20000, open_fds=20), log_level="warning")
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    # Out of descriptors as a process that leaks them would be: every accept fails with EMFILE.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    print(sock.getsockname()[1], flush=True)
+    sys.stdin.readline()
+    for fd in held:
+        os.close(fd)
+    server.should_exit = True
+    thread.join(timeout=10)
+""")
+
+
+def test_accept_errors_are_logged_once_then_summarised_per_interval():
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={"PYTHONPATH": str(LIB), "PATH": "/usr/bin:/bin"})
+    try:
+        port = int(child.stdout.readline())
+        clients, start_s = [], time.monotonic()
+        while time.monotonic() - start_s < 3.0:  # the kernel queues them; the server cannot take them
+            clients.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+            time.sleep(0.1)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        log_text = child.communicate(timeout=30)[1]
+    finally:
+        child.kill()
+        for conn in clients:
+            conn.close()
+    lines = log_text.splitlines()
+    assert "Too many open files (EMFILE)" in lines[0], log_text[:2000]
+    # 3 s of failed accepts, at most one summary a second: thousands of tracebacks without the guard.
+    summary = "lockstep.serving in the last 1 s: 1 more accept EMFILE"
+    summaries = [line for line in lines[1:] if line.startswith(summary)]
+    assert 1 <= len(summaries) <= 4 and len(lines) == 1 + len(summaries), log_text[:2000]
+
+
 def test_the_cap_and_a_full_backlog_fit_under_the_open_file_limit():
     plan = plan_connections(ServingLimits(), fd_limit=20000, open_fds=30)
     assert (plan.max_connections, plan.backlog) == (DEFAULT_MAX_CONNECTIONS, MAX_BACKLOG)
@@ -344,6 +408,8 @@ def test_the_cap_and_a_full_backlog_fit_under_the_open_file_limit():
         plan_connections(ServingLimits(), fd_limit=100, open_fds=40)
     with pytest.raises(FieldError, match="header_timeout_s=0 must be an integer > 0"):
         ServingLimits(header_timeout_s=0)
+    with pytest.raises(FieldError, match="log_interval_s=0.5 must be a finite number >= 1"):
+        ServingLimits(log_interval_s=0.5)
 
 
 def test_the_soft_open_file_limit_is_raised_toward_the_hard_one():

@@ -1,6 +1,7 @@
 """The connection side of `lockstep serve`: uvicorn's h11 protocol with a deadline on each request's
-headers and on its body, and a cap on open connections sized from the open-file limit. Not the API
-and its request limits (lockstep.server); knows nothing about chat.
+headers and on its body, a cap on open connections sized from the open-file limit, and a log that
+counts bursts of connection and accept errors instead of writing a line for each. Not the API and
+its request limits (lockstep.server); knows nothing about chat.
 
 uvicorn (0.54) bounds only what it reads per event (`h11_max_incomplete_event_size`) and the idle
 time between requests (`timeout_keep_alive`); a client that trickles a header line or a body byte
@@ -14,9 +15,12 @@ many open files" 102,398 times (43 MB of log in 45 s)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import logging
 import os
+import socket
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +58,8 @@ FD_SPARE = 64
 # The soft open-file limit is raised toward the hard one up to this, many times what the default
 # cap and backlog need; macOS reports an unlimited hard limit that setrlimit refuses.
 FD_LIMIT_TARGET = 65536
+# The errors asyncio's accept loop reports through the loop's exception handler instead of raising.
+ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,7 @@ class ServingLimits:
     # 15 s: the largest body the API takes (1 MiB) at about 0.6 Mbit/s.
     body_timeout_s: float = 15.0
     max_connections: int = 0  # open connections at most; 0 = DEFAULT_MAX_CONNECTIONS or what the fd limit fits
+    log_interval_s: float = 10.0  # a burst of connection or accept errors is logged once per this
 
     def __post_init__(self) -> None:
         check_range("header_timeout_s", self.header_timeout_s, gt=0,
@@ -77,6 +84,9 @@ class ServingLimits:
                     why="seconds a client has to send a request's body after its headers")
         check_range("max_connections", self.max_connections, ge=0,
                     why=f"open connections at most; 0 = {DEFAULT_MAX_CONNECTIONS} or what the open-file limit fits")
+        # asyncio retries a failed accept each second: a shorter interval would split one shortage
+        # of descriptors into many bursts, each logging its first line.
+        check_range("log_interval_s", self.log_interval_s, ge=1, why="seconds between summary lines of a burst")
 
 
 @dataclass(frozen=True)
@@ -156,9 +166,51 @@ def plan_for_this_process(limits: ServingLimits) -> ConnectionPlan:
                             fd_hard_limit=hard)
 
 
+class BurstLog:
+    """Logs the first event of each kind at once, then at most one line per `interval_s` counting
+    the events of the interval; two intervals without one end the burst, so that events a second
+    apart (asyncio's accept retries) stay one burst at any interval of a second or more. A client
+    can cause an event per connection, and an exhausted descriptor table one per accept attempt:
+    a line (and a traceback) for each was 43 MB of log in 45 s."""
+
+    def __init__(self, logger: logging.Logger, level: int, interval_s: float):
+        self.logger = logger
+        self.level = level
+        self.interval_s = interval_s
+        self.counts: Counter[str] = Counter()
+        self._started: set[str] = set()
+        self._summary: asyncio.TimerHandle | None = None
+        self._quiet_intervals = 0
+
+    def note(self, loop: asyncio.AbstractEventLoop, kind: str, first_line: str) -> None:
+        if kind not in self._started:
+            self._started.add(kind)
+            self.logger.log(self.level, "%s (more of these are counted and logged every %g s)", first_line,
+                            self.interval_s)
+        else:
+            self.counts[kind] += 1
+        if self._summary is None:
+            self._summary = loop.call_later(self.interval_s, self._summarise, loop)
+
+    def _summarise(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.counts:
+            self.logger.log(self.level, "in the last %g s: %s", self.interval_s,
+                            ", ".join(f"{n} more {kind}" for kind, n in sorted(self.counts.items())))
+            self.counts.clear()
+            self._quiet_intervals = 0
+        else:
+            self._quiet_intervals += 1
+        if self._quiet_intervals >= 2:  # the burst is over: the next event is logged at once
+            self._started.clear()
+            self._quiet_intervals = 0
+            self._summary = None
+        else:
+            self._summary = loop.call_later(self.interval_s, self._summarise, loop)
+
+
 class ConnectionGuard:
-    """What the connections of one server share: the limits, the cap, and the connections waiting
-    for a request (the ones a new connection may replace at the cap)."""
+    """What the connections of one server share: the limits, the cap, the connections waiting for
+    a request (the ones a new connection may replace at the cap) and the burst logs."""
 
     def __init__(self, limits: ServingLimits, plan: ConnectionPlan):
         self.limits = limits
@@ -168,6 +220,8 @@ class ConnectionGuard:
         # loop time they were accepted.
         self.waiting: dict[GuardedH11Protocol, None] = {}
         self.arriving: dict[GuardedH11Protocol, float] = {}
+        self.events = BurstLog(log, logging.WARNING, limits.log_interval_s)
+        self.accept_errors = BurstLog(log, logging.ERROR, limits.log_interval_s)
 
     def make_room(self, now_s: float) -> bool:
         """Close the connection that has waited longest for a request, one that sent part of it or
@@ -184,6 +238,18 @@ class ConnectionGuard:
             if not oldest.transport.is_closing():
                 oldest.transport.close()
                 return True
+
+    def exception_handler(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """The event loop's exception handler: accept errors go to a burst log, the rest to asyncio's
+        own handler."""
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in ACCEPT_ERRNOS and "accept" in context.get("message", ""):
+            self.accept_errors.note(loop, f"accept {errno.errorcode[exc.errno]}",
+                                    f"cannot accept connections: {exc.strerror} ({errno.errorcode[exc.errno]}); "
+                                    "asyncio retries each second")
+            return
+        loop.default_exception_handler(context)
+
 
 def _plain_response(status: int, reason: str, text: str, extra_headers: bytes = b"") -> bytes:
     body = text.encode()
@@ -215,7 +281,13 @@ class GuardedH11Protocol(H11Protocol):
                 transport.write(_plain_response(503, "Service Unavailable", "too many connections; retry shortly\n",
                                                 b"retry-after: 1\r\n"))
                 transport.close()
+                guard.events.note(self.loop, "connections refused",
+                                  f"refused a connection: all {guard.max_connections} connections are busy with "
+                                  "requests")
                 return
+            guard.events.note(self.loop, "connections closed to make room",
+                              f"at the cap of {guard.max_connections} connections: closed the one that had waited "
+                              "longest for a request to take a new one")
         super().connection_made(transport)
         self._follow_request()
 
@@ -296,14 +368,71 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.write(_plain_response(408, "Request Timeout",
                                                  f"the request {part} did not arrive within {seconds:g} s\n"))
         self.transport.close()
+        self.guard.events.note(self.loop, f"{part} timeouts", f"closed a connection from {_peer(self.client)}: the "
+                                                              f"request {part} did not arrive within {seconds:g} s")
+
+
+def _peer(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "a client"
+
+
+class _AcceptUntilOutOfResources:
+    """A listening socket as asyncio's accept loop sees it: once an accept fails for want of
+    descriptors or memory, the loop's next accepts find nothing to take, so it stops there and
+    retries a second later. asyncio as released with Python 3.11 goes on calling accept up to
+    `backlog` times and schedules a retry for each failure (CPython gh-151615, since fixed there);
+    the retries multiply and the loop spends its time failing accepts: 2,047, 6,144 and 10,240
+    failures in three successive seconds with the descriptors used up, against one a second with
+    this."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.out_of_resources = False
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        if self.out_of_resources:
+            raise BlockingIOError(errno.EAGAIN, "no more accepts until the retry")
+        try:
+            return self.sock.accept()
+        except OSError as e:
+            if e.errno in ACCEPT_ERRNOS:
+                self.out_of_resources = True
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+class GuardedEventLoop(asyncio.SelectorEventLoop):
+    """asyncio's selector loop, whose accept loop stops at the first accept that fails for want of
+    resources (_AcceptUntilOutOfResources)."""
+
+    def _accept_connection(self, protocol_factory: Any, sock: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(sock, _AcceptUntilOutOfResources):  # handed back by the retry asyncio scheduled
+            sock = sock.sock
+        once = _AcceptUntilOutOfResources(sock)
+        super()._accept_connection(protocol_factory, once, *args, **kwargs)  # type: ignore[misc]
+
+    def _start_serving(self, protocol_factory: Any, sock: Any, *args: Any, **kwargs: Any) -> None:
+        if sock.fileno() == -1:  # the server closed while a retry after a resource error was pending
+            return
+        super()._start_serving(protocol_factory, sock, *args, **kwargs)  # type: ignore[misc]
 
 
 class GuardedServer(uvicorn.Server):
-    """uvicorn's server, with the guard its connections share."""
+    """uvicorn's server on a GuardedEventLoop, with the guard's exception handler on it."""
 
     def __init__(self, config: uvicorn.Config, guard: ConnectionGuard):
         super().__init__(config)
         self.guard = guard
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        with asyncio.Runner(loop_factory=GuardedEventLoop) as runner:
+            runner.run(self.serve(sockets=sockets))
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        asyncio.get_running_loop().set_exception_handler(self.guard.exception_handler)
+        await super().serve(sockets)
 
 
 def build_server(app: Any, limits: ServingLimits, plan: ConnectionPlan, **uvicorn_options: Any) -> GuardedServer:
