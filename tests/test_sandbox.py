@@ -325,6 +325,42 @@ def test_a_call_that_raises_fails_even_when_the_tests_catch_it() -> None:
     assert "ValueError: nope" in r.tests.stderr
 
 
+# Replies a solution can write on the reply channel itself (the bootstrap's `_replies` is reachable
+# through `__main__`): each must fail the call, however the tests treat a failing call.
+_FORGED_REPLIES = {
+    "not an object": b"5\n",
+    "null": b"null\n",
+    "nested 100k deep": b"[" * 100_000 + b"]" * 100_000 + b"\n",
+    "two kinds": b'{"value": 1, "raised": ["E", "m"]}\n',
+    "raised not a pair": b'{"raised": 5}\n',
+    "unsendable not text": b'{"unsendable": [1]}\n',
+    "unknown kind": b'{"ready": true}\n',
+    "value that does not decode": b'{"value": {"float": "x"}}\n',
+}
+
+
+@pytest.mark.parametrize("reply", list(_FORGED_REPLIES.values()), ids=list(_FORGED_REPLIES))
+def test_a_forged_reply_fails_the_item_even_when_the_tests_catch_errors(reply: bytes) -> None:
+    from lockstep.evaluate.sandbox import run_tests
+
+    # Writing a reply and exiting, instead of raising: the tests tolerate an error on their last call.
+    solution = f"import __main__, os\ndef f(x):\n    __main__._replies.write({reply!r})\n    os._exit(0)\n"
+    tests = "try:\n    f(1)\nexcept Exception:\n    pass\n"
+    r = run_tests(solution, tests, entry_point="f", limits=FAST)
+    assert r.status == "error", (r.status, r.tests.stderr)
+    assert "SolutionError: the solution process wrote a" in r.tests.stderr, r.tests.stderr
+
+
+@pytest.mark.parametrize("reply", [b"5\n", b'{"ready": 1}\n', b'{"load_error": "x"}\n'])
+def test_a_forged_reply_while_loading_fails_the_item_and_says_why(reply: bytes) -> None:
+    from lockstep.evaluate.sandbox import run_tests
+
+    solution = f"import __main__, os\n__main__._replies.write({reply!r})\nos._exit(0)\ndef f(x):\n    return x\n"
+    r = run_tests(solution, "try:\n    f(1)\nexcept Exception:\n    pass\n", entry_point="f", limits=FAST)
+    assert r.status == "error", (r.status, r.tests.stderr)
+    assert "SolutionError: the solution process wrote a malformed reply while loading" in r.tests.stderr, r.tests.stderr
+
+
 def test_solution_cannot_kill_the_process_judging_it() -> None:
     from lockstep.evaluate.sandbox import run_tests
 

@@ -41,7 +41,8 @@ a caller passing `drop_privileges=False` as root where the filter is off (root c
 What `run_tests` leaves open: the tests are trusted text and are not guarded against themselves;
 arguments and return values are copied as plain data, so tests that pass the solution a function,
 or rely on it mutating an argument, cannot be judged. A call of the solution that raises (or whose
-process ends) fails the item even where the tests catch the error: correct solutions do not raise,
+process ends, or writes a reply that is not one of the protocol's) fails the item even where the
+tests catch the error, and the tests' stderr says why: correct solutions do not raise,
 and a StopIteration would otherwise read as the end of a `map` in `all(map(candidate, ...))`."""
 
 from __future__ import annotations
@@ -329,10 +330,11 @@ _entry = _cfg["entry_point"]
 del _cfg
 
 class SolutionError(BaseException):
-    """A call of the solution failed: it raised, its process ended or wrote garbage, or it returned
-    something that is not plain data. A BaseException, so that the tests' `except Exception` (or
-    `map`/`all`/a generator, which take a StopIteration for the end of the data) never mistakes it
-    for an answer; and remembered, so that the run fails even where the tests catch it."""
+    """A call of the solution failed: it raised, its process ended or wrote a malformed reply, or it
+    returned something that is not plain data. A BaseException, so that the tests' `except
+    Exception` (or `map`/`all`/a generator, which take a StopIteration for the end of the data)
+    never mistakes it for an answer; and remembered, so that the run fails even where the tests
+    catch it."""
 
 _failures = []
 
@@ -341,18 +343,35 @@ def _fail(message):
     _failures.append(error)
     raise error from None
 
-def _receive(during):
+def _two_strings(body):
+    return type(body) is list and len(body) == 2 and all(type(x) is str for x in body)
+
+# What each kind of reply carries; anything else the solution process writes fails the call.
+_SHAPES = {
+    "ready": lambda body: body is True,
+    "load_error": _two_strings,  # [exception type, message]
+    "raised": _two_strings,
+    "unsendable": lambda body: type(body) is str,
+    "value": lambda body: True,  # decoded by the proxy, where any error fails the call
+}
+
+def _receive(during, kinds):
+    """The next reply as (kind, body), one of `kinds`; fails the call on anything else."""
     line = _replies.readline(_MAX_LINE)
     if not line.endswith(b"\n"):
         _fail(f"the solution process ended {during}" if len(line) < _MAX_LINE else "the solution's reply is too long")
     try:
-        return json.loads(line)
-    except ValueError:
-        _fail(f"the solution process wrote garbage on the reply channel {during}")
+        reply = json.loads(line)
+    except Exception as exc:  # not only ValueError: a reply nested 100k deep raises RecursionError
+        _fail(f"the solution process wrote a reply that does not decode {during} ({type(exc).__name__})")
+    kind = next(iter(reply)) if type(reply) is dict and len(reply) == 1 else None
+    if kind not in kinds or not _SHAPES[kind](reply[kind]):
+        _fail(f"the solution process wrote a malformed reply {during}: {line[:100]!r}")
+    return kind, reply[kind]
 
-_hello = _receive("while loading")
-if "load_error" in _hello:
-    _fail("the solution did not load: {}: {}".format(*_hello["load_error"]))
+_kind, _body = _receive("while loading", ("ready", "load_error"))
+if _kind == "load_error":
+    _fail("the solution did not load: {}: {}".format(*_body))
 
 def _candidate(*args, **kwargs):
     # Arguments the tests cannot send raise _Unsendable (a TypeError) here: the tests' own doing.
@@ -361,15 +380,15 @@ def _candidate(*args, **kwargs):
         _calls.write(request)
     except BrokenPipeError:
         _fail("the solution process has ended")
-    reply = _receive("during a call")
-    if "raised" in reply:
-        _fail("the solution raised {}: {}".format(*reply["raised"]))
-    if "unsendable" in reply:
-        _fail(reply["unsendable"])
+    kind, body = _receive("during a call", ("value", "raised", "unsendable"))
+    if kind == "raised":
+        _fail("the solution raised {}: {}".format(*body))
+    if kind == "unsendable":
+        _fail(body)
     try:
-        return _dec(reply["value"])
-    except Exception:
-        _fail("the solution process wrote garbage on the reply channel")
+        return _dec(body)
+    except Exception as exc:
+        _fail(f"the solution process wrote a value that does not decode ({type(exc).__name__}: {exc})"[:300])
 _candidate.__name__ = _entry
 
 _globals = {"__name__": "__main__", "__builtins__": builtins}
