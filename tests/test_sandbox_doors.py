@@ -107,6 +107,44 @@ def test_host_unix_socket_is_not_reachable(host_dir: Path, address: str) -> None
         server.close()
 
 
+@pytest.mark.parametrize("how", ["sendto", "connect"])
+@pytest.mark.parametrize("mode", ["as_found", "filter_only"])
+def test_host_datagram_socket_is_not_reachable(host_dir: Path, mode: str, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pathname datagram socket on the host, as /dev/log is. socket() is refused by the filter,
+    # but a socketpair's datagram end reached it (2 of 2 datagrams) where there are no namespaces.
+    _contain_as(mode, monkeypatch)
+    found = os_containment()
+    if mode == "as_found" and not (found.namespaces or found.syscall_filter):
+        pytest.skip(f"neither namespaces nor the syscall filter here: {found.reason}; {found.filter_reason}")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    path = str(host_dir / "log")
+    try:
+        listener.bind(path)
+        os.chmod(path, 0o777)
+        listener.setblocking(False)
+        send = {"sendto": f"a.sendto(b'escaped', {path!r})", "connect": f"a.connect({path!r})\n    a.send(b'escaped')"}[how]
+        code = (
+            "import sys\n"
+            "for m in ('socket', '_socket'):\n"
+            "    sys.modules.pop(m, None)\n"
+            "import socket\n"
+            "try:\n"
+            "    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+            f"    {send}\n"
+            "    print('sent')\n"
+            "except OSError as e:\n"
+            "    print('refused', e.strerror)\n"
+        )
+        # Without the uid drop, as a non-root harness runs it: the filter is what must stop it.
+        r = run_python(code, FAST, drop_privileges=False)
+        assert r.status == "ok", r.stderr
+        assert r.stdout.startswith("refused"), r.stdout
+        with pytest.raises(BlockingIOError):
+            listener.recv(64)
+    finally:
+        listener.close()
+
+
 def test_program_cannot_see_or_signal_host_processes() -> None:
     _needs_namespaces()
     if os.geteuid() != 0:
@@ -241,6 +279,8 @@ def test_without_namespaces_the_filter_still_stops_kill_all(monkeypatch: pytest.
         "libc.unshare(0x10000000 | 0x00020000)",
         "libc.mknod(b'fifo', 0o10666, 0)",
         "libc.socket(1, 1, 0)",
+        # a connected pair of its own, whose datagram end sendto/connect aims at any host socket path
+        "libc.socketpair(1, 2, 0, (ctypes.c_int * 2)())",
     ],
 )
 @pytest.mark.parametrize("drop_privileges", [True, False])

@@ -201,8 +201,9 @@ def contain(root_dir: str, disk_bytes: int, owner: tuple[int, int], interpreter:
 _DENIED = (
     # memory no rlimit counts: anonymous files, SysV segments and queues that outlive a mapping
     "memfd_create", "memfd_secret", "shmget", "msgget", "semget",
-    # sockets (AF_UNIX pathname sockets are not covered by the network namespace) and special files
-    "socket", "mknod", "mknodat",
+    # sockets and special files: without namespaces, a pathname unix socket (/dev/log) is reachable
+    # by connect or sendto, and a socketpair's datagram end does both as well as a socket would
+    "socket", "socketpair", "mknod", "mknodat",
     # new namespaces (a user namespace would let the program mount a tmpfs without a cap) and mounts
     "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "fsopen", "fsmount", "fsconfig",
     "fspick", "open_tree", "move_mount", "mount_setattr",
@@ -221,7 +222,7 @@ _SELF_ONLY = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
 _SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
     "x86_64": (0xC000003E, {
         "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "msgget": 68, "semget": 64, "socket": 41,
-        "mknod": 133, "mknodat": 259, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166,
+        "socketpair": 53, "mknod": 133, "mknodat": 259, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166,
         "pivot_root": 155, "chroot": 161, "fsopen": 430, "fsmount": 432, "fsconfig": 431, "fspick": 433,
         "open_tree": 428, "move_mount": 429, "mount_setattr": 442, "setsid": 112, "setpgid": 109,
         "io_uring_setup": 425, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323, "ptrace": 101,
@@ -231,7 +232,7 @@ _SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
     }),
     "aarch64": (0xC00000B7, {
         "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "msgget": 186, "semget": 190, "socket": 198,
-        "mknodat": 33, "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41,
+        "socketpair": 199, "mknodat": 33, "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41,
         "chroot": 51, "fsopen": 430, "fsmount": 432, "fsconfig": 431, "fspick": 433, "open_tree": 428,
         "move_mount": 429, "mount_setattr": 442, "setsid": 157, "setpgid": 154, "io_uring_setup": 425,
         "bpf": 280, "perf_event_open": 241, "userfaultfd": 282, "ptrace": 117, "process_vm_readv": 270,

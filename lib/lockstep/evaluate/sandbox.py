@@ -23,19 +23,21 @@ and seccomp (`os_containment()` probes each once and logs what is off, and why):
 - network: a private network namespace with a loopback that is down (abstract unix sockets are
   per namespace too); a private IPC namespace;
 - syscalls: a seccomp filter refuses memfd_create and SysV IPC (memory no rlimit counts),
-  socket, mknod, new namespaces and mounts, setsid/setpgid (leaving the group killed at the
+  socket and socketpair, mknod, new namespaces and mounts, setsid/setpgid (leaving the group killed at the
   deadline), io_uring, bpf, ptrace and keyrings, and signals to any process but itself;
 - time and memory: RLIMIT_CPU, RLIMIT_AS, RLIMIT_NOFILE 64 (which with file_bytes bounds what
   open files can hold if the filter is off), no core files, a wall-clock kill of the process group;
 - the harness: a scrubbed environment, no stdin; output is read through handles opened before the
   program starts, never by a path the program can reach.
 Fallbacks, each logged once with its reason: without namespaces (not root, or the kernel
-refuses), host files are readable as far as permissions allow, host FIFOs and sockets reachable,
-other processes visible, and writes held only by file permissions and Python-level guards a
-program can bypass (`posix.open`); disk by RLIMIT_FSIZE per file and a check of the folder's total
-after the run. The syscall filter needs no root and stays on there when the kernel has seccomp
-(x86_64 and aarch64 tables), which still stops memfd, sockets and kill(-1); without it, open files
-hold at most RLIMIT_NOFILE x file_bytes. Not contained in any case: side channels, kernel bugs, and
+refuses), host files are readable and host FIFOs writable as far as permissions allow, other
+processes visible, and writes held only by file permissions and Python-level guards a program can
+bypass (`posix.open`); disk by RLIMIT_FSIZE per file and a check of the folder's total after the
+run. The syscall filter needs no root and stays on there when the kernel has seccomp (x86_64 and
+aarch64 tables): it still refuses memfd and SysV IPC, every new socket (socket and socketpair, so
+no host unix socket such as /dev/log and no network) and signals to other processes (kill(-1));
+without it, those are open as far as permissions allow, and open files hold at most
+RLIMIT_NOFILE x file_bytes. Not contained in any case: side channels, kernel bugs, and
 a caller passing `drop_privileges=False` as root where the filter is off (root can undo mounts).
 
 What `run_tests` leaves open: the tests are trusted text and are not guarded against themselves;
@@ -429,13 +431,16 @@ def os_containment() -> Containment:
     if result.namespaces:
         log.info("sandbox: own PID, mount, network and IPC namespaces; a minimal read-only root with a tmpfs working folder")
     else:
-        log.warning("sandbox: no namespaces or minimal root, so host files, processes and unix sockets are "
-                    "reachable and only the uid drop, rlimits and Python-level guards hold: %s", result.reason)
+        log.warning("sandbox: no namespaces or minimal root, so host files and processes are reachable as far as "
+                    "permissions allow, and only the uid drop, rlimits, Python-level guards and the syscall filter "
+                    "(if on) hold: %s", result.reason)
     if result.syscall_filter:
-        log.info("sandbox: syscall filter on (memfd, SysV IPC, sockets, mknod, namespaces, mounts, setsid, signals to others)")
+        log.info("sandbox: syscall filter on (memfd, SysV IPC, socket, socketpair, mknod, namespaces, mounts, setsid, "
+                 "signals to others)")
     else:
         log.warning("sandbox: no syscall filter, so memfd and SysV shared memory are bounded only by "
-                    "RLIMIT_NOFILE x file_bytes: %s", result.filter_reason)
+                    "RLIMIT_NOFILE x file_bytes (and without namespaces, host unix sockets are reachable): %s",
+                    result.filter_reason)
     return result
 
 
