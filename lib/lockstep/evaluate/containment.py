@@ -11,6 +11,7 @@ import functools
 import os
 import platform
 import resource
+import select
 import signal
 import struct
 import subprocess
@@ -28,7 +29,7 @@ _CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWPID, _CLONE_NEWNET = 0x00020000, 0x080000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 1 << 14, 1 << 18
 _MNT_DETACH = 2
-_PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS, _SECCOMP_MODE_FILTER = 22, 38, 2
+_PR_SET_PDEATHSIG, _PR_SET_SECCOMP, _PR_SET_NO_NEW_PRIVS, _SECCOMP_MODE_FILTER = 1, 22, 38, 2
 
 # What the program's root holds of the host besides the interpreter and its own lib folder: the
 # shared-library folders the dynamic linker searches (top-level ones that are symlinks, as on
@@ -133,6 +134,22 @@ def _build_root(root_dir: str, disk_bytes: int, owner: tuple[int, int], entries:
 # the program, PID 2. All three start in the group the harness kills at the deadline; the program
 # might leave the group, PID 1 never does, so that kill always ends the program too.
 
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGKILL this process when its parent ends (PR_SET_PDEATHSIG), and end it
+    now if that parent, `parent_pid`, already has. Each sandboxed process runs in a session of its
+    own, so nothing else delivers its harness's death (an OOM kill, `timeout`, a cancelled CI job):
+    without it a sleeping program, and the waiter and PID 1 beside it, outlived the harness for
+    good. The signal follows the thread that forked this process, which for a sandbox is the
+    harness's thread blocked in `run_python`/`run_tests` until the sandbox is over."""
+    _set_death_signal()
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _set_death_signal() -> None:
+    _check(_libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+
+
 def _close_all_but(*keep: int) -> None:
     # Hold nothing of the harness's: its pipes must see end-of-file when the program ends.
     last = 3
@@ -177,7 +194,9 @@ def contain(root_dir: str, disk_bytes: int, owner: tuple[int, int], interpreter:
     """In a child between fork and exec, as root: become the waiter of a new PID namespace whose
     PID 1 builds the program's private mount, network and IPC namespaces and its minimal root
     (`root_dir`, with WORKDIR a tmpfs of `disk_bytes` owned by `owner`), then forks the program.
-    Returns only in the program's process (PID 2, in WORKDIR); the other two never return."""
+    Returns only in the program's process (PID 2, in WORKDIR); the other two never return. PID 1
+    dies with the waiter, and the namespace with it; the waiter dies with its parent where the
+    caller has set that up (`die_with_parent`)."""
     libc = _libc()
     _check(libc.unshare(_CLONE_NEWPID), "unshare(PID namespace)")
     status_r, status_w = os.pipe()
@@ -185,6 +204,14 @@ def contain(root_dir: str, disk_bytes: int, owner: tuple[int, int], interpreter:
     if init:
         _relay(init, status_r)
     os.close(status_r)
+    # PID 1 ends with the waiter (and the kernel then ends the program, PID 2). Its parent is in
+    # another PID namespace, so getppid() says 0 whatever happened: the waiter is gone exactly when
+    # the status pipe has no reader left.
+    _set_death_signal()
+    poller = select.poll()
+    poller.register(status_w, select.POLLOUT)
+    if any(events & select.POLLERR for _, events in poller.poll(0)):
+        os._exit(1)
     _check(libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC), "unshare(mount, network, IPC namespaces)")
     _build_root(root_dir, disk_bytes, owner, root_entries(interpreter))
     program = os.fork()
@@ -217,6 +244,8 @@ _DENIED = (
 # Allowed only with the process's own pid as the first argument: without a PID namespace,
 # kill(-1, SIGKILL) reaches every process of the same uid.
 _SELF_ONLY = ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
+# prctl(PR_SET_PDEATHSIG, sig) is allowed only with SIGKILL: without a PID namespace that signal
+# is what ends the program with its harness, and clearing it would let a sleeping one outlive it.
 
 # Per machine: the audit arch seccomp reports, and the syscall numbers (linux/unistd.h).
 _SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
@@ -228,7 +257,7 @@ _SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
         "io_uring_setup": 425, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323, "ptrace": 101,
         "process_vm_readv": 310, "process_vm_writev": 311, "add_key": 248, "request_key": 249, "keyctl": 250,
         "pidfd_open": 434, "pidfd_send_signal": 424, "kill": 62, "tkill": 200, "tgkill": 234,
-        "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
+        "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297, "prctl": 157,
     }),
     "aarch64": (0xC00000B7, {
         "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "msgget": 186, "semget": 190, "socket": 198,
@@ -238,14 +267,15 @@ _SYSCALLS: dict[str, tuple[int, dict[str, int]]] = {
         "bpf": 280, "perf_event_open": 241, "userfaultfd": 282, "ptrace": 117, "process_vm_readv": 270,
         "process_vm_writev": 271, "add_key": 217, "request_key": 218, "keyctl": 219, "pidfd_open": 434,
         "pidfd_send_signal": 424, "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138,
-        "rt_tgsigqueueinfo": 240,
+        "rt_tgsigqueueinfo": 240, "prctl": 167,
     }),
 }
 _X32_SYSCALL_BIT = 0x40000000  # x86_64's x32 ABI numbers: refused whole, Python does not use them
 
 _LD_W_ABS, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06
 _RET_ALLOW, _RET_KILL_PROCESS, _RET_EPERM = 0x7FFF0000, 0x80000000, 0x00050000 | 1
-_NR_OFFSET, _ARCH_OFFSET, _ARG0_OFFSET = 0, 4, 16  # struct seccomp_data; arg 0's low word (little-endian)
+# struct seccomp_data: the call's number, its arch, and the low words of args 0 and 1 (little-endian)
+_NR_OFFSET, _ARCH_OFFSET, _ARG0_OFFSET, _ARG1_OFFSET = 0, 4, 16, 24
 
 
 def _machine() -> str:
@@ -266,6 +296,9 @@ def filter_program(machine: str, own_pid: int) -> bytes:
     for name in _SELF_ONLY:
         code += [(_JEQ_K, 0, 4, numbers[name]), (_LD_W_ABS, 0, 0, _ARG0_OFFSET), (_JEQ_K, 0, 1, own_pid),
                  (_RET_K, 0, 0, _RET_ALLOW), (_RET_K, 0, 0, _RET_EPERM)]
+    code += [(_JEQ_K, 0, 6, numbers["prctl"]), (_LD_W_ABS, 0, 0, _ARG0_OFFSET), (_JEQ_K, 0, 3, _PR_SET_PDEATHSIG),
+             (_LD_W_ABS, 0, 0, _ARG1_OFFSET), (_JEQ_K, 1, 0, signal.SIGKILL), (_RET_K, 0, 0, _RET_EPERM),
+             (_RET_K, 0, 0, _RET_ALLOW)]
     code.append((_RET_K, 0, 0, _RET_ALLOW))
     return b"".join(struct.pack("=HBBI", *insn) for insn in code)
 
@@ -292,9 +325,11 @@ def _probe(setup: Callable[[], None], check: str, interpreter: str) -> str:
     """Run `interpreter -I -c check` with `setup` between fork and exec; '' when both succeed,
     else why not."""
     read_fd, write_fd = os.pipe()
+    harness_pid = os.getpid()
 
     def attempt() -> None:
         try:
+            die_with_parent(harness_pid)
             setup()
         except BaseException as e:
             os.write(write_fd, str(e).encode()[:4000])
@@ -329,14 +364,16 @@ def probe_filter(interpreter: str) -> str:
     return _probe(install_filter, check, interpreter)
 
 
-def probe_namespaces(interpreter: str, imports: str, with_filter: bool) -> str:
+def probe_namespaces(interpreter: str, imports: str, with_filter: bool,
+                     dir_prefix: str = "lockstep-sandbox-probe-") -> str:
     """'' when a child can be contained here (namespaces, minimal root, `with_filter`) and the
-    interpreter runs `imports` inside, else why not."""
+    interpreter runs `imports` inside, else why not. The throwaway child's root is mounted on an
+    empty temp folder named `dir_prefix`..., removed afterwards."""
     if os.geteuid() != 0:
         return "the harness does not run as root (namespaces and mounts need CAP_SYS_ADMIN)"
     if _machine() not in _SYSCALLS:
         return f"no pivot_root syscall number for machine {_machine()!r} (known: {', '.join(_SYSCALLS)})"
-    root_dir = tempfile.mkdtemp(prefix="lockstep-sandbox-probe-")
+    root_dir = tempfile.mkdtemp(prefix=dir_prefix)
 
     def setup() -> None:
         contain(root_dir, 1 << 20, (os.geteuid(), os.getegid()), interpreter)

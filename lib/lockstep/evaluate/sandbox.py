@@ -2,14 +2,16 @@
 happened. `run_python` runs one program; `run_tests` judges a solution against trusted tests run in
 a second process, the two exchanging only plain data, so the solution cannot fake a pass. The
 OS-level half (namespaces, the minimal root, the syscall filter) is `lockstep.evaluate.containment`;
-this module keeps the order of the steps (containment, files, limits, filter, exec, uid drop) in
-one place, `_prepare_child` and `_COMMON`, where it is easiest to audit.
+this module keeps the order of the steps (the tie to the harness's life, containment, files,
+limits, filter, exec, uid drop) in one place, `_prepare_child` and `_COMMON`, where it is easiest to audit.
 
 It contains the mistakes and reward hacks of model-written code, and the attacks tried against it
 (see tests/test_sandbox*.py); everything below holds only as far as Linux does (same kernel).
 
-Threat model. Contained when the harness runs as root on Linux and the kernel grants namespaces
-and seccomp (`os_containment()` probes each once and logs what is off, and why):
+Threat model, by mode (`os_containment()` probes each part once and logs what is off, and why).
+
+As root with namespaces (the harness runs as root on Linux; the kernel grants namespaces and
+seccomp):
 - identity: the program runs as uid 65534 (the tests of `run_tests` as 65533), RLIMIT_NPROC 0, so
   no new process or thread;
 - processes: its own PID namespace, where only our PID 1 (which reaps it and, when killed at the
@@ -22,23 +24,35 @@ and seccomp (`os_containment()` probes each once and logs what is off, and why):
   for it; RLIMIT_FSIZE caps each file;
 - network: a private network namespace with a loopback that is down (abstract unix sockets are
   per namespace too); a private IPC namespace;
-- syscalls: a seccomp filter refuses memfd_create and SysV IPC (memory no rlimit counts),
-  socket and socketpair, mknod, new namespaces and mounts, setsid/setpgid (leaving the group killed at the
-  deadline), io_uring, bpf, ptrace and keyrings, and signals to any process but itself;
+- syscalls: a seccomp filter refuses memfd_create and SysV IPC (memory no rlimit counts), socket
+  and socketpair, mknod, new namespaces and mounts, setsid/setpgid (leaving the group killed at
+  the deadline), io_uring, bpf, ptrace and keyrings, signals to any process but itself, and
+  PR_SET_PDEATHSIG with any signal but SIGKILL;
 - time and memory: RLIMIT_CPU, RLIMIT_AS, RLIMIT_NOFILE 64 (which with file_bytes bounds what
   open files can hold if the filter is off), no core files, a wall-clock kill of the process group;
+- lifetime: a sandbox ends with its harness (killed, terminated, or out of memory): the waiter
+  gets SIGKILL when the harness thread that started it ends (PR_SET_PDEATHSIG), PID 1 when the
+  waiter ends, the program with PID 1. Working folders are named by their maker's pid and start
+  time; a harness's first run removes those whose maker is gone;
 - the harness: a scrubbed environment, no stdin; output is read through handles opened before the
   program starts, never by a path the program can reach.
-Fallbacks, each logged once with its reason: without namespaces (not root, or the kernel
-refuses), host files are readable and host FIFOs writable as far as permissions allow, other
-processes visible, and writes held only by file permissions and Python-level guards a program can
-bypass (`posix.open`); disk by RLIMIT_FSIZE per file and a check of the folder's total after the
-run. The syscall filter needs no root and stays on there when the kernel has seccomp (x86_64 and
-aarch64 tables): it still refuses memfd and SysV IPC, every new socket (socket and socketpair, so
-no host unix socket such as /dev/log and no network) and signals to other processes (kill(-1));
-without it, those are open as far as permissions allow, and open files hold at most
-RLIMIT_NOFILE x file_bytes. Not contained in any case: side channels, kernel bugs, and
-a caller passing `drop_privileges=False` as root where the filter is off (root can undo mounts).
+Without the filter (a kernel without seccomp), memfd and SysV memory are bounded only by
+RLIMIT_NOFILE x file_bytes; the rest holds.
+
+Without namespaces (a non-root harness, or a kernel or container that refuses them):
+- identity, rlimits and the harness as above (the uid drop only when the harness is root);
+- processes: other processes are visible (/proc); the program is the harness's own child and gets
+  SIGKILL when its harness ends (set before exec, and again after the uid drop, which clears it);
+- files: host files readable and host FIFOs writable as far as permissions allow; writes outside
+  the folder held only by file permissions and Python-level guards a program can bypass
+  (`posix.open`); disk by RLIMIT_FSIZE per file and a check of the folder's total after the run;
+- syscalls: the filter needs no root and stays on where the kernel has seccomp (x86_64 and
+  aarch64 tables): no memfd or SysV IPC, no new socket of any kind (socket and socketpair, so no
+  host unix socket such as /dev/log and no network), no signal to another process (kill(-1)), no
+  clearing of the death signal. Without the filter these are all open as far as permissions allow,
+  and open files hold at most RLIMIT_NOFILE x file_bytes.
+Not contained in any mode: side channels, kernel bugs, and a caller passing
+`drop_privileges=False` as root where the filter is off (root can undo mounts).
 
 What `run_tests` leaves open: the tests are trusted text and are not guarded against themselves;
 arguments and return values are copied as plain data, so tests that pass the solution a function,
@@ -55,6 +69,7 @@ import functools
 import json
 import logging
 import os
+import re
 import resource
 import secrets
 import shutil
@@ -83,6 +98,7 @@ _CAPTURE_READ_BYTES = 1 << 20
 # Each open file may hold up to file_bytes that RLIMIT_AS does not count (a memfd, a pipe's buffer):
 # with the syscall filter off, this is their bound. Passed pipes keep their numbers, whatever they are.
 _MAX_OPEN_FILES = 64
+_LINUX = sys.platform.startswith("linux")
 SANDBOX_DIR_NAME = containment.WORKDIR  # how the program's working folder appears in its output
 
 
@@ -149,9 +165,19 @@ _PRELOAD = ("import collections, functools, itertools, math, re, string, heapq, 
 _COMMON = "import builtins, os, resource, sys\n" + _PRELOAD + "\n" + r'''
 _root = os.path.realpath(os.getcwd())
 if os.geteuid() == 0 and _cfg["drop_uid"] is not None:
+    if _cfg["harness_pid"] is not None:
+        import ctypes  # before the uid drop, after which the stdlib may be unreadable
+        _prctl = ctypes.CDLL(None).prctl
     os.setgroups([])
     os.setgid(_cfg["drop_gid"])
     os.setuid(_cfg["drop_uid"])
+    if _cfg["harness_pid"] is not None:
+        # The kernel clears the parent-death signal set before exec on any change of uid: set it
+        # again (PR_SET_PDEATHSIG, SIGKILL), and end now if the harness has gone in between.
+        _prctl(1, 9, 0, 0, 0)
+        if os.getppid() != _cfg["harness_pid"]:
+            os._exit(1)
+        del ctypes, _prctl
 # Set after the uid drop: the kernel exempts root, and execve after setuid would trip the limit.
 resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
 
@@ -426,7 +452,8 @@ def os_containment() -> Containment:
         result = Containment(False, reason, False, reason)
     else:
         filter_reason = containment.probe_filter(_interpreter())
-        reason = containment.probe_namespaces(_interpreter(), _PRELOAD, with_filter=not filter_reason)
+        reason = containment.probe_namespaces(_interpreter(), _PRELOAD, with_filter=not filter_reason,
+                                              dir_prefix=_WORKDIR_PREFIX + _owner_tag())
         result = Containment(not reason, reason, not filter_reason, filter_reason)
     if result.namespaces:
         log.info("sandbox: own PID, mount, network and IPC namespaces; a minimal read-only root with a tmpfs working folder")
@@ -461,10 +488,13 @@ def _scrubbed_env(workdir: str) -> dict[str, str]:
 
 
 def _prepare_child(limits: SandboxLimits, host_dir: str, files: dict[str, bytes], owner: tuple[int, int] | None,
-                   found: Containment, running_as_root: bool) -> None:
-    # Runs in the child between fork and exec, in this order: containment (which forks: from here
-    # on this is the program's process), its files, limits, and the filter last, since it refuses
-    # the mounts and namespaces the first step needs.
+                   found: Containment, running_as_root: bool, harness_pid: int) -> None:
+    # Runs in the child between fork and exec, in this order: the tie to the harness's life (this
+    # process is the waiter with namespaces, the program without), containment (which forks: from
+    # here on this is the program's process), its files, limits, and the filter last, since it
+    # refuses the mounts and namespaces the first step needs.
+    if _LINUX:
+        containment.die_with_parent(harness_pid)
     if found.namespaces:
         containment.contain(host_dir, limits.disk_bytes, owner or (os.geteuid(), os.getegid()), _interpreter())
     # Written by the harness's side of the fork, into the working folder (Popen changed into
@@ -503,7 +533,11 @@ def _start(main: str, cfg: dict, files: dict[str, str], limits: SandboxLimits, *
     running_as_root = os.geteuid() == 0
     found = os_containment()
     owner = (uid, NOBODY_GID) if uid is not None else None
-    cfg = {**cfg, "drop_uid": uid, "drop_gid": NOBODY_GID}
+    harness_pid = os.getpid()
+    # Without namespaces the program is the harness's child, whose parent-death signal the uid drop
+    # clears: the bootstrap sets it again. With them, PID 1 takes the program along.
+    rearm = _LINUX and uid is not None and running_as_root and not found.namespaces
+    cfg = {**cfg, "drop_uid": uid, "drop_gid": NOBODY_GID, "harness_pid": harness_pid if rearm else None}
     bootstrap = f"_cfg = {cfg!r}\n" + _COMMON + main
     payload = {name: text.encode("utf-8") for name, text in {"bootstrap.py": bootstrap, **files}.items()}
     if owner is not None and not found.namespaces:
@@ -523,7 +557,7 @@ def _start(main: str, cfg: dict, files: dict[str, str], limits: SandboxLimits, *
             start_new_session=True,
             close_fds=True,
             pass_fds=pass_fds,
-            preexec_fn=lambda: _prepare_child(limits, str(workdir), payload, owner, found, running_as_root),
+            preexec_fn=lambda: _prepare_child(limits, str(workdir), payload, owner, found, running_as_root, harness_pid),
         )
     except subprocess.SubprocessError as e:
         out_f.close()
@@ -600,9 +634,72 @@ def _check_limits(limits: SandboxLimits) -> None:
                          "fix the eval stage's sandbox_* params")
 
 
+# ---------------------------------------------------------------------------------------------
+# Working folders, named by the harness process that made them, so that a later harness can
+# remove those whose maker was killed before its own cleanup ran (SIGKILL, an OOM kill).
+
+_WORKDIR_PREFIX = "lockstep-sandbox-"
+_OWNED = re.compile(re.escape(_WORKDIR_PREFIX) + r"(\d+)-(\d+)-(\d+)-")  # PID namespace, pid, start time
+
+
+def _process_start(pid: int) -> str | None:
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat's 22nd field: a pid is
+    reused, a pid with its start time is not); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(b")") + 2:].split()[19].decode()  # fields from the 3rd on, after the name
+
+
+def _pid_namespace() -> int | None:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _owner_tag() -> str:
+    """`NS-PID-START-` for this process, or '' where /proc cannot say (such folders are never
+    judged stale)."""
+    ns, pid = _pid_namespace(), os.getpid()
+    start = _process_start(pid)
+    return f"{ns}-{pid}-{start}-" if ns is not None and start is not None else ""
+
+
+def _owner_alive(pid: int, start: str) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, under another uid
+    now = _process_start(pid)
+    return now is None or now == start  # unreadable (hidepid): taken as alive
+
+
+@functools.cache
+def _remove_stale_workdirs(parent: str) -> None:
+    """Remove the sandbox folders in `parent` whose maker, in this PID namespace, is gone (once
+    per folder per process: a harness killed mid-run leaves its folders behind)."""
+    ns, removed = _pid_namespace(), 0
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for entry in entries:
+            owner = _OWNED.match(entry.name)
+            if (owner is None or int(owner[1]) != ns or not entry.is_dir(follow_symlinks=False)
+                    or _owner_alive(int(owner[2]), owner[3])):
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed += not os.path.lexists(entry.path)
+    if removed:
+        log.info("sandbox: removed %d working folders in %s left by harness processes that are gone", removed, parent)
+
+
 @contextlib.contextmanager
 def _workdirs(n: int):
-    dirs = [Path(tempfile.mkdtemp(prefix="lockstep-sandbox-")) for _ in range(n)]
+    _remove_stale_workdirs(tempfile.gettempdir())
+    dirs = [Path(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX + _owner_tag())) for _ in range(n)]
     try:
         yield dirs
     finally:
