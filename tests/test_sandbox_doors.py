@@ -145,11 +145,13 @@ def test_host_datagram_socket_is_not_reachable(host_dir: Path, mode: str, how: s
         listener.close()
 
 
-def test_program_cannot_see_or_signal_host_processes() -> None:
+def test_program_cannot_see_or_signal_host_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     _needs_namespaces()
     if os.geteuid() != 0:
         pytest.skip("needs root to start a bystander under the sandbox's uid")
-    # An unrelated process of the uid the program runs as: before PID namespaces, kill(-1, 9) took it.
+    # An unrelated process of the uid the program runs as (pinned here: each run has its own):
+    # before PID namespaces, kill(-1, 9) took it.
+    _pin_program_uid(65534, monkeypatch)
     bystander = subprocess.Popen(["sleep", "60"], user=65534, group=65534, start_new_session=True)
     try:
         code = (
@@ -217,6 +219,13 @@ def test_program_cannot_leave_the_group_killed_at_the_deadline(drop_privileges: 
     assert not left, "a sandboxed program outlived its deadline"
 
 
+def _pin_program_uid(uid: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the program under `uid` instead of a fresh one, to put a bystander beside it."""
+    from lockstep.evaluate import sandbox
+
+    monkeypatch.setattr(sandbox, "_fresh_uids", lambda n: [uid - i for i in range(n)])
+
+
 def _contain_as(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The sandbox as this machine grants it (as_found), or one of the two fallbacks: no namespaces
     (not root, or a kernel that refuses them) with the syscall filter (filter_only) or without."""
@@ -259,6 +268,7 @@ def test_without_namespaces_the_filter_still_stops_kill_all(monkeypatch: pytest.
     _contain_as("filter_only", monkeypatch)
     if os.geteuid() != 0:
         pytest.skip("needs root to start a bystander under the sandbox's uid")
+    _pin_program_uid(65534, monkeypatch)  # the bystander's: the filter, not the uid, must stop it
     bystander = subprocess.Popen(["sleep", "60"], user=65534, group=65534, start_new_session=True)
     try:
         r = run_python("import posix\ntry:\n    posix.kill(-1, 9)\nexcept OSError as e:\n    print(e.strerror)\n", FAST)

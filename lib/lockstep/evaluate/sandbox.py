@@ -3,7 +3,8 @@ happened. `run_python` runs one program; `run_tests` judges a solution against t
 a second process, the two exchanging only plain data, so the solution cannot fake a pass. The
 OS-level half (namespaces, the minimal root, the syscall filter) is `lockstep.evaluate.containment`;
 this module keeps the order of the steps (the tie to the harness's life, containment, files,
-limits, filter, exec, uid drop) in one place, `_prepare_child` and `_COMMON`, where it is easiest to audit.
+limits, filter, exec, uid drop) in one place, `_prepare_child` and `_COMMON`, where it is easiest
+to audit.
 
 It contains the mistakes and reward hacks of model-written code, and the attacks tried against it
 (see tests/test_sandbox*.py); everything below holds only as far as Linux does (same kernel).
@@ -12,8 +13,9 @@ Threat model, by mode (`os_containment()` probes each part once and logs what is
 
 As root with namespaces (the harness runs as root on Linux; the kernel grants namespaces and
 seccomp):
-- identity: the program runs as uid 65534 (the tests of `run_tests` as 65533), RLIMIT_NPROC 0, so
-  no new process or thread;
+- identity: each sandboxed process runs under a uid of its own, fresh per run (from
+  1879048192..2147483647, a range systemd documents as unused), so no unprivileged process on the
+  machine may signal or trace it, nor it them; RLIMIT_NPROC 0, so no new process or thread;
 - processes: its own PID namespace, where only our PID 1 (which reaps it and, when killed at the
   deadline, takes the whole namespace with it) is beside it: it sees no other process, cannot
   signal one (`kill(-1, 9)` reaches nothing), and no /proc is mounted;
@@ -40,7 +42,8 @@ Without the filter (a kernel without seccomp), memfd and SysV memory are bounded
 RLIMIT_NOFILE x file_bytes; the rest holds.
 
 Without namespaces (a non-root harness, or a kernel or container that refuses them):
-- identity, rlimits and the harness as above (the uid drop only when the harness is root);
+- identity, rlimits and the harness as above when the harness is root; a non-root harness's
+  programs run under its own uid, and only the filter keeps them from signalling it;
 - processes: other processes are visible (/proc); the program is the harness's own child and gets
   SIGKILL when its harness ends (set before exec, and again after the uid drop, which clears it);
 - files: host files readable and host FIFOs writable as far as permissions allow; writes outside
@@ -87,13 +90,15 @@ log = logging.getLogger(__name__)
 
 Status = Literal["ok", "error", "timeout"]
 
-# The unprivileged account used when the harness runs as root: the kernel exempts root from
-# RLIMIT_NPROC, so a fork limit only holds once the program runs under another uid.
-NOBODY_UID = 65534
-NOBODY_GID = 65534
-# The tests of `run_tests` run under a uid of their own: a process may signal or trace only
-# processes of its own uid, so the solution cannot stop, kill or read the process judging it.
-TESTS_UID = NOBODY_UID - 1
+# When the harness runs as root, each sandboxed process runs under a uid of its own, drawn per run
+# from 1879048192..2147483647, which systemd's UIDS-GIDS.md documents as used by no account,
+# service or container range: the kernel exempts root from RLIMIT_NPROC, so a fork limit holds
+# only under another uid; and a process may signal or trace only processes of its own uid, so the
+# solution cannot reach the tests judging it, a program's kill(-1) reaches no other process, and
+# nothing else on the machine can end a sandbox. Under the shared uid 65534 any process of
+# `nobody` could, and a solution killed while loading read as "the solution process ended".
+_SANDBOX_UIDS = range(1879048192, 2147483648)
+NOBODY_GID = 65534  # the group of every sandboxed process: groups give no right to signal
 _CAPTURE_READ_BYTES = 1 << 20
 # Each open file may hold up to file_bytes that RLIMIT_AS does not count (a memfd, a pipe's buffer):
 # with the syscall filter off, this is their bound. Passed pipes keep their numbers, whatever they are.
@@ -627,6 +632,12 @@ def _collect(child: _Child, returncode: int | None, timed_out: bool, limits: San
     return SandboxResult(status, None if timed_out else returncode, stdout, stderr, duration_s)
 
 
+def _fresh_uids(n: int) -> list[int]:
+    """`n` distinct uids for this run's sandboxed processes (two runs at once share one with
+    odds below 1e-8 per pair)."""
+    return secrets.SystemRandom().sample(_SANDBOX_UIDS, n)
+
+
 def _check_limits(limits: SandboxLimits) -> None:
     bad = [f.name for f in dataclasses.fields(limits) if not getattr(limits, f.name) > 0]
     if bad:
@@ -711,11 +722,13 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), *, drop_privi
     """Run `code` as `__main__` in a fresh interpreter: its own session and process group, a
     private working folder, a scrubbed environment, no stdin, rlimits on CPU, memory, file size and
     processes, namespaces where `os_containment()` allows, and a hard wall-clock kill of the whole
-    group. When the caller is root and `drop_privileges` is set, the program runs as `nobody`.
+    group. When the caller is root and `drop_privileges` is set, the program runs under a uid of its
+    own (see `_SANDBOX_UIDS`).
     `status == "ok"` means only that the program exited 0; to judge code against tests, use
     `run_tests`, which a program cannot fool by exiting early."""
     _check_limits(limits)
-    uid = NOBODY_UID if os.geteuid() == 0 and drop_privileges else None
+    os_containment()  # probed once, before the clock starts: it is not the program's time
+    uid = _fresh_uids(1)[0] if os.geteuid() == 0 and drop_privileges else None
     with _workdirs(1) as (workdir,):
         t0 = time.monotonic()
         child = _start(_PROGRAM_MAIN, {}, {"program.py": code}, limits, uid=uid, pass_fds=(), workdir=workdir)
@@ -740,7 +753,8 @@ def run_tests(solution: str, tests: str, *, entry_point: str, setup: str = "",
     _check_limits(limits)
     if not entry_point.isidentifier():
         raise ValueError(f"entry_point {entry_point!r} is not a Python name; fix the code item's `entry_point`")
-    root = os.geteuid() == 0 and drop_privileges
+    os_containment()  # probed once, before the clock starts: it is not the solution's time
+    solution_uid, tests_uid = _fresh_uids(2) if os.geteuid() == 0 and drop_privileges else (None, None)
     token = secrets.token_hex(16).encode()
     call_r, call_w = os.pipe()      # tests -> solution
     reply_r, reply_w = os.pipe()    # solution -> tests
@@ -761,12 +775,12 @@ def run_tests(solution: str, tests: str, *, entry_point: str, setup: str = "",
         with _workdirs(2) as (solution_dir, tests_dir):
             t0 = time.monotonic()
             children.append(_start(_CODEC + _SOLUTION_MAIN, {"call_fd": call_r, "reply_fd": reply_w, "entry_point": entry_point},
-                                   {"solution.py": solution}, limits, uid=NOBODY_UID if root else None,
+                                   {"solution.py": solution}, limits, uid=solution_uid,
                                    pass_fds=(call_r, reply_w), workdir=solution_dir))
             children.append(_start(_CODEC + _TESTS_MAIN,
                                    {"call_fd": call_w, "reply_fd": reply_r, "token_fd": token_r, "marker_fd": marker_w,
                                     "entry_point": entry_point},
-                                   {"setup.py": setup, "tests.py": tests}, limits, uid=TESTS_UID if root else None,
+                                   {"setup.py": setup, "tests.py": tests}, limits, uid=tests_uid,
                                    pass_fds=(call_w, reply_r, token_r, marker_w), workdir=tests_dir))
             # Only the children hold their ends now: each sees end-of-file when the other ends.
             close(call_r, call_w, reply_r, reply_w, token_r, marker_w)
