@@ -72,6 +72,18 @@ def test_host_fifo_is_not_reachable(host_dir: Path) -> None:
         os.close(reader)
 
 
+def _try_sockets(attempt: str) -> str:
+    """What a program printed that runs `attempt` (lines using the socket module, its Python-level
+    block undone) without the uid drop, so that the stdlib is readable whatever the host's
+    permissions: 'done', or 'refused' and why."""
+    body = "".join(f"    {line}\n" for line in attempt.splitlines())
+    code = ("import sys\nfor m in ('socket', '_socket'):\n    sys.modules.pop(m, None)\nimport socket\n"
+            f"try:\n{body}    print('done')\nexcept OSError as e:\n    print('refused', e.strerror)\n")
+    r = run_python(code, FAST, drop_privileges=False)
+    assert r.status == "ok", r.stderr
+    return r.stdout
+
+
 @pytest.mark.parametrize("address", ["path", "abstract"])
 def test_host_unix_socket_is_not_reachable(host_dir: Path, address: str) -> None:
     _needs_namespaces()
@@ -83,24 +95,9 @@ def test_host_unix_socket_is_not_reachable(host_dir: Path, address: str) -> None
             os.chmod(name, 0o777)
         server.listen(1)
         server.setblocking(False)
-        code = (
-            "import sys\n"
-            "for m in ('socket', '_socket'):\n"
-            "    sys.modules.pop(m, None)\n"
-            "import socket\n"
-            "try:\n"
-            "    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
-            f"    s.connect({name!r})\n"
-            "    s.sendall(b'escaped')\n"
-            "    print('connected')\n"
-            "except OSError as e:\n"
-            "    print('refused', e)\n"
-        )
-        # As root inside too (the stdlib readable whatever the host's permissions): neither the
-        # uid nor the network namespace is what stops this.
-        r = run_python(code, FAST, drop_privileges=False)
-        assert r.status == "ok", r.stderr
-        assert r.stdout.startswith("refused"), r.stdout
+        # As root inside too: neither the uid nor the network namespace is what stops this.
+        out = _try_sockets(f"s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\ns.connect({name!r})\ns.sendall(b'escaped')")
+        assert out.startswith("refused"), out
         with pytest.raises(BlockingIOError):
             server.accept()
     finally:
@@ -122,23 +119,10 @@ def test_host_datagram_socket_is_not_reachable(host_dir: Path, mode: str, how: s
         listener.bind(path)
         os.chmod(path, 0o777)
         listener.setblocking(False)
-        send = {"sendto": f"a.sendto(b'escaped', {path!r})", "connect": f"a.connect({path!r})\n    a.send(b'escaped')"}[how]
-        code = (
-            "import sys\n"
-            "for m in ('socket', '_socket'):\n"
-            "    sys.modules.pop(m, None)\n"
-            "import socket\n"
-            "try:\n"
-            "    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
-            f"    {send}\n"
-            "    print('sent')\n"
-            "except OSError as e:\n"
-            "    print('refused', e.strerror)\n"
-        )
+        send = {"sendto": f"a.sendto(b'escaped', {path!r})", "connect": f"a.connect({path!r})\na.send(b'escaped')"}[how]
         # Without the uid drop, as a non-root harness runs it: the filter is what must stop it.
-        r = run_python(code, FAST, drop_privileges=False)
-        assert r.status == "ok", r.stderr
-        assert r.stdout.startswith("refused"), r.stdout
+        out = _try_sockets(f"a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\n{send}")
+        assert out.startswith("refused"), out
         with pytest.raises(BlockingIOError):
             listener.recv(64)
     finally:
