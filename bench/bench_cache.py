@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import lockstep.cache as cache
-from lockstep.cache import DEFAULT_SHARD_BYTES, open_pretrain_split
-from lockstep.cache_build import CacheConfig, build_pretrain_cache
-from lockstep.sources import iter_records
-from lockstep.io import sha256_file, write_json
-from lockstep.snapshot import SnapshotWriter
+import lockstep.data.cache as cache
+from lockstep.core.io import sha256_file, write_json
+from lockstep.data.cache import DEFAULT_SHARD_BYTES, open_pretrain_split
+from lockstep.data.cache_build import CacheConfig, build_pretrain_cache
+from lockstep.data.snapshot import SnapshotWriter
+from lockstep.data.sources import iter_records
 from lockstep.tokenizer import load_tokenizer
 from lockstep.tokenizer.kinds import train_tokenizer
 

@@ -1,10 +1,10 @@
-"""Benchmark of KV-cache decoding through lockstep.engine on this machine: time to first token
+"""Benchmark of KV-cache decoding through lockstep.infer.engine on this machine: time to first token
 (prefill of the prompt + first sample) and decode tok/s at batch 1 and 8, of the static-cache fast
-path (`Engine(fast=True)`: lockstep.decode's preallocated cache and device-side step, replayed
+path (`Engine(fast=True)`: lockstep.infer.decode's preallocated cache and device-side step, replayed
 from a CUDA graph on a GPU, eager on the CPU) and of the same path with its step compiled
 (`compile_step=True`: torch.compile's inductor, then the graph), each as a ratio against
 baselines measured in the same run: the reference engine (the growing KVCache, host-side
-sampling) on the same model, the reference engine with the model's lockstep.kernels off (CPU
+sampling) on the same model, the reference engine with the model's lockstep.model.kernels off (CPU
 only: they are CPU fast paths), and the model generating greedily without a cache (a full forward
 over the whole sequence for every new token). Runs alternate the sides. Random weights; not a
 test, not a quality measure. On a CPU other processes share, pass --threads 1: at 2 threads under
@@ -23,8 +23,8 @@ import time
 
 import torch
 
-from lockstep.engine import Engine
-from lockstep.model import GPT, GPTConfig
+from lockstep.infer.engine import Engine
+from lockstep.model.gpt import GPT, GPTConfig
 from lockstep.tokenizer.base import SPECIAL_TOKENS
 
 SHAPES = {"tiny": (4, 4096, 512), "d4-32k": (4, 32768, 2048), "d12": (12, 65536, 2048)}  # depth, vocab, sequence_len
@@ -114,7 +114,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         depth, vocab, seq = SHAPES[shape]
         config = GPTConfig.from_depth(depth, vocab_size=vocab, sequence_len=seq)
-        # The model's lockstep.kernels are CPU fast paths: on, on the CPU; off (the reference) elsewhere.
+        # The model's lockstep.model.kernels are CPU fast paths: on, on the CPU; off (the reference) elsewhere.
         model = GPT.build(config, device, dtype=dtype).use_kernels(on_cpu).eval()
         tok = IdsOnly(vocab)
         with torch.no_grad():  # the stop tokens unreachable under greedy decoding: every run is full length

@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from lockstep.engine import Engine
-from lockstep.model import GPT, GPTConfig
+from lockstep.infer.engine import Engine
+from lockstep.model.gpt import GPT, GPTConfig
 
 from bench_decode import IdsOnly  # the engine's minimal tokenizer for random-weight runs (bench/ is on sys.path)
 

@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from lockstep.cache_build import CacheConfig, build_pretrain_cache
-from lockstep.config import build_config
-from lockstep.snapshot import iter_records
-from lockstep.sources import SOURCE_CONFIGS, fetch_source
+from lockstep.core.config import build_config
+from lockstep.data.cache_build import CacheConfig, build_pretrain_cache
+from lockstep.data.snapshot import iter_records
+from lockstep.data.sources import SOURCE_CONFIGS, fetch_source
 from lockstep.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

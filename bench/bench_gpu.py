@@ -117,18 +117,18 @@ def default_seq(a: argparse.Namespace) -> int:
 
 
 def mfu_peak(dtype, declared_tflops: float) -> tuple[float, str]:
-    """The FLOP/s MFU is quoted against, as lockstep's Trainer picks it (lockstep.runtime.peak_flops):
+    """The FLOP/s MFU is quoted against, as lockstep's Trainer picks it (lockstep.core.runtime.peak_flops):
     --peak-tflops, else the datasheet bf16 peak of a known GPU, else a short matmul measurement."""
-    from lockstep.runtime import Runtime, peak_flops
+    from lockstep.core.runtime import Runtime, peak_flops
 
     rt = Runtime(device=device(), dtype=dtype, reason="bench")
     return peak_flops(rt, declared=declared_tflops * 1e12)
 
 
 def compute_dtype(a: argparse.Namespace):
-    """The compute dtype as a stage's `runtime.dtype` picks it (lockstep.runtime.choose_device_dtype):
+    """The compute dtype as a stage's `runtime.dtype` picks it (lockstep.core.runtime.choose_device_dtype):
     `auto` is bf16 autocast on CUDA sm80+ (the d12/d20 presets) and on CPUs with native bf16."""
-    from lockstep.runtime import choose_device_dtype
+    from lockstep.core.runtime import choose_device_dtype
 
     _, dtype, why = choose_device_dtype(device().type, a.dtype)
     return dtype, why
@@ -137,7 +137,7 @@ def compute_dtype(a: argparse.Namespace):
 def cmd_env(a: argparse.Namespace) -> None:
     import torch
 
-    from lockstep.runtime import declared_peak_flops
+    from lockstep.core.runtime import declared_peak_flops
 
     d = device()
     n = 8192 if d.type == "cuda" else 512
@@ -188,11 +188,11 @@ class RandomWindows:
 def cmd_ls_train(a: argparse.Namespace) -> None:
     import logging
 
-    from lockstep import fastpath
-    from lockstep.model import GPT, GPTConfig
-    from lockstep.optim import OptimConfig
-    from lockstep.runtime import Runtime
-    from lockstep.train import TrainConfig, Trainer
+    from lockstep.core import fastpath
+    from lockstep.core.runtime import Runtime
+    from lockstep.model.gpt import GPT, GPTConfig
+    from lockstep.train.optim import OptimConfig
+    from lockstep.train.trainer import TrainConfig, Trainer
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     d, seq, kernels = device(), default_seq(a), a.kernels == "on"
@@ -329,15 +329,16 @@ def cmd_nc_train(a: argparse.Namespace) -> None:
 def cmd_ls_head(a: argparse.Namespace) -> None:
     """lm_head + soft cap + cross-entropy alone, at the training shape (rows x seq tokens of width
     64 x depth against --vocab ids, bf16 autocast, summed as the Trainer sums it), forward and
-    backward: the reference (lockstep.ops.head_loss: the batch's logits) against the chunked loss
+    backward: the reference (lockstep.model.ops.head_loss: the batch's logits) against the chunked loss
     (CUDA_OPS' chunked_head_loss), each under torch.compile with --compile on (as the Trainer runs
     them; the chunked loss's bodies then compile chunk by chunk). Median time over --reps calls
     after one untimed call, the memory each call adds on top of its inputs (peak minus what was
     allocated before it, CUDA only), and the chunked loss's relative errors against the reference."""
     import torch
 
-    from lockstep import fastpath, ops
-    from lockstep.model import GPTConfig
+    from lockstep.core import fastpath
+    from lockstep.model import ops
+    from lockstep.model.gpt import GPTConfig
 
     t0 = time.perf_counter()
     d, seq = device(), default_seq(a)
@@ -405,14 +406,14 @@ def cmd_ls_shard(a: argparse.Namespace) -> None:
 
     import torch
 
-    from lockstep import fastpath
-    from lockstep.model import GPT, GPTConfig
-    from lockstep.optim import OptimConfig, build_optimizers, global_grad_norm, reduce_grads
+    from lockstep.core import fastpath
+    from lockstep.model.gpt import GPT, GPTConfig
+    from lockstep.train.optim import OptimConfig, build_optimizers, global_grad_norm, reduce_grads
 
     t0 = time.perf_counter()
     d, seq, kernels = device(), default_seq(a), a.kernels == "on"
     dtype, _ = compute_dtype(a)
-    compiled = d.type == "cuda" and a.compile == "on" and kernels  # lockstep.optim.compiled_step's rule
+    compiled = d.type == "cuda" and a.compile == "on" and kernels  # lockstep.train.optim.compiled_step's rule
     gcfg = GPTConfig.from_depth(a.depth, a.vocab, seq)
     data = RandomWindows(max(1 << 20, 8 * a.rows * (seq + 1)), a.vocab, seq)
     fields: dict[str, Any] = {}
@@ -478,7 +479,7 @@ def checkable_weights(model, seed: int = 1):
     stand apart (their gap exceeds fp32 rounding by orders of magnitude). Returns the model."""
     import torch
 
-    from lockstep.embeddings import draw_normal
+    from lockstep.model.embeddings import draw_normal
 
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -492,7 +493,7 @@ def checkable_weights(model, seed: int = 1):
 def decode_model(a: argparse.Namespace):
     """The decode benchmarks' model: fp32 master weights (what a checkpoint loads as) with
     `checkable_weights`; the engines decode it in bf16 or fp32 as each measure says."""
-    from lockstep.model import GPT, GPTConfig
+    from lockstep.model.gpt import GPT, GPTConfig
 
     return checkable_weights(GPT.build(GPTConfig.from_depth(a.depth, a.vocab, a.decode_seq), device(), seed=0)).eval()
 
@@ -534,7 +535,7 @@ def decode_checks(model, tok, *, tokens: int, compile_step: bool) -> dict[str, A
     `ok` is all three."""
     import torch
 
-    from lockstep.engine import Engine
+    from lockstep.infer.engine import Engine
 
     out: dict[str, Any] = {"check_tokens": tokens, "tie_logits": BF16_TIE_LOGITS}
     ref, fast = Engine(model, tok), Engine(model, tok, fast=True, compile_step=compile_step)
@@ -594,7 +595,7 @@ def engine_runner(engine) -> Callable[[int, int], int]:
 
 
 def cmd_ls_decode_check(a: argparse.Namespace) -> None:
-    from lockstep import fastpath
+    from lockstep.core import fastpath
 
     t0 = time.perf_counter()
     checks = decode_checks(decode_model(a), NoSpecials(), tokens=a.check_tokens, compile_step=a.compile == "on")
@@ -610,8 +611,8 @@ def cmd_ls_decode(a: argparse.Namespace) -> None:
     (on CUDA) and the fast engine compiled (and graphed on CUDA; --compile on only)."""
     import torch
 
-    from lockstep import fastpath
-    from lockstep.engine import Engine
+    from lockstep.core import fastpath
+    from lockstep.infer.engine import Engine
 
     t0 = time.perf_counter()
     model, tok = decode_model(a), NoSpecials()

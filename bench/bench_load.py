@@ -24,10 +24,10 @@ def child(threads: int, steps: int, dtype_name: str) -> None:
     """One training run in this process; prints {"step_s": [...]} (the first step left out)."""
     import torch
 
-    from lockstep.model import GPT, GPTConfig
-    from lockstep.optim import OptimConfig
-    from lockstep.runtime import Runtime, keep_heap_memory
-    from lockstep.train import TrainConfig, Trainer
+    from lockstep.core.runtime import Runtime, keep_heap_memory
+    from lockstep.model.gpt import GPT, GPTConfig
+    from lockstep.train.optim import OptimConfig
+    from lockstep.train.trainer import TrainConfig, Trainer
 
     torch.set_num_threads(threads)
     keep_heap_memory()

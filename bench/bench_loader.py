@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lockstep.cache_build import build_pretrain_cache
-from lockstep.loaders import PretrainTokenStreamDataset, ShardedTokenLoader
+from lockstep.data.cache_build import build_pretrain_cache
+from lockstep.data.loaders import PretrainTokenStreamDataset, ShardedTokenLoader
 
 
 class _RangeTokenizer:

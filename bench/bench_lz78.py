@@ -45,7 +45,7 @@ from pathlib import Path
 
 import rustbpe
 
-from lockstep.snapshot import iter_records
+from lockstep.data.snapshot import iter_records
 from lockstep.tokenizer import SPECIAL_TOKENS, load_tokenizer
 from lockstep.tokenizer.bpe import SPLIT_PATTERN
 from lockstep.tokenizer.bpe_train import TRAIN_BUFFER_TEXTS

@@ -1,5 +1,5 @@
 """Benchmark of the bare GPT's training step (forward + backward, no optimizer) on this machine:
-tok/s and MFU in fp32, bf16 autocast and bf16 weights, with lockstep.kernels on, against three
+tok/s and MFU in fp32, bf16 autocast and bf16 weights, with lockstep.model.kernels on, against three
 baselines measured in the same run: the matmul peak of each dtype, the same model with kernels
 off (its stock-PyTorch reference path), and `PlainGPT`, the same architecture written with stock
 PyTorch modules only (nn.Linear, F.rms_norm, scaled_dot_product_attention, F.cross_entropy), so
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lockstep.model import GPT, GPTConfig
+from lockstep.model.gpt import GPT, GPTConfig
 
 
 class PlainGPT(nn.Module):

@@ -1,13 +1,13 @@
 """Benchmark of the prefix-smoothed loss against plain cross-entropy in the bare training step
 (forward + backward of the GPT, no optimizer) at the tiny preset's shape: tok/s of the two forms
-in lockstep.objectives with the bpe ancestor chains, `prefix_smooth` (prefix_smooth_loss of the
+in lockstep.train.objectives with the bpe ancestor chains, `prefix_smooth` (prefix_smooth_loss of the
 model's logits) and `prefix_fused` (model_prefix_smooth_loss, which keeps the fused head), against
 two baselines measured in the same run, interleaved: the model's own loss (`ce`, what training
-runs: the fused head under lockstep.kernels) and cross-entropy of the same logits (`ce-logits`).
+runs: the fused head under lockstep.model.kernels) and cross-entropy of the same logits (`ce-logits`).
 Target: prefix_fused >= 0.9x ce. Targets are real text encoded by a bpe tokenizer, so the chains have
 their real depths.
 
-Beside them, the GPU ops set (lockstep.ops.CUDA_OPS, its head loss in chunks of --chunk-rows rows)
+Beside them, the GPU ops set (lockstep.model.ops.CUDA_OPS, its head loss in chunks of --chunk-rows rows)
 run on this CPU: `ce-chunked` and `prefix_chunked` against the stock-PyTorch reference
 (`ce-reference`, REFERENCE_OPS) in tok/s and in peak memory, the most bytes torch's CPU allocator
 held above the step's start during one step (torch.profiler's memory events, one thread so that
@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from lockstep import ops
-from lockstep.model import GPT, GPTConfig, cross_entropy
-from lockstep.objectives import model_prefix_smooth_loss, prefix_smooth_loss
+from lockstep.model import ops
+from lockstep.model.gpt import GPT, GPTConfig, cross_entropy
 from lockstep.tokenizer import load_tokenizer
 from lockstep.tokenizer.kinds import train_tokenizer
+from lockstep.train.objectives import model_prefix_smooth_loss, prefix_smooth_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TEXT = ROOT.parent / "shared" / "fixtures" / "tinyshakespeare" / "input.txt"
@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--tokenizer", type=Path, default=None, help="a saved bpe tokenizer (default: train one on --text)")
     ap.add_argument("--text", type=Path, default=DEFAULT_TEXT)
     ap.add_argument("--weight", type=float, default=0.1, help="prefix_weight")
-    ap.add_argument("--kernels", choices=("on", "off"), default="on", help="lockstep.kernels (the tiny preset: on)")
+    ap.add_argument("--kernels", choices=("on", "off"), default="on", help="lockstep.model.kernels (the tiny preset: on)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of the three losses")
@@ -138,7 +138,7 @@ def _chunked(chunk_rows: int, *, smoothed: bool = False):
 def peak_bytes(step) -> int:
     """The most bytes torch's CPU allocator held above the level at the start while `step` ran:
     torch.profiler's memory events summed in time order. One intra-op thread meanwhile, so that
-    lockstep.kernels' row blocks run on this thread, whose allocations the profiler records."""
+    lockstep.model.kernels' row blocks run on this thread, whose allocations the profiler records."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

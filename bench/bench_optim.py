@@ -1,7 +1,7 @@
 """Benchmark of the optimizer step, fp32 on CPU. Not a test.
 
 AdamW: one step over the parameters AdamW holds in training (the token embedding and the lm_head
-of a d4 model with a 32k vocabulary): lockstep.optim.AdamW against two baselines measured in the
+of a d4 model with a 32k vocabulary): lockstep.train.optim.AdamW against two baselines measured in the
 same process, torch.optim.AdamW with fused=True and with foreach=True.
 
 Muon: one step over a model's block matrices (the shapes of GPT at `--depth`), the eager step (the
@@ -25,11 +25,11 @@ import time
 import torch
 from torch import nn
 
-from lockstep.model import GPT
-from lockstep.optim import AdamW, Muon, split_params
-from lockstep.train import ModelParams
+from lockstep.model.gpt import GPT
+from lockstep.train.optim import AdamW, Muon, split_params
+from lockstep.train.trainer import ModelParams
 
-# The tiny presets' AdamW settings (lockstep.optim.OptimConfig defaults, width-scaled at 256).
+# The tiny presets' AdamW settings (lockstep.train.optim.OptimConfig defaults, width-scaled at 256).
 SETTINGS = {"betas": (0.8, 0.95), "eps": 1e-10, "weight_decay": 0.0}
 
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 import yaml
 
-from lockstep.config import build_config
-from lockstep.model import GPT
-from lockstep.plan import RandomTokens, calibrate_training, make_plan
-from lockstep.runtime import RuntimeConfig, init_runtime
-from lockstep.train import ModelParams, TrainConfig, Trainer
+from lockstep.core.config import build_config
+from lockstep.core.runtime import RuntimeConfig, init_runtime
+from lockstep.model.gpt import GPT
+from lockstep.tools.plan import RandomTokens, calibrate_training, make_plan
+from lockstep.train.trainer import ModelParams, TrainConfig, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,8 +17,8 @@ import time
 import torch
 
 import rl_step  # the tiny preset's RL step (bench/ is on sys.path)
-from lockstep.engine import Engine
-from lockstep.rl import RLConfig, policy_loss_backward, rollout
+from lockstep.infer.engine import Engine
+from lockstep.rl.loop import RLConfig, policy_loss_backward, rollout
 
 
 def main() -> None:

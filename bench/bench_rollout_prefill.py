@@ -16,8 +16,8 @@ import time
 import torch
 
 import rl_step  # the tiny preset's RL step (bench/ is on sys.path)
-from lockstep.engine import Engine
-from lockstep.rl import prompt_ids
+from lockstep.infer.engine import Engine
+from lockstep.rl.loop import prompt_ids
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """Benchmark of one sampled decode step's draw (logits in, ids out) on this machine: lockstep's
-sampler (lockstep.decode.sample_on_device, which both decoding paths use: the softmax in
+sampler (lockstep.infer.decode.sample_on_device, which both decoding paths use: the softmax in
 vocabulary order when nothing is cut, one uniform number per row, an inverse-transform pick) as a
 ratio against torch's own sampler measured in the same run (the vocabulary sorted, then
 torch.multinomial, which draws one Exp(1) number per candidate). Shapes are RL's rollouts on the
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from lockstep.decode import sample_on_device
+from lockstep.infer.decode import sample_on_device
 
 SHAPES = {"rl-tiny": (128, 4096), "chat-d12": (8, 65536)}  # rows, vocabulary
 

@@ -1,4 +1,4 @@
-"""Slow and abusive clients against the chat server, as uvicorn served it before lockstep.serving
+"""Slow and abusive clients against the chat server, as uvicorn served it before lockstep.infer.serving
 (`--server plain`) and as `lockstep serve` serves it now (`--server guarded`), each in a child
 process on 127.0.0.1 under this shell's open-file limit. Three phases: header tricklers (a request
 line, then one header line every 2 s) beside body tricklers (a byte a second); a flood of
@@ -36,8 +36,8 @@ PARTIAL_HEADERS = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 def serve_child(kind: str, port: int) -> None:
     """The server: the API over a scripted backend, served by plain uvicorn or under the guard."""
     sys.path.insert(0, str(ROOT / "lib"))
-    from lockstep.chat import Delta
-    from lockstep.server import create_app
+    from lockstep.infer.chat import Delta
+    from lockstep.infer.server import create_app
 
     class Backend:  # what the API needs of a model; no model is loaded, /health is what is polled
         model_id = "bench"
@@ -59,7 +59,7 @@ def serve_child(kind: str, port: int) -> None:
 
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="info")
     else:
-        from lockstep import serving
+        from lockstep.infer import serving
 
         limits = serving.ServingLimits()
         serving.run_server(app, limits, serving.plan_for_this_process(limits), host="127.0.0.1", port=port)

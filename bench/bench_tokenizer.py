@@ -35,12 +35,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for `stages._common` when run as a script
 
-from lockstep.config import ConfigError  # noqa: E402
-from lockstep.sources import SOURCE_CONFIGS, fetch_source  # noqa: E402
+from lockstep.core.config import ConfigError  # noqa: E402
+from lockstep.data.sources import SOURCE_CONFIGS, fetch_source  # noqa: E402
+from lockstep.pipeline.tokenizer import CappedTexts, TokenizerConfig, capped_train_texts, run_tokenizer_stage  # noqa: E402
 from lockstep.tokenizer.base import SPECIAL_TOKENS  # noqa: E402
 from lockstep.tokenizer.bpe import SPLIT_PATTERN  # noqa: E402
 from lockstep.tokenizer.bpe_train import TRAIN_BUFFER_TEXTS  # noqa: E402
-from lockstep.tokenizer.pipeline import CappedTexts, TokenizerConfig, capped_train_texts, run_tokenizer_stage  # noqa: E402
 from stages._common import load_params, section  # noqa: E402
 
 
@@ -62,8 +62,8 @@ def scaled_snapshots(raw: Path, names: list[str], train_sources: list[str], copi
     (val split unchanged) and other sources are copied as they are: the same stage on more text."""
     import shutil
 
-    from lockstep.sources import iter_records, read_meta
-    from lockstep.snapshot import SnapshotWriter
+    from lockstep.data.snapshot import SnapshotWriter
+    from lockstep.data.sources import iter_records, read_meta
 
     for name in names:
         if name not in train_sources:
@@ -101,7 +101,7 @@ def child(side: str, params_path: Path, raw: Path, out: Path) -> dict:
     import rustbpe  # noqa: F401
     import tiktoken  # noqa: F401
 
-    import lockstep.sources.gsm8k  # noqa: F401
+    import lockstep.data.sources.gsm8k  # noqa: F401
 
     params = load_params(params_path)
     cfg = section(params, "tokenizer", TokenizerConfig)

@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from lockstep.snapshot import iter_records  # noqa: E402
-from lockstep.sources.shakespeare import plays_dir, split_scenes  # noqa: E402
+from lockstep.data.snapshot import iter_records  # noqa: E402
+from lockstep.data.sources.shakespeare import plays_dir, split_scenes  # noqa: E402
 from lockstep.tokenizer.base import Tokenizer  # noqa: E402
 from lockstep.tokenizer.kinds import train_tokenizer  # noqa: E402
 

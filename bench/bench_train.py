@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from lockstep.model import GPT, GPTConfig
-from lockstep.optim import OptimConfig
-from lockstep.runtime import Runtime, keep_heap_memory, measure_matmul_peak_flops
+from lockstep.core.runtime import Runtime, keep_heap_memory, measure_matmul_peak_flops
+from lockstep.model.gpt import GPT, GPTConfig
 from lockstep.tokenizer.kinds import train_tokenizer
-from lockstep.train import TrainConfig, Trainer, Validation
+from lockstep.train.optim import OptimConfig
+from lockstep.train.trainer import TrainConfig, Trainer, Validation
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TEXT = ROOT.parent / "shared" / "fixtures" / "tinyshakespeare" / "input.txt"
@@ -45,7 +45,7 @@ def main() -> None:
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--text", type=Path, default=DEFAULT_TEXT if DEFAULT_TEXT.is_file() else ROOT / "README.md")
     p.add_argument("--kernels", choices=("on", "off"), default="on",
-                   help="run the model on lockstep.kernels (the tiny presets' runtime.kernels) or on its reference path")
+                   help="run the model on lockstep.model.kernels (the tiny presets' runtime.kernels) or on its reference path")
     p.add_argument("--malloc", choices=("keep", "default"), default="keep",
                    help="keep: reuse freed heap memory as the training stages do (runtime.keep_heap_memory); "
                         "default: glibc's defaults, for comparison")

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from _scratch_repo import BIN, git_commit_all, preset_copy, run_in  # noqa: E402
 
-from lockstep.stats import bootstrap_ratio_interval  # noqa: E402
+from lockstep.core.stats import bootstrap_ratio_interval  # noqa: E402
 
 LN2 = math.log(2)  # nats per bit
 # name -> params overrides (section -> key -> value)

@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import torch
 
-from lockstep import checkpoint as ckpt
-from lockstep.model import GPT
+from lockstep.model import checkpoint as ckpt
+from lockstep.model.gpt import GPT
 from lockstep.tokenizer import load_tokenizer
 from lockstep.tokenizer.base import Tokenizer
 

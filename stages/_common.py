@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 import yaml
 
 import stages  # the package, run first: its ANCESTRY was read before the heavy imports
-from lockstep import lifeline
-from lockstep.config import ConfigError, build_config
+from lockstep.core import lifeline
+from lockstep.core.config import ConfigError, build_config
 
 T = TypeVar("T")
 PARAMS_FILE = Path("params.yaml")
@@ -133,7 +133,7 @@ def entry(main: Callable[[], object], *, errors: tuple[type[Exception], ...] = (
     ends with one `error: ...` line and status 1. Under torchrun only rank 0 prints.
 
     A stage that DVC or torchrun started ends, with one `stopped:` line and status 129, as soon
-    as that launcher dies (lockstep.lifeline), so that it never publishes behind a `dvc repro` run
+    as that launcher dies (lockstep.core.lifeline), so that it never publishes behind a `dvc repro` run
     after it; one started by hand is not tied to its shell."""
     lifeline.arm(lifeline.find_launcher(stages.ANCESTRY))
     speak = os.environ.get("RANK", "0") == "0"

@@ -10,8 +10,8 @@ import os
 import subprocess
 import sys
 
-from lockstep import lifeline
-from lockstep.runtime import (
+from lockstep.core import lifeline
+from lockstep.core.runtime import (
     Runtime,
     RuntimeConfig,
     configure_determinism,

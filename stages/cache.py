@@ -1,6 +1,6 @@
 """Stage `cache@<name>`: one raw snapshot + the tokenizer -> a token cache (pretrain shards or SFT
 examples) with its parity artifacts. Parses paths, reads the `cache.<name>` params section and
-`data_seed`, calls lockstep.cache_stage."""
+`data_seed`, calls lockstep.pipeline.cache."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from lockstep.cache_build import CacheConfig
-from lockstep.cache_stage import ERRORS, run_cache_stage
+from lockstep.pipeline.cache import ERRORS, CacheConfig, run_cache_stage
 from stages._common import add_params_option, entry, preamble
 
 STAGE_ERRORS = ERRORS

@@ -1,5 +1,5 @@
 """Stage `eval@<stage>`: parse paths, read the `eval` and `runtime` params sections, re-run under
-torchrun when asked, call lockstep.evaluate.run. No scoring logic lives here."""
+torchrun when asked, call lockstep.pipeline.eval. No scoring logic lives here."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import argparse
 import time
 from pathlib import Path
 
-from lockstep.evaluate.run import ERRORS, STAGES, EvalConfig, EvalPaths, check_inputs, run_eval_stage
-from lockstep.runtime import RuntimeConfig, shutdown
+from lockstep.pipeline.eval import (ERRORS, STAGES, EvalConfig, EvalPaths, RuntimeConfig, check_inputs, run_eval_stage,
+                                    shutdown)
 from stages._common import add_params_option, entry, preamble
 from stages._runtime import start_runtime
 

@@ -1,13 +1,11 @@
 """Stage `midtrain`: continued training of the base model on chat, tool-use and pretraining text,
 every token trained. Parses paths, reads the `runtime` and `midtrain` params sections, calls
-lockstep.train_stage (the model and its shape come from the --init checkpoint)."""
+lockstep.pipeline.train (the model and its shape come from the --init checkpoint)."""
 
 from __future__ import annotations
 
-from lockstep.codeid import code_revision
-from lockstep.runtime import RuntimeConfig, shutdown
-from lockstep.train import MidtrainConfig
-from lockstep.train_stage import ERRORS, TrainStagePaths, run_training_stage
+from lockstep.pipeline.train import (ERRORS, MidtrainConfig, RuntimeConfig, TrainStagePaths, code_revision,
+                                     run_training_stage, shutdown)
 from stages._common import entry, parse_training_args, preamble
 from stages._runtime import start_runtime
 

@@ -1,12 +1,10 @@
 """Stage `pretrain`: a fresh model trained on the pretraining mixture. Parses paths, reads the
-`runtime`, `model` and `pretrain` params sections, calls lockstep.train_stage."""
+`runtime`, `model` and `pretrain` params sections, calls lockstep.pipeline.train."""
 
 from __future__ import annotations
 
-from lockstep.codeid import code_revision
-from lockstep.runtime import RuntimeConfig, shutdown
-from lockstep.train import ModelParams, TrainConfig
-from lockstep.train_stage import ERRORS, TrainStagePaths, run_training_stage
+from lockstep.pipeline.train import (ERRORS, ModelParams, RuntimeConfig, TrainConfig, TrainStagePaths, code_revision,
+                                     run_training_stage, shutdown)
 from stages._common import entry, parse_training_args, preamble
 from stages._runtime import start_runtime
 

@@ -1,4 +1,4 @@
-"""Stage `report`: parse paths, call lockstep.report to rebuild the report card from metrics, run
+"""Stage `report`: parse paths, call lockstep.pipeline.report to rebuild the report card from metrics, run
 facts, eval records and per-step series. Reads no params and runs no model."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lockstep.report import ERRORS, build_report, environment_info
+from lockstep.pipeline.report import ERRORS, build_report, environment_info
 from stages._common import entry, setup
 
 STAGE_ERRORS = ERRORS

@@ -1,16 +1,13 @@
 """Stage `rl`: GRPO-style policy gradient from the SFT checkpoint on GSM8K-format problems; writes
 the RL checkpoint, its metrics and per-step series (reward, held-out pass@k, completion length).
-Parses paths, reads the `runtime` and `rl` params sections, calls lockstep.rl_stage."""
+Parses paths, reads the `runtime` and `rl` params sections, calls lockstep.pipeline.rl."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from lockstep.codeid import code_revision
-from lockstep.rl import RLConfig
-from lockstep.rl_stage import ERRORS, RLStagePaths, run_rl_stage
-from lockstep.runtime import RuntimeConfig
+from lockstep.pipeline.rl import ERRORS, RLConfig, RLStagePaths, RuntimeConfig, code_revision, run_rl_stage
 from stages._common import add_params_option, entry, preamble
 from stages._runtime import start_runtime
 

@@ -1,13 +1,11 @@
 """Stage `sft`: supervised fine-tuning from the midtrain checkpoint on the SFT mixture, loss on
 assistant tokens only (set `sft.loss: assistant`). Parses paths, reads the `runtime` and `sft`
-params sections, calls lockstep.train_stage (the model comes from the --init checkpoint)."""
+params sections, calls lockstep.pipeline.train (the model comes from the --init checkpoint)."""
 
 from __future__ import annotations
 
-from lockstep.codeid import code_revision
-from lockstep.runtime import RuntimeConfig, shutdown
-from lockstep.train import SFTConfig
-from lockstep.train_stage import ERRORS, TrainStagePaths, run_training_stage
+from lockstep.pipeline.train import (ERRORS, RuntimeConfig, SFTConfig, TrainStagePaths, code_revision,
+                                     run_training_stage, shutdown)
 from stages._common import entry, parse_training_args, preamble
 from stages._runtime import start_runtime
 

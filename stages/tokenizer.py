@@ -1,5 +1,5 @@
 """The `tokenizer` stage: parse paths, read the `tokenizer:` params section, call
-lockstep.tokenizer.pipeline. No tokenizer logic lives here."""
+lockstep.pipeline.tokenizer. No tokenizer logic lives here."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from lockstep.tokenizer.pipeline import ERRORS, TokenizerConfig, run_tokenizer_stage
+from lockstep.pipeline.tokenizer import ERRORS, TokenizerConfig, run_tokenizer_stage
 from stages._common import add_params_option, entry, preamble
 
 STAGE_ERRORS = ERRORS

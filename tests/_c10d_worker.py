@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from lockstep.runtime import RuntimeConfig, init_runtime, shutdown, writer_host
+from lockstep.core.runtime import RuntimeConfig, init_runtime, shutdown, writer_host
 from test_train import _cfg, _fit, _model
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import yaml
 
-from lockstep.io import sha256_file
-from lockstep.sources import fetch_source
-from lockstep.sources.roam import RoamConfig
-from lockstep.sources.synth_math import SynthMathConfig
+from lockstep.core.io import sha256_file
+from lockstep.data.sources import fetch_source
+from lockstep.data.sources.roam import RoamConfig
+from lockstep.data.sources.synth_math import SynthMathConfig
 from lockstep.tokenizer.kinds import train_tokenizer
 
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from lockstep.runtime import Runtime
+from lockstep.core.runtime import Runtime
 
 
 def free_port() -> int:

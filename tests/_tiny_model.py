@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from lockstep.model import GPT, GPTConfig
+from lockstep.model.gpt import GPT, GPTConfig
 
 TINY = dict(sequence_len=64, vocab_size=265, n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
 

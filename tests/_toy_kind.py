@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from lockstep.config import FieldError
+from lockstep.core.config import FieldError
 from lockstep.tokenizer.base import SPECIAL_TOKENS, Tokenizer, TokenizerFileError, decode_with_specials, register_kind
 from lockstep.tokenizer.options import KindOptions
 

@@ -59,7 +59,7 @@ def keep_fd_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     toward the hard one: the limit stays as it is, and serving is planned under it."""
     import resource
 
-    from lockstep import serving
+    from lockstep.infer import serving
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     monkeypatch.setattr(serving, "raise_fd_limit", lambda: (soft, soft, hard))
@@ -71,7 +71,7 @@ def _hermetic(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
-    from lockstep import fastpath
+    from lockstep.core import fastpath
 
     # A fast path that a test made fail stays failed for the process: every test starts afresh.
     fastpath.reset()

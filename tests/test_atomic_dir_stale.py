@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.io import atomic_dir
+from lockstep.core.io import atomic_dir
 
 
 def _work_folder(parent: Path, name: str) -> Path:
@@ -45,7 +45,7 @@ def test_atomic_dir_removes_stale_work_of_the_same_output_only(tmp_path):
 
 
 def test_remove_stale_work_reports_what_it_removed_and_tolerates_a_missing_parent(tmp_path):
-    from lockstep.io import remove_stale_work
+    from lockstep.core.io import remove_stale_work
 
     assert remove_stale_work(tmp_path / "absent" / "out") == []
     stale = _work_folder(tmp_path, "out")

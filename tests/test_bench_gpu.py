@@ -135,14 +135,14 @@ def test_stage_commands_come_from_dvc_yaml(bench) -> None:
 
 
 def _check_model():
-    from lockstep.model import GPT, GPTConfig
+    from lockstep.model.gpt import GPT, GPTConfig
 
     return GPT.build(GPTConfig.from_depth(2, 256, 64), "cpu", seed=0).eval()
 
 
 @pytest.mark.parametrize("fault", ["rotary one position ahead", "a row's prompt not copied into the cache"])
 def test_decode_checks_report_a_fault_planted_in_the_static_cache(bench, monkeypatch, fault: str) -> None:
-    from lockstep.decode import StaticKVCache
+    from lockstep.infer.decode import StaticKVCache
 
     model, tok = bench.checkable_weights(_check_model()), bench.NoSpecials()
     assert bench.decode_checks(model, tok, tokens=12, compile_step=False)["ok"]

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from lockstep.bpb import measure_bpb
-from lockstep.cache_build import build_pretrain_cache, build_sft_cache
-from lockstep.evaluate.run import EvalConfig, EvalPaths, run_eval_stage
-from lockstep.optim import OptimConfig
-from lockstep.records import text_message
-from lockstep.runtime import RuntimeConfig, init_runtime
+from lockstep.core.runtime import RuntimeConfig, init_runtime
+from lockstep.data.cache_build import build_pretrain_cache, build_sft_cache
+from lockstep.data.records import text_message
+from lockstep.pipeline.eval import EvalConfig, EvalPaths, run_eval_stage
+from lockstep.pipeline.train import TrainStagePaths, run_training_stage
 from lockstep.tokenizer.kinds import train_tokenizer
-from lockstep.train import ModelParams, TrainConfig
-from lockstep.train_stage import TrainStagePaths, run_training_stage
+from lockstep.train.bpb import measure_bpb
+from lockstep.train.optim import OptimConfig
+from lockstep.train.trainer import ModelParams, TrainConfig
 
 T = 64
 ROOT = Path(__file__).resolve().parents[1]

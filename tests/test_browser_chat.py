@@ -16,8 +16,8 @@ import pytest
 from test_chat_model import write_tiny_checkpoint
 from test_server import live_server
 
-from lockstep.chat import load_backend
-from lockstep.server import create_app
+from lockstep.infer.chat import load_backend
+from lockstep.infer.server import create_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(

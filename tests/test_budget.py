@@ -1,4 +1,4 @@
-"""Epochs per mixture component (lockstep.budget): the arithmetic on small caches built here,
+"""Epochs per mixture component (lockstep.data.budget): the arithmetic on small caches built here,
 pretraining and SFT, against hand counts; the refusal before any step and what it says to fix;
 the run facts; and every preset passing its own check from its fetch budgets."""
 
@@ -13,14 +13,14 @@ import pytest
 import torch
 import yaml
 
-from lockstep.budget import EpochBudgetError, Holding, check_epochs, mixture_epochs, sft_holding
-from lockstep.cache_build import build_pretrain_cache, build_sft_cache
-from lockstep.config import ConfigError, build_config
-from lockstep.loaders import PretrainTokenStreamDataset, open_sft_dataset
-from lockstep.plan import estimated_holding, model_figures
-from lockstep.runtime import Runtime, RuntimeConfig
-from lockstep.train import STAGE_CONFIGS, ModelParams, TrainConfig, horizon_steps
-from lockstep.train_stage import AllTargets, TrainStagePaths, holding_of, run_training_stage
+from lockstep.core.config import ConfigError, build_config
+from lockstep.core.runtime import Runtime, RuntimeConfig
+from lockstep.data.budget import EpochBudgetError, Holding, check_epochs, mixture_epochs, sft_holding
+from lockstep.data.cache_build import build_pretrain_cache, build_sft_cache
+from lockstep.data.loaders import PretrainTokenStreamDataset, open_sft_dataset
+from lockstep.pipeline.train import AllTargets, TrainStagePaths, holding_of, run_training_stage
+from lockstep.tools.plan import estimated_holding, model_figures
+from lockstep.train.trainer import STAGE_CONFIGS, ModelParams, TrainConfig, horizon_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p.stem for p in (ROOT / "presets").glob("*.yaml"))

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lockstep.cache import CacheError, find_cache, open_pretrain_split, open_sft_split, read_cache_meta
-from lockstep.config import ConfigError
-from lockstep.cache_build import build_pretrain_cache, build_sft_cache
-from lockstep.io import sha256_file
-from lockstep.records import problem_to_conversation
+from lockstep.core.config import ConfigError
+from lockstep.core.io import sha256_file
+from lockstep.data.cache import CacheError, find_cache, open_pretrain_split, open_sft_split, read_cache_meta
+from lockstep.data.cache_build import build_pretrain_cache, build_sft_cache
+from lockstep.data.records import problem_to_conversation
 
 
 class ListTokenizer:
@@ -263,7 +263,7 @@ def test_tokenizer_mismatch_is_refused(built):
 
 _SLOW_BUILD = """
 import sys, time
-from lockstep.cache_build import build_pretrain_cache
+from lockstep.data.cache_build import build_pretrain_cache
 from lockstep.tokenizer.kinds import train_tokenizer
 def docs():
     for i in range(100000):

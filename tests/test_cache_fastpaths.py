@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lockstep.cache import CacheError
-from lockstep.encode import _bos_join
-from lockstep.parity import SnapshotCollector, _text_lines
+from lockstep.data.cache import CacheError
+from lockstep.data.encode import _bos_join
+from lockstep.data.parity import SnapshotCollector, _text_lines
 
 
 def _one_by_one(texts: list[str]) -> bytes:
@@ -81,7 +81,7 @@ class _ListsOnly:
 
 @pytest.mark.parametrize("kind", ["bpe", "byte", "char"])
 def test_array_and_list_paths_write_identical_caches(kind: str, tmp_path) -> None:
-    from lockstep.cache_build import build_pretrain_cache
+    from lockstep.data.cache_build import build_pretrain_cache
     from lockstep.tokenizer.kinds import train_tokenizer
 
     docs = [f"Document {i}: the quick brown fox <|bos|> jumps é {i * 7919}." * (1 + i % 5) for i in range(300)]

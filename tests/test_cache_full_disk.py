@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-import lockstep.cache_build as cache_build
+import lockstep.data.cache_build as cache_build
 from _cache_stage import make_workdir, one_error_line, run_stage, tree, write_params
 from _procs import run_with_file_size_limit, stage_env
-from lockstep.cache import CacheError, open_pretrain_split
+from lockstep.data.cache import CacheError, open_pretrain_split
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from _cache_stage import make_workdir, one_error_line, run_stage, tree
-from lockstep.cache import CacheError, open_pretrain_split, open_sft_split
+from lockstep.data.cache import CacheError, open_pretrain_split, open_sft_split
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lockstep.cache import CacheError, open_pretrain_split, open_sft_split
-from lockstep.cache_build import build_pretrain_cache, build_sft_cache
-from lockstep.io import sha256_file
-from lockstep.loaders import PretrainTokenStreamDataset, SFTExampleDataset
+from lockstep.core.io import sha256_file
+from lockstep.data.cache import CacheError, open_pretrain_split, open_sft_split
+from lockstep.data.cache_build import build_pretrain_cache, build_sft_cache
+from lockstep.data.loaders import PretrainTokenStreamDataset, SFTExampleDataset
 
 
 def _conv(i: int) -> dict:

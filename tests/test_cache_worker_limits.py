@@ -9,10 +9,10 @@ import logging
 
 import pytest
 
-import lockstep.cache_build as cache_build
+import lockstep.data.cache_build as cache_build
 from _cache_stage import make_workdir, one_error_line, run_stage, tree, write_params
-from lockstep.cache import CacheError
-from lockstep.cache_build import build_pretrain_cache
+from lockstep.data.cache import CacheError
+from lockstep.data.cache_build import build_pretrain_cache
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_library_caps_workers_at_the_cores_available(tok, tmp_path, monkeypatch,
     pool = _NoWorkers()
     monkeypatch.setattr(cache_build, "EncodePool", pool)
     monkeypatch.setattr(cache_build, "available_cores", lambda: 3, raising=False)
-    with caplog.at_level(logging.INFO, logger="lockstep.cache_build"), pytest.raises(RuntimeError, match="would start 3"):
+    with caplog.at_level(logging.INFO, logger="lockstep.data.cache_build"), pytest.raises(RuntimeError, match="would start 3"):
         build_pretrain_cache(["a doc"], tmp_path / "c", tokenizer=tok, max_train_tokens=None, max_val_tokens=None,
                              shard_bytes=64, seed=0, shuffle_buffer=1, num_workers=500, tokenizer_dir=tmp_path)
     assert pool.asked == [3] and any("num_workers=500 capped at 3" in r.getMessage() for r in caplog.records)
@@ -75,7 +75,7 @@ def test_library_caps_workers_at_the_cores_available(tok, tmp_path, monkeypatch,
 
 def test_worker_counts_within_the_cores_are_kept(monkeypatch, caplog):
     monkeypatch.setattr(cache_build, "available_cores", lambda: 4)
-    with caplog.at_level(logging.INFO, logger="lockstep.cache_build"):
+    with caplog.at_level(logging.INFO, logger="lockstep.data.cache_build"):
         assert [cache_build.encode_workers(n) for n in (None, 1, 4)] == [4, 1, 4]
     assert not caplog.records
 
@@ -91,7 +91,7 @@ def test_worker_counts_within_the_cores_are_kept(monkeypatch, caplog):
     ("max_train_tokens", -5, "null writes it whole"),
 ])
 def test_cache_settings_out_of_range_are_refused_with_their_key(key, value, says):
-    from lockstep.config import ConfigError, build_config
+    from lockstep.core.config import ConfigError, build_config
 
     with pytest.raises(ConfigError) as e:
         build_config(cache_build.CacheConfig, {"kind": "pretrain", key: value}, where="cache.notes")

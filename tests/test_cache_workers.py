@@ -1,4 +1,4 @@
-"""Pretrain caches encoded in worker processes (lockstep.encode.EncodePool) against the in-process
+"""Pretrain caches encoded in worker processes (lockstep.data.encode.EncodePool) against the in-process
 reference path: the same bytes for every file, for each tokenizer kind, with and without caps;
 the stage's default (every core) against `num_workers: 1` on the tiny preset's roam notes; clear
 errors for bad settings; progress lines with token rates."""
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-import lockstep.cache_build as cache_build
-from lockstep.cache import CacheError
-from lockstep.cache_build import build_pretrain_cache
-from lockstep.config import ConfigError
-from lockstep.io import sha256_file
+import lockstep.data.cache_build as cache_build
+from lockstep.core.config import ConfigError
+from lockstep.core.io import sha256_file
+from lockstep.data.cache import CacheError
+from lockstep.data.cache_build import build_pretrain_cache
 from lockstep.tokenizer.kinds import train_tokenizer
 
 DOCS = [f"Document {i}: the quick brown fox <|bos|> jumps é {i * 7919}. " * (1 + i % 7) for i in range(400)]
@@ -72,7 +72,7 @@ def test_bad_worker_settings_are_refused(tmp_path, saved):
 def test_progress_lines_while_caching(tmp_path, saved, monkeypatch, caplog):
     tok, tok_dir = saved["bpe"]
     monkeypatch.setattr(cache_build, "PROGRESS_INTERVAL_S", 0.0)
-    with caplog.at_level(logging.INFO, logger="lockstep.cache_build"):
+    with caplog.at_level(logging.INFO, logger="lockstep.data.cache_build"):
         _build(tmp_path / "c", tok, tok_dir, num_workers=2, cap=7000)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cache pretrain train:")]
     assert len(lines) >= 3
@@ -83,8 +83,8 @@ def test_progress_lines_while_caching(tmp_path, saved, monkeypatch, caplog):
 @pytest.fixture
 def roam_workdir(tmp_path, monkeypatch, repo_root):
     """The tiny preset's roam snapshot (corpus/notes) and a small BPE tokenizer trained on it."""
-    from lockstep.sources import SOURCE_CONFIGS, fetch_source, iter_records
-    from lockstep.config import build_config
+    from lockstep.core.config import build_config
+    from lockstep.data.sources import SOURCE_CONFIGS, fetch_source, iter_records
 
     monkeypatch.syspath_prepend(str(repo_root))  # `stages` is imported from the checkout, not installed
     monkeypatch.chdir(tmp_path)

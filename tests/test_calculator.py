@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from lockstep.calculator import MAX_EXPR_CHARS, evaluate
+from lockstep.infer.calculator import MAX_EXPR_CHARS, evaluate
 
 ALLOWED = [
     ("48/2", "24"),
@@ -108,9 +108,9 @@ WARNING_CALLS = ["1if 1 else 2", "2or 3"]
 
 
 def test_import_leaves_the_warning_filters_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(sys.modules, "lockstep.calculator")
+    monkeypatch.delitem(sys.modules, "lockstep.infer.calculator")
     before = list(warnings.filters)
-    importlib.import_module("lockstep.calculator")
+    importlib.import_module("lockstep.infer.calculator")
     assert warnings.filters == before
 
 

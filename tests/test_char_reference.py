@@ -134,7 +134,7 @@ def test_a_tokenizer_without_specials_refuses_bos_and_chat_with_a_clear_error() 
 
 
 def test_caches_refuse_a_tokenizer_without_specials_before_writing(tmp_path: Path) -> None:
-    from lockstep.cache_build import build_pretrain_cache, build_sft_cache
+    from lockstep.data.cache_build import build_pretrain_cache, build_sft_cache
 
     tok = train_tokenizer("char", ["hi ok\n"], order="sorted", specials=False)
     with pytest.raises(NoSpecialTokensError, match="no <\\|bos\\|>"):

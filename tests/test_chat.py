@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lockstep.chat import (
+from lockstep.data.records import text_message
+from lockstep.infer.chat import (
     ChatError,
     EngineBackend,
     IncrementalDecoder,
@@ -19,12 +20,11 @@ from lockstep.chat import (
     check_messages,
     run_chat,
 )
-from lockstep.records import text_message
 from lockstep.tokenizer.kinds import train_tokenizer
 
 
 class ScriptedEngine:
-    """Stands in for lockstep.engine.Engine: yields a fixed token script one step at a time (or
+    """Stands in for lockstep.infer.engine.Engine: yields a fixed token script one step at a time (or
     repeats it forever), recording each call and counting the steps it actually took."""
 
     def __init__(self, script: list[int], *, repeat: bool = False, step_s: float = 0.0):

@@ -15,11 +15,11 @@ from test_server import content_of, live_server, parse_sse, user, wait_for
 from typer.testing import CliRunner
 
 from _tiny_model import tiny_gpt
-from lockstep.chat import SamplingSettings, load_backend
-from lockstep.checkpoint import CheckpointError, save_checkpoint
 from lockstep.cli import app as cli_app
-from lockstep.records import text_message
-from lockstep.server import ServerConfig, create_app
+from lockstep.data.records import text_message
+from lockstep.infer.chat import SamplingSettings, load_backend
+from lockstep.infer.server import ServerConfig, create_app
+from lockstep.model.checkpoint import CheckpointError, save_checkpoint
 from lockstep.tokenizer.kinds import train_tokenizer
 
 
@@ -142,7 +142,7 @@ def test_real_engine_stops_within_a_couple_of_steps_of_a_disconnect(tmp_path):
 
 @pytest.mark.usefixtures("keep_fd_limit")
 def test_serve_command_binds_loopback_by_default(tiny, monkeypatch):
-    from lockstep import serving
+    from lockstep.infer import serving
 
     ckpt, tok_dir = tiny
     seen = {}

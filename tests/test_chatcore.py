@@ -14,7 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from lockstep.config import ConfigError, build_config
+from lockstep.core.config import ConfigError, build_config
+from lockstep.core.stats import wilson_interval
+from lockstep.data.sources import SOURCE_CONFIGS, SplitLayoutError, fetch_source, iter_records, read_meta
+from lockstep.data.sources.ai2_arc import Ai2ArcConfig
+from lockstep.data.sources.humaneval import HumanevalConfig
+from lockstep.data.sources.mmlu import MmluConfig
+from lockstep.data.sources.spelling_bee import SpellingBeeConfig
 from lockstep.dev.hub_samples_chat import ARC_SCHEMA
 from lockstep.evaluate.chat import (
     CHATCORE_TASKS,
@@ -24,15 +30,9 @@ from lockstep.evaluate.chat import (
     conversation_items,
     evaluate_categorical,
 )
-from lockstep.evaluate.run import EvalConfig
-from lockstep.plan import source_size
-from lockstep.report import comparable_table, composite_interval, intervals
-from lockstep.sources import SOURCE_CONFIGS, SplitLayoutError, fetch_source, iter_records, read_meta
-from lockstep.sources.ai2_arc import Ai2ArcConfig
-from lockstep.sources.humaneval import HumanevalConfig
-from lockstep.sources.mmlu import MmluConfig
-from lockstep.sources.spelling_bee import SpellingBeeConfig
-from lockstep.stats import wilson_interval
+from lockstep.pipeline.eval import EvalConfig
+from lockstep.pipeline.report import comparable_table, composite_interval, intervals
+from lockstep.tools.plan import source_size
 from _eval_helpers import ASSISTANT_START, BigramModel, CharTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,10 +224,10 @@ def test_composite_interval_needs_every_tasks_counts() -> None:
 
 def test_eval_stage_scores_the_six_benchmarks_from_their_hub_samples(tmp_path: Path) -> None:
     from _tiny_model import tiny_gpt
-    from lockstep.checkpoint import save_checkpoint
-    from lockstep.evaluate.run import EvalPaths, check_inputs, run_eval_stage
-    from lockstep.runtime import RuntimeConfig, init_runtime
-    from lockstep.sources.gsm8k import Gsm8kConfig
+    from lockstep.core.runtime import RuntimeConfig, init_runtime
+    from lockstep.data.sources.gsm8k import Gsm8kConfig
+    from lockstep.model.checkpoint import save_checkpoint
+    from lockstep.pipeline.eval import EvalPaths, check_inputs, run_eval_stage
     from lockstep.tokenizer.kinds import train_tokenizer
 
     raw = tmp_path / "raw"

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from _tiny_model import randomize, tiny_gpt
-from lockstep.checkpoint import (
+from lockstep.core.io import sha256_file
+from lockstep.model.checkpoint import (
     CheckpointError,
     clean_incomplete,
     latest_checkpoint,
@@ -24,9 +25,8 @@ from lockstep.checkpoint import (
     step_dir,
     verify_checkpoint,
 )
-from lockstep.io import sha256_file
-from lockstep.model import GPT
-from lockstep.optim import AdamW
+from lockstep.model.gpt import GPT
+from lockstep.train.optim import AdamW
 
 
 def _state(seed: int) -> tuple[dict, dict, dict, dict]:

@@ -1,11 +1,11 @@
-"""lockstep.ops.chunked_head_loss (CUDA_OPS' head loss) against the reference head_loss: losses and
+"""lockstep.model.ops.chunked_head_loss (CUDA_OPS' head loss) against the reference head_loss: losses and
 gradients, reductions, ignored and all-ignored targets, with and without a soft cap, chunks that do
 not divide the rows, bf16 autocast, torch.compile, the prefix-smoothed objective, and that no
 tensor of the batch's rows times the vocabulary is ever made, forward or backward. Also what it
 costs: three vocabulary-sized matmuls per chunk for sum and mean (the gradient taken in the
 forward), four for none, fewer where no gradient is wanted; and the head's gradient summed in fp32
 without a bf16 temporary where addmm can write fp32 (CUDA; a stand-in on this CPU). And that
-compiled chunk bodies whose compile fails fall back to the eager ones (lockstep.fastpath), the
+compiled chunk bodies whose compile fails fall back to the eager ones (lockstep.core.fastpath), the
 loss unchanged and the run facts saying so.
 
 fp32 tolerance: 1e-6 of the largest |element| of the reference tensor (the chunks change only the
@@ -33,10 +33,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from _tiny_model import randomize, tiny_gpt
-from lockstep import fastpath, ops
-from lockstep.model import GPT, GPTConfig
-from lockstep.objectives import model_prefix_smooth_loss, prefix_smooth_loss
-from lockstep.ops import CUDA_OPS, IGNORE_INDEX, KERNEL_OPS, REFERENCE_OPS
+from lockstep.core import fastpath
+from lockstep.model import ops
+from lockstep.model.gpt import GPT, GPTConfig
+from lockstep.model.ops import CUDA_OPS, IGNORE_INDEX, KERNEL_OPS, REFERENCE_OPS
+from lockstep.train.objectives import model_prefix_smooth_loss, prefix_smooth_loss
 from test_objectives import random_table
 
 # 60 rows; 8 channels, fewer than a chunk's rows, so that no (V, C) weight reads as more rows of
@@ -211,11 +212,11 @@ def _compiled_loss_with_body_backend(monkeypatch, caplog, body_backend, reductio
     ops.compiled_chunk_bodies.cache_clear()
     try:
         compiled, _ = _compiled_with_graph_rows(chunked, fullgraph=False)
-        with caplog.at_level(logging.WARNING, logger="lockstep.fastpath"):
+        with caplog.at_level(logging.WARNING, logger="lockstep.core.fastpath"):
             got = [_loss_and_grads(compiled, x, w, y, reduction) for _ in range(calls)]
     finally:
         ops.compiled_chunk_bodies.cache_clear()
-    warnings = [r.getMessage() for r in caplog.records if r.name == "lockstep.fastpath"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "lockstep.core.fastpath"]
     return got, warnings, _loss_and_grads(chunked, x, w, y, reduction)
 
 

@@ -1,7 +1,7 @@
 """The Trainer's compiled loss (runtime.compile) on CPU in fp32: when torch.compile fails, at the
 forward's compile or at the backward's (AOT autograd compiles it at the first .backward(), after
 the head's gradients were accumulated eagerly), the run finishes on the eager loss with the losses
-and weights of a run that never compiled, bit for bit, and the run facts say so (lockstep.fastpath
+and weights of a run that never compiled, bit for bit, and the run facts say so (lockstep.core.fastpath
 part "compiled_loss")."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 import torch
 from functorch.compile import aot_module_simplified, make_boxed_func
 
-from lockstep import fastpath
-from lockstep.model import GPT
-from lockstep.runtime import Runtime
+from lockstep.core import fastpath
+from lockstep.core.runtime import Runtime
+from lockstep.model.gpt import GPT
 from test_train import CPU, _cfg, _fit, _model
 
 COMPILING = Runtime(**{**vars(CPU), "compile": True})
@@ -28,7 +28,7 @@ def _eager_head_loss(model: GPT, h: torch.Tensor, y: torch.Tensor, reduction: st
 
 def _split_objective(model: GPT, x: torch.Tensor, y: torch.Tensor, reduction: str) -> torch.Tensor:
     """The model's cross-entropy with its head behind a graph break, where the CUDA chunked head
-    loss puts it (torch.compiler.disable in lockstep.ops): the head's backward runs eagerly, and
+    loss puts it (torch.compiler.disable in lockstep.model.ops): the head's backward runs eagerly, and
     accumulates lm_head's gradient, before the compiled trunk's backward is compiled."""
     return _eager_head_loss(model, model.final_hidden(x), y, reduction)
 
@@ -65,7 +65,7 @@ def test_a_failed_compile_finishes_the_run_on_the_eager_loss_exactly(fails_at, m
     backend = _compile_fails if fails_at == "forward" else _BackwardCompileFails(model)
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
     torch._dynamo.reset()
-    with caplog.at_level(logging.WARNING, logger="lockstep.fastpath"):
+    with caplog.at_level(logging.WARNING, logger="lockstep.core.fastpath"):
         result = _fit(model, cfg, tmp_path / "compiled", COMPILING, loss=_split_objective)
     if fails_at == "backward":
         assert backend.head_had_grad == [True]  # the redo had gradients to clear
@@ -77,7 +77,7 @@ def test_a_failed_compile_finishes_the_run_on_the_eager_loss_exactly(fails_at, m
         ("reference", "reference", 0, 3)  # one call a step; the first step's compiled work was thrown away
     reason = "BackendCompilerFailed" if fails_at == "forward" else "RuntimeError: this backend cannot compile a backward"
     assert facts["fell_back"].startswith(reason), facts["fell_back"]
-    assert len([r for r in caplog.records if r.name == "lockstep.fastpath"]) == 1
+    assert len([r for r in caplog.records if r.name == "lockstep.core.fastpath"]) == 1
 
 
 def test_a_compiled_loss_that_works_answers_every_step(monkeypatch, tmp_path) -> None:

@@ -1,6 +1,6 @@
-"""Muon's compiled step (lockstep.optim._muon_group_update under torch.compile) against the eager
+"""Muon's compiled step (lockstep.train.optim._muon_group_update under torch.compile) against the eager
 step it stands in for, on CPU in fp32: equal to rounding, the eager step exactly when the compile
-fails (lockstep.fastpath), the same hyperparameter tensors every step; and the rule that picks it
+fails (lockstep.core.fastpath), the same hyperparameter tensors every step; and the rule that picks it
 (CUDA with compile and kernels on, never on CPU)."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import pytest
 import torch
 from torch import nn
 
-from lockstep import fastpath, optim
-from lockstep.optim import Muon, compiled_step, set_lr
-from lockstep.runtime import Runtime
+from lockstep.core import fastpath
+from lockstep.core.runtime import Runtime
+from lockstep.train import optim
+from lockstep.train.optim import Muon, compiled_step, set_lr
 from test_train import CPU, _cfg, _model, _trainer
 
 
@@ -56,7 +57,7 @@ def test_a_failed_compile_is_answered_by_the_eager_update_exactly(monkeypatch, c
     torch._dynamo.reset()
     eager, compiled = _matrices(0), _matrices(0)
     opt_eager, opt_compiled = Muon(eager, **_KW), Muon(compiled, **_KW, compiled=True)
-    with caplog.at_level(logging.WARNING, logger="lockstep.fastpath"):
+    with caplog.at_level(logging.WARNING, logger="lockstep.core.fastpath"):
         _scheduled_steps([(opt_eager, eager), (opt_compiled, compiled)], steps=4)
     for a, b, start in zip(eager, compiled, _matrices(0), strict=True):
         assert not torch.equal(b.data, start.data)
@@ -66,7 +67,7 @@ def test_a_failed_compile_is_answered_by_the_eager_update_exactly(monkeypatch, c
     assert (facts["path"], facts["results"], facts["fast_calls"]) == ("reference", "reference", 0)
     assert facts["reference_calls"] == 2 * 4  # two shapes, four steps
     assert facts["fell_back"].startswith("BackendCompilerFailed"), facts["fell_back"]
-    assert len([r for r in caplog.records if r.name == "lockstep.fastpath"]) == 1
+    assert len([r for r in caplog.records if r.name == "lockstep.core.fastpath"]) == 1
 
 
 def test_compiled_update_gets_the_same_hyperparameter_tensors_every_step(monkeypatch) -> None:

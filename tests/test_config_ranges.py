@@ -12,10 +12,10 @@ import torch
 import yaml
 from torch import nn
 
-from lockstep.config import ConfigError, build_config
-from lockstep.optim import AdamW, Muon, OptimConfig
-from lockstep.rl import RLConfig
-from lockstep.train import TrainConfig
+from lockstep.core.config import ConfigError, build_config
+from lockstep.rl.loop import RLConfig
+from lockstep.train.optim import AdamW, Muon, OptimConfig
+from lockstep.train.trainer import TrainConfig
 from stages._common import section
 
 NAN, INF = math.nan, math.inf

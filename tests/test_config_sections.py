@@ -210,8 +210,8 @@ def test_eval_boundary_values_run(tmp_path: Path, ckpt_and_tokenizer: tuple[Path
     ("default_seed", 2**63), ("allowed_origins", ("https://a.example", "*")),
 ])
 def test_server_config_refuses_a_bad_field_naming_it(field: str, value: object) -> None:
-    from lockstep.config import FieldError
-    from lockstep.server import ServerConfig
+    from lockstep.core.config import FieldError
+    from lockstep.infer.server import ServerConfig
 
     with pytest.raises(FieldError) as e:
         ServerConfig(**{field: value})
@@ -219,7 +219,7 @@ def test_server_config_refuses_a_bad_field_naming_it(field: str, value: object) 
 
 
 def test_server_config_takes_its_boundary_values() -> None:
-    from lockstep.server import ServerConfig
+    from lockstep.infer.server import ServerConfig
 
     ServerConfig(max_messages=1, max_message_tokens=1, max_message_chars=0, max_conversation_tokens=0,
                  max_reply_tokens=1, default_max_tokens=1, max_body_bytes=1, workers=1, max_queued=0,
@@ -230,7 +230,7 @@ def test_server_config_takes_its_boundary_values() -> None:
 @pytest.fixture(scope="module")
 def ckpt_and_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from _tiny_model import tiny_gpt
-    from lockstep.checkpoint import save_checkpoint
+    from lockstep.model.checkpoint import save_checkpoint
     from lockstep.tokenizer.kinds import train_tokenizer
 
     root = tmp_path_factory.mktemp("serve")
@@ -246,8 +246,8 @@ def ckpt_and_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, 
 def _serve(ckpt: Path, tok: Path, *args: str, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, list]:
     from typer.testing import CliRunner
 
-    from lockstep import serving
     from lockstep.cli import app
+    from lockstep.infer import serving
 
     served: list = []
     monkeypatch.setattr(serving, "run_server", lambda asgi, limits, plan, **kw: served.append({**kw, "limits": limits}))
@@ -283,7 +283,7 @@ def test_serve_refuses_a_bad_option_in_one_line(ckpt_and_tokenizer, monkeypatch,
 
 @pytest.mark.usefixtures("keep_fd_limit")
 def test_serve_takes_the_boundary_values(ckpt_and_tokenizer, monkeypatch) -> None:
-    from lockstep.serving import ServingLimits
+    from lockstep.infer.serving import ServingLimits
 
     ckpt, tok = ckpt_and_tokenizer
     status, output, served = _serve(ckpt, tok, "--workers", "1", "--max-queued", "0", "--port", "0",

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from _tiny_model import tiny_gpt
-from lockstep.cache_build import build_pretrain_cache
-from lockstep.checkpoint import save_checkpoint
+from lockstep.core.runtime import RuntimeConfig, init_runtime
+from lockstep.data.cache_build import build_pretrain_cache
 from lockstep.evaluate.core import CoreItemError, Scored, evaluate_task, fewshot_indices, load_core_tasks, render_item
-from lockstep.evaluate.run import EvalConfig, EvalPaths, run_eval_stage
-from lockstep.runtime import RuntimeConfig, init_runtime
+from lockstep.model.checkpoint import save_checkpoint
+from lockstep.pipeline.eval import EvalConfig, EvalPaths, run_eval_stage
 from lockstep.tokenizer.kinds import train_tokenizer
 
 WORDS = (" the", " cat", " dog", " sat")  # whole-word tokens: a leading space merges into them

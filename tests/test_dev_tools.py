@@ -1,12 +1,12 @@
 """The developer tools stay apart from the pipeline: no stage's import closure (the scan behind
-dvc.yaml's code deps, lockstep.codeid) reaches a module of lockstep.dev, and no library module
+dvc.yaml's code deps, lockstep.core.codeid) reaches a module of lockstep.dev, and no library module
 outside it imports one, so that editing a generator or a checker reruns no stage."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from lockstep.codeid import module_files
+from lockstep.core.codeid import module_files
 from lockstep.dev.dvcdeps import project_roots, stage_deps
 
 ROOT = Path(__file__).resolve().parents[1]

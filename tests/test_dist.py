@@ -40,10 +40,10 @@ def test_two_gloo_ranks_match_one_rank(tmp_path) -> None:
 
 
 def test_device_dtype_choice_says_why(monkeypatch) -> None:
-    from lockstep.runtime import RuntimeConfig, choose_device_dtype, init_runtime, torchrun_argv
+    from lockstep.core.runtime import RuntimeConfig, choose_device_dtype, init_runtime, torchrun_argv
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    import lockstep.runtime as runtime_mod
+    import lockstep.core.runtime as runtime_mod
 
     monkeypatch.setattr(runtime_mod, "cpu_has_native_bf16", lambda: True)
     dev, dt, why = choose_device_dtype("auto", "auto")

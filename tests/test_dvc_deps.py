@@ -1,5 +1,5 @@
 """dvc.yaml stays honest and a stage's identity follows what it imports: every stage lists exactly
-the project files its entry module can execute (lockstep.codeid), and the code revision in its
+the project files its entry module can execute (lockstep.core.codeid), and the code revision in its
 checkpoints moves when, and only when, one of those files changes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from lockstep.cli import app
-from lockstep.codeid import CodeScanError, code_revision, module_files
+from lockstep.core.codeid import CodeScanError, code_revision, module_files
 from lockstep.dev.dvcdeps import DepsError, problems, project_roots, rewrite, stage_deps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def test_scan_follows_from_imports_function_level_imports_and_parent_packages(tm
 def test_code_revision_is_per_stage() -> None:
     # The report stage runs no model code: a model edit must not rename the report's code.
     report = {p.name for p in module_files("stages.report")}
-    assert "model.py" not in report
+    assert "gpt.py" not in report
     assert code_revision("stages.report") != code_revision("stages.pretrain")
     assert code_revision("stages.pretrain") == code_revision("stages.pretrain")
     with pytest.raises(CodeScanError, match="not found"):
@@ -77,18 +77,18 @@ def test_check_names_missing_and_extra_files_and_write_fixes_them(tmp_path: Path
     text = dvc_yaml.read_text()
     # Drop the model from pretrain's deps, and list the report module where the tokenizer never imports it.
     pretrain_block = text.index("\n  pretrain:")
-    cut = text.index("      - lib/lockstep/model.py\n", pretrain_block)
-    text = text[:cut] + text[cut:].replace("      - lib/lockstep/model.py\n", "", 1)
+    cut = text.index("      - lib/lockstep/model/gpt.py\n", pretrain_block)
+    text = text[:cut] + text[cut:].replace("      - lib/lockstep/model/gpt.py\n", "", 1)
     tok = text.index("\n  tokenizer:")
     at = text.index("      - stages/tokenizer.py\n", tok)
-    text = text[:at] + "      - lib/lockstep/report.py  # not imported\n" + text[at:]
+    text = text[:at] + "      - lib/lockstep/pipeline/report.py  # not imported\n" + text[at:]
     dvc_yaml.write_text(text)
     found = problems(dvc_yaml)
-    assert "pretrain: imports but does not list lib/lockstep/model.py" in found
-    assert "tokenizer: lists but does not import lib/lockstep/report.py" in found
+    assert "pretrain: imports but does not list lib/lockstep/model/gpt.py" in found
+    assert "tokenizer: lists but does not import lib/lockstep/pipeline/report.py" in found
 
     result = CliRunner().invoke(app, ["dev", "deps", "--dvc-yaml", str(dvc_yaml)])
-    assert result.exit_code == 1 and "lib/lockstep/model.py" in result.output
+    assert result.exit_code == 1 and "lib/lockstep/model/gpt.py" in result.output
 
     fixed = rewrite(dvc_yaml)
     dvc_yaml.write_text(fixed)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from _scratch_repo import BIN, git_commit_all, preset_copy, run_in
-from lockstep.report import read_series
+from lockstep.pipeline.report import read_series
 
 
 @pytest.mark.e2e
@@ -64,7 +64,7 @@ def test_smoke_pipeline_end_to_end(tmp_path: Path) -> None:
 
     # A comment in a module only the tokenizer stage imports reruns that stage alone, and the
     # DAG stops there: the tokenizer it writes is byte-identical, so nothing downstream changed.
-    pipeline = work / "lib" / "lockstep" / "tokenizer" / "pipeline.py"
+    pipeline = work / "lib" / "lockstep" / "pipeline" / "tokenizer.py"
     pipeline.write_text(pipeline.read_text() + "\n# A comment changes no result.\n")
     assert set(json.loads(run_in([dvc, "status", "--json"], work, 120).stdout)) == {"tokenizer"}
     edited = run_in([dvc, "repro"], work, 600)

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from _scratch_repo import BIN, git_commit_all, preset_copy, run_in
-from lockstep import checkpoint as ckpt
-from lockstep.engine import Engine
+from lockstep.infer.engine import Engine
+from lockstep.model import checkpoint as ckpt
 from lockstep.tokenizer import load_tokenizer
 
 

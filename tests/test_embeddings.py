@@ -10,17 +10,17 @@ import pytest
 import torch
 
 from _text_corpus import CORPUS
-from lockstep import checkpoint as ckpt
-from lockstep.config import ConfigError
-from lockstep.engine import Engine
-from lockstep.embeddings import EMBEDDINGS, NO_BYTE_ROW
-from lockstep.model import GPT, GPTConfig
-from lockstep.optim import split_params
+from lockstep.core.config import ConfigError
+from lockstep.infer.engine import Engine
+from lockstep.model import checkpoint as ckpt
+from lockstep.model.embeddings import EMBEDDINGS, NO_BYTE_ROW
+from lockstep.model.gpt import GPT, GPTConfig
+from lockstep.pipeline.train import token_structure
 from lockstep.tokenizer.kinds import train_tokenizer
 from lockstep.tokenizer.lz78.train import from_dictionary
 from lockstep.tokenizer.lz78.train import train as train_lz78_tokenizer
 from lockstep.tokenizer.lz78.tsv import CompressedDictionary, write_compressed_tsv
-from lockstep.train_stage import token_structure
+from lockstep.train.optim import split_params
 
 
 def config(vocab: int, embedding: str) -> GPTConfig:

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from _tiny_model import randomize, tiny_gpt
-from lockstep.decode import draw
-from lockstep.engine import Engine, KVCache, sample_next
-from lockstep.model import GPT, GPTConfig
-from lockstep.sampling import GREEDY_TEMPERATURE, is_greedy
+from lockstep.infer.decode import draw
+from lockstep.infer.engine import Engine, KVCache, sample_next
+from lockstep.infer.sampling import GREEDY_TEMPERATURE, is_greedy
+from lockstep.model.gpt import GPT, GPTConfig
 
 
 def random_model(seed: int = 0, **kw) -> GPT:

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from lockstep.bpb import measure_bpb
 from lockstep.evaluate.core import (
     CoreTask,
     centered,
@@ -19,6 +18,7 @@ from lockstep.evaluate.core import (
     load_core_tasks,
     render_item,
 )
+from lockstep.train.bpb import measure_bpb
 from _eval_helpers import VOCAB, BigramModel, CharTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,13 +12,13 @@ import pytest
 import yaml
 
 from _tiny_model import tiny_gpt
-from lockstep.checkpoint import save_checkpoint
-from lockstep.config import ConfigError, FieldError, build_config
+from lockstep.core.config import ConfigError, FieldError, build_config
+from lockstep.core.runtime import RuntimeConfig, init_runtime
+from lockstep.data.snapshot import SnapshotError
+from lockstep.data.sources import SOURCE_CONFIGS, dclm_core, fetch_source
 from lockstep.evaluate.core import load_core_tasks
-from lockstep.evaluate.run import EvalConfig, EvalPaths, check_inputs, core_tasks_source, run_eval_stage
-from lockstep.runtime import RuntimeConfig, init_runtime
-from lockstep.snapshot import SnapshotError
-from lockstep.sources import SOURCE_CONFIGS, dclm_core, fetch_source
+from lockstep.model.checkpoint import save_checkpoint
+from lockstep.pipeline.eval import EvalConfig, EvalPaths, check_inputs, core_tasks_source, run_eval_stage
 from lockstep.tokenizer.kinds import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from _tiny_model import randomize, tiny_gpt
-from lockstep.cache import CacheError
-from lockstep.cache_build import build_pretrain_cache, build_sft_cache
-from lockstep.checkpoint import save_checkpoint
-from lockstep.config import FieldError, build_config
-from lockstep.engine import Engine
-from lockstep.evaluate.run import EvalConfig, EvalPaths, make_generate, run_eval_stage
-from lockstep.runtime import RuntimeConfig, init_runtime
+from lockstep.core.config import FieldError, build_config
+from lockstep.core.runtime import RuntimeConfig, init_runtime
+from lockstep.data.cache import CacheError
+from lockstep.data.cache_build import build_pretrain_cache, build_sft_cache
+from lockstep.infer.engine import Engine
+from lockstep.model.checkpoint import save_checkpoint
+from lockstep.pipeline.eval import EvalConfig, EvalPaths, make_generate, run_eval_stage
 from lockstep.tokenizer.kinds import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,8 +193,9 @@ def test_an_eval_stage_whose_decode_compile_fails_finishes_with_the_reference_re
     import functools
     import logging
 
-    from lockstep import decode, engine, fastpath
-    from lockstep.evaluate import run as eval_run
+    from lockstep.core import fastpath
+    from lockstep.infer import decode, engine
+    from lockstep.pipeline import eval as eval_run
 
     tok = train_tokenizer("byte", [TEXT])
     tok.save(tmp_path / "tokenizer")
@@ -224,7 +225,7 @@ def test_an_eval_stage_whose_decode_compile_fails_finishes_with_the_reference_re
 
     monkeypatch.setattr(eval_run, "decode_settings", lambda *a, **k: {"fast": True, "dtype": None, "compile_step": True})
     monkeypatch.setattr(engine, "compile_step", functools.partial(decode.compile_step, backend=broken))
-    with caplog.at_level(logging.WARNING, logger="lockstep.fastpath"):
+    with caplog.at_level(logging.WARNING, logger="lockstep.core.fastpath"):
         fell_back = run("fell_back")
     assert fell_back[0] == reference[0] and fell_back[1] == reference[1]
     assert any(name.startswith("chat_") for name in reference[1])  # the generations are compared

@@ -1,4 +1,4 @@
-"""lockstep.exp_summary (`lockstep exp summary`): the seed-sweep summary of DVC experiments, on
+"""lockstep.tools.exp_summary (`lockstep exp summary`): the seed-sweep summary of DVC experiments, on
 real `dvc exp show --json` captures (tests/fixtures/exp_show/, made by tests/_exp_toy.py) and, in
 the slow test, on a toy git + DVC project built and run here."""
 
@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from _exp_toy import DVC, exp_run, make_project, toy_env
 from lockstep.cli import app
-from lockstep.exp_summary import (
+from lockstep.tools.exp_summary import (
     DvcNotFoundError,
     ExpShowError,
     NoMetricsError,

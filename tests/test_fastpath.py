@@ -1,4 +1,4 @@
-"""lockstep.fastpath: a fast path that raises is answered by its reference path, once warned, for
+"""lockstep.core.fastpath: a fast path that raises is answered by its reference path, once warned, for
 the rest of the process; what each part did is counted for the run facts, compiles included."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from lockstep import fastpath
+from lockstep.core import fastpath
 
 
 def _fails(message: str = "inductor: boom"):
@@ -38,7 +38,7 @@ def test_a_failing_fast_path_falls_back_once_with_one_warning(caplog: pytest.Log
         calls.append("fast")
         return compiled(torch.ones(2))
 
-    with caplog.at_level(logging.WARNING, logger="lockstep.fastpath"):
+    with caplog.at_level(logging.WARNING, logger="lockstep.core.fastpath"):
         got = [fastpath.call("chunk_bodies", fast, lambda: "reference") for _ in range(4)]
     assert got == ["reference"] * 4 and calls == ["fast"]  # tried once, never again
     assert not fastpath.enabled("chunk_bodies")
@@ -52,7 +52,7 @@ def test_a_failing_fast_path_falls_back_once_with_one_warning(caplog: pytest.Log
 
 def test_a_fallback_after_fast_results_says_the_run_is_mixed(caplog: pytest.LogCaptureFixture) -> None:
     fastpath.call("decode_compiled", lambda: 1, lambda: 2)
-    with caplog.at_level(logging.WARNING, logger="lockstep.fastpath"):
+    with caplog.at_level(logging.WARNING, logger="lockstep.core.fastpath"):
         assert fastpath.call("decode_compiled", _fails("recompile failed\nTraceback ..."), lambda: 2) == 2
     assert "answered 1 call(s) already" in caplog.text and "equal neither" in caplog.text
     facts = fastpath.facts()["decode_compiled"]

@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _fineweb_shards import no_thread_shutdown_sleep, write_shards
-import lockstep.snapshot as snapshot
-from lockstep.config import build_config
-from lockstep.io import canonical_json
-from lockstep.sources import SOURCE_CONFIGS, fetch_source
-from lockstep.sources.common import SourceFormatError, dataset_rows, parquet_tables
-from lockstep.sources.shards import STATE_FILE, window_shuffle, window_shuffle_tables
-from lockstep.snapshot import BadRecordError, document_lines, documents_ok, schema_for
+import lockstep.data.snapshot as snapshot
+from lockstep.core.config import build_config
+from lockstep.core.io import canonical_json
+from lockstep.data.snapshot import BadRecordError, document_lines, documents_ok, schema_for
+from lockstep.data.sources import SOURCE_CONFIGS, fetch_source
+from lockstep.data.sources.common import SourceFormatError, dataset_rows, parquet_tables
+from lockstep.data.sources.shards import STATE_FILE, window_shuffle, window_shuffle_tables
 
 PART_BYTES = 2_000  # parts close inside shuffle windows
 N_SHARDS, DOCS_PER_SHARD = 3, 60

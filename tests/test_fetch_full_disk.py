@@ -18,9 +18,9 @@ import yaml
 from _cache_stage import one_error_line, tree
 from _fineweb_shards import no_thread_shutdown_sleep, write_shards
 from _procs import run_with_file_size_limit, stage_env
-from lockstep.config import build_config
-from lockstep.snapshot import SnapshotError
-from lockstep.sources import SOURCE_CONFIGS, fetch_source
+from lockstep.core.config import build_config
+from lockstep.data.snapshot import SnapshotError
+from lockstep.data.sources import SOURCE_CONFIGS, fetch_source
 
 DEV_FULL = Path("/dev/full")
 pytestmark = pytest.mark.skipif(not DEV_FULL.exists(), reason="needs /dev/full (Linux) to fail writes with ENOSPC")

@@ -19,13 +19,13 @@ import torch
 import yaml
 
 from _fineweb_shards import no_thread_shutdown_sleep, write_shards
-import lockstep.sources.common as common
-import lockstep.sources.fineweb_edu as fineweb_edu
-from lockstep.config import build_config
-from lockstep.sources import SOURCE_CONFIGS, fetch_source, iter_records
-from lockstep.sources.common import SourceUnavailableError
-from lockstep.sources.shards import STATE_FILE, WORK_DIR, window_shuffle
-from lockstep.snapshot import SnapshotError
+import lockstep.data.sources.common as common
+import lockstep.data.sources.fineweb_edu as fineweb_edu
+from lockstep.core.config import build_config
+from lockstep.data.snapshot import SnapshotError
+from lockstep.data.sources import SOURCE_CONFIGS, fetch_source, iter_records
+from lockstep.data.sources.common import SourceUnavailableError
+from lockstep.data.sources.shards import STATE_FILE, WORK_DIR, window_shuffle
 
 ROOT = Path(__file__).resolve().parents[1]
 PART_BYTES = 2_000  # many small parts, so a kill lands between and inside them
@@ -82,9 +82,9 @@ def test_sigkill_mid_part_then_resume_gives_the_same_bytes(tmp_path, reference, 
     # Kill the fetching process outright (no cleanup runs) at the 70th record, inside a part.
     script = textwrap.dedent(f"""
         import os, signal, sys
-        import lockstep.snapshot as snapshot
-        from lockstep.config import build_config
-        from lockstep.sources import SOURCE_CONFIGS, fetch_source
+        import lockstep.data.snapshot as snapshot
+        from lockstep.core.config import build_config
+        from lockstep.data.sources import SOURCE_CONFIGS, fetch_source
         real_add, calls = snapshot.SnapshotWriter.add, [0]
         def add(self, *a, **k):
             calls[0] += 1

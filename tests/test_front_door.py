@@ -16,11 +16,11 @@ import yaml
 from typer.testing import CliRunner
 
 from _tiny_model import randomize, tiny_gpt
-from lockstep.checkpoint import MANIFEST_FILE, META_FILE, save_checkpoint
 from lockstep.cli import app as cli_app
-from lockstep.config import ConfigError, build_config
-from lockstep.io import sha256_file
-from lockstep.runtime import DeviceError, RuntimeConfig, device_from_name
+from lockstep.core.config import ConfigError, build_config
+from lockstep.core.io import sha256_file
+from lockstep.core.runtime import DeviceError, RuntimeConfig, device_from_name
+from lockstep.model.checkpoint import MANIFEST_FILE, META_FILE, save_checkpoint
 from lockstep.tokenizer.kinds import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,12 +15,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from lockstep.dev import hub_samples as hs
 from lockstep.cli import app
-from lockstep.config import build_config
-from lockstep.records import problem_to_conversation
-from lockstep.sources import SOURCE_CONFIGS, SourceFormatError, fetch_source, iter_records
-from lockstep.sources.gsm8k import final_answer
+from lockstep.core.config import build_config
+from lockstep.data.records import problem_to_conversation
+from lockstep.data.sources import SOURCE_CONFIGS, SourceFormatError, fetch_source, iter_records
+from lockstep.data.sources.gsm8k import final_answer
+from lockstep.dev import hub_samples as hs
 
 ROOT = Path(__file__).resolve().parents[1]
 HUB = ROOT / "corpus" / "hub"

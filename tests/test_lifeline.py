@@ -1,4 +1,4 @@
-"""A stage ends with the process that launched it (lockstep.lifeline, armed by stages._common.entry):
+"""A stage ends with the process that launched it (lockstep.core.lifeline, armed by stages._common.entry):
 a stage-like program run through the real entry point under a real `dvc repro`, or as the ranks of
 a real torchrun, is gone within seconds of its launcher's SIGKILL and publishes nothing; started by
 hand it outlives its parent; a launcher that died while the stage was starting stops it at once.
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from _procs import BIN, alive, gone_within, stage_env, wait_for_pid
-from lockstep import lifeline
+from lockstep.core import lifeline
 
 # The stage: entry() around a main that says it runs, then works far longer than any test waits,
 # then "publishes".
@@ -94,7 +94,7 @@ def test_a_stage_that_re_ran_itself_under_torchrun_stops_torchrun_and_its_ranks(
     (tmp_path / "rank.py").write_text(STAGE)
     (tmp_path / "stage.py").write_text(textwrap.dedent("""\
         import logging
-        from lockstep.runtime import RuntimeConfig
+        from lockstep.core.runtime import RuntimeConfig
         from stages._common import Preamble, entry
         from stages._runtime import start_runtime
 
@@ -134,7 +134,7 @@ def test_a_launcher_gone_before_the_lifeline_is_armed_stops_the_stage_at_once(tm
     seconds of imports: a launcher that died in between stops it as soon as it is armed."""
     program = textwrap.dedent("""\
         import os, sys, time
-        from lockstep import lifeline
+        from lockstep.core import lifeline
         links = lifeline.ancestry()
         print("read", flush=True)
         while os.getppid() == links[0]:  # the imports, during which the launcher is killed

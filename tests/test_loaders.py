@@ -8,16 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lockstep.cache import CacheError
-from lockstep.cache_build import build_pretrain_cache, build_sft_cache
-from lockstep.loaders import (
+from lockstep.data.cache import CacheError
+from lockstep.data.cache_build import build_pretrain_cache, build_sft_cache
+from lockstep.data.loaders import (
     Mixture,
     PretrainTokenStreamDataset,
     SFTExampleDataset,
     ShardedTokenLoader,
     open_sft_dataset,
 )
-from lockstep.model import IGNORE_INDEX
+from lockstep.model.gpt import IGNORE_INDEX
 from lockstep.tokenizer.kinds import train_tokenizer
 
 

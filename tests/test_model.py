@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from _tiny_model import randomize, tiny_config
-from lockstep import kernels, ops
-from lockstep.config import ConfigError
-from lockstep.model import GPT, IGNORE_INDEX, GPTConfig, attend, cross_entropy
+from lockstep.core.config import ConfigError
+from lockstep.model import kernels, ops
+from lockstep.model.gpt import GPT, IGNORE_INDEX, GPTConfig, attend, cross_entropy
 
 
 def tiny(**kw) -> GPTConfig:

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import stages._runtime as stage_runtime
-from lockstep.config import ConfigError, build_config
-from lockstep.runtime import Runtime, RuntimeConfig, split_endpoint, torchrun_argv
+from lockstep.core.config import ConfigError, build_config
+from lockstep.core.runtime import Runtime, RuntimeConfig, split_endpoint, torchrun_argv
 from stages._common import Preamble
 from test_train import _cfg, _fit, _model
 

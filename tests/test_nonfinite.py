@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from _tiny_model import tiny_gpt
-from lockstep.checkpoint import list_checkpoints, load_checkpoint
-from lockstep.model import GPT
-from lockstep.optim import OptimConfig
-from lockstep.rl import RLConfig, Rollouts, train_rl
-from lockstep.runtime import Runtime
-from lockstep.train import ModelParams, NonFiniteError, TrainConfig, Trainer, Validation
+from lockstep.core.runtime import Runtime
+from lockstep.model.checkpoint import list_checkpoints, load_checkpoint
+from lockstep.model.gpt import GPT
+from lockstep.rl.loop import RLConfig, Rollouts, train_rl
+from lockstep.train.optim import OptimConfig
+from lockstep.train.trainer import ModelParams, NonFiniteError, TrainConfig, Trainer, Validation
 
 V, T = 64, 32
 ACCUM = 2  # micro-batches per step in _cfg: batch_tokens / (device_batch_rows * T)
@@ -151,7 +151,7 @@ def _rl(model: GPT, tok, monkeypatch: pytest.MonkeyPatch, on_step=None, **kw):
     """train_rl on fixed rollouts (one rewarded, one not), so every step has an update."""
     prompt, good, bad = tok.encode("Q: 2+2? A:"), tok.encode("#### 4"), tok.encode("#### 5")
     fixed = Rollouts([prompt, prompt], [good, bad], [[1] * len(good), [1] * len(bad)], [1.0, 0.0], [0.5, -0.5])
-    monkeypatch.setattr("lockstep.rl.rollout", lambda *a, **k: fixed)
+    monkeypatch.setattr("lockstep.rl.loop.rollout", lambda *a, **k: fixed)
     cfg = RLConfig(num_steps=3, problems_per_step=1, group_size=2, max_new_tokens=2, device_batch_rows=2,
                    eval_every_steps=0, eval_problems=1, pass_k=1, **kw)
     problems = [{"question": "2+2?", "answer": "#### 4"}]

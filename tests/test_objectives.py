@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lockstep.model import GPT, IGNORE_INDEX, GPTConfig, cross_entropy
-from lockstep.objectives import (PAD_ID, AncestorTableError, build, check_ancestor_table, cross_entropy_objective,
-                                 model_prefix_smooth_loss, prefix_smooth_loss)
+from lockstep.model.gpt import GPT, IGNORE_INDEX, GPTConfig, cross_entropy
 from lockstep.tokenizer.prefix_tree import prefix_tree
+from lockstep.train.objectives import (PAD_ID, AncestorTableError, build, check_ancestor_table, cross_entropy_objective,
+                                       model_prefix_smooth_loss, prefix_smooth_loss)
 
 # "a", "ab", "abc": a chain of three tokens, each the parent of the next
 CHAIN3 = [b"a", b"ab", b"abc"]
@@ -262,10 +262,10 @@ def test_model_fast_path_under_bf16_autocast_is_fp32_and_close(kernels):
 
 
 def test_build_picks_the_objective_once():
-    from lockstep.config import ConfigError
+    from lockstep.core.config import ConfigError
+    from lockstep.pipeline.train import build_objective
     from lockstep.tokenizer import NoPrefixTreeError
-    from lockstep.train import TrainConfig
-    from lockstep.train_stage import build_objective
+    from lockstep.train.trainer import TrainConfig
 
     class Tree:
         ancestors = np.array([[PAD_ID, PAD_ID], [0, PAD_ID], [1, 0]])  # 2 -> 1 -> 0

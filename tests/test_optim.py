@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from lockstep.optim import AdamW, Muon, OptimConfig, build_optimizers, muon_momentum, orthogonalize, split_params
+from lockstep.train.optim import AdamW, Muon, OptimConfig, build_optimizers, muon_momentum, orthogonalize, split_params
 
 
 def test_adamw_matches_torch_plain_loop_and_resumes_from_its_state_dict() -> None:

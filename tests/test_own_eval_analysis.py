@@ -14,11 +14,11 @@ import torch
 from typer.testing import CliRunner
 
 from _tiny_model import randomize, tiny_gpt
-from lockstep.checkpoint import save_checkpoint
 from lockstep.cli import app
 from lockstep.dev.own_eval_analysis import (analyse, analyse_categorical, analyse_core_task, choice_picks, find_task,
                                             gold_and_other_tokens, pair_agreement, render, summarise)
 from lockstep.evaluate import chat, core
+from lockstep.model.checkpoint import save_checkpoint
 from lockstep.tokenizer.kinds import train_tokenizer
 
 CPU = torch.device("cpu")

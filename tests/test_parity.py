@@ -12,13 +12,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from lockstep.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.cli import app
+from lockstep.core.io import canonical_json
+from lockstep.data.cache_build import build_pretrain_cache, build_sft_cache
+from lockstep.data.loaders import SFTExampleDataset
+from lockstep.data.parity import dump_first_batch
 from lockstep.dev.parity_files import write_dataset_snapshot, write_rendered_samples
-from lockstep.io import canonical_json
-from lockstep.loaders import SFTExampleDataset
-from lockstep.parity import dump_first_batch
-from lockstep.parity_diff import compare_artifacts, describe_text_difference
+from lockstep.tools.parity_diff import compare_artifacts, describe_text_difference
 
 
 class DoubleBos:
@@ -138,7 +138,7 @@ def test_data_inspect_cli(tok, tmp_path):
 def test_snapshot_hash_is_over_canonical_json_lines():
     import hashlib
 
-    from lockstep.parity import SnapshotCollector
+    from lockstep.data.parity import SnapshotCollector
 
     recs = [{"text": 'a "quoted"\n\u00e9 \\ line'}, {"text": "x", "id": "1"}, {"text": "\u2028 \ud7ff"}]
     col = SnapshotCollector(1)

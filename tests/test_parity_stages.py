@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.io import read_json, sha256_file
-from lockstep.parity_diff import compare_runs
-from lockstep.sources import fetch_source, iter_records
-from lockstep.sources.roam import RoamConfig
-from lockstep.snapshot import SnapshotWriter, first_records
-from lockstep.sources.synth_chat import SynthChatConfig
-from lockstep.sources.synth_math import SynthMathConfig
+from lockstep.core.io import read_json, sha256_file
+from lockstep.data.snapshot import SnapshotWriter, first_records
+from lockstep.data.sources import fetch_source, iter_records
+from lockstep.data.sources.roam import RoamConfig
+from lockstep.data.sources.synth_chat import SynthChatConfig
+from lockstep.data.sources.synth_math import SynthMathConfig
+from lockstep.pipeline.tokenizer import DOC_SAMPLE_TOKENS, TokenizerConfig, run_tokenizer_stage
 from lockstep.tokenizer import Tokenizer, load_tokenizer
-from lockstep.tokenizer.pipeline import DOC_SAMPLE_TOKENS, TokenizerConfig, run_tokenizer_stage
+from lockstep.tools.parity_diff import compare_runs
 
 NOTE = "# Note {i}\n\nIt's the note {i}: merges are learned from text like this, {n}.\n"
 
@@ -184,8 +184,8 @@ def test_compare_runs_names_a_chat_template_change(tmp_path: Path, monkeypatch: 
 def test_snapshot_hash_is_the_same_whatever_the_chunking(monkeypatch: pytest.MonkeyPatch) -> None:
     import hashlib
 
-    from lockstep import parity
-    from lockstep.io import canonical_json
+    from lockstep.core.io import canonical_json
+    from lockstep.data import parity
 
     records = [{"text": f"line {i} \u2019quoted\u2019"} for i in range(50)]
     records += [{"text": "x", "id": None}, {"question": "q", "answer": "a"}]

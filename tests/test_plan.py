@@ -1,4 +1,4 @@
-"""`lockstep plan` (lockstep.plan): parameter counts, FLOPs per token, memory and time against
+"""`lockstep plan` (lockstep.tools.plan): parameter counts, FLOPs per token, memory and time against
 hand computations for a small config; epochs from a built cache equal to the training stage's
 own count; the flags; the --json schema through the command line; the calibration's timed
 Trainer steps, compiled as the stage compiles them, apart from their warm-up, with their memory."""
@@ -17,13 +17,15 @@ import yaml
 from torch._dynamo.testing import CompileCounterWithBackend
 from typer.testing import CliRunner
 
-from lockstep import fastpath
-from lockstep import plan as plan_module
-from lockstep.cache_build import build_pretrain_cache
 from lockstep.cli import app
-from lockstep.loaders import PretrainTokenStreamDataset
-from lockstep.model import GPTConfig
-from lockstep.plan import (
+from lockstep.core import fastpath
+from lockstep.core.runtime import RuntimeConfig
+from lockstep.data.cache_build import build_pretrain_cache
+from lockstep.data.loaders import PretrainTokenStreamDataset
+from lockstep.model.gpt import GPTConfig
+from lockstep.pipeline.train import holding_of
+from lockstep.tools import plan as plan_module
+from lockstep.tools.plan import (
     DECODE_RATES,
     DEVICES,
     FLAG,
@@ -39,9 +41,7 @@ from lockstep.plan import (
     model_figures,
     render_text,
 )
-from lockstep.runtime import RuntimeConfig
-from lockstep.train import TrainConfig
-from lockstep.train_stage import holding_of
+from lockstep.train.trainer import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

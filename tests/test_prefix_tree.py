@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from lockstep.objectives import check_ancestor_table
 from lockstep.tokenizer import NoPrefixTreeError, load_tokenizer
-from lockstep.tokenizer.kinds import train_tokenizer
 from lockstep.tokenizer.base import TokenizerFileError
+from lockstep.tokenizer.kinds import train_tokenizer
 from lockstep.tokenizer.prefix_tree import NO_TOKEN, prefix_tree
+from lockstep.train.objectives import check_ancestor_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

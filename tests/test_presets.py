@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lockstep.cache_build import CacheConfig
-from lockstep.config import ConfigError
-from lockstep.evaluate.run import EvalConfig
-from lockstep.presets import PresetError, write_preset
-from lockstep.rl import RLConfig
-from lockstep.runtime import RuntimeConfig
-from lockstep.sources import SOURCE_CONFIGS
-from lockstep.tokenizer.pipeline import TokenizerConfig
-from lockstep.train import ModelParams, TrainConfig
+from lockstep.core.config import ConfigError
+from lockstep.core.runtime import RuntimeConfig
+from lockstep.data.cache_build import CacheConfig
+from lockstep.data.sources import SOURCE_CONFIGS
+from lockstep.pipeline.eval import EvalConfig
+from lockstep.pipeline.tokenizer import TokenizerConfig
+from lockstep.rl.loop import RLConfig
+from lockstep.tools.presets import PresetError, write_preset
+from lockstep.train.trainer import ModelParams, TrainConfig
 from stages._common import section
 
 ROOT = Path(__file__).resolve().parents[1]

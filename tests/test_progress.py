@@ -1,11 +1,11 @@
-"""Progress lines (lockstep.progress): logged by wall time, not by count; fixed fields; the ETA of a
+"""Progress lines (lockstep.core.progress): logged by wall time, not by count; fixed fields; the ETA of a
 resumed run counts only the work done since it started."""
 
 from __future__ import annotations
 
 import logging
 
-from lockstep.progress import Countdown, Progress
+from lockstep.core.progress import Countdown, Progress
 
 
 class Clock:
@@ -63,10 +63,10 @@ def test_rl_evaluation_and_rollouts_report_progress(tok, monkeypatch):
     """RL's held-out evaluation and its rollouts (minutes on a busy CPU) log countdown lines, one
     per batch of problems decoded together."""
     from _tiny_model import randomize, tiny_gpt
-    from lockstep import progress
-    from lockstep.config import build_config
-    from lockstep.engine import Engine
-    from lockstep.rl import RLConfig, pass_at_k, rollout
+    from lockstep.core import progress
+    from lockstep.core.config import build_config
+    from lockstep.infer.engine import Engine
+    from lockstep.rl.loop import RLConfig, pass_at_k, rollout
 
     model = randomize(tiny_gpt(seed=5, n_layer=2), seed=6).eval()
     problems = [{"question": f"{i}+1?", "answer": f"#### {i + 1}"} for i in range(3)]

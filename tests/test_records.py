@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lockstep.records import (
+from lockstep.data.records import (
     BadRecord,
     as_conversation,
     problem_to_conversation,

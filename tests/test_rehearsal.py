@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from _scratch_repo import BIN, git_commit_all, preset_copy, run_in
+from lockstep.data.records import as_conversation
+from lockstep.data.snapshot import iter_records
 from lockstep.evaluate.chat import CHATCORE_TASKS
-from lockstep.records import as_conversation
-from lockstep.snapshot import iter_records
 from lockstep.tokenizer import load_tokenizer
 
 HUB_SOURCES = {  # fetch key -> (local_splits read from the file names, or None for a stream; split rule)

@@ -12,12 +12,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from lockstep.dev import rehearsal
 from lockstep.cli import app
-from lockstep.evaluate.run import EvalConfig
-from lockstep.presets import write_preset
-from lockstep.sources import SOURCE_CONFIGS
-from lockstep.sources.hub import HubFields, local_splits
+from lockstep.data.sources import SOURCE_CONFIGS
+from lockstep.data.sources.hub import HubFields, local_splits
+from lockstep.dev import rehearsal
+from lockstep.pipeline.eval import EvalConfig
+from lockstep.tools.presets import write_preset
 from stages._common import section
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.report import (FEW_POINTS, QUANTITIES, build_report, describe_data, flatten, load_metrics, plan_charts,
-                             read_series, render_markdown)
-from lockstep.series import SeriesWriter
+from lockstep.core.series import SeriesWriter
+from lockstep.pipeline.report import (FEW_POINTS, QUANTITIES, build_report, describe_data, flatten, load_metrics, plan_charts,
+                                      read_series, render_markdown)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ENV = {"code revision": "abc123", "python": "3.11", "torch": "2.13.0"}
@@ -55,7 +55,7 @@ def run_files(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_series_are_named_by_stage_in_the_layout_the_stages_write(tmp_path: Path) -> None:
-    # The stages write with lockstep.series: <stage>/train.tsv and <stage>/val.tsv.
+    # The stages write with lockstep.core.series: <stage>/train.tsv and <stage>/val.tsv.
     plots = tmp_path / "plots"
     for stage, start in (("pretrain", 8.0), ("midtrain", 3.0), ("sft", 1.0)):
         writer = SeriesWriter(plots / stage, {"train": ("train_loss", "lr_mult"), "val": ("val_bpb",)})
@@ -300,15 +300,15 @@ def test_without_run_facts_each_stage_names_its_own_split() -> None:
 def test_unknown_series_stay_in_their_stage() -> None:
     charts = plan_charts({"grad_norm": {"pretrain": [(1.0, 2.0), (2.0, 1.0), (3.0, 0.5)], "sft": [(1.0, 1.0)]}})
     assert [(c.key, c.stages) for c in charts] == [("pretrain_grad_norm", ("pretrain",)), ("sft_grad_norm", ("sft",))]
-    assert charts[0].title == "pretrain: grad_norm\ndata not recorded (a series lockstep.report.QUANTITIES does not describe)"
+    assert charts[0].title == "pretrain: grad_norm\ndata not recorded (a series lockstep.pipeline.report.QUANTITIES does not describe)"
     assert charts[1].lines[0].change == "1 at step 1"
 
 
 def test_every_series_the_stages_write_is_catalogued() -> None:
     import re
 
-    from lockstep.rl import RLConfig, series_columns
-    from lockstep.train import SERIES_COLUMNS
+    from lockstep.rl.loop import RLConfig, series_columns
+    from lockstep.train.trainer import SERIES_COLUMNS
 
     def known(stage: str, column: str) -> bool:
         return any(re.fullmatch(q.pattern, column) and (not q.stages or stage in q.stages) for q in QUANTITIES)
@@ -322,8 +322,8 @@ def test_every_series_the_stages_write_is_catalogued() -> None:
 def test_dvc_plots_show_one_question_per_plot(repo_root: Path) -> None:
     import yaml
 
-    from lockstep.rl import RLConfig, series_columns
-    from lockstep.train import SERIES_COLUMNS
+    from lockstep.rl.loop import RLConfig, series_columns
+    from lockstep.train.trainer import SERIES_COLUMNS
 
     plots = yaml.safe_load((repo_root / "dvc.yaml").read_text())["plots"]
     for entry in plots:

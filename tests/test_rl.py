@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from _tiny_model import randomize, tiny_gpt
-from lockstep.config import ConfigError, build_config
-from lockstep.model import GPT
-from lockstep.model import IGNORE_INDEX
-from lockstep.rl import (RLConfig, Rollouts, _derived_seed, anchor_loss_backward, draw_problems, policy_loss_backward,
-                         prompt_ids, reference_completion, reference_results, reward, rollout, series_columns,
-                         tool_steps, train_rl)
-from lockstep.engine import Engine
+from lockstep.core.config import ConfigError, build_config
+from lockstep.infer.engine import Engine
+from lockstep.model.gpt import GPT
+from lockstep.model.gpt import IGNORE_INDEX
+from lockstep.rl.loop import (RLConfig, Rollouts, _derived_seed, anchor_loss_backward, draw_problems, policy_loss_backward,
+                              prompt_ids, reference_completion, reference_results, reward, rollout, series_columns,
+                              tool_steps, train_rl)
 
 
 def tiny_model(seed: int = 0) -> GPT:
@@ -224,7 +224,7 @@ def test_prompt_once_gives_the_plain_loss_and_gradients(tok, rows_per_pass):
 
 def test_prompt_once_passes_hold_one_prompt_each(tok, monkeypatch):
     """Passes break where the prompt changes and at rows_per_pass; each runs its prompt once."""
-    import lockstep.rl as rl_lib
+    import lockstep.rl.loop as rl_lib
 
     ro = _two_groups(tok)
     assert rl_lib._same_prompt_runs(ro, [0, 1, 2, 3, 5], 2) == [[0, 1], [2], [3, 5]]
@@ -330,8 +330,8 @@ def test_train_rl_keeps_a_frozen_reference_only_for_the_sft_anchor(tok, target, 
     def fake_anchor(model, anchor, cfg, *, device, generator, autocast=None, reference=None):
         seen.append(reference)
         return 0.0
-    monkeypatch.setattr("lockstep.rl.anchor_loss_backward", fake_anchor)
-    monkeypatch.setattr("lockstep.rl.reward", lambda text, answer: float(len(text) % 2))
+    monkeypatch.setattr("lockstep.rl.loop.anchor_loss_backward", fake_anchor)
+    monkeypatch.setattr("lockstep.rl.loop.reward", lambda text, answer: float(len(text) % 2))
     model = tiny_model(5)
     start = [p.detach().clone() for p in model.parameters()]
     cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": 8, "num_steps": 2,
@@ -366,7 +366,7 @@ def test_rollout_groups_share_a_prompt_and_center_rewards(tok):
 @pytest.mark.parametrize("mode", ["member", "baseline"])
 def test_greedy_rollout_joins_its_group_or_is_its_baseline(tok, mode, monkeypatch):
     model = tiny_model(5).eval()
-    monkeypatch.setattr("lockstep.rl.reward", lambda text, answer: float(len(text) % 2))  # a random model scores 0
+    monkeypatch.setattr("lockstep.rl.loop.reward", lambda text, answer: float(len(text) % 2))  # a random model scores 0
     cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": 8,
                                   "greedy_rollout": mode}, where="rl")
     problems = [{"question": "1+1?", "answer": "#### 2"}, {"question": "2+2?", "answer": "#### 4"}]
@@ -392,7 +392,7 @@ def test_greedy_rollout_joins_its_group_or_is_its_baseline(tok, mode, monkeypatc
 
 def test_group_std_advantage_divides_each_group_by_its_std(tok, monkeypatch):
     model = tiny_model(5).eval()
-    monkeypatch.setattr("lockstep.rl.reward", lambda text, answer: float(len(text) % 2))  # a random model scores 0
+    monkeypatch.setattr("lockstep.rl.loop.reward", lambda text, answer: float(len(text) % 2))  # a random model scores 0
     cfg = build_config(RLConfig, {"group_size": 8, "problems_per_step": 3, "max_new_tokens": 8,
                                   "advantage": "group_std"}, where="rl")
     problems = [{"question": q, "answer": "#### 2"} for q in ("1+1?", "2+2?", "3+3?")]
@@ -415,7 +415,7 @@ def test_group_std_advantage_divides_each_group_by_its_std(tok, monkeypatch):
 def test_rollout_credits_each_call_against_its_group_s_calls(tok, monkeypatch):
     model = tiny_model(5).eval()
     # one call per completion, on its first token, right when that token is even
-    monkeypatch.setattr("lockstep.rl.tool_steps", lambda ids, engine, results: [(range(0, 1), ids[0] % 2 == 0)])
+    monkeypatch.setattr("lockstep.rl.loop.tool_steps", lambda ids, engine, results: [(range(0, 1), ids[0] % 2 == 0)])
     cfg = build_config(RLConfig, {"group_size": 8, "problems_per_step": 2, "max_new_tokens": 8,
                                   "step_advantage": 0.5}, where="rl")
     problems = [{"question": q, "answer": "#### 2"} for q in ("1+1?", "3+3?")]
@@ -478,8 +478,8 @@ def test_reference_rollout_trains_the_solution_beside_an_unsolved_group_only(tok
     the step's mean reward stay as without it."""
     model = tiny_model(5).eval()
     # samples of the 2+2 problem are right at odd lengths; no sample of 1+1 is ever right
-    monkeypatch.setattr("lockstep.rl.reward", lambda text, answer: float(answer.endswith("4") and len(text) % 2))
-    monkeypatch.setattr("lockstep.rl.tool_steps", lambda ids, engine, results: [(range(0, 1), ids[0] % 2 == 0)])
+    monkeypatch.setattr("lockstep.rl.loop.reward", lambda text, answer: float(answer.endswith("4") and len(text) % 2))
+    monkeypatch.setattr("lockstep.rl.loop.tool_steps", lambda ids, engine, results: [(range(0, 1), ids[0] % 2 == 0)])
     cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": max_new_tokens,
                                   "step_advantage": 0.5, "reference_rollout": "unsolved"}, where="rl")
     engine = Engine(model, tok)
@@ -520,7 +520,7 @@ def test_a_trained_reference_is_the_cross_entropy_of_its_written_tokens(tok):
 def test_train_rl_learns_from_the_reference_where_every_sample_misses(tok, monkeypatch, reference):
     """Every sample scores 0: without the reference no group has an advantage and no update
     moves the weights; with it every step trains each problem's reference solution."""
-    monkeypatch.setattr("lockstep.rl.reward", lambda text, answer: 0.0)
+    monkeypatch.setattr("lockstep.rl.loop.reward", lambda text, answer: 0.0)
     model = tiny_model(5)
     start = [p.detach().clone() for p in model.parameters()]
     cfg = build_config(RLConfig, {"group_size": 2, "problems_per_step": 2, "max_new_tokens": 48, "num_steps": 2,

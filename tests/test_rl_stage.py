@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from _tiny_model import tiny_gpt
-from lockstep import checkpoint as ckpt
-from lockstep.model import GPT
-from lockstep.rl import Rollouts
-from lockstep.sources import SOURCE_CONFIGS, fetch_source
+from lockstep.data.sources import SOURCE_CONFIGS, fetch_source
+from lockstep.model import checkpoint as ckpt
+from lockstep.model.gpt import GPT
+from lockstep.rl.loop import Rollouts
 from lockstep.tokenizer.kinds import train_tokenizer
 
 
@@ -52,7 +52,7 @@ def test_nan_loss_publishes_nothing(rl_workspace: Path, repo_root: Path, monkeyp
     tok = train_tokenizer("byte", [])
     prompt, good, bad = tok.encode("Q: 2+2? A:"), tok.encode("#### 4"), tok.encode("#### 5")
     # Disagreeing completions, so the step has an update whose loss can go NaN.
-    monkeypatch.setattr("lockstep.rl.rollout", lambda *a, **k: Rollouts(
+    monkeypatch.setattr("lockstep.rl.loop.rollout", lambda *a, **k: Rollouts(
         [prompt, prompt], [good, bad], [[1] * len(good), [1] * len(bad)], [1.0, 0.0], [0.5, -0.5]))
     real_forward = GPT.forward
 
@@ -83,7 +83,7 @@ def test_ctrl_c_says_a_rerun_starts_over(rl_workspace: Path, repo_root: Path, mo
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("lockstep.rl_stage.train_rl", ctrl_c)
+    monkeypatch.setattr("lockstep.pipeline.rl.train_rl", ctrl_c)
     assert entry(lambda: rl.main(_args(rl_workspace)), errors=rl.STAGE_ERRORS) == 130
     assert capsys.readouterr().err == ("interrupted: rl keeps no intermediate checkpoints, so nothing was saved; "
                                        f"`dvc repro` runs it again from {rl_workspace / 'sft'}\n")
@@ -118,7 +118,7 @@ def test_outputs_and_series_repeat_byte_for_byte(rl_workspace: Path, repo_root: 
 def test_each_step_makes_updates_per_step_updates_of_whole_groups(rl_workspace: Path, repo_root: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(repo_root))
-    from lockstep import rl as rl_lib
+    from lockstep.rl import loop as rl_lib
     from stages import rl
 
     root = rl_workspace
@@ -170,8 +170,8 @@ def test_anchor_conversations_join_every_update(rl_workspace: Path, repo_root: P
     # rl.anchor: an SFT cache's train conversations add their loss to each update, and the series
     # says how large it was. Without --cache, or naming no SFT cache, one error says what to fix.
     monkeypatch.syspath_prepend(str(repo_root))
-    from lockstep import rl as rl_lib
-    from lockstep.cache_build import build_sft_cache
+    from lockstep.data.cache_build import build_sft_cache
+    from lockstep.rl import loop as rl_lib
     from lockstep.tokenizer import load_tokenizer
     from stages import rl
 

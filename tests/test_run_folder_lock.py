@@ -1,4 +1,4 @@
-"""The run folder's lock (lockstep.resume.hold_run_dir) over the ranks of a job: when another
+"""The run folder's lock (lockstep.train.resume.hold_run_dir) over the ranks of a job: when another
 process holds the folder, rank 0 finds out and every rank stops with the same line naming it,
 none left waiting in a collective; once the holder is SIGKILLed the kernel has dropped its lock
 and the job takes the folder. The stage-level behaviour (one line, nothing touched) is in
@@ -14,8 +14,8 @@ import torch
 import torch.multiprocessing as mp
 
 from _gloo import free_port, gloo_rank
-from lockstep.resume import LOCK_FILE, RunFolderInUseError, hold_run_dir
-from lockstep.runtime import Runtime
+from lockstep.core.runtime import Runtime
+from lockstep.train.resume import LOCK_FILE, RunFolderInUseError, hold_run_dir
 
 
 def _hold(run_dir: str, ready, release) -> None:

@@ -1,4 +1,4 @@
-"""lockstep.runinfo, the one writer of every stage's run facts: what it adds to a stage's own
+"""lockstep.core.runinfo, the one writer of every stage's run facts: what it adds to a stage's own
 facts, NaN as null, and canonical JSON on disk."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lockstep.runinfo import NUMERICS_KEY, numerics_differences, numerics_facts, write_runinfo
+from lockstep.core.runinfo import NUMERICS_KEY, numerics_differences, numerics_facts, write_runinfo
 
 
 def test_write_runinfo_adds_the_shared_facts_and_writes_canonical_json(tmp_path: Path) -> None:
@@ -51,7 +51,7 @@ def test_numerics_differences_name_each_fact_that_differs() -> None:
 
 
 def test_write_runinfo_records_what_each_fast_path_did(tmp_path: Path) -> None:
-    from lockstep import fastpath
+    from lockstep.core import fastpath
 
     assert write_runinfo(tmp_path / "none.json", {})["fast_paths"] == {}  # no part ran
     assert numerics_facts()["fast_paths"] == ""

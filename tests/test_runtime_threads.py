@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from lockstep.openmp import WAIT_POLICY, choose_wait_policy
-from lockstep.runtime import RuntimeConfig, init_runtime
+from lockstep.core.openmp import WAIT_POLICY, choose_wait_policy
+from lockstep.core.runtime import RuntimeConfig, init_runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,10 +19,10 @@ from test_engine import CAPPED_LOGITS, random_model
 from test_front_door import chat, random_ckpt, the_error_line  # noqa: F401  (random_ckpt: a fixture)
 from test_server import parse_sse, user
 
-from lockstep.chat import Delta, EngineBackend, SamplingSettings, run_chat
-from lockstep.engine import Engine, sample_next
-from lockstep.sampling import GREEDY_TEMPERATURE, TOP_P_FLOOR, nucleus_top_p
-from lockstep.server import ServerConfig, create_app
+from lockstep.infer.chat import Delta, EngineBackend, SamplingSettings, run_chat
+from lockstep.infer.engine import Engine, sample_next
+from lockstep.infer.sampling import GREEDY_TEMPERATURE, TOP_P_FLOOR, nucleus_top_p
+from lockstep.infer.server import ServerConfig, create_app
 from lockstep.tokenizer.kinds import train_tokenizer
 
 SUBNORMAL = 5e-324  # the smallest positive float64

@@ -1,4 +1,4 @@
-"""Derived seeds (lockstep.seeds): pinned values, so that moving a derivation behind the helper
+"""Derived seeds (lockstep.core.seeds): pinned values, so that moving a derivation behind the helper
 can never change a batch, a rollout or a held-out draw of an existing run."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import hashlib
 
 import torch
 
-from lockstep.rl import _derived_seed
-from lockstep.seeds import derive_seed, derived_generator
-from lockstep.train import batch_generator
+from lockstep.core.seeds import derive_seed, derived_generator
+from lockstep.rl.loop import _derived_seed
+from lockstep.train.trainer import batch_generator
 
 
 def _sha_seed(text: str) -> int:
@@ -42,7 +42,7 @@ def test_seeds_fit_a_generator_and_differ_by_part() -> None:
 def test_stream_seeds_are_the_former_formulas() -> None:
     """Sources (seed * 1_000_003 + i), eval draws per rank (seed * 7919 + rank)
     and cache splits (seed + offset) draw exactly what they drew before the helper."""
-    from lockstep.seeds import stream_generator, stream_seed
+    from lockstep.core.seeds import stream_generator, stream_seed
 
     assert stream_seed(42, 3) == 42 * 1_000_003 + 3
     assert stream_seed(42, 1, stride=7919) == 42 * 7919 + 1

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lockstep.model import GPT
-from lockstep.runtime import Runtime
-from lockstep.series import SeriesError, SeriesWriter, is_timed, read_series_file
-from lockstep.train import SERIES_COLUMNS, ModelParams, TrainConfig, Trainer, Validation
+from lockstep.core.runtime import Runtime
+from lockstep.core.series import SeriesError, SeriesWriter, is_timed, read_series_file
+from lockstep.model.gpt import GPT
+from lockstep.train.trainer import SERIES_COLUMNS, ModelParams, TrainConfig, Trainer, Validation
 
 COLUMNS = {"train": ("train_loss", "lr_mult"), "val": ("val_bpb",)}
 
@@ -79,7 +79,7 @@ def test_rows_that_do_not_fit_are_refused(tmp_path: Path) -> None:
 
 
 def test_training_series_hold_results_only(tmp_path: Path) -> None:
-    """What lockstep.train reports per step fits the declared columns: no timing reaches a file."""
+    """What lockstep.train.trainer reports per step fits the declared columns: no timing reaches a file."""
     V, T = 64, 16
 
     class Stream:

@@ -18,11 +18,11 @@ from test_chat import ScriptedEngine, byte_tokenizer, make_backend, script_for
 from test_engine import random_model
 from test_serving import serve_in_thread, wait_for
 
-from lockstep.chat import EngineBackend
-from lockstep.engine import Engine
-from lockstep.records import text_message
-from lockstep.server import ServerConfig, create_app, sse_event
-from lockstep.serving import ServingLimits
+from lockstep.data.records import text_message
+from lockstep.infer.chat import EngineBackend
+from lockstep.infer.engine import Engine
+from lockstep.infer.server import ServerConfig, create_app, sse_event
+from lockstep.infer.serving import ServingLimits
 
 
 def parse_sse(raw: str) -> list[str]:
@@ -360,7 +360,7 @@ def test_message_text_never_reaches_the_log(client, caplog):
 
 @contextlib.contextmanager
 def live_server(app, limits: ServingLimits | None = None) -> Iterator[str]:
-    """Serve `app` as `lockstep serve` does (uvicorn under lockstep.serving's guard) on a free
+    """Serve `app` as `lockstep serve` does (uvicorn under lockstep.infer.serving's guard) on a free
     127.0.0.1 port in a thread; yields the base URL."""
     with serve_in_thread(app, limits, lifespan="on", timeout_graceful_shutdown=2) as (port, _):
         yield f"http://127.0.0.1:{port}"

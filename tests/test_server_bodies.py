@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from test_chat import make_backend
 
-from lockstep.server import MAX_INT_DIGITS, ServerConfig, create_app
+from lockstep.infer.server import MAX_INT_DIGITS, ServerConfig, create_app
 
 JSON = {"content-type": "application/json"}
 HELLO = b'{"role": "user", "content": "hello"}'

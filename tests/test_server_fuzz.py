@@ -11,7 +11,7 @@ from schemathesis.checks import not_a_server_error  # noqa: E402
 from schemathesis.generation.modes import GenerationMode  # noqa: E402
 from test_chat import make_backend  # noqa: E402
 
-from lockstep.server import ServerConfig, create_app  # noqa: E402
+from lockstep.infer.server import ServerConfig, create_app  # noqa: E402
 
 
 def fuzz_schema():

@@ -1,4 +1,4 @@
-"""The connection guard of `lockstep serve` (lockstep.serving) against slow and abusive clients, on a
+"""The connection guard of `lockstep serve` (lockstep.infer.serving) against slow and abusive clients, on a
 live uvicorn on 127.0.0.1 with bounds of a second or less: header and body tricklers closed within
 their bound while /health keeps answering, the connection cap, the bounded log of accept errors
 (a child process out of descriptors), and the cap planned under the open-file limit."""
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.config import FieldError
-from lockstep.serving import (
+from lockstep.core.config import FieldError
+from lockstep.infer.serving import (
     ACCEPT_BURSTS_IN_FLIGHT,
     ARRIVAL_GRACE_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -197,7 +197,7 @@ def poll_health(port: int, stop: threading.Event, latencies_s: list[float], fail
 def test_tricklers_are_closed_within_their_bounds_while_health_answers(caplog):
     limits = ServingLimits(header_timeout_s=1.0, body_timeout_s=1.0, max_connections=200, log_interval_s=60)
     margin_s = 1.0
-    caplog.set_level(logging.WARNING, logger="lockstep.serving")
+    caplog.set_level(logging.WARNING, logger="lockstep.infer.serving")
     with serve_in_thread(tiny_app, limits) as (port, server):
         stop, latencies_s, failures = threading.Event(), [], []
         poller = threading.Thread(target=poll_health, args=(port, stop, latencies_s, failures), daemon=True)
@@ -227,7 +227,7 @@ def test_tricklers_are_closed_within_their_bounds_while_health_answers(caplog):
         gc.collect()
         assert [o for o in gc.get_objects() if type(o) is GuardedH11Protocol] == []
     # 50 timeouts: the first of each kind logged, the rest counted for the summary.
-    lines = [r.getMessage() for r in caplog.records if r.name == "lockstep.serving"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "lockstep.infer.serving"]
     assert len(lines) == 2 and "the request headers did not arrive within 1 s" in lines[0] and "body" in lines[1], lines
 
 
@@ -337,7 +337,7 @@ def test_at_the_cap_a_silent_connection_is_replaced_only_after_a_grace():
 
 CHILD = textwrap.dedent("""
     import logging, os, resource, socket, sys, threading, time
-    from lockstep.serving import ServingLimits, build_server, plan_connections
+    from lockstep.infer.serving import ServingLimits, build_server, plan_connections
 
     async def app(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
@@ -388,7 +388,7 @@ def test_accept_errors_are_logged_once_then_summarised_per_interval():
     lines = log_text.splitlines()
     assert "Too many open files (EMFILE)" in lines[0], log_text[:2000]
     # 3 s of failed accepts, at most one summary a second: thousands of tracebacks without the guard.
-    summary = "lockstep.serving in the last 1 s: 1 more accept EMFILE"
+    summary = "lockstep.infer.serving in the last 1 s: 1 more accept EMFILE"
     summaries = [line for line in lines[1:] if line.startswith(summary)]
     assert 1 <= len(summaries) <= 4 and len(lines) == 1 + len(summaries), log_text[:2000]
 
@@ -413,7 +413,7 @@ def test_the_cap_and_a_full_backlog_fit_under_the_open_file_limit():
 
 
 def test_the_soft_open_file_limit_is_raised_toward_the_hard_one():
-    code = ("import resource; from lockstep.serving import raise_fd_limit; "
+    code = ("import resource; from lockstep.infer.serving import raise_fd_limit; "
             "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE); "
             "resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard)); print(*raise_fd_limit())")
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=30,

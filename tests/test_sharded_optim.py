@@ -1,4 +1,4 @@
-"""Sharded optimizer state (lockstep.optim.ShardedAdamW, ShardedMuon) on 2 and 4 gloo ranks: the
+"""Sharded optimizer state (lockstep.train.optim.ShardedAdamW, ShardedMuon) on 2 and 4 gloo ranks: the
 weights equal a one-process run's (bit for bit where the order of float sums is the same), each
 rank holds about 1/world_size of the state, a NaN/inf step is skipped on every rank alike, and a
 checkpoint resumes on another number of ranks (the state is resharded) or is refused with both
@@ -15,12 +15,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from lockstep import resume
-from lockstep.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from lockstep.optim import (SHARD_ALIGN, OptimConfig, StateLayout, build_optimizers, matrix_owners, slice_ranges,
-                            state_layout)
+from lockstep.model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from lockstep.train import resume
+from lockstep.train.optim import (SHARD_ALIGN, OptimConfig, StateLayout, build_optimizers, matrix_owners, slice_ranges,
+                                  state_layout)
 from _gloo import free_port, gloo_rank
-from lockstep.runtime import Runtime
+from lockstep.core.runtime import Runtime
 from test_train import CPU, T, _cfg, _model, _trainer
 
 META = {"stage": "test", "code_revision": "test"}

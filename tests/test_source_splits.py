@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import lockstep.sources.gsm8k as gsm8k_mod
-from lockstep.config import ConfigError, build_config
-from lockstep.sources import SOURCE_CONFIGS, SourceFormatError, SplitLayoutError, fetch_source, iter_records, read_meta
-from lockstep.sources.hub import HubFields
+import lockstep.data.sources.gsm8k as gsm8k_mod
+from lockstep.core.config import ConfigError, build_config
+from lockstep.data.sources import SOURCE_CONFIGS, SourceFormatError, SplitLayoutError, fetch_source, iter_records, read_meta
+from lockstep.data.sources.hub import HubFields
 
 FIX = Path(__file__).parent / "fixtures" / "sources"
 

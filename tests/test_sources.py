@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lockstep.config import ConfigError, build_config
-from lockstep.records import problem_to_conversation, validate_conversation
-from lockstep.sources import SOURCE_CONFIGS, BadRecordError, SnapshotError, fetch_source, iter_records, read_meta
-from lockstep.sources.common import SourceUnavailableError, retrying_stream, with_retries
-from lockstep.sources.gsm8k import final_answer
-from lockstep.sources.shakespeare import PinMismatchError, plays_dir, split_scenes
+from lockstep.core.config import ConfigError, build_config
+from lockstep.data.records import problem_to_conversation, validate_conversation
+from lockstep.data.sources import SOURCE_CONFIGS, BadRecordError, SnapshotError, fetch_source, iter_records, read_meta
+from lockstep.data.sources.common import SourceUnavailableError, retrying_stream, with_retries
+from lockstep.data.sources.gsm8k import final_answer
+from lockstep.data.sources.shakespeare import PinMismatchError, plays_dir, split_scenes
 
 FIX = Path(__file__).parent / "fixtures" / "sources"
 

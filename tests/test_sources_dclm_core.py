@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.config import FieldError
+from lockstep.core.config import FieldError
+from lockstep.data.snapshot import BUNDLE_DIR, SnapshotError, open_bundle, read_meta
+from lockstep.data.sources import SourceFormatError, SourceUnavailableError, fetch_source
+from lockstep.data.sources import dclm_core
+from lockstep.data.sources.dclm_core import DclmCoreConfig
 from lockstep.evaluate.core import load_core_tasks
-from lockstep.snapshot import BUNDLE_DIR, SnapshotError, open_bundle, read_meta
-from lockstep.sources import SourceFormatError, SourceUnavailableError, fetch_source
-from lockstep.sources import dclm_core
-from lockstep.sources.dclm_core import DclmCoreConfig
 
 TASKS = {
     "mc": ("world_knowledge/mc.jsonl", "multiple_choice", 25,

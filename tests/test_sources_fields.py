@@ -16,8 +16,8 @@ import typing
 import pytest
 import yaml
 
-from lockstep.config import ConfigError, FieldError, build_config
-from lockstep.sources import SOURCE_CONFIGS
+from lockstep.core.config import ConfigError, FieldError, build_config
+from lockstep.data.sources import SOURCE_CONFIGS
 
 
 def _hint(source: str, name: str):
@@ -70,7 +70,7 @@ def _refused(source: str, key: str, value) -> str:
 
 
 def build_from_params(source: str, entry: dict):
-    from lockstep.sources.fields import source_config
+    from lockstep.data.sources.fields import source_config
 
     return source_config(SOURCE_CONFIGS[source], {"source": source, **entry}, where="fetch.x")
 
@@ -178,7 +178,7 @@ def test_fetch_stage_ends_a_bad_shuffle_buffer_in_one_error_line(fetch_workdir, 
 
 
 def test_direct_construction_with_null_names_the_field_not_a_type_error():
-    from lockstep.sources.fineweb_edu import FinewebEduConfig
+    from lockstep.data.sources.fineweb_edu import FinewebEduConfig
 
     with pytest.raises(FieldError, match=re.escape("shuffle_buffer=None must be an integer >= 1")):
         FinewebEduConfig(shuffle_buffer=None)

@@ -11,13 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import lockstep.sources.common as common
-from lockstep.config import build_config
-from lockstep.records import problem_to_conversation
-from lockstep.sources import SOURCE_CONFIGS, fetch_source, iter_records
-from lockstep.sources.common import SourceUnavailableError
-from lockstep.sources.fineweb_edu import SCHEMA, SchemaError
-from lockstep.sources.gsm8k import final_answer
+import lockstep.data.sources.common as common
+from lockstep.core.config import build_config
+from lockstep.data.records import problem_to_conversation
+from lockstep.data.sources import SOURCE_CONFIGS, fetch_source, iter_records
+from lockstep.data.sources.common import SourceUnavailableError
+from lockstep.data.sources.fineweb_edu import SCHEMA, SchemaError
+from lockstep.data.sources.gsm8k import final_answer
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""lockstep.kernels against the reference: the same model with kernels on and off gives the same
+"""lockstep.model.kernels against the reference: the same model with kernels on and off gives the same
 logits, losses and gradients to the tolerances stated here, each fast path matches its stock
 counterpart, and the threaded fused head is exact against one thread. Not a benchmark.
 
@@ -15,13 +15,13 @@ import torch.nn.functional as F
 from test_chat_model import write_tiny_checkpoint
 
 from _tiny_model import randomize, tiny_gpt
-from lockstep import kernels, ops
-from lockstep.chat import load_backend
-from lockstep.config import ConfigError, build_config
-from lockstep.engine import KVCache
-from lockstep.model import GPT
-from lockstep.ops import IGNORE_INDEX, KERNEL_OPS, REFERENCE_OPS, RMS_EPS
-from lockstep.runtime import RuntimeConfig, init_runtime
+from lockstep.core.config import ConfigError, build_config
+from lockstep.core.runtime import RuntimeConfig, init_runtime
+from lockstep.infer.chat import load_backend
+from lockstep.infer.engine import KVCache
+from lockstep.model import kernels, ops
+from lockstep.model.gpt import GPT
+from lockstep.model.ops import IGNORE_INDEX, KERNEL_OPS, REFERENCE_OPS, RMS_EPS
 
 
 def _model(vocab_size: int = 70, seed: int = 0, **kw) -> GPT:
@@ -160,6 +160,6 @@ def test_runtime_kernels_setting_is_checked_and_reaches_the_chat_model(tmp_path)
     fast_on_cpu = load_backend(ckpt, tok_dir, kernels=True).engine
     assert fast_on_cpu.model.ops is KERNEL_OPS
     # On the CPU kernels leave decoding on the reference engine path, in fp32; on CUDA they also
-    # switch on its static-cache path, in bf16 (lockstep.engine.decode_settings).
+    # switch on its static-cache path, in bf16 (lockstep.infer.engine.decode_settings).
     assert not fast_on_cpu.fast and fast_on_cpu.dtype is None
     assert all(p.dtype == torch.float32 for p in fast_on_cpu.model.parameters())

@@ -1,10 +1,12 @@
 """The stage layer's wiring rules, checked over every module under stages/: each stage that
 dvc.yaml gives a `params:` list takes `--params`, the file it reads them from (params.yaml by
-default), and each stage's list of one-line errors (STAGE_ERRORS) is a library module's ERRORS,
-so the library that raises an error is the one that says it is the user's to fix."""
+default), each stage's list of one-line errors (STAGE_ERRORS) is a library module's ERRORS, so
+the library that raises an error is the one that says it is the user's to fix, and each stage takes
+what it needs of the library from its own module of lockstep.pipeline alone."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
 import io
@@ -52,3 +54,21 @@ def test_a_stage_error_list_is_a_library_one(module: str, repo_root: Path, monke
               if name.startswith("lockstep") and getattr(mod, "ERRORS", None) is errors]
     assert owners, f"stages.{module}.STAGE_ERRORS is not any lockstep module's ERRORS"
     assert all(issubclass(e, Exception) for e in errors)
+
+
+# Which module of lockstep.pipeline holds a stage's work, where its name is not the stage's.
+PIPELINE_OF = {"pretrain": "train", "midtrain": "train", "sft": "train"}
+
+
+@pytest.mark.parametrize("module", sorted(_stages_with_params()))
+def test_a_stage_imports_the_library_through_its_pipeline_module(module: str) -> None:
+    """stages/X.py takes everything of lockstep from lockstep.pipeline.X (stages._common and
+    stages._runtime are the stage layer's own), so the pipeline module is the stage's whole
+    interface to the library."""
+    tree = ast.parse((ROOT / "stages" / f"{module}.py").read_text(encoding="utf-8"))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    own = f"lockstep.pipeline.{PIPELINE_OF.get(module, module)}"
+    others = sorted(m for m in imported if m.split(".")[0] == "lockstep" and m != own)
+    assert own in imported and not others, (f"stages/{module}.py imports {others or 'nothing of ' + own}; "
+                                            f"take what it needs from {own}")

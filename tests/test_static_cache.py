@@ -1,4 +1,4 @@
-"""The static-cache decode path (lockstep.decode, `Engine(fast=True)`) against the reference engine
+"""The static-cache decode path (lockstep.infer.decode, `Engine(fast=True)`) against the reference engine
 on tiny CPU models: greedy tokens equal token for token in fp32 (one row and several, rows that
 stop at different times, the calculator's forced tokens, many prompts sharing a batch); sampled
 tokens equal for the same seed (the device-side draw is the exponential race torch.multinomial
@@ -27,8 +27,9 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from _tiny_model import randomize, tiny_gpt
-from lockstep import decode, engine as engine_module, fastpath
-from lockstep.decode import (
+from lockstep.core import fastpath
+from lockstep.infer import decode, engine as engine_module
+from lockstep.infer.decode import (
     Sampling,
     StaticKVCache,
     StaticStep,
@@ -38,8 +39,8 @@ from lockstep.decode import (
     isolated_recompiles,
     sample_on_device,
 )
-from lockstep.engine import Engine, KVCache, decode_settings, sample_next
-from lockstep.model import GPT
+from lockstep.infer.engine import Engine, KVCache, decode_settings, sample_next
+from lockstep.model.gpt import GPT
 from test_engine import Planted, random_model
 
 
@@ -65,8 +66,8 @@ def talkative_tool_model(tok, seed: int = 7) -> Planted:
 
 
 def fastpath_warnings(caplog) -> list[str]:
-    """The warnings lockstep.fastpath logged: one per fast path that fell back."""
-    return [r.getMessage() for r in caplog.records if r.name == "lockstep.fastpath"]
+    """The warnings lockstep.core.fastpath logged: one per fast path that fell back."""
+    return [r.getMessage() for r in caplog.records if r.name == "lockstep.core.fastpath"]
 
 
 # -- greedy and sampled tokens against the reference engine --------------------------------------
@@ -394,7 +395,7 @@ def test_static_cache_decodes_uncaptured_when_capture_fails(tok, monkeypatch, ca
     ref, fast = Engine(model, tok), Engine(model, tok, fast=True)
     fast.cuda_graphs = True
     prompts = [tok.encode(t) for t in ["how much?", "q", "why?", "tell me more"]]
-    with caplog.at_level("WARNING", logger="lockstep.fastpath"):
+    with caplog.at_level("WARNING", logger="lockstep.core.fastpath"):
         assert fast.generate_greedy(prompts, max_tokens=20, batch_rows=2) == \
             ref.generate_greedy(prompts, max_tokens=20, batch_rows=2)
         kw = dict(num_samples=3, max_tokens=30, temperature=0.9, top_k=40, seed=1)
@@ -499,7 +500,7 @@ def test_static_cache_capture_registers_the_generator_where_torch_has_the_call(c
     assert GraphWithMarkedDeprecation.registered == []
     # a torch where it warns of its deprecation: called once, its warning logged once, then no more calls
     use(GraphWithDeprecatedRegistration)
-    with warnings.catch_warnings(record=True) as shown, caplog.at_level("INFO", logger="lockstep.decode"):
+    with warnings.catch_warnings(record=True) as shown, caplog.at_level("INFO", logger="lockstep.infer.decode"):
         warnings.simplefilter("always")
         for _ in range(3):
             graphs.capture(lambda: None, generator, torch.device("cpu"))
@@ -765,7 +766,7 @@ def test_static_cache_compile_that_fails_falls_back_to_the_eager_step(tok, monke
     ref, compiled = Engine(model, tok), Engine(model, tok, fast=True, compile_step=True)
     prompt = tok.encode("how much?")
     prompts = [tok.encode(t) for t in ["how much?", "q", "stop here.", "why?", "tell me more"]]
-    with caplog.at_level("WARNING", logger="lockstep.fastpath"):
+    with caplog.at_level("WARNING", logger="lockstep.core.fastpath"):
         kw = dict(num_samples=3, max_tokens=30, temperature=0.0)
         assert compiled.generate_batch(prompt, **kw) == ref.generate_batch(prompt, **kw)
         assert compiled.generate_greedy(prompts, max_tokens=20, batch_rows=3) == \

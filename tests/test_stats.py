@@ -1,11 +1,11 @@
-"""lockstep.stats: Wilson intervals, the item bootstrap for ratios, mean and spread across seeds."""
+"""lockstep.core.stats: Wilson intervals, the item bootstrap for ratios, mean and spread across seeds."""
 
 import math
 
 import numpy as np
 import pytest
 
-from lockstep.stats import bootstrap_ratio_interval, mean_std, seed_difference, wilson_interval
+from lockstep.core.stats import bootstrap_ratio_interval, mean_std, seed_difference, wilson_interval
 
 
 def test_wilson_matches_the_closed_form_values():

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.calculator import evaluate
-from lockstep.sources import fetch_source, iter_records, SOURCE_CONFIGS
-from lockstep.config import build_config
-from lockstep.records import problem_to_conversation
+from lockstep.core.config import build_config
+from lockstep.data.records import problem_to_conversation
+from lockstep.data.sources import fetch_source, iter_records, SOURCE_CONFIGS
+from lockstep.infer.calculator import evaluate
 
 
 @pytest.mark.parametrize("source", ["synth_chat", "synth_math"])

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from lockstep.io import sha256_of_manifest
+from lockstep.core.io import sha256_of_manifest
 from lockstep.tokenizer import TokenizerFileError, load_tokenizer
 from lockstep.tokenizer.kinds import train_tokenizer
 from stages._common import entry

@@ -16,12 +16,12 @@ import tokenizers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lockstep.sources.shakespeare import plays_dir, split_scenes
+from lockstep.data.sources.shakespeare import plays_dir, split_scenes
 from lockstep.tokenizer.base import SPECIAL_TOKENS, TokenizerFileError, load_tokenizer
 from lockstep.tokenizer.bpe import SPLIT_PATTERN, BPETokenizer
+from lockstep.tokenizer.bpe_train import train as train_bpe
 from lockstep.tokenizer.hf import TOKENIZER_FILE, HFTokenizer, from_byte_level
 from lockstep.tokenizer.hf_train import train as train_hf
-from lockstep.tokenizer.bpe_train import train as train_bpe
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = [

@@ -330,8 +330,8 @@ def test_a_dictionary_file_keeps_its_tokens_or_closes_them(tmp_path) -> None:
 
 
 def test_structured_embeddings_refuse_codes_they_cannot_tell_apart(tmp_path) -> None:
-    from lockstep.config import ConfigError
-    from lockstep.train_stage import token_structure
+    from lockstep.core.config import ConfigError
+    from lockstep.pipeline.train import token_structure
 
     # é and © (0xc3 0xa9, 0xc2 0xa9) add two bytes to no parent and end in the same byte.
     (tmp_path / "d.tsv").write_text("1\t0\té\té\n2\t0\t©\t©\n3\t0\ta\ta\n", encoding="utf-8")

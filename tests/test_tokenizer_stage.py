@@ -15,18 +15,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from lockstep.cache_build import build_sft_cache
-from lockstep.config import ConfigError, build_config
-from lockstep.sources import SnapshotError, fetch_source, iter_records
-from lockstep.sources.roam import RoamConfig
-from lockstep.sources.synth_chat import SynthChatConfig
-from lockstep.sources.synth_math import SynthMathConfig
-from lockstep.tokenizer import load_tokenizer, pipeline
-from lockstep.tokenizer.base import NoSpecialTokensError
-from lockstep.tokenizer.kinds import train_tokenizer
-from lockstep.tokenizer.lz78.train import train as train_lz78_tokenizer
-from lockstep.tokenizer.lz78.tsv import CompressedDictionary, write_compressed_tsv
-from lockstep.tokenizer.pipeline import (
+from lockstep.core.config import ConfigError, build_config
+from lockstep.data.cache_build import build_sft_cache
+from lockstep.data.sources import SnapshotError, fetch_source, iter_records
+from lockstep.data.sources.roam import RoamConfig
+from lockstep.data.sources.synth_chat import SynthChatConfig
+from lockstep.data.sources.synth_math import SynthMathConfig
+from lockstep.pipeline import tokenizer as pipeline
+from lockstep.pipeline.tokenizer import (
     CappedTexts,
     TokenizerConfig,
     bytes_per_token,
@@ -35,6 +31,11 @@ from lockstep.tokenizer.pipeline import (
     run_tokenizer_stage,
     snapshot_texts,
 )
+from lockstep.tokenizer import load_tokenizer
+from lockstep.tokenizer.base import NoSpecialTokensError
+from lockstep.tokenizer.kinds import train_tokenizer
+from lockstep.tokenizer.lz78.train import train as train_lz78_tokenizer
+from lockstep.tokenizer.lz78.tsv import CompressedDictionary, write_compressed_tsv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -320,11 +321,11 @@ def test_stage_refuses_a_damaged_part_and_publishes_nothing(tmp_path: Path, dama
 def test_tokenizer_stage_does_not_import_torch() -> None:
     # The stage reads snapshots, renders problems as chats and trains with rustbpe; torch is no
     # part of that, and importing it tripled the stage's wall time on the offline preset. It
-    # reads snapshots through lockstep.snapshot and loads no source loader either.
+    # reads snapshots through lockstep.data.snapshot and loads no source loader either.
     code = (
-        "import sys, stages.tokenizer, lockstep.tokenizer.pipeline\n"
+        "import sys, stages.tokenizer, lockstep.pipeline.tokenizer\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
-        "assert 'lockstep.sources' not in sys.modules, 'a source loader was imported'\n"
+        "assert 'lockstep.data.sources' not in sys.modules, 'a source loader was imported'\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "lib")])}
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)

@@ -12,17 +12,17 @@ from unittest import mock
 import pytest
 import torch
 
-import lockstep.train
-from lockstep import objectives
-from lockstep.checkpoint import load_checkpoint
-from lockstep.config import ConfigError
-from lockstep.io import sha256_file
-from lockstep.model import GPT, IGNORE_INDEX
-from lockstep.optim import OptimConfig
-from lockstep.rl import RLConfig
-from lockstep.runtime import Runtime
-from lockstep.train import (ModelParams, TrainConfig, Trainer, TrainResult, Validation, batch_generator, grad_accum_steps,
-                            horizon_steps, host_to_device, lr_multiplier)
+import lockstep.train.trainer
+from lockstep.core.config import ConfigError
+from lockstep.core.io import sha256_file
+from lockstep.core.runtime import Runtime
+from lockstep.model.checkpoint import load_checkpoint
+from lockstep.model.gpt import GPT, IGNORE_INDEX
+from lockstep.rl.loop import RLConfig
+from lockstep.train import objectives
+from lockstep.train.optim import OptimConfig
+from lockstep.train.trainer import (ModelParams, TrainConfig, Trainer, TrainResult, Validation, batch_generator, grad_accum_steps,
+                                    horizon_steps, host_to_device, lr_multiplier)
 
 V, T = 64, 32
 CPU = Runtime(device=torch.device("cpu"), dtype=torch.float32, reason="test")
@@ -123,7 +123,7 @@ def test_state_dict_round_trip_continues_exactly() -> None:
 
 
 def test_no_function_in_train_module_over_80_lines() -> None:
-    tree = ast.parse(Path(lockstep.train.__file__).read_text())
+    tree = ast.parse(Path(lockstep.train.trainer.__file__).read_text())
     lengths = {node.name: node.end_lineno - node.lineno + 1 for node in ast.walk(tree)
                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
     assert max(lengths.values()) <= 80, sorted(lengths.items(), key=lambda kv: -kv[1])[:3]
@@ -283,7 +283,7 @@ def _recorded(monkeypatch, trainer_kw: dict | None = None) -> tuple[Trainer, lis
     def update(opt_step):
         return lambda *a, **kw: (events.append(("update",)), opt_step(*a, **kw))[1]
 
-    monkeypatch.setattr(lockstep.train, "host_to_device", copy_to)
+    monkeypatch.setattr(lockstep.train.trainer, "host_to_device", copy_to)
     trainer._eager_loss = forward
     for opt in trainer.optimizers:
         opt.step = update(opt.step)
@@ -349,7 +349,7 @@ def test_host_batches_are_pinned_and_copied_without_waiting_on_cuda() -> None:
 
 
 class _ScriptedClock:
-    """time.perf_counter for lockstep.train whose step times follow a script: each step() reads
+    """time.perf_counter for lockstep.train.trainer whose step times follow a script: each step() reads
     it twice (start, end), so every second call advances by the next scripted duration."""
 
     def __init__(self, step_s: list[float]) -> None:
@@ -367,22 +367,22 @@ def test_throughput_is_tokens_over_time_and_eta_follows_recent_steps(monkeypatch
     timed tokens over their time (not a median step, which hid the slowdown), and the progress
     line's ETA follows the recent steps."""
     cfg = _cfg(num_steps=8, checkpoint_every_steps=0)
-    monkeypatch.setattr(lockstep.train.time, "perf_counter", _ScriptedClock([1, 1, 1, 1, 10, 10, 10, 10]))
+    monkeypatch.setattr(lockstep.train.trainer.time, "perf_counter", _ScriptedClock([1, 1, 1, 1, 10, 10, 10, 10]))
     with caplog.at_level("INFO", logger="lockstep.train"):
         result = _fit(_model(), cfg, tmp_path / "run")
     timed = [1, 1, 1, 10, 10, 10, 10]  # the first step of a process is warm-up, left out
     assert result.tok_per_s == pytest.approx(cfg.batch_tokens * len(timed) / sum(timed))
     etas = [line.rsplit("eta ", 1)[1] for line in caplog.messages if "| eta " in line]
-    assert etas[3] == lockstep.train._fmt_eta(4 * 1.0)  # after step 4 of 8: quiet so far
-    assert etas[-2] == lockstep.train._fmt_eta(1 * sum([1, 1, 1, 10, 10, 10]) / 6)  # mean of recent steps
+    assert etas[3] == lockstep.train.trainer._fmt_eta(4 * 1.0)  # after step 4 of 8: quiet so far
+    assert etas[-2] == lockstep.train.trainer._fmt_eta(1 * sum([1, 1, 1, 10, 10, 10]) / 6)  # mean of recent steps
     assert result.train_time_s == pytest.approx(sum([1, 1, 1, 1, 10, 10, 10, 10]))
 
 
 def test_measured_peak_is_the_better_of_stage_start_and_end(monkeypatch, tmp_path) -> None:
     """A peak measured while the machine was busy at the start is raised by the end's measurement
     (a busy start made MFU read 0.90); a declared peak is never re-measured."""
-    monkeypatch.setattr(lockstep.train, "peak_flops", lambda rt, declared: (1e9, "measured float32 matmul"))
-    monkeypatch.setattr(lockstep.train, "measure_matmul_peak_flops", lambda device, dtype: 3e9)
+    monkeypatch.setattr(lockstep.train.trainer, "peak_flops", lambda rt, declared: (1e9, "measured float32 matmul"))
+    monkeypatch.setattr(lockstep.train.trainer, "measure_matmul_peak_flops", lambda device, dtype: 3e9)
     result = _fit(_model(), _cfg(num_steps=2, checkpoint_every_steps=0), tmp_path / "a")
     assert result.peak == {"flops_per_s": 3e9, "source": "measured float32 matmul, best of stage start and end"}
     assert result.mfu == pytest.approx(result.tok_per_s * _model().flops_per_token() / 3e9)

@@ -12,10 +12,10 @@ import torch
 import yaml
 
 from _cache_stage import one_error_line, tree
-from lockstep.cache_build import build_pretrain_cache, build_sft_cache
-from lockstep.checkpoint import load_checkpoint
-from lockstep.resume import LOCK_FILE
+from lockstep.data.cache_build import build_pretrain_cache, build_sft_cache
+from lockstep.model.checkpoint import load_checkpoint
 from lockstep.tokenizer.kinds import train_tokenizer
+from lockstep.train.resume import LOCK_FILE
 
 _WORDS = "the king said to the queen that the castle was cold and the night was long".split()
 
@@ -126,7 +126,7 @@ def test_sigkilled_stage_resumes_to_the_same_bytes(workspace: Path, repo_root: P
     monkeypatch.syspath_prepend(str(repo_root))
     from stages import pretrain
 
-    from lockstep.codeid import code_revision
+    from lockstep.core.codeid import code_revision
 
     # The run folder is keyed by the code, and the killed run is a separate process: pin this
     # process to the revision that process computes (the stage's code as it is now).
@@ -179,8 +179,8 @@ def test_nan_loss_publishes_nothing_and_ends_with_one_error_line(workspace: Path
     monkeypatch.syspath_prepend(str(repo_root))
     from stages import pretrain
 
-    from lockstep.checkpoint import list_checkpoints
-    from lockstep.model import GPT
+    from lockstep.model.checkpoint import list_checkpoints
+    from lockstep.model.gpt import GPT
 
     real_forward = GPT.forward
     training_passes = [0]
@@ -225,7 +225,7 @@ def test_ctrl_c_ends_with_one_line_naming_the_checkpoint_to_resume_from(workspac
     import sys
     import time
 
-    from lockstep.checkpoint import latest_checkpoint, load_checkpoint
+    from lockstep.model.checkpoint import latest_checkpoint, load_checkpoint
 
     root = workspace
     # Far more steps than run before the signal lands: the process is still training when it does
@@ -270,7 +270,7 @@ def test_ctrl_c_ends_with_one_line_naming_the_checkpoint_to_resume_from(workspac
 def test_entry_point_prints_one_line(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     from stages._common import entry
 
-    from lockstep.config import ConfigError
+    from lockstep.core.config import ConfigError
 
     def interrupted_with_note() -> int:
         raise KeyboardInterrupt("pretrain stopped; last complete checkpoint runs/x/step_00000004 (step 4)")
@@ -326,7 +326,7 @@ def test_a_compile_that_fails_falls_back_and_the_stage_finishes(workspace: Path,
 
     run("off")
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=broken_compiler))
-    with caplog.at_level(logging.WARNING, logger="lockstep.fastpath"):
+    with caplog.at_level(logging.WARNING, logger="lockstep.core.fastpath"):
         run("on")
     eager, fell_back = root / "pretrain_compile_off", root / "pretrain_compile_on"
     assert (eager / "model.safetensors").read_bytes() == (fell_back / "model.safetensors").read_bytes()
@@ -360,7 +360,7 @@ def test_a_second_process_in_the_run_folder_stops_and_touches_nothing(workspace:
     from stages import pretrain
     from stages._common import entry
 
-    from lockstep.codeid import code_revision
+    from lockstep.core.codeid import code_revision
 
     # Both processes must name the same run folder: pin this one to the revision the other computes.
     revision = code_revision("stages.pretrain")
@@ -443,7 +443,7 @@ def test_a_file_size_limit_at_a_checkpoint_ends_in_one_error_line(workspace: Pat
 
     from _procs import run_with_file_size_limit, stage_env
 
-    from lockstep.checkpoint import list_checkpoints
+    from lockstep.model.checkpoint import list_checkpoints
 
     root = workspace
     params = _params_file(root, "params_fsize.yaml", num_steps=4, checkpoint_every_steps=2, eval_every_steps=0)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import typer
 
-from lockstep.openmp import choose_wait_policy
+from lockstep.core.openmp import choose_wait_policy
 
-choose_wait_policy()  # before any command imports torch (lockstep.openmp)
+choose_wait_policy()  # before any command imports torch (lockstep.core.openmp)
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="lockstep: reproducible chat-model training.")
 
@@ -32,7 +32,7 @@ def preset(
     params_file: Path = typer.Option(Path("params.yaml"), help="params file to write"),
 ) -> None:
     """Switch every param at once: write params.yaml from presets/NAME.yaml."""
-    from lockstep.presets import write_preset
+    from lockstep.tools.presets import write_preset
 
     try:
         write_preset(name, presets_dir=presets_dir, params_file=params_file)
@@ -71,10 +71,10 @@ def plan(
     import torch
     import yaml
 
-    from lockstep.config import ConfigError, build_config
-    from lockstep.plan import FLAG, calibrate_training, make_plan, render_text
-    from lockstep.runtime import RuntimeConfig
-    from lockstep.train import ModelParams, TrainConfig
+    from lockstep.core.config import ConfigError, build_config
+    from lockstep.core.runtime import RuntimeConfig
+    from lockstep.tools.plan import FLAG, calibrate_training, make_plan, render_text
+    from lockstep.train.trainer import ModelParams, TrainConfig
 
     source = presets_dir / f"{preset_name}.yaml" if preset_name else params_file
     try:
@@ -143,7 +143,7 @@ def dev_deps(
 ) -> None:
     """Check that every stage's code deps in dvc.yaml are exactly the files it imports (exit 1 if
     not); with --write, regenerate them."""
-    from lockstep.codeid import CodeScanError
+    from lockstep.core.codeid import CodeScanError
     from lockstep.dev.dvcdeps import DepsError, problems, rewrite
 
     def regenerate() -> str:
@@ -181,8 +181,8 @@ def exp_summary(
     import json
     import shutil
 
-    from lockstep.exp_summary import (ExpSummaryError, load_exp_show, render_markdown, render_text,
-                                      run_exp_show, summarize, summary_json)
+    from lockstep.tools.exp_summary import (ExpSummaryError, load_exp_show, render_markdown, render_text,
+                                            run_exp_show, summarize, summary_json)
 
     if markdown and as_json:
         typer.echo("error: --markdown and --json exclude each other; pick one", err=True)
@@ -248,8 +248,8 @@ def dev_own_eval(
 
     import torch
 
-    from lockstep.checkpoint import CheckpointError
     from lockstep.dev.own_eval_analysis import OwnEvalError, analyse_checkpoint, render
+    from lockstep.model.checkpoint import CheckpointError
     from lockstep.tokenizer import TokenizerFileError
 
     if threads:
@@ -311,7 +311,7 @@ def parity(
     """Compare two runs' parity artifacts, then the metrics of each stage with run facts, and name
     the first difference; for differing metrics, say which facts that decide the numerics (CPU
     path, torch build, threads, device) differ (exit 1 when anything differs)."""
-    from lockstep.parity_diff import compare_runs
+    from lockstep.tools.parity_diff import compare_runs
 
     try:
         diffs = compare_runs(run_a, run_b)
@@ -336,8 +336,8 @@ def data_inspect(
     tokens: int = typer.Option(64, help="window length in tokens (pretrain)"),
 ) -> None:
     """Stats of a cache and one decoded random window or example, supervised tokens in [[ ]]."""
-    from lockstep.cache import CacheError
-    from lockstep.loaders import inspect_cache
+    from lockstep.data.cache import CacheError
+    from lockstep.data.loaders import inspect_cache
 
     try:
         tok = None
@@ -356,7 +356,7 @@ def chat(
     ckpt: Path = typer.Option(..., "--ckpt", help="checkpoint directory, e.g. data/ckpt/sft"),
     tokenizer: Path = typer.Option(Path("data/tokenizer"), "--tokenizer", help="the tokenizer the checkpoint was trained with"),
     prompt: str | None = typer.Option(None, "-p", "--prompt", help="answer this one prompt and exit"),
-    # Ranges are checked by lockstep.chat.person_settings (one `error:` line naming the option),
+    # Ranges are checked by lockstep.infer.chat.person_settings (one `error:` line naming the option),
     # the same table the /commands use.
     temperature: float = typer.Option(0.6, help="sampling temperature, 0 to 2; 0 (and below 1e-4) is greedy"),
     top_k: int = typer.Option(50, "--top-k", help="sample from the K most likely tokens, 0 to 200; 0 = all"),
@@ -365,10 +365,10 @@ def chat(
     max_tokens: int = typer.Option(256, "--max-tokens", help="new tokens per reply at most"),
     seed: int = typer.Option(0, help="seed of the first reply; each later reply adds its turn number"),
     device: str = typer.Option("cpu", help="torch device to run on: cpu, cuda, cuda:1, mps"),
-    kernels: bool = typer.Option(False, help="run the model on its CPU fast paths (lockstep.kernels; runtime.kernels)"),
+    kernels: bool = typer.Option(False, help="run the model on its CPU fast paths (lockstep.model.kernels; runtime.kernels)"),
 ) -> None:
     """Chat with a checkpoint in the terminal, replies streamed as they are sampled."""
-    from lockstep.chat import ChatError, load_backend, person_settings, run_chat
+    from lockstep.infer.chat import ChatError, load_backend, person_settings, run_chat
 
     try:
         settings = person_settings(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed)
@@ -408,13 +408,13 @@ def serve(
                                         "the open-file limit needs. At the cap a new connection replaces the one "
                                         "waiting longest for a request, or gets 503 when all are busy"),
     device: str = typer.Option("cpu", help="torch device to run on: cpu, cuda, cuda:1, mps"),
-    kernels: bool = typer.Option(False, help="run the model on its CPU fast paths (lockstep.kernels; runtime.kernels)"),
+    kernels: bool = typer.Option(False, help="run the model on its CPU fast paths (lockstep.model.kernels; runtime.kernels)"),
 ) -> None:
     """Serve the chat UI and an OpenAI-compatible API (/v1/chat/completions) for a checkpoint."""
-    from lockstep import serving
-    from lockstep.chat import load_backend
-    from lockstep.config import FieldError, build_config
-    from lockstep.server import ServerConfig, create_app
+    from lockstep.core.config import FieldError, build_config
+    from lockstep.infer import serving
+    from lockstep.infer.chat import load_backend
+    from lockstep.infer.server import ServerConfig, create_app
 
     # The options that set a ServerConfig or ServingLimits field, to name them in its errors.
     options = {"workers": "--workers", "max_queued": "--max-queued", "allowed_origins": "--allow-origin",
@@ -441,7 +441,7 @@ def serve(
         raise typer.Exit(2) from None
     if host not in ("127.0.0.1", "localhost", "::1"):
         typer.echo(f"warning: binding {host}: the API has no authentication; anyone who can reach it can use it", err=True)
-    # Request lines from lockstep.server (sizes and timings, never message text) next to uvicorn's.
+    # Request lines from lockstep.infer.server (sizes and timings, never message text) next to uvicorn's.
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s %(message)s")
     typer.echo(f"serving {backend.model_id} on http://{host}:{port}/")
     serving.run_server(create_app(backend, config), limits, plan, host=host, port=port)

@@ -1,4 +1,4 @@
-"""dvc.yaml's code deps, generated from what each stage imports (see lockstep.codeid).
+"""dvc.yaml's code deps, generated from what each stage imports (see lockstep.core.codeid).
 
 Each stage's `deps` list the project files its entry module can execute, file by file, and no
 others; data deps (`data/...`, `evalsets`, a notes folder) stay as written. `lockstep dev deps`
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from lockstep.codeid import module_files
+from lockstep.core.codeid import module_files
 
 _ENTRY = re.compile(r"python -m (stages\.\w+)")
 _STAGE_LINE = re.compile(r"^  ([A-Za-z_][\w-]*):\s*(#.*)?$")

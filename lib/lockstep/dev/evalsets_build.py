@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from lockstep.io import write_bytes_atomic
+from lockstep.core.io import write_bytes_atomic
 
 # evalsets/-relative path of each file this module writes.
 BARD_CHOICE = "core_hard/eval_data/language_understanding/bard_choice.jsonl"

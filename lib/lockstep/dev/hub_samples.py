@@ -1,7 +1,7 @@
 """Generator of the hub-layout samples under `corpus/hub/`: small local copies of FineWeb-Edu,
 WikiText, OpenAssistant oasst1, GSM8K and databricks-dolly-15k (and, from lockstep.dev.hub_samples_chat,
 the chat benchmarks ARC, MMLU and HumanEval) in each dataset's own file names, columns and dtypes,
-and an eval bundle in the DCLM `eval_bundle.zip` layout, so that the loaders (lockstep.sources)
+and an eval bundle in the DCLM `eval_bundle.zip` layout, so that the loaders (lockstep.data.sources)
 read them exactly as they read a real download. The text is our own, built here from templates and word lists; none of it comes
 from the datasets themselves. The `rehearsal` preset trains on these files.
 
@@ -29,8 +29,8 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lockstep.core.io import write_bytes_atomic
 from lockstep.dev.hub_samples_chat import chat_sample_files
-from lockstep.io import write_bytes_atomic
 
 T = TypeVar("T")
 

@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from lockstep.core.stats import wilson_interval
+from lockstep.data.records import text_message
 from lockstep.evaluate import chat, core
-from lockstep.records import text_message
-from lockstep.stats import wilson_interval
 
 CHOICE_RULES = ("mean", "sum")
 LM_RULES = ("exact", "first")
@@ -322,8 +322,8 @@ def analyse_checkpoint(label: str, ckpt: Path, tokenizer_dir: Path, *, evalsets:
                        max_items: int | None = None, device: str = "cpu") -> Analysis:
     """`analyse` for the checkpoint at `ckpt` ("trained") and an untrained model of its config
     built with `control_seed` ("untrained"), both in fp32 on `device`."""
-    from lockstep.checkpoint import load_model
-    from lockstep.model import GPT
+    from lockstep.model.checkpoint import load_model
+    from lockstep.model.gpt import GPT
     from lockstep.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)

@@ -1,6 +1,6 @@
 """Parity artifacts written from plain lists, outside any stage: a `dataset_snapshot.json` from
 records and a `rendered_samples.json` from (ids, mask) pairs, in the same serialization the stages
-write through lockstep.parity's collectors. For tests and for making a reference artifact by hand
+write through lockstep.data.parity's collectors. For tests and for making a reference artifact by hand
 to hold against a run's with `lockstep parity`; no stage imports it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from lockstep.io import write_json_atomic
-from lockstep.parity import RenderedSamples, SnapshotCollector
+from lockstep.core.io import write_json_atomic
+from lockstep.data.parity import RenderedSamples, SnapshotCollector
 
 if TYPE_CHECKING:
     from lockstep.tokenizer import Tokenizer

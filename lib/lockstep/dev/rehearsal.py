@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
+from lockstep.core.io import write_bytes_atomic
+from lockstep.data.sources import SOURCE_CONFIGS
+from lockstep.data.sources.hub import HubFields
 from lockstep.dev import hub_samples
-from lockstep.io import write_bytes_atomic
-from lockstep.sources import SOURCE_CONFIGS
-from lockstep.sources.hub import HubFields
 
 NAME = "rehearsal"
 BASE = "d12"

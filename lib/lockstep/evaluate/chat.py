@@ -15,8 +15,8 @@ from typing import Any, Literal, Protocol
 import torch
 import torch.distributed as dist
 
+from lockstep.data.records import text_message
 from lockstep.evaluate.sandbox import SandboxLimits, run_tests
-from lockstep.records import text_message
 
 LETTERS = "ABCDEFGHIJ"
 # Number with optional sign, currency sign, thousands commas (groups of three) and decimals.
@@ -154,7 +154,7 @@ def categorical_items(records: Iterable[dict[str, Any]]) -> list[CategoricalItem
 
 
 def benchmark_categorical_items(records: Iterable[dict[str, Any]]) -> list[CategoricalItem]:
-    """Multiple-choice items from a benchmark snapshot (lockstep.sources.ai2_arc, .mmlu): documents
+    """Multiple-choice items from a benchmark snapshot (lockstep.data.sources.ai2_arc, .mmlu): documents
     whose `text` is the question, `choices` a JSON list and `answer` a letter."""
     out = []
     for i, r in enumerate(records):
@@ -194,7 +194,7 @@ def code_items(records: Iterable[dict[str, Any]]) -> list[CodeItem]:
 
 
 def benchmark_code_items(records: Iterable[dict[str, Any]]) -> list[CodeItem]:
-    """Code items from a HumanEval snapshot (lockstep.sources.humaneval): documents whose `text`
+    """Code items from a HumanEval snapshot (lockstep.data.sources.humaneval): documents whose `text`
     is the prompt, with `task_id`, `test` and `entry_point` beside it."""
     return code_items({**r, "prompt": r.get("text")} for r in records)
 
@@ -272,7 +272,7 @@ def evaluate_generative(
 ) -> TaskResult:
     """Exact match of the final answer of each generated reply (tool calls included in the reply).
     `generate` gets `batch_size` prompts a call, or all of this rank's at once when None (then it
-    batches as it likes: see evaluate.run.make_generate)."""
+    batches as it likes: see lockstep.pipeline.eval.make_generate)."""
     mine = _shard(items, rank, world_size)
     prompts = [tokenizer.render_for_completion(item.conversation) for _, item in mine]
     completions = _generate_in_batches(generate, prompts, batch_size)

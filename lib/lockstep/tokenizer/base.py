@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from lockstep.io import atomic_dir, sha256_bytes, sha256_file, sha256_of_manifest, write_json
+from lockstep.core.io import atomic_dir, sha256_bytes, sha256_file, sha256_of_manifest, write_json
 from lockstep.tokenizer.prefix_tree import PrefixTree, prefix_tree
 
 SPECIAL_TOKENS: tuple[str, ...] = (

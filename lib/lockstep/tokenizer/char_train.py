@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from lockstep.config import check_range
+from lockstep.core.config import check_range
 from lockstep.tokenizer.char import CHAR_ORDERS, DEFAULT_MAX_ALPHABET, CharOrder, CharTokenizer
 from lockstep.tokenizer.options import KindOptions
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 class KindOptions:
     """Base of a kind's options: a frozen dataclass whose fields (with defaults) are the keys of
     `tokenizer.options:` when `tokenizer.kind` names that kind. Its `__post_init__` refuses bad
-    values with `lockstep.config.FieldError` / `check_range`, naming the field; the tokenizer
+    values with `lockstep.core.config.FieldError` / `check_range`, naming the field; the tokenizer
     section prefixes `tokenizer.options.`. A kind without options uses this class as it is."""
 
     # The smallest `tokenizer.vocab_size` the kind's trainer can fill (its trainer refuses less);

@@ -1,6 +1,6 @@
 """The prefix tree hidden in a byte-level vocabulary: for every token, the chain of its proper
 byte-prefixes that are themselves tokens (its ancestors, longest first), its parent (the longest
-of them) and its last byte. The prefix-smoothed loss (lockstep.objectives) reads the chains; the
+of them) and its last byte. The prefix-smoothed loss (lockstep.train.objectives) reads the chains; the
 structured embeddings read parent and last byte. Built from the tokens' byte strings (an LZ78
 vocabulary, a trie already, builds its own); `Tokenizer.prefix_tree` is how a tokenizer gives it.
 Does not train, encode or save tokenizers.

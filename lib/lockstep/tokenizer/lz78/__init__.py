@@ -28,6 +28,13 @@ byte.
 
 Text with lone surrogates (not encodable as UTF-8) is encoded with each one replaced by U+FFFD,
 as `bpe` does; decoding replaces invalid UTF-8 with U+FFFD, as `bpe` does.
+
+- `trie`: the dictionary core on the encoding path: the byte trie, longest-match encoding, ancestor chains
+- `kernels`: numba kernels of the encoding path (child hash table, longest match, token bytes)
+- `train`: the kind's trainer and options: the LZ78 parse that learns a trie, or a dictionary file read
+- `train_kernels`: numba kernels of training: the dictionary parse with frequency-gated eviction
+- `tsv`: dictionary interchange: the `lz78` and `compressed` TSV layouts, read and written
+- `tsv_kernels`: numba kernels behind the fast TSV reader
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import regex
 
-from lockstep.config import FieldError, check_range
+from lockstep.core.config import FieldError, check_range
 from lockstep.tokenizer.base import SPECIAL_TOKENS
 from lockstep.tokenizer.bpe import N_BYTES, SPLIT_PATTERN
 from lockstep.tokenizer.lz78 import DICTIONARY_DIR, N_RESERVED, PREFIX_MODES, LZ78Tokenizer, LZ78VocabError, _utf8

@@ -70,7 +70,7 @@ from typing import Any
 
 import numpy as np
 
-from lockstep.io import atomic_open
+from lockstep.core.io import atomic_open
 from lockstep.tokenizer.lz78.trie import LZ78Trie, chain_matrix
 
 LZ78_COLUMNS = ("code", "parent_code", "char", "pattern")
