@@ -54,8 +54,8 @@ def main() -> None:
         plain.append(t_plain)
         once.append(t_once)
     p, o = statistics.median(plain), statistics.median(once)
-    tokens = sum(len(c) for c in ro.completions)
-    print(f"{len(ro.completions)} completions, {tokens} tokens, prompts of {statistics.mean(map(len, ro.prompts)):.0f}: "
+    tokens = sum(len(c.ids) for c in ro.completions)
+    print(f"{len(ro.completions)} completions, {tokens} tokens, prompts of {statistics.mean(len(c.prompt) for c in ro.completions):.0f}: "
           f"plain {p:.2f} s, prompt once {o:.2f} s, speedup {p / o:.2f}x (gradients within {worst:.1g})")
 
 

@@ -12,13 +12,25 @@ from lockstep.core.config import ConfigError, build_config
 from lockstep.infer.engine import Engine
 from lockstep.model.gpt import GPT
 from lockstep.model.gpt import IGNORE_INDEX
-from lockstep.rl.loop import (RLConfig, Rollouts, _derived_seed, anchor_loss_backward, draw_problems, policy_loss_backward,
+from lockstep.rl.loop import (Completion, RLConfig, Rollouts, _derived_seed, anchor_loss_backward, draw_problems, policy_loss_backward,
                               prompt_ids, reference_completion, reference_results, reward, rollout, series_columns,
                               tool_steps, train_rl)
 
 
 def tiny_model(seed: int = 0) -> GPT:
     return randomize(tiny_gpt(seed=seed, n_layer=2), seed=seed + 1)
+
+
+def rollouts(prompts, ids, sampled, rewards, advantages, *, credit=None, roles=None) -> Rollouts:
+    """Rollouts of one Completion per position of the lists given."""
+    n = len(ids)
+    return Rollouts([Completion(*row, role=role, credit=c) for row, role, c in
+                     zip(zip(prompts, ids, sampled, rewards, advantages), roles or ["sample"] * n, credit or [None] * n)])
+
+
+def col(ro: Rollouts, name: str) -> list:
+    """One field of every completion, in order."""
+    return [getattr(c, name) for c in ro.completions]
 
 
 @pytest.mark.parametrize("completion,ok", [
@@ -53,13 +65,12 @@ def test_config_refuses_more_updates_than_problems(updates, message):
 
 def test_split_keeps_each_group_in_one_update():
     # 3 groups of 2 into 2 updates: whole groups, in order, nothing lost or repeated.
-    ro = Rollouts([[g] for g in (0, 0, 1, 1, 2, 2)], [[10 + i] for i in range(6)], [[1]] * 6,
+    ro = rollouts([[g] for g in (0, 0, 1, 1, 2, 2)], [[10 + i] for i in range(6)], [[1]] * 6,
                   [1.0, 0.0, 1.0, 1.0, 0.0, 1.0], [0.5, -0.5, 0.0, 0.0, -0.5, 0.5])
     parts = ro.split(2, group_rows=2)
-    assert [len(p.rewards) for p in parts] == [4, 2]
-    assert [p.prompts for p in parts] == [[[0], [0], [1], [1]], [[2], [2]]]
+    assert [len(p.completions) for p in parts] == [4, 2]
+    assert [col(p, "prompt") for p in parts] == [[[0], [0], [1], [1]], [[2], [2]]]
     assert sum((p.completions for p in parts), []) == ro.completions
-    assert sum((p.advantages for p in parts), []) == ro.advantages
     assert ro.split(1, group_rows=2)[0] == ro
 
 
@@ -109,8 +120,7 @@ def test_forced_tokens_carry_no_gradient(tok):
     sampled = [1] * (len(comp_a) - 1) + [0]
     losses = []
     for comp in (comp_a, comp_b):
-        ro = Rollouts([prompt, prompt], [comp, comp], [sampled, sampled], [1.0, 0.0], [0.5, -0.5])
-        ro.advantages = [0.5, 0.25]
+        ro = rollouts([prompt, prompt], [comp, comp], [sampled, sampled], [1.0, 0.0], [0.5, 0.25])
         loss, n = policy_loss_backward(model, ro, device=torch.device("cpu"), rows_per_pass=2)
         assert n == 2 * (len(comp) - 1)
         losses.append(loss)
@@ -121,7 +131,7 @@ def test_forced_tokens_carry_no_gradient(tok):
 def test_zero_advantage_step_is_a_no_op(tok):
     model = tiny_model()
     prompt = tok.encode("q")
-    ro = Rollouts([prompt] * 2, [[65, 66]] * 2, [[1, 1]] * 2, [1.0, 1.0], [0.0, 0.0])
+    ro = rollouts([prompt] * 2, [[65, 66]] * 2, [[1, 1]] * 2, [1.0, 1.0], [0.0, 0.0])
     assert policy_loss_backward(model, ro, device=torch.device("cpu"), rows_per_pass=4) == (0.0, 0)
     assert all(p.grad is None for p in model.parameters())
 
@@ -131,7 +141,7 @@ def test_policy_update_moves_logprobs_by_advantage(tok):
     prompt = tok.encode("Q: 2+2? A:")
     good, bad = tok.encode("#### 4"), tok.encode("#### 5")
     before = (_logp(model, prompt, good), _logp(model, prompt, bad))
-    ro = Rollouts([prompt, prompt], [good, bad], [[1] * len(good), [1] * len(bad)], [1.0, 0.0], [0.5, -0.5])
+    ro = rollouts([prompt, prompt], [good, bad], [[1] * len(good), [1] * len(bad)], [1.0, 0.0], [0.5, -0.5])
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     policy_loss_backward(model, ro, device=torch.device("cpu"), rows_per_pass=1)
     opt.step()
@@ -170,8 +180,8 @@ def test_token_credit_adds_to_each_token_s_advantage(tok):
     prompt = tok.encode("Q: 2+2? A:")
     good, bad = tok.encode("#### 4"), tok.encode("#### 5")
     credit = [[0.1 * t for t in range(len(good))], [-0.2] * len(bad)]
-    ro = Rollouts([prompt, prompt], [good, bad], [[1] * len(good), [1] * len(bad)], [1.0, 1.0], [0.0, 0.0],
-                  token_credit=credit)
+    ro = rollouts([prompt, prompt], [good, bad], [[1] * len(good), [1] * len(bad)], [1.0, 1.0], [0.0, 0.0],
+                  credit=credit)
     model = tiny_model(3)
     loss, n = policy_loss_backward(model, ro, device=torch.device("cpu"), rows_per_pass=1)
     assert n == len(good) + len(bad)
@@ -183,7 +193,7 @@ def test_token_credit_adds_to_each_token_s_advantage(tok):
         logp = torch.log_softmax(logits.float(), -1)[0, len(prompt) - 1:].gather(1, torch.tensor(comp)[:, None])[:, 0]
         expected += float(-(torch.tensor(row) * logp).sum()) / n
     assert loss == pytest.approx(expected, rel=1e-5)
-    assert ro.select([1]).token_credit == [credit[1]]
+    assert col(ro.select([1]), "credit") == [credit[1]]
 
 
 def _two_groups(tok) -> Rollouts:
@@ -199,8 +209,8 @@ def _two_groups(tok) -> Rollouts:
     sampled[0][out_start:out_end + 1] = [0] * (out_end + 1 - out_start)  # the calculator's words
     credit = [[0.25] * len(c) if k == 0 else [0.0] * len(c) for k, c in enumerate(comps)]
     credit[4] = [0.0] * len(comps[4])  # with advantage 0 below: skipped by both paths
-    return Rollouts([long_prompt] * 3 + [short_prompt] * 3, comps, sampled, [1.0, 0.0, 1.0, 1.0, 0.5, 0.0],
-                    [1 / 3, -2 / 3, 1 / 3, 0.5, 0.0, -0.5], token_credit=credit)
+    return rollouts([long_prompt] * 3 + [short_prompt] * 3, comps, sampled, [1.0, 0.0, 1.0, 1.0, 0.5, 0.0],
+                    [1 / 3, -2 / 3, 1 / 3, 0.5, 0.0, -0.5], credit=credit)
 
 
 @pytest.mark.parametrize("rows_per_pass", [2, 16])
@@ -215,7 +225,7 @@ def test_prompt_once_gives_the_plain_loss_and_gradients(tok, rows_per_pass):
                                        prompt_once=once)
         results.append((loss, n, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}))
     (plain_loss, plain_n, plain_grads), (once_loss, once_n, once_grads) = results
-    assert once_n == plain_n == sum(sum(ro.sampled[i]) for i in (0, 1, 2, 3, 5))
+    assert once_n == plain_n == sum(sum(ro.completions[i].sampled) for i in (0, 1, 2, 3, 5))
     assert once_loss == pytest.approx(plain_loss, rel=1e-5)
     assert once_grads.keys() == plain_grads.keys() and plain_grads
     for name, g in plain_grads.items():
@@ -227,8 +237,11 @@ def test_prompt_once_passes_hold_one_prompt_each(tok, monkeypatch):
     import lockstep.rl.loop as rl_lib
 
     ro = _two_groups(tok)
-    assert rl_lib._same_prompt_runs(ro, [0, 1, 2, 3, 5], 2) == [[0, 1], [2], [3, 5]]
-    assert rl_lib._same_prompt_runs(ro, [0, 1, 2, 3, 5], 16) == [[0, 1, 2], [3, 5]]
+    rows = [ro.completions[i] for i in (0, 1, 2, 3, 5)]
+    runs = [[ro.completions.index(c) for c in run] for run in rl_lib._same_prompt_runs(rows, 2)]
+    assert runs == [[0, 1], [2], [3, 5]]
+    runs = [[ro.completions.index(c) for c in run] for run in rl_lib._same_prompt_runs(rows, 16)]
+    assert runs == [[0, 1, 2], [3, 5]]
     model = tiny_model(4)
     widths = []
     real = GPT.final_hidden
@@ -239,10 +252,11 @@ def test_prompt_once_passes_hold_one_prompt_each(tok, monkeypatch):
 
     monkeypatch.setattr(GPT, "final_hidden", watch)
     policy_loss_backward(model, ro, device=torch.device("cpu"), rows_per_pass=16, prompt_once=True)
-    longest = max(len(c) for c in ro.completions[:3])
+    longest = max(len(c.ids) for c in ro.completions[:3])
     # the long prompt less its last token once, then its three completions; the lone <|bos|>
     # leaves nothing to run before its two completions
-    assert widths == [(1, len(ro.prompts[0]) - 1), (3, longest), (2, max(len(ro.completions[i]) for i in (3, 5)))]
+    assert widths == [(1, len(ro.completions[0].prompt) - 1), (3, longest),
+                      (2, max(len(ro.completions[i].ids) for i in (3, 5)))]
 
 
 @pytest.mark.parametrize("section, message", [
@@ -355,10 +369,11 @@ def test_rollout_groups_share_a_prompt_and_center_rewards(tok):
     cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": 8}, where="rl")
     problems = [{"question": "1+1?", "answer": "#### 2"}, {"question": "2+2?", "answer": "#### 4"}]
     ro = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
-    assert len(ro.completions) == 8 and len(ro.prompts) == 8
+    assert len(ro.completions) == 8
     for g in range(2):
-        adv = ro.advantages[4 * g: 4 * g + 4]
-        assert sum(adv) == pytest.approx(0.0)
+        group = ro.completions[4 * g: 4 * g + 4]
+        assert sum(c.advantage for c in group) == pytest.approx(0.0)
+        assert all(c.prompt == group[0].prompt for c in group)
     again = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
     assert again.completions == ro.completions  # seeded: a pure function of its inputs
 
@@ -378,15 +393,15 @@ def test_greedy_rollout_joins_its_group_or_is_its_baseline(tok, mode, monkeypatc
     rows = 5 if mode == "member" else 4
     assert len(ro.completions) == 2 * rows
     for g in range(2):
-        group = slice(rows * g, rows * g + rows)
-        assert ro.completions[group][:4] == plain.completions[4 * g: 4 * g + 4]  # the same samples
-        rewards = ro.rewards[group]
+        group = ro.completions[rows * g: rows * g + rows]
+        assert [c.ids for c in group[:4]] == col(plain, "ids")[4 * g: 4 * g + 4]  # the same samples
+        rewards = [c.reward for c in group]
         if mode == "member":
-            assert ro.completions[group][4] == greedy[g] and ro.greedy[group] == [False] * 4 + [True]
-            assert ro.advantages[group] == pytest.approx([r - sum(rewards) / 5 for r in rewards])
+            assert group[4].ids == greedy[g] and [c.role for c in group] == ["sample"] * 4 + ["greedy"]
+            assert [c.advantage for c in group] == pytest.approx([r - sum(rewards) / 5 for r in rewards])
         else:
-            assert ro.greedy[group] == [False] * 4
-            assert ro.advantages[group] == pytest.approx([r - g_rewards[g] for r in rewards])
+            assert [c.role for c in group] == ["sample"] * 4
+            assert [c.advantage for c in group] == pytest.approx([r - g_rewards[g] for r in rewards])
     assert ro.mean_reward == pytest.approx(plain.mean_reward)  # over the samples only
 
 
@@ -398,17 +413,17 @@ def test_group_std_advantage_divides_each_group_by_its_std(tok, monkeypatch):
     problems = [{"question": q, "answer": "#### 2"} for q in ("1+1?", "2+2?", "3+3?")]
     plain = rollout(Engine(model, tok), tok, problems, dataclasses.replace(cfg, advantage="mean"), seed=7)
     ro = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
-    assert ro.completions == plain.completions and ro.rewards == plain.rewards
+    assert col(ro, "ids") == col(plain, "ids") and col(ro, "reward") == col(plain, "reward")
     spread = 0
     for g in range(3):
         group = slice(8 * g, 8 * g + 8)
-        std = torch.tensor(ro.rewards[group]).std(unbiased=False).item()
+        std = torch.tensor(col(ro, "reward")[group]).std(unbiased=False).item()
         if std == 0:  # unanimous: nothing to push, in either mode
-            assert ro.advantages[group] == [0.0] * 8
+            assert col(ro, "advantage")[group] == [0.0] * 8
             continue
         spread += 1
-        assert ro.advantages[group] == pytest.approx([a / std for a in plain.advantages[group]])
-        assert torch.tensor(ro.advantages[group]).std(unbiased=False).item() == pytest.approx(1.0)
+        assert col(ro, "advantage")[group] == pytest.approx([a / std for a in col(plain, "advantage")[group]])
+        assert torch.tensor(col(ro, "advantage")[group]).std(unbiased=False).item() == pytest.approx(1.0)
     assert spread, "no group had both rewards: pick another seed"
 
 
@@ -421,14 +436,14 @@ def test_rollout_credits_each_call_against_its_group_s_calls(tok, monkeypatch):
     problems = [{"question": q, "answer": "#### 2"} for q in ("1+1?", "3+3?")]
     ro = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
     plain = rollout(Engine(model, tok), tok, problems, dataclasses.replace(cfg, step_advantage=0.0), seed=7)
-    assert plain.token_credit == [] and ro.advantages == plain.advantages
+    assert col(plain, "credit") == [None] * 16 and col(ro, "advantage") == col(plain, "advantage")
     for g in range(2):
-        group = range(8 * g, 8 * g + 8)
-        flags = [ro.completions[i][0] % 2 == 0 for i in group]
+        group = ro.completions[8 * g: 8 * g + 8]
+        flags = [c.ids[0] % 2 == 0 for c in group]
         assert 0 < sum(flags) < 8, "a group of one kind tests nothing: pick another seed"
         mean = sum(flags) / 8
-        for i, right in zip(group, flags):
-            assert ro.token_credit[i] == [0.5 * (right - mean)] + [0.0] * (len(ro.completions[i]) - 1)
+        for c, right in zip(group, flags):
+            assert c.credit == [0.5 * (right - mean)] + [0.0] * (len(c.ids) - 1)
 
 
 def test_config_refuses_an_unknown_greedy_rollout():
@@ -444,8 +459,8 @@ def test_rollouts_on_the_static_cache_path_equal_the_reference(tok):
     problems = [{"question": "1+1?", "answer": "#### 2"}, {"question": "2+2?", "answer": "#### 4"}]
     ref = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
     fast = rollout(Engine(model, tok, fast=True), tok, problems, cfg, seed=7)
-    assert (fast.completions, fast.sampled, fast.rewards) == (ref.completions, ref.sampled, ref.rewards)
-    assert len({tuple(c) for c in ref.completions}) > 1
+    assert fast.completions == ref.completions  # ids, masks, rewards and advantages
+    assert len({tuple(c.ids) for c in ref.completions}) > 1
 
 
 @pytest.mark.parametrize("greedy, reference, rows", [("off", "off", 8), ("baseline", "off", 8), ("member", "off", 9),
@@ -485,18 +500,17 @@ def test_reference_rollout_trains_the_solution_beside_an_unsolved_group_only(tok
     engine = Engine(model, tok)
     plain = rollout(engine, tok, [_UNSOLVED, _SOLVED], dataclasses.replace(cfg, reference_rollout="off"), seed=7)
     ro = rollout(engine, tok, [_UNSOLVED, _SOLVED], cfg, seed=7)
-    assert any(plain.rewards[4:]), "the 2+2 group has no right sample: pick another seed"
-    assert len(ro.completions) == 10 and ro.reference == ([False] * 4 + [True]) * 2
+    assert any(col(plain, "reward")[4:]), "the 2+2 group has no right sample: pick another seed"
+    assert len(ro.completions) == 10 and col(ro, "role") == (["sample"] * 4 + ["reference"]) * 2
     for g, problem in enumerate((_UNSOLVED, _SOLVED)):
-        group, samples = slice(5 * g, 5 * g + 5), slice(4 * g, 4 * g + 4)
-        for name in ("prompts", "completions", "sampled", "rewards", "advantages", "token_credit"):
-            assert getattr(ro, name)[group][:4] == getattr(plain, name)[samples], name
+        assert ro.completions[5 * g: 5 * g + 4] == plain.completions[4 * g: 4 * g + 4]  # every field
+        ref = ro.completions[5 * g + 4]
         ref_ids, ref_mask = reference_completion(tok, problem, prompt_ids(tok, problem["question"]))
-        assert (ro.completions[5 * g + 4], ro.sampled[5 * g + 4]) == (ref_ids, ref_mask)
-        assert ro.token_credit[5 * g + 4] == [0.0] * len(ref_ids)
-    assert ro.advantages[4] == trained and ro.advantages[9] == 0.0
+        assert (ref.prompt, ref.ids, ref.sampled) == (prompt_ids(tok, problem["question"]), ref_ids, ref_mask)
+        assert ref.credit == [0.0] * len(ref_ids)  # no credit of its own
+    assert ro.completions[4].advantage == trained and ro.completions[9].advantage == 0.0
     assert (ro.mean_reward, ro.mean_length) == (plain.mean_reward, plain.mean_length)  # the samples' only
-    assert ro.decoded_tokens == plain.decoded_tokens == sum(len(c) for c in plain.completions)
+    assert ro.decoded_tokens == plain.decoded_tokens == sum(len(c.ids) for c in plain.completions)
 
 
 def test_a_trained_reference_is_the_cross_entropy_of_its_written_tokens(tok):
@@ -505,7 +519,7 @@ def test_a_trained_reference_is_the_cross_entropy_of_its_written_tokens(tok):
     model = tiny_model(3)
     prompt = prompt_ids(tok, _UNSOLVED["question"])
     ids, mask = reference_completion(tok, _UNSOLVED, prompt)
-    ro = Rollouts([prompt] * 2, [[65, 66], ids], [[1, 1], mask], [0.0, 1.0], [0.0, 1.0], reference=[False, True])
+    ro = rollouts([prompt] * 2, [[65, 66], ids], [[1, 1], mask], [0.0, 1.0], [0.0, 1.0], roles=["sample", "reference"])
     loss, n = policy_loss_backward(model, ro, device=torch.device("cpu"), rows_per_pass=2)
     seq = torch.tensor([prompt + ids])
     y = torch.full_like(seq, IGNORE_INDEX)[:, :-1].clone()

@@ -13,7 +13,7 @@ from _tiny_model import tiny_gpt
 from lockstep.data.sources import SOURCE_CONFIGS, fetch_source
 from lockstep.model import checkpoint as ckpt
 from lockstep.model.gpt import GPT
-from lockstep.rl.loop import Rollouts
+from lockstep.rl.loop import Completion, Rollouts
 from lockstep.tokenizer.kinds import train_tokenizer
 
 
@@ -53,7 +53,7 @@ def test_nan_loss_publishes_nothing(rl_workspace: Path, repo_root: Path, monkeyp
     prompt, good, bad = tok.encode("Q: 2+2? A:"), tok.encode("#### 4"), tok.encode("#### 5")
     # Disagreeing completions, so the step has an update whose loss can go NaN.
     monkeypatch.setattr("lockstep.rl.loop.rollout", lambda *a, **k: Rollouts(
-        [prompt, prompt], [good, bad], [[1] * len(good), [1] * len(bad)], [1.0, 0.0], [0.5, -0.5]))
+        [Completion(prompt, good, [1] * len(good), 1.0, 0.5), Completion(prompt, bad, [1] * len(bad), 0.0, -0.5)]))
     real_forward = GPT.forward
 
     def nan_when_training(self, idx, targets=None, *args, **kwargs):
@@ -134,9 +134,9 @@ def test_each_step_makes_updates_per_step_updates_of_whole_groups(rl_workspace: 
 
     monkeypatch.setattr(rl_lib, "policy_loss_backward", watch)
     assert rl.main(_args(root)) == 0
-    assert [len(ro.rewards) for ro in seen] == [4, 2] * 2  # 2 steps x 2 updates; groups of 2 kept whole
+    assert [len(ro.completions) for ro in seen] == [4, 2] * 2  # 2 steps x 2 updates; groups of 2 kept whole
     for ro in seen:
-        assert all(ro.prompts[i] == ro.prompts[i + 1] for i in range(0, len(ro.prompts), 2))
+        assert all(ro.completions[i].prompt == ro.completions[i + 1].prompt for i in range(0, len(ro.completions), 2))
 
 
 def test_mixture_sources_join_the_updates(rl_workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch,

@@ -247,54 +247,65 @@ def series_columns(cfg: RLConfig) -> dict[str, tuple[str, ...]]:
     return {"train": train, "val": tuple(f"val_{k}" for k in held_out)}
 
 
+Role = Literal["sample", "greedy", "reference"]
+
+
+@dataclass
+class Completion:
+    """One completion of a step's rollouts: what the update trains on and what the step reports."""
+
+    prompt: list[int]  # the problem's prompt ids
+    ids: list[int]  # completion ids (stop token included when produced)
+    sampled: list[int]  # per id: 1 sampled by the policy, 0 forced by the tool
+    reward: float
+    advantage: float = 0.0
+    # "sample": drawn at the rollouts' temperature; "greedy": the problem's greedy completion
+    # (rl.greedy_rollout: member); "reference": its reference solution (rl.reference_rollout)
+    role: Role = "sample"
+    credit: list[float] | None = None  # per id, added to the advantage (rl.step_advantage); None: nothing is
+
+    @property
+    def trained(self) -> bool:
+        """Whether the policy loss reads it: a nonzero advantage, or credit on some token."""
+        return self.advantage != 0.0 or (self.credit is not None and any(self.credit))
+
+
 @dataclass
 class Rollouts:
-    """One step's sampled completions, flattened over problems and group members."""
+    """One step's completions, flattened over problems, each problem's group consecutive: its
+    samples, then its greedy completion and reference solution where they join it."""
 
-    prompts: list[list[int]]  # per completion, its prompt ids
-    completions: list[list[int]]  # completion ids (stop token included when produced)
-    sampled: list[list[int]]  # 1 sampled by the policy, 0 forced by the tool
-    rewards: list[float]
-    advantages: list[float]
-    greedy: list[bool] = field(default_factory=list)  # per completion: the greedy one (empty: none is)
-    reference: list[bool] = field(default_factory=list)  # per completion: the reference solution (empty: none is)
-    # Per completion, per token: added to its advantage (rl.step_advantage; empty: nothing is).
-    token_credit: list[list[float]] = field(default_factory=list)
+    completions: list[Completion]
 
     def select(self, rows: Sequence[int]) -> Rollouts:
         """The completions at `rows`, in that order."""
-        return Rollouts(*([getattr(self, f)[i] for i in rows]
-                          for f in ("prompts", "completions", "sampled", "rewards", "advantages")),
-                        greedy=[self.greedy[i] for i in rows] if self.greedy else [],
-                        reference=[self.reference[i] for i in rows] if self.reference else [],
-                        token_credit=[self.token_credit[i] for i in rows] if self.token_credit else [])
+        return Rollouts([self.completions[i] for i in rows])
 
     def split(self, parts: int, group_rows: int) -> list[Rollouts]:
         """`parts` consecutive slices of whole groups of `group_rows` completions, as even as the
         group count allows."""
-        groups = len(self.rewards) // group_rows
+        groups = len(self.completions) // group_rows
         bounds = [round(i * groups / parts) * group_rows for i in range(parts + 1)]
         return [self.select(range(a, b)) for a, b in zip(bounds, bounds[1:])]
 
-    def _samples(self) -> list[int]:
-        return [i for i in range(len(self.rewards))
-                if not (self.greedy and self.greedy[i]) and not (self.reference and self.reference[i])]
+    def _samples(self) -> list[Completion]:
+        return [c for c in self.completions if c.role == "sample"]
 
     @property
     def mean_reward(self) -> float:
         """Over the sampled completions (greedy and reference ones left out)."""
-        rows = self._samples()
-        return sum(self.rewards[i] for i in rows) / len(rows)
+        samples = self._samples()
+        return sum(c.reward for c in samples) / len(samples)
 
     @property
     def mean_length(self) -> float:
-        rows = self._samples()
-        return sum(len(self.completions[i]) for i in rows) / len(rows)
+        samples = self._samples()
+        return sum(len(c.ids) for c in samples) / len(samples)
 
     @property
     def decoded_tokens(self) -> int:
         """Tokens the engine decoded: every completion's but the reference solutions'."""
-        return sum(len(c) for i, c in enumerate(self.completions) if not (self.reference and self.reference[i]))
+        return sum(len(c.ids) for c in self.completions if c.role != "reference")
 
 
 def _precision(autocast: Any, device: torch.device) -> Any:
@@ -333,7 +344,7 @@ def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, A
     decoding together, and score them; progress lines to `log` while it takes longer than ~10 s.
     Each group's rows: its samples, then the greedy completion (`greedy_rollout: member`), then
     the reference solution (`reference_rollout`)."""
-    out = Rollouts([], [], [], [], [])
+    out: list[Completion] = []
     prompts, budgets = _prompts_and_budgets(engine, tokenizer, problems, cfg.max_new_tokens)
     references = ([reference_completion(tokenizer, p, prompt) for p, prompt in zip(problems, prompts)]
                   if cfg.reference_rollout != "off" else [])
@@ -346,44 +357,37 @@ def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, A
         if cfg.greedy_rollout != "off":
             greedy_seqs, greedy_masks = engine.generate_many(ps, max_tokens=bs, batch_rows=cfg.generate_batch)
         for j, i in enumerate(chunk):
-            group = range(j * cfg.group_size, (j + 1) * cfg.group_size)
-            ids, sampled = [seqs[g] for g in group], [masks[g] for g in group]
-            rewards = [reward(tokenizer.decode(s), problems[i]["answer"]) for s in ids]
-            is_greedy = [False] * len(ids)
+            answer = problems[i]["answer"]
+            group = [Completion(ps[j], seqs[g], masks[g], reward(tokenizer.decode(seqs[g]), answer))
+                     for g in range(j * cfg.group_size, (j + 1) * cfg.group_size)]
             if cfg.greedy_rollout != "off":
-                greedy_reward = reward(tokenizer.decode(greedy_seqs[j]), problems[i]["answer"])
+                greedy = Completion(ps[j], greedy_seqs[j], greedy_masks[j], reward(tokenizer.decode(greedy_seqs[j]), answer),
+                                    role="greedy")
             if cfg.greedy_rollout == "member":
-                ids, sampled = ids + [greedy_seqs[j]], sampled + [greedy_masks[j]]
-                rewards, is_greedy = rewards + [greedy_reward], is_greedy + [True]
-            base = greedy_reward if cfg.greedy_rollout == "baseline" else sum(rewards) / len(rewards)
+                group.append(greedy)
+            rewards = [m.reward for m in group]
+            base = greedy.reward if cfg.greedy_rollout == "baseline" else sum(rewards) / len(rewards)
             std = statistics.pstdev(rewards) if cfg.advantage == "group_std" else 0.0
             scale = 1.0 / std if std > 0 else 1.0
-            advantages = [(r - base) * scale for r in rewards]
-            credit = _call_credit(ids, engine, problems[i]["answer"], cfg.step_advantage) if cfg.step_advantage else []
-            is_reference = [False] * len(ids)
+            for m in group:
+                m.advantage = (m.reward - base) * scale
+            if cfg.step_advantage:
+                for m, credit in zip(group, _call_credit([m.ids for m in group], engine, answer, cfg.step_advantage)):
+                    m.credit = credit
             if cfg.reference_rollout != "off":
                 ref_ids, ref_mask = references[i]
-                unsolved = not any(rewards[: cfg.group_size])
-                ids, sampled = ids + [ref_ids], sampled + [ref_mask]
-                rewards, is_greedy, is_reference = rewards + [1.0], is_greedy + [False], is_reference + [True]
-                advantages.append(1.0 if unsolved and len(ref_ids) <= budgets[i] else 0.0)
-                credit = credit + [[0.0] * len(ref_ids)] if cfg.step_advantage else []
-            out.prompts.extend([prompts[i]] * len(ids))
-            out.completions.extend(ids)
-            out.sampled.extend(sampled)
-            out.rewards.extend(rewards)
-            out.advantages.extend(advantages)
-            out.greedy.extend(is_greedy)
-            out.reference.extend(is_reference)
-            out.token_credit.extend(credit)
+                unsolved = not any(m.reward for m in group if m.role == "sample")
+                group.append(Completion(ps[j], ref_ids, ref_mask, 1.0, 1.0 if unsolved and len(ref_ids) <= bs[j] else 0.0,
+                                        role="reference", credit=[0.0] * len(ref_ids) if cfg.step_advantage else None))
+            out += group
         countdown.tick(len(chunk))
-    return out
+    return Rollouts(out)
 
 
 def policy_loss_backward(model: nn.Module, ro: Rollouts, *, device: torch.device, rows_per_pass: int,
                          autocast: Any = None, prompt_once: bool = False) -> tuple[float, int]:
     """Accumulate gradients of -sum((A_i + c_t) * log p(token)) / N over sampled tokens, c_t a
-    token's credit (`ro.token_credit`, else 0), N the number of sampled tokens of the completions
+    token's credit (Completion.credit, else 0), N the number of sampled tokens of the completions
     that count in the step. Returns (loss value, N). Completions with zero advantage and no
     credit contribute nothing and are skipped.
 
@@ -391,23 +395,23 @@ def policy_loss_backward(model: nn.Module, ro: Rollouts, *, device: torch.device
     `prompt_once`, a pass holds consecutive completions of one prompt instead (a problem's
     group), and the prompt runs through the model once for all of them (`_SharedPrompt`): the
     same loss and gradients to rounding, about a third fewer tokens for RL's prompts."""
-    rows = [i for i, a in enumerate(ro.advantages) if a != 0.0 or (ro.token_credit and any(ro.token_credit[i]))]
-    n_tokens = sum(sum(ro.sampled[i]) for i in rows)
+    rows = [c for c in ro.completions if c.trained]
+    n_tokens = sum(sum(c.sampled) for c in rows)
     if not rows or n_tokens == 0:
         return 0.0, 0
-    passes = _same_prompt_runs(ro, rows, rows_per_pass) if prompt_once else [
+    passes = _same_prompt_runs(rows, rows_per_pass) if prompt_once else [
         rows[start:start + rows_per_pass] for start in range(0, len(rows), rows_per_pass)]
     total = 0.0
     for chunk in passes:
         if prompt_once:
             # the completions read after the prompt's last token: input and targets start there
-            prompt = ro.prompts[chunk[0]]
+            prompt = chunk[0].prompt
             starts = [0] * len(chunk)
-            seqs = [prompt[-1:] + ro.completions[i] for i in chunk]
+            seqs = [prompt[-1:] + c.ids for c in chunk]
         else:
-            starts = [len(ro.prompts[i]) - 1 for i in chunk]
-            seqs = [ro.prompts[i] + ro.completions[i] for i in chunk]
-        x, y, adv = _policy_rows(ro, chunk, seqs, starts)
+            starts = [len(c.prompt) - 1 for c in chunk]
+            seqs = [c.prompt + c.ids for c in chunk]
+        x, y, adv = _policy_rows(chunk, seqs, starts)
         x, y, adv = x.to(device), y.to(device), adv.to(device)
         with _precision(autocast, device):
             if prompt_once:
@@ -423,18 +427,18 @@ def policy_loss_backward(model: nn.Module, ro: Rollouts, *, device: torch.device
     return total, n_tokens
 
 
-def _same_prompt_runs(ro: Rollouts, rows: Sequence[int], size: int) -> list[list[int]]:
+def _same_prompt_runs(rows: Sequence[Completion], size: int) -> list[list[Completion]]:
     """`rows` cut into runs of consecutive completions of one prompt, at most `size` each."""
-    runs: list[list[int]] = []
-    for i in rows:
-        if runs and len(runs[-1]) < size and ro.prompts[runs[-1][0]] == ro.prompts[i]:
-            runs[-1].append(i)
+    runs: list[list[Completion]] = []
+    for c in rows:
+        if runs and len(runs[-1]) < size and runs[-1][0].prompt == c.prompt:
+            runs[-1].append(c)
         else:
-            runs.append([i])
+            runs.append([c])
     return runs
 
 
-def _policy_rows(ro: Rollouts, chunk: Sequence[int], seqs: Sequence[list[int]],
+def _policy_rows(chunk: Sequence[Completion], seqs: Sequence[list[int]],
                  starts: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inputs x, targets y and per-token advantages (each (B, T)) of the completions `chunk`,
     row r reading seqs[r] and predicting its completion from position starts[r] on; padding
@@ -442,14 +446,14 @@ def _policy_rows(ro: Rollouts, chunk: Sequence[int], seqs: Sequence[list[int]],
     T = max(len(s) for s in seqs) - 1
     x = torch.zeros(len(chunk), T, dtype=torch.long)  # (B, T)
     y = torch.full((len(chunk), T), IGNORE_INDEX, dtype=torch.long)  # (B, T)
-    adv = torch.tensor([ro.advantages[i] for i in chunk], dtype=torch.float32)[:, None].repeat(1, T)  # (B, T)
-    for r, (i, s, p) in enumerate(zip(chunk, seqs, starts)):
+    adv = torch.tensor([c.advantage for c in chunk], dtype=torch.float32)[:, None].repeat(1, T)  # (B, T)
+    for r, (c, s, p) in enumerate(zip(chunk, seqs, starts)):
         x[r, : len(s) - 1] = torch.tensor(s[:-1])
-        targets = torch.tensor(ro.completions[i])
-        keep = torch.tensor(ro.sampled[i], dtype=torch.bool)
+        targets = torch.tensor(c.ids)
+        keep = torch.tensor(c.sampled, dtype=torch.bool)
         y[r, p : p + len(targets)] = torch.where(keep, targets, torch.full_like(targets, IGNORE_INDEX))
-        if ro.token_credit:
-            adv[r, p : p + len(targets)] += torch.tensor(ro.token_credit[i])
+        if c.credit is not None:
+            adv[r, p : p + len(targets)] += torch.tensor(c.credit)
     return x, y, adv
 
 
@@ -695,7 +699,7 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
         row = {"step": step + 1, "reward": ro.mean_reward, "completion_len": ro.mean_length, "loss": loss}
         if anchor is not None:  # NaN when no update stepped (every group unanimous)
             row["anchor_loss"] = sum(anchor_losses) / len(anchor_losses) if anchor_losses else math.nan
-        guided = sum(1 for i, is_ref in enumerate(ro.reference) if is_ref and ro.advantages[i])
+        guided = sum(1 for c in ro.completions if c.role == "reference" and c.advantage)
         log(f"step {step + 1}/{cfg.num_steps} | reward {ro.mean_reward:.3f} | loss {loss:+.4f} "
             + (f"| anchor {row['anchor_loss']:.4f} " if anchor is not None else "")
             + (f"| references {guided} " if cfg.reference_rollout != "off" else "")
