@@ -451,6 +451,13 @@ def test_config_refuses_an_unknown_greedy_rollout():
         build_config(RLConfig, {"greedy_rollout": "on"}, where="rl")
 
 
+@pytest.mark.parametrize("key, choices", [("reference_rollout", r"\['off', 'unsolved'\]"),
+                                          ("advantage", r"\['mean', 'group_std'\]")])
+def test_config_refuses_a_strategy_name_its_table_lacks(key, choices):
+    with pytest.raises(ConfigError, match=rf"rl\.{key}='on' must be one of {choices}"):
+        build_config(RLConfig, {key: "on"}, where="rl")
+
+
 def test_rollouts_on_the_static_cache_path_equal_the_reference(tok):
     """What RL's rollouts get on CUDA with runtime.kernels (Engine(fast=True)), here on the CPU:
     the same completions, masks and rewards for the same seed."""
@@ -507,7 +514,7 @@ def test_reference_rollout_trains_the_solution_beside_an_unsolved_group_only(tok
         ref = ro.completions[5 * g + 4]
         ref_ids, ref_mask = reference_completion(tok, problem, prompt_ids(tok, problem["question"]))
         assert (ref.prompt, ref.ids, ref.sampled) == (prompt_ids(tok, problem["question"]), ref_ids, ref_mask)
-        assert ref.credit == [0.0] * len(ref_ids)  # no credit of its own
+        assert ref.credit is None  # no credit of its own
     assert ro.completions[4].advantage == trained and ro.completions[9].advantage == 0.0
     assert (ro.mean_reward, ro.mean_length) == (plain.mean_reward, plain.mean_length)  # the samples' only
     assert ro.decoded_tokens == plain.decoded_tokens == sum(len(c.ids) for c in plain.completions)

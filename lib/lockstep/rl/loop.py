@@ -76,21 +76,23 @@ class RLConfig(LRSchedule):
     updates_per_step: int = 1
     # The greedy completion of each problem, decoded beside its samples: "off"; "member": it joins
     # its group (in the group's mean, trained like a sample); "baseline": it is the baseline
-    # (advantage = reward - greedy reward, self-critical), itself untrained.
-    greedy_rollout: Literal["off", "member", "baseline"] = "off"
+    # (advantage = reward - greedy reward, self-critical), itself untrained. A key of GREEDY_ROLLOUTS.
+    greedy_rollout: str = "off"
     # The problem's reference solution, rendered as a reply (its calculator results forced as
     # tool output), beside each group: "off"; "unsolved": in a group none of whose samples
     # reaches the reference's answer it is trained with advantage 1 (its reward, less the
     # samples' mean of 0), off-policy; beside a solved group, or where it is longer than the
     # completion budget, it is left out (advantage 0). It never enters the samples' baseline.
-    reference_rollout: Literal["off", "unsolved"] = "off"
+    # A key of REFERENCE_ROLLOUTS.
+    reference_rollout: str = "off"
     # "mean": advantage = reward - the group's baseline; "group_std": that, divided by the std of
-    # the group's rewards (a group of equal rewards is left unscaled).
-    advantage: Literal["mean", "group_std"] = "mean"
+    # the group's rewards (a group of equal rewards is left unscaled). A key of ADVANTAGES.
+    advantage: str = "mean"
     # Credit for each tool call on its own tokens: the tokens that write a call (from the end of
     # the previous call's output to its <|python_end|>) get step_advantage x (1 if the call's
     # result is one of the reference's, else 0, less the mean of that over the group's calls)
-    # added to the completion's advantage (lockstep.rl.loop.tool_steps). 0 = the answer's advantage only.
+    # added to the completion's advantage (lockstep.rl.loop.tool_steps). 0 = the answer's advantage
+    # only. CREDIT["calls"] when > 0, else CREDIT["answer"] (RLConfig.credit).
     step_advantage: float = 0.0
     temperature: float = UNSCALED_TEMPERATURE  # sampling temperature of the rollouts
     top_k: int | None = None  # rollouts' top-k (None = full distribution)
@@ -124,6 +126,10 @@ class RLConfig(LRSchedule):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for name, table in (("greedy_rollout", GREEDY_ROLLOUTS), ("reference_rollout", REFERENCE_ROLLOUTS),
+                            ("advantage", ADVANTAGES)):
+            if getattr(self, name) not in table:
+                raise FieldError(name, getattr(self, name), f"must be one of {list(table)}")
         for name in ("num_steps", "problems_per_step", "max_new_tokens", "updates_per_step", "device_batch_rows",
                      "generate_batch", "eval_problems", "pass_k", "anchor_rows"):
             check_range(name, getattr(self, name), ge=1)
@@ -158,7 +164,12 @@ class RLConfig(LRSchedule):
     def group_rows(self) -> int:
         """Completions per problem in a step's rollouts: the group, its greedy completion when
         that is a member, and the reference solution when it is rolled out."""
-        return self.group_size + (self.greedy_rollout == "member") + (self.reference_rollout != "off")
+        return self.group_size + GREEDY_ROLLOUTS[self.greedy_rollout].rows + REFERENCE_ROLLOUTS[self.reference_rollout].rows
+
+    @property
+    def credit(self) -> str:
+        """The CREDIT key of `step_advantage`: "calls" when it weighs each tool call, else "answer"."""
+        return "calls" if self.step_advantage else "answer"
 
     def draws(self) -> dict[str, int]:
         """Problems per update from each mixture source: round(share x problems_per_step)."""
@@ -338,6 +349,144 @@ def _sample(engine: Engine, prompts: list[list[int]], budgets: list[int], *, k: 
                                 batch_rows=batch_rows, temperature=temperature, top_k=top_k, seed=seed)
 
 
+# --- Strategies: how a group's completions are scored, each chosen once from RLConfig's names ---
+
+
+@dataclass
+class Group:
+    """One problem's completions while they are scored: its samples, then the members that join
+    them. The advantages measure from `baseline`, or, None, from the members' mean reward."""
+
+    problem: Mapping[str, Any]
+    budget: int  # the problem's completion budget in tokens
+    members: list[Completion]
+    baseline: float | None = None
+
+
+# (the group's rewards, its baseline) -> each member's advantage, in order
+Advantage = Callable[[Sequence[float], float], list[float]]
+
+
+def mean_advantage(rewards: Sequence[float], baseline: float) -> list[float]:
+    """`mean`: reward - baseline (Dr. GRPO)."""
+    return [r - baseline for r in rewards]
+
+
+def group_std_advantage(rewards: Sequence[float], baseline: float) -> list[float]:
+    """`group_std`: reward - baseline over the std of the group's rewards (GRPO); a group of
+    equal rewards is left unscaled."""
+    std = statistics.pstdev(rewards)
+    scale = 1.0 / std if std > 0 else 1.0
+    return [(r - baseline) * scale for r in rewards]
+
+
+# rl.advantage -> its function. A new one: an Advantage above and one line here.
+ADVANTAGES: dict[str, Advantage] = {"mean": mean_advantage, "group_std": group_std_advantage}
+
+
+@dataclass(frozen=True)
+class ExtraMember:
+    """A completion beside each problem's samples (rl.greedy_rollout, rl.reference_rollout):
+    `complete(engine, problems, prompts, budgets, batch_rows)` gives it for each problem of a
+    chunk (None: there is none), `join(group, completion)` adds it to the problem's group or takes
+    it as the baseline; `rows`: the completions it adds to a group."""
+
+    complete: Callable[[Engine, Sequence[Mapping[str, Any]], list[list[int]], list[int], int], list[Completion | None]]
+    join: Callable[[Group, Completion | None], None]
+    rows: int
+
+
+def no_completion(engine: Engine, problems: Sequence[Mapping[str, Any]], prompts: list[list[int]], budgets: list[int],
+                  batch_rows: int) -> list[Completion | None]:
+    return [None] * len(prompts)
+
+
+def greedy_completion(engine: Engine, problems: Sequence[Mapping[str, Any]], prompts: list[list[int]],
+                      budgets: list[int], batch_rows: int) -> list[Completion | None]:
+    """Each problem's greedy completion, `batch_rows` decoding together, scored."""
+    seqs, masks = engine.generate_many(prompts, max_tokens=budgets, batch_rows=batch_rows)
+    return [Completion(prompt, ids, mask, reward(engine.tokenizer.decode(ids), problem["answer"]), role="greedy")
+            for problem, prompt, ids, mask in zip(problems, prompts, seqs, masks)]
+
+
+def reference_solution(engine: Engine, problems: Sequence[Mapping[str, Any]], prompts: list[list[int]],
+                       budgets: list[int], batch_rows: int) -> list[Completion | None]:
+    """Each problem's reference solution as a completion (reference_completion), reward 1."""
+    return [Completion(prompt, *reference_completion(engine.tokenizer, problem, prompt), 1.0, role="reference")
+            for problem, prompt in zip(problems, prompts)]
+
+
+def join_nothing(group: Group, completion: Completion | None) -> None:
+    pass
+
+
+def join_member(group: Group, completion: Completion | None) -> None:
+    """`greedy_rollout: member`: in the group's mean, trained like a sample."""
+    assert completion is not None
+    group.members.append(completion)
+
+
+def join_baseline(group: Group, completion: Completion | None) -> None:
+    """`greedy_rollout: baseline`: its reward is the group's baseline (self-critical); untrained."""
+    assert completion is not None
+    group.baseline = completion.reward
+
+
+def join_unsolved(group: Group, completion: Completion | None) -> None:
+    """`reference_rollout: unsolved`: after the group's advantages, trained with advantage 1
+    where none of the samples is right and it fits the budget, else 0."""
+    assert completion is not None
+    unsolved = not any(m.reward for m in group.members if m.role == "sample")
+    completion.advantage = 1.0 if unsolved and len(completion.ids) <= group.budget else 0.0
+    group.members.append(completion)
+
+
+NO_MEMBER = ExtraMember(no_completion, join_nothing, rows=0)
+# rl.greedy_rollout -> how each problem's greedy completion joins its group, before the advantages.
+GREEDY_ROLLOUTS: dict[str, ExtraMember] = {
+    "off": NO_MEMBER,
+    "member": ExtraMember(greedy_completion, join_member, rows=1),
+    "baseline": ExtraMember(greedy_completion, join_baseline, rows=0),
+}
+# rl.reference_rollout -> how the reference solution joins each group, after the advantages and credit.
+REFERENCE_ROLLOUTS: dict[str, ExtraMember] = {
+    "off": NO_MEMBER,
+    "unsolved": ExtraMember(reference_solution, join_unsolved, rows=1),
+}
+
+# (the group's members, the engine, the problem's reference answer, rl.step_advantage) -> sets
+# each member's per-token credit
+Credit = Callable[[Sequence[Completion], Engine, str, float], None]
+
+
+def answer_credit(members: Sequence[Completion], engine: Engine, reference_answer: str, weight: float) -> None:
+    """`answer`: the answer's advantage alone; no token has credit of its own."""
+
+
+def call_credit(members: Sequence[Completion], engine: Engine, reference_answer: str, weight: float) -> None:
+    """`calls`: each tool call's tokens get `weight` x (right or not, less the group's mean)."""
+    for m, credit in zip(members, _call_credit([m.ids for m in members], engine, reference_answer, weight)):
+        m.credit = credit
+
+
+# RLConfig.credit -> its function. A new one: a Credit above, one line here, and its name in RLConfig.credit.
+CREDIT: dict[str, Credit] = {"answer": answer_credit, "calls": call_credit}
+
+
+def score_group(group: Group, *, greedy: Completion | None, reference: Completion | None, cfg: RLConfig,
+                engine: Engine) -> list[Completion]:
+    """The group's completions with their advantages and credit, the extra members joined as
+    cfg's strategies say: the greedy completion, then the advantages, credit, the reference."""
+    GREEDY_ROLLOUTS[cfg.greedy_rollout].join(group, greedy)
+    rewards = [m.reward for m in group.members]
+    baseline = sum(rewards) / len(rewards) if group.baseline is None else group.baseline
+    for m, advantage in zip(group.members, ADVANTAGES[cfg.advantage](rewards, baseline)):
+        m.advantage = advantage
+    CREDIT[cfg.credit](group.members, engine, group.problem["answer"], cfg.step_advantage)
+    REFERENCE_ROLLOUTS[cfg.reference_rollout].join(group, reference)
+    return group.members
+
+
 def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, Any]], cfg: RLConfig, *, seed: int,
             log: Callable[[str], None] | None = None) -> Rollouts:
     """Sample `group_size` completions for each problem (tools on), `generate_batch` of them
@@ -346,40 +495,19 @@ def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, A
     the reference solution (`reference_rollout`)."""
     out: list[Completion] = []
     prompts, budgets = _prompts_and_budgets(engine, tokenizer, problems, cfg.max_new_tokens)
-    references = ([reference_completion(tokenizer, p, prompt) for p, prompt in zip(problems, prompts)]
-                  if cfg.reference_rollout != "off" else [])
     countdown = Countdown("rollouts", len(problems), log or (lambda line: None), units="problems")
-    per_call = max(1, cfg.generate_batch // cfg.group_size)
-    for c, chunk in enumerate(_chunks(len(problems), per_call)):
-        ps, bs = prompts[chunk.start:chunk.stop], budgets[chunk.start:chunk.stop]
-        seqs, masks = _sample(engine, ps, bs, k=cfg.group_size, batch_rows=cfg.generate_batch,
-                              temperature=cfg.temperature, top_k=cfg.top_k, seed=_derived_seed(seed, c))
-        if cfg.greedy_rollout != "off":
-            greedy_seqs, greedy_masks = engine.generate_many(ps, max_tokens=bs, batch_rows=cfg.generate_batch)
-        for j, i in enumerate(chunk):
-            answer = problems[i]["answer"]
-            group = [Completion(ps[j], seqs[g], masks[g], reward(tokenizer.decode(seqs[g]), answer))
-                     for g in range(j * cfg.group_size, (j + 1) * cfg.group_size)]
-            if cfg.greedy_rollout != "off":
-                greedy = Completion(ps[j], greedy_seqs[j], greedy_masks[j], reward(tokenizer.decode(greedy_seqs[j]), answer),
-                                    role="greedy")
-            if cfg.greedy_rollout == "member":
-                group.append(greedy)
-            rewards = [m.reward for m in group]
-            base = greedy.reward if cfg.greedy_rollout == "baseline" else sum(rewards) / len(rewards)
-            std = statistics.pstdev(rewards) if cfg.advantage == "group_std" else 0.0
-            scale = 1.0 / std if std > 0 else 1.0
-            for m in group:
-                m.advantage = (m.reward - base) * scale
-            if cfg.step_advantage:
-                for m, credit in zip(group, _call_credit([m.ids for m in group], engine, answer, cfg.step_advantage)):
-                    m.credit = credit
-            if cfg.reference_rollout != "off":
-                ref_ids, ref_mask = references[i]
-                unsolved = not any(m.reward for m in group if m.role == "sample")
-                group.append(Completion(ps[j], ref_ids, ref_mask, 1.0, 1.0 if unsolved and len(ref_ids) <= bs[j] else 0.0,
-                                        role="reference", credit=[0.0] * len(ref_ids) if cfg.step_advantage else None))
-            out += group
+    k = cfg.group_size
+    for c, chunk in enumerate(_chunks(len(problems), max(1, cfg.generate_batch // k))):
+        ps, bs, chunk_problems = prompts[chunk.start:chunk.stop], budgets[chunk.start:chunk.stop], problems[chunk.start:chunk.stop]
+        seqs, masks = _sample(engine, ps, bs, k=k, batch_rows=cfg.generate_batch, temperature=cfg.temperature,
+                              top_k=cfg.top_k, seed=_derived_seed(seed, c))
+        greedy = GREEDY_ROLLOUTS[cfg.greedy_rollout].complete(engine, chunk_problems, ps, bs, cfg.generate_batch)
+        reference = REFERENCE_ROLLOUTS[cfg.reference_rollout].complete(engine, chunk_problems, ps, bs, cfg.generate_batch)
+        for j, problem in enumerate(chunk_problems):
+            samples = [Completion(ps[j], seqs[g], masks[g], reward(tokenizer.decode(seqs[g]), problem["answer"]))
+                       for g in range(j * k, (j + 1) * k)]
+            out += score_group(Group(problem, bs[j], samples), greedy=greedy[j], reference=reference[j], cfg=cfg,
+                               engine=engine)
         countdown.tick(len(chunk))
     return Rollouts(out)
 
