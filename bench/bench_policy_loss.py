@@ -17,8 +17,7 @@ import time
 import torch
 
 import rl_step  # the tiny preset's RL step (bench/ is on sys.path)
-from lockstep.infer.engine import Engine
-from lockstep.rl.loop import RLConfig, policy_loss_backward, rollout
+from lockstep.rl.loop import RLConfig, RLTrainer, policy_loss_backward
 
 
 def main() -> None:
@@ -30,7 +29,8 @@ def main() -> None:
     model.use_kernels(True)
     cfg = RLConfig(problems="synth_multistep", problems_per_step=rl_step.PROBLEMS_PER_STEP, group_size=rl_step.GROUP_SIZE,
                    max_new_tokens=rl_step.MAX_NEW_TOKENS, step_advantage=0.5)
-    ro = rollout(Engine(model, tok), tok, problems, cfg, seed=1)
+    trainer = RLTrainer(model, tok, cfg, train_problems=problems, val_problems=problems, device=torch.device("cpu"), seed=1)
+    ro = trainer.rollout(problems, seed=1)
     model.train()
 
     def run(prompt_once: bool) -> tuple[float, list[torch.Tensor]]:

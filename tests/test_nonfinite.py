@@ -13,7 +13,7 @@ from _tiny_model import tiny_gpt
 from lockstep.core.runtime import Runtime
 from lockstep.model.checkpoint import list_checkpoints, load_checkpoint
 from lockstep.model.gpt import GPT
-from lockstep.rl.loop import Completion, RLConfig, Rollouts, train_rl
+from lockstep.rl.loop import Completion, RLConfig, RLTrainer, Rollouts
 from lockstep.train.optim import OptimConfig
 from lockstep.train.trainer import ModelParams, NonFiniteError, TrainConfig, Trainer, Validation
 
@@ -148,15 +148,15 @@ def _policy() -> GPT:
 
 
 def _rl(model: GPT, tok, monkeypatch: pytest.MonkeyPatch, on_step=None, **kw):
-    """train_rl on fixed rollouts (one rewarded, one not), so every step has an update."""
+    """RLTrainer.fit on fixed rollouts (one rewarded, one not), so every step has an update."""
     prompt, good, bad = tok.encode("Q: 2+2? A:"), tok.encode("#### 4"), tok.encode("#### 5")
     fixed = Rollouts([Completion(prompt, good, [1] * len(good), 1.0, 0.5), Completion(prompt, bad, [1] * len(bad), 0.0, -0.5)])
-    monkeypatch.setattr("lockstep.rl.loop.rollout", lambda *a, **k: fixed)
+    monkeypatch.setattr(RLTrainer, "rollout", lambda *a, **k: fixed)
     cfg = RLConfig(num_steps=3, problems_per_step=1, group_size=2, max_new_tokens=2, device_batch_rows=2,
                    eval_every_steps=0, eval_problems=1, pass_k=1, **kw)
     problems = [{"question": "2+2?", "answer": "#### 4"}]
-    return train_rl(model, tok, train_problems=problems, val_problems=problems, cfg=cfg, device=torch.device("cpu"),
-                    seed=1, log=lambda line: None, on_step=on_step)
+    return RLTrainer(model, tok, cfg, train_problems=problems, val_problems=problems, device=torch.device("cpu"), seed=1,
+                     on_step=on_step).fit()
 
 
 def test_rl_stops_on_a_nan_loss(tok, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -59,28 +59,30 @@ def test_countdown_is_never_silent_for_long_and_its_eta_follows_recent_items():
     assert len(lines) == 6 and c.done == 10  # no line for the last item: the caller reports the result
 
 
-def test_rl_evaluation_and_rollouts_report_progress(tok, monkeypatch):
+def test_rl_evaluation_and_rollouts_report_progress(tok, monkeypatch, caplog):
     """RL's held-out evaluation and its rollouts (minutes on a busy CPU) log countdown lines, one
     per batch of problems decoded together."""
+    import torch
+
     from _tiny_model import randomize, tiny_gpt
     from lockstep.core import progress
     from lockstep.core.config import build_config
     from lockstep.infer.engine import Engine
-    from lockstep.rl.loop import RLConfig, pass_at_k, rollout
+    from lockstep.rl.loop import RLConfig, RLTrainer, pass_at_k
 
     model = randomize(tiny_gpt(seed=5, n_layer=2), seed=6).eval()
     problems = [{"question": f"{i}+1?", "answer": f"#### {i + 1}"} for i in range(3)]
-    lines: list[str] = []
     real = progress.Countdown.__init__
 
     def every_item(self, *a, **kw):
         real(self, *a, **{**kw, "interval_s": 0.0})
     monkeypatch.setattr(progress.Countdown, "__init__", every_item)
     # 3 rows a batch: one problem's greedy and 2 samples
-    pass_at_k(Engine(model, tok), tok, problems, k=2, temperature=1.0, max_new_tokens=4, seed=1, batch_rows=3,
-              log=lines.append)
     cfg = build_config(RLConfig, {"group_size": 2, "problems_per_step": 3, "max_new_tokens": 4, "generate_batch": 2},
                        where="rl")
-    rollout(Engine(model, tok), tok, problems, cfg, seed=7, log=lines.append)
-    assert [line.split(" | ")[0] for line in lines] == ["held-out eval: 1/3 problems", "held-out eval: 2/3 problems",
+    with caplog.at_level(logging.INFO, logger="lockstep.rl"):
+        pass_at_k(Engine(model, tok), tok, problems, k=2, temperature=1.0, max_new_tokens=4, seed=1, batch_rows=3)
+        RLTrainer(model, tok, cfg, train_problems=problems, val_problems=problems, device=torch.device("cpu"),
+                  seed=0).rollout(problems, seed=7)
+    assert [line.split(" | ")[0] for line in caplog.messages] == ["held-out eval: 1/3 problems", "held-out eval: 2/3 problems",
                                                         "rollouts: 1/3 problems", "rollouts: 2/3 problems"]

@@ -12,9 +12,9 @@ from lockstep.core.config import ConfigError, build_config
 from lockstep.infer.engine import Engine
 from lockstep.model.gpt import GPT
 from lockstep.model.gpt import IGNORE_INDEX
-from lockstep.rl.loop import (Completion, RLConfig, Rollouts, _derived_seed, anchor_loss_backward, draw_problems, policy_loss_backward,
-                              prompt_ids, reference_completion, reference_results, reward, rollout, series_columns,
-                              tool_steps, train_rl)
+from lockstep.rl.loop import (Completion, RLConfig, RLTrainer, Rollouts, _derived_seed, anchor_loss_backward, draw_problems,
+                              policy_loss_backward, prompt_ids, reference_completion, reference_results, reward,
+                              series_columns, tool_steps)
 
 
 def tiny_model(seed: int = 0) -> GPT:
@@ -26,6 +26,13 @@ def rollouts(prompts, ids, sampled, rewards, advantages, *, credit=None, roles=N
     n = len(ids)
     return Rollouts([Completion(*row, role=role, credit=c) for row, role, c in
                      zip(zip(prompts, ids, sampled, rewards, advantages), roles or ["sample"] * n, credit or [None] * n)])
+
+
+def rollout(model: GPT, tok, problems, cfg: RLConfig, *, seed: int, **decode) -> Rollouts:
+    """RLTrainer.rollout of `problems`, decoding with the Engine keywords `decode`."""
+    trainer = RLTrainer(model, tok, cfg, train_problems=problems, val_problems=problems, device=torch.device("cpu"), seed=0,
+                        decode=decode)
+    return trainer.rollout(problems, seed=seed)
 
 
 def col(ro: Rollouts, name: str) -> list:
@@ -339,7 +346,7 @@ def test_sft_anchor_is_the_kl_to_the_reference_and_zero_until_the_policy_moves()
 
 
 @pytest.mark.parametrize("target", ["data", "sft"])
-def test_train_rl_keeps_a_frozen_reference_only_for_the_sft_anchor(tok, target, monkeypatch):
+def test_rl_keeps_a_frozen_reference_only_for_the_sft_anchor(tok, target, monkeypatch):
     seen = []
     def fake_anchor(model, anchor, cfg, *, device, generator, autocast=None, reference=None):
         seen.append(reference)
@@ -352,8 +359,8 @@ def test_train_rl_keeps_a_frozen_reference_only_for_the_sft_anchor(tok, target, 
                                   "eval_every_steps": 0, "eval_problems": 1, "pass_k": 1, "anchor": {"chat": 1.0},
                                   "anchor_target": target}, where="rl")
     problems = [{"question": f"{i}+1?", "answer": "#### 1"} for i in range(4)]
-    train_rl(model, tok, train_problems=problems, val_problems=problems, cfg=cfg, device=torch.device("cpu"), seed=3,
-             log=lambda line: None, anchor=FixedBatches(None, None))
+    RLTrainer(model, tok, cfg, train_problems=problems, val_problems=problems, device=torch.device("cpu"), seed=3,
+              anchor=FixedBatches(None, None)).fit()
     assert seen, "no update carried the anchor"
     if target == "data":
         assert all(r is None for r in seen)
@@ -368,13 +375,13 @@ def test_rollout_groups_share_a_prompt_and_center_rewards(tok):
     model = tiny_model(5).eval()
     cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": 8}, where="rl")
     problems = [{"question": "1+1?", "answer": "#### 2"}, {"question": "2+2?", "answer": "#### 4"}]
-    ro = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
+    ro = rollout(model, tok, problems, cfg, seed=7)
     assert len(ro.completions) == 8
     for g in range(2):
         group = ro.completions[4 * g: 4 * g + 4]
         assert sum(c.advantage for c in group) == pytest.approx(0.0)
         assert all(c.prompt == group[0].prompt for c in group)
-    again = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
+    again = rollout(model, tok, problems, cfg, seed=7)
     assert again.completions == ro.completions  # seeded: a pure function of its inputs
 
 
@@ -386,8 +393,8 @@ def test_greedy_rollout_joins_its_group_or_is_its_baseline(tok, mode, monkeypatc
                                   "greedy_rollout": mode}, where="rl")
     problems = [{"question": "1+1?", "answer": "#### 2"}, {"question": "2+2?", "answer": "#### 4"}]
     engine = Engine(model, tok)
-    plain = rollout(engine, tok, problems, dataclasses.replace(cfg, greedy_rollout="off"), seed=7)
-    ro = rollout(engine, tok, problems, cfg, seed=7)
+    plain = rollout(model, tok, problems, dataclasses.replace(cfg, greedy_rollout="off"), seed=7)
+    ro = rollout(model, tok, problems, cfg, seed=7)
     greedy = engine.generate_greedy([prompt_ids(tok, p["question"]) for p in problems], max_tokens=8, batch_rows=8)
     g_rewards = [float(len(tok.decode(g)) % 2) for g in greedy]
     rows = 5 if mode == "member" else 4
@@ -411,8 +418,8 @@ def test_group_std_advantage_divides_each_group_by_its_std(tok, monkeypatch):
     cfg = build_config(RLConfig, {"group_size": 8, "problems_per_step": 3, "max_new_tokens": 8,
                                   "advantage": "group_std"}, where="rl")
     problems = [{"question": q, "answer": "#### 2"} for q in ("1+1?", "2+2?", "3+3?")]
-    plain = rollout(Engine(model, tok), tok, problems, dataclasses.replace(cfg, advantage="mean"), seed=7)
-    ro = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
+    plain = rollout(model, tok, problems, dataclasses.replace(cfg, advantage="mean"), seed=7)
+    ro = rollout(model, tok, problems, cfg, seed=7)
     assert col(ro, "ids") == col(plain, "ids") and col(ro, "reward") == col(plain, "reward")
     spread = 0
     for g in range(3):
@@ -434,8 +441,8 @@ def test_rollout_credits_each_call_against_its_group_s_calls(tok, monkeypatch):
     cfg = build_config(RLConfig, {"group_size": 8, "problems_per_step": 2, "max_new_tokens": 8,
                                   "step_advantage": 0.5}, where="rl")
     problems = [{"question": q, "answer": "#### 2"} for q in ("1+1?", "3+3?")]
-    ro = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
-    plain = rollout(Engine(model, tok), tok, problems, dataclasses.replace(cfg, step_advantage=0.0), seed=7)
+    ro = rollout(model, tok, problems, cfg, seed=7)
+    plain = rollout(model, tok, problems, dataclasses.replace(cfg, step_advantage=0.0), seed=7)
     assert col(plain, "credit") == [None] * 16 and col(ro, "advantage") == col(plain, "advantage")
     for g in range(2):
         group = ro.completions[8 * g: 8 * g + 8]
@@ -464,8 +471,8 @@ def test_rollouts_on_the_static_cache_path_equal_the_reference(tok):
     model = tiny_model(5).eval()
     cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": 12}, where="rl")
     problems = [{"question": "1+1?", "answer": "#### 2"}, {"question": "2+2?", "answer": "#### 4"}]
-    ref = rollout(Engine(model, tok), tok, problems, cfg, seed=7)
-    fast = rollout(Engine(model, tok, fast=True), tok, problems, cfg, seed=7)
+    ref = rollout(model, tok, problems, cfg, seed=7)
+    fast = rollout(model, tok, problems, cfg, seed=7, fast=True)
     assert fast.completions == ref.completions  # ids, masks, rewards and advantages
     assert len({tuple(c.ids) for c in ref.completions}) > 1
 
@@ -504,9 +511,8 @@ def test_reference_rollout_trains_the_solution_beside_an_unsolved_group_only(tok
     monkeypatch.setattr("lockstep.rl.loop.tool_steps", lambda ids, engine, results: [(range(0, 1), ids[0] % 2 == 0)])
     cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": max_new_tokens,
                                   "step_advantage": 0.5, "reference_rollout": "unsolved"}, where="rl")
-    engine = Engine(model, tok)
-    plain = rollout(engine, tok, [_UNSOLVED, _SOLVED], dataclasses.replace(cfg, reference_rollout="off"), seed=7)
-    ro = rollout(engine, tok, [_UNSOLVED, _SOLVED], cfg, seed=7)
+    plain = rollout(model, tok, [_UNSOLVED, _SOLVED], dataclasses.replace(cfg, reference_rollout="off"), seed=7)
+    ro = rollout(model, tok, [_UNSOLVED, _SOLVED], cfg, seed=7)
     assert any(col(plain, "reward")[4:]), "the 2+2 group has no right sample: pick another seed"
     assert len(ro.completions) == 10 and col(ro, "role") == (["sample"] * 4 + ["reference"]) * 2
     for g, problem in enumerate((_UNSOLVED, _SOLVED)):
@@ -538,7 +544,7 @@ def test_a_trained_reference_is_the_cross_entropy_of_its_written_tokens(tok):
 
 
 @pytest.mark.parametrize("reference", ["off", "unsolved"])
-def test_train_rl_learns_from_the_reference_where_every_sample_misses(tok, monkeypatch, reference):
+def test_rl_learns_from_the_reference_where_every_sample_misses(tok, monkeypatch, caplog, reference):
     """Every sample scores 0: without the reference no group has an advantage and no update
     moves the weights; with it every step trains each problem's reference solution."""
     monkeypatch.setattr("lockstep.rl.loop.reward", lambda text, answer: 0.0)
@@ -547,12 +553,41 @@ def test_train_rl_learns_from_the_reference_where_every_sample_misses(tok, monke
     cfg = build_config(RLConfig, {"group_size": 2, "problems_per_step": 2, "max_new_tokens": 48, "num_steps": 2,
                                   "eval_every_steps": 0, "eval_problems": 1, "pass_k": 1,
                                   "reference_rollout": reference}, where="rl")
-    lines: list[str] = []
-    train_rl(model, tok, train_problems=[_UNSOLVED, _SOLVED], val_problems=[_UNSOLVED], cfg=cfg,
-             device=torch.device("cpu"), seed=3, log=lines.append)
+    with caplog.at_level("INFO", logger="lockstep.rl"):
+        RLTrainer(model, tok, cfg, train_problems=[_UNSOLVED, _SOLVED], val_problems=[_UNSOLVED], device=torch.device("cpu"),
+                  seed=3).fit()
     moved = any(not torch.equal(a, b) for a, b in zip(start, model.parameters()))
-    steps = [line for line in lines if line.startswith("step ")]
+    steps = [line for line in caplog.messages if line.startswith("step ")]
     if reference == "off":
         assert not moved and not any("references" in line for line in steps)
     else:
         assert moved and all("| references 2 |" in line for line in steps), steps
+
+
+def reward_itself(rewards, baseline):
+    """A toy advantage written as docs/internals.md's recipe says: each completion's reward, no
+    baseline (REINFORCE), so that only right completions are pushed, and pushed up."""
+    return [float(r) for r in rewards]
+
+
+def test_a_toy_advantage_is_one_function_and_one_table_line(tok, monkeypatch):
+    """Registered with one line in ADVANTAGES and selected by name through RLConfig, a toy
+    advantage scores a real rollout and drives a real update of a tiny model; unregistered, the
+    same name is refused with the table's keys."""
+    import lockstep.rl.loop as rl_lib
+
+    section = {"group_size": 4, "problems_per_step": 2, "max_new_tokens": 8, "num_steps": 1, "advantage": "toy"}
+    with pytest.raises(ConfigError, match=r"rl\.advantage='toy' must be one of \['mean', 'group_std'\]"):
+        build_config(RLConfig, section, where="rl")
+    monkeypatch.setitem(rl_lib.ADVANTAGES, "toy", reward_itself)
+    monkeypatch.setattr("lockstep.rl.loop.reward", lambda text, answer: float(len(text) % 2))  # a random model scores 0
+    cfg = build_config(RLConfig, section, where="rl")
+    model = tiny_model(5)
+    start = [p.detach().clone() for p in model.parameters()]
+    problems = [{"question": "1+1?", "answer": "#### 2"}, {"question": "2+2?", "answer": "#### 4"}]
+    trainer = RLTrainer(model, tok, cfg, train_problems=problems, val_problems=problems, device=torch.device("cpu"), seed=3)
+    ro = trainer.rollout(problems, seed=7)
+    assert col(ro, "advantage") == col(ro, "reward") and 0 < sum(col(ro, "reward")) < 8
+    stats = trainer.update(ro)
+    assert stats.tokens == sum(sum(c.sampled) for c in ro.completions if c.reward)  # the right ones only
+    assert any(not torch.equal(a, b) for a, b in zip(start, model.parameters()))

@@ -13,7 +13,7 @@ from _tiny_model import tiny_gpt
 from lockstep.data.sources import SOURCE_CONFIGS, fetch_source
 from lockstep.model import checkpoint as ckpt
 from lockstep.model.gpt import GPT
-from lockstep.rl.loop import Completion, Rollouts
+from lockstep.rl.loop import Completion, RLTrainer, Rollouts
 from lockstep.tokenizer.kinds import train_tokenizer
 
 
@@ -52,7 +52,7 @@ def test_nan_loss_publishes_nothing(rl_workspace: Path, repo_root: Path, monkeyp
     tok = train_tokenizer("byte", [])
     prompt, good, bad = tok.encode("Q: 2+2? A:"), tok.encode("#### 4"), tok.encode("#### 5")
     # Disagreeing completions, so the step has an update whose loss can go NaN.
-    monkeypatch.setattr("lockstep.rl.loop.rollout", lambda *a, **k: Rollouts(
+    monkeypatch.setattr(RLTrainer, "rollout", lambda *a, **k: Rollouts(
         [Completion(prompt, good, [1] * len(good), 1.0, 0.5), Completion(prompt, bad, [1] * len(bad), 0.0, -0.5)]))
     real_forward = GPT.forward
 
@@ -83,7 +83,7 @@ def test_ctrl_c_says_a_rerun_starts_over(rl_workspace: Path, repo_root: Path, mo
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("lockstep.pipeline.rl.train_rl", ctrl_c)
+    monkeypatch.setattr(RLTrainer, "fit", ctrl_c)
     assert entry(lambda: rl.main(_args(rl_workspace)), errors=rl.STAGE_ERRORS) == 130
     assert capsys.readouterr().err == ("interrupted: rl keeps no intermediate checkpoints, so nothing was saved; "
                                        f"`dvc repro` runs it again from {rl_workspace / 'sft'}\n")

@@ -1,4 +1,4 @@
-"""The `rl` stage's work around lockstep.rl.loop.train_rl: load the SFT checkpoint and the tokenizer,
+"""The `rl` stage's work around lockstep.rl.loop.RLTrainer: load the SFT checkpoint and the tokenizer,
 read the problem snapshot's train and held-out splits, train, then publish the RL checkpoint, the
 per-step series, the metrics (held-out pass@1 and pass@k before and after, each with the problems
 it is over) and the run facts. Typed configs, paths and the code revision come from the caller
@@ -24,7 +24,7 @@ from lockstep.data.loaders import Mixture, open_sft_dataset
 from lockstep.data.snapshot import SnapshotError, iter_records, read_meta
 from lockstep.infer.engine import decode_settings
 from lockstep.model import checkpoint as ckpt
-from lockstep.rl.loop import RLConfig, RLResult, series_columns, train_rl
+from lockstep.rl.loop import RLConfig, RLResult, RLTrainer, series_columns
 from lockstep.tokenizer import TokenizerFileError, load_tokenizer
 from lockstep.train.trainer import NonFiniteError
 # The rl stage (stages/rl.py) imports from this module alone: with the work come its params
@@ -135,10 +135,11 @@ def run_rl_stage(*, cfg: RLConfig, paths: RLStagePaths, rt: Runtime, seed: int, 
     series = SeriesWriter(paths.plots, series_columns(cfg))
     t0 = time.perf_counter()
     try:
-        result = train_rl(model, tok, train_problems=train_problems, val_problems=val_problems, cfg=cfg,
-                          device=rt.device, seed=seed, autocast=rt.autocast(), log=log.info, on_step=series.add,
-                          decode=decode_settings(rt.device, rt.dtype, rt.kernels, rt.compile),
-                          mixture_problems=mixture_problems, anchor=anchor)
+        trainer = RLTrainer(model, tok, cfg, train_problems=train_problems, val_problems=val_problems, device=rt.device,
+                            seed=seed, autocast=rt.autocast(), on_step=series.add,
+                            decode=decode_settings(rt.device, rt.dtype, rt.kernels, rt.compile),
+                            mixture_problems=mixture_problems, anchor=anchor)
+        result = trainer.fit()
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"rl keeps no intermediate checkpoints, so nothing was saved; `dvc repro` runs it "
                                 f"again from {paths.init}") from None

@@ -25,11 +25,19 @@ Choices, and why:
   Ouyang et al. 2022), or the KL from the starting checkpoint's next-token distributions on them
   (`anchor_target: sft`), which, unlike the cross-entropy of a few conversations, has no gradient
   until the policy drifts, at the cost of a frozen copy of the weights.
+
+How it is built: a completion is one `Completion` record, a step's rollouts a list of them
+(`Rollouts`). How a group is scored is chosen once, by name, from four tables: GREEDY_ROLLOUTS
+and REFERENCE_ROLLOUTS (`ExtraMember`s: what is completed beside the samples and how it joins
+the group), ADVANTAGES and CREDIT. `RLTrainer` is the loop, in the shape of
+lockstep.train.trainer.Trainer (rollout, update, evaluate, step, state_dict, fit), with its NaN
+guard, LR schedule and progress line.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import statistics
 import time
@@ -42,7 +50,7 @@ import torch
 import torch.nn as nn
 
 from lockstep.core.config import FieldError, check_range
-from lockstep.core.progress import Countdown, format_duration
+from lockstep.core.progress import Countdown
 from lockstep.core.seeds import derive_seed
 from lockstep.data.records import problem_to_conversation, user_prompt
 from lockstep.evaluate.chat import extract_answer
@@ -50,10 +58,12 @@ from lockstep.infer.engine import Engine
 from lockstep.infer.sampling import UNSCALED_TEMPERATURE
 from lockstep.model.gpt import IGNORE_INDEX
 from lockstep.train.optim import OptimConfig, build_optimizers, global_grad_norm, set_lr
-from lockstep.train.trainer import LRSchedule, NonFiniteGuard
+from lockstep.train.trainer import LRSchedule, NonFiniteGuard, eta_text, progress_line
 
 if TYPE_CHECKING:
     from lockstep.tokenizer.base import Tokenizer
+
+log = logging.getLogger("lockstep.rl")
 
 
 @dataclass(frozen=True)
@@ -251,7 +261,7 @@ def prompt_ids(tokenizer: Tokenizer, question: str) -> list[int]:
 
 
 def series_columns(cfg: RLConfig) -> dict[str, tuple[str, ...]]:
-    """The per-step series `train_rl` reports through `on_step`, by file: columns besides `step`.
+    """The per-step series RLTrainer reports through `on_step`, by file: columns besides `step`.
     Every value is a result (rewards, lengths, losses, held-out scores); timings stay in the log."""
     held_out = dict.fromkeys(("pass@1", f"pass@{cfg.pass_k}", "greedy", "completion_len"))  # pass@1 once when k = 1
     train = ("reward", "completion_len", "loss") + (("anchor_loss",) if cfg.anchor else ())
@@ -473,45 +483,6 @@ def call_credit(members: Sequence[Completion], engine: Engine, reference_answer:
 CREDIT: dict[str, Credit] = {"answer": answer_credit, "calls": call_credit}
 
 
-def score_group(group: Group, *, greedy: Completion | None, reference: Completion | None, cfg: RLConfig,
-                engine: Engine) -> list[Completion]:
-    """The group's completions with their advantages and credit, the extra members joined as
-    cfg's strategies say: the greedy completion, then the advantages, credit, the reference."""
-    GREEDY_ROLLOUTS[cfg.greedy_rollout].join(group, greedy)
-    rewards = [m.reward for m in group.members]
-    baseline = sum(rewards) / len(rewards) if group.baseline is None else group.baseline
-    for m, advantage in zip(group.members, ADVANTAGES[cfg.advantage](rewards, baseline)):
-        m.advantage = advantage
-    CREDIT[cfg.credit](group.members, engine, group.problem["answer"], cfg.step_advantage)
-    REFERENCE_ROLLOUTS[cfg.reference_rollout].join(group, reference)
-    return group.members
-
-
-def rollout(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, Any]], cfg: RLConfig, *, seed: int,
-            log: Callable[[str], None] | None = None) -> Rollouts:
-    """Sample `group_size` completions for each problem (tools on), `generate_batch` of them
-    decoding together, and score them; progress lines to `log` while it takes longer than ~10 s.
-    Each group's rows: its samples, then the greedy completion (`greedy_rollout: member`), then
-    the reference solution (`reference_rollout`)."""
-    out: list[Completion] = []
-    prompts, budgets = _prompts_and_budgets(engine, tokenizer, problems, cfg.max_new_tokens)
-    countdown = Countdown("rollouts", len(problems), log or (lambda line: None), units="problems")
-    k = cfg.group_size
-    for c, chunk in enumerate(_chunks(len(problems), max(1, cfg.generate_batch // k))):
-        ps, bs, chunk_problems = prompts[chunk.start:chunk.stop], budgets[chunk.start:chunk.stop], problems[chunk.start:chunk.stop]
-        seqs, masks = _sample(engine, ps, bs, k=k, batch_rows=cfg.generate_batch, temperature=cfg.temperature,
-                              top_k=cfg.top_k, seed=_derived_seed(seed, c))
-        greedy = GREEDY_ROLLOUTS[cfg.greedy_rollout].complete(engine, chunk_problems, ps, bs, cfg.generate_batch)
-        reference = REFERENCE_ROLLOUTS[cfg.reference_rollout].complete(engine, chunk_problems, ps, bs, cfg.generate_batch)
-        for j, problem in enumerate(chunk_problems):
-            samples = [Completion(ps[j], seqs[g], masks[g], reward(tokenizer.decode(seqs[g]), problem["answer"]))
-                       for g in range(j * k, (j + 1) * k)]
-            out += score_group(Group(problem, bs[j], samples), greedy=greedy[j], reference=reference[j], cfg=cfg,
-                               engine=engine)
-        countdown.tick(len(chunk))
-    return Rollouts(out)
-
-
 def policy_loss_backward(model: nn.Module, ro: Rollouts, *, device: torch.device, rows_per_pass: int,
                          autocast: Any = None, prompt_once: bool = False) -> tuple[float, int]:
     """Accumulate gradients of -sum((A_i + c_t) * log p(token)) / N over sampled tokens, c_t a
@@ -670,17 +641,16 @@ def _kept_logits(model: nn.Module, x: torch.Tensor, keep: torch.Tensor) -> torch
 
 @torch.no_grad()
 def pass_at_k(engine: Engine, tokenizer: Tokenizer, problems: Sequence[dict[str, Any]], *, k: int, temperature: float,
-              max_new_tokens: int, seed: int, batch_rows: int = 128,
-              log: Callable[[str], None] | None = None) -> dict[str, float]:
+              max_new_tokens: int, seed: int, batch_rows: int = 128) -> dict[str, float]:
     """Held-out scores on `problems` from k completions sampled at `temperature` per problem:
     pass@1 is the mean fraction correct (the unbiased pass@1 estimate from k samples), pass@k
     the fraction of problems with any correct completion. Also the greedy (temperature 0)
     accuracy and the mean greedy completion length. `batch_rows` completions decode together;
-    progress lines to `log` while it takes longer than ~10 s."""
+    progress lines to the `lockstep.rl` log while it takes longer than ~10 s."""
     prompts, budgets = _prompts_and_budgets(engine, tokenizer, problems, max_new_tokens)
     sampled_correct = any_correct = greedy_correct = 0.0
     lengths = []
-    countdown = Countdown("held-out eval", len(problems), log or (lambda line: None), units="problems")
+    countdown = Countdown("held-out eval", len(problems), log.info, units="problems")
     per_call = max(1, batch_rows // (k + 1))
     for c, chunk in enumerate(_chunks(len(problems), per_call)):
         ps, bs = prompts[chunk.start:chunk.stop], budgets[chunk.start:chunk.stop]
@@ -730,27 +700,205 @@ def draw_problems(train_problems: Sequence[dict[str, Any]], mixture_problems: Ma
     return picked
 
 
-def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence[dict[str, Any]],
-             val_problems: Sequence[dict[str, Any]], cfg: RLConfig, device: torch.device, seed: int,
-             autocast: Any = None, log: Callable[[str], None] = print,
-             on_step: Callable[[dict[str, float]], None] | None = None,
-             decode: Mapping[str, Any] | None = None,
-             mixture_problems: Mapping[str, Sequence[dict[str, Any]]] | None = None,
-             anchor: Any = None) -> RLResult:
-    """Run `cfg.num_steps` policy updates. Problems per step are drawn with a generator seeded
-    from (seed, step), so a run is a pure function of its inputs and seed. An update whose loss
-    or gradient norm is NaN or inf is skipped; more in a row than `cfg.nonfinite_patience`, or
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one `RLTrainer.update` did."""
+
+    loss: float  # the policy loss per sampled token over the step's updates
+    tokens: int  # sampled tokens trained on
+    lr_mult: float
+    anchor_loss: float | None  # mean over the updates that carried it (NaN: none did); None without an anchor
+
+
+class RLTrainer:
+    """The RL loop in the shape of lockstep.train.trainer.Trainer, sharing its NaN guard
+    (NonFiniteGuard), LR schedule (LRSchedule) and progress line (progress_line, eta_text):
+    `rollout()` samples and scores problems, `update()` trains on a step's rollouts,
+    `evaluate()` scores the held-out problems, `step()` is one draw, rollout and update,
+    `state_dict()` holds the weights and optimizer state, and `fit()` runs `cfg.num_steps` steps.
+
+    The rollout's strategies are looked up once here from cfg's names: GREEDY_ROLLOUTS,
+    ADVANTAGES, CREDIT and REFERENCE_ROLLOUTS. Problems per step are drawn with a generator seeded
+    from (seed, step), so a run is a pure function of its inputs and seed. An update whose loss or
+    gradient norm is NaN or inf is skipped; more in a row than `cfg.nonfinite_patience`, or
     non-finite weights at the end, raise lockstep.train.trainer.NonFiniteError. `on_step` gets each
-    result row, as `series_columns(cfg)` names them: a held-out row (`val_*`) before the first
-    update, every `eval_every_steps` and after the last; a training row after every update.
-    `decode` holds the Engine's keywords for the rollouts and held-out scores
-    (lockstep.infer.engine.decode_settings: on CUDA, bf16 and the fast path); None is the reference.
-    `mixture_problems` holds the train problems of each `cfg.mixture` source, which give
-    `cfg.draws()` of each update's problems. `anchor` is the loader of `cfg.anchor`'s SFT
-    conversations (lockstep.data.loaders.Mixture), required exactly when cfg.anchor names caches."""
+    result row, as `series_columns(cfg)` names them: a held-out row (`val_*`) at each evaluation, a
+    training row after every step. `decode` holds the Engine's keywords for the rollouts and
+    held-out scores (lockstep.infer.engine.decode_settings: on CUDA, bf16 and the fast path); None
+    is the reference. `mixture_problems` holds the train problems of each `cfg.mixture` source,
+    which give `cfg.draws()` of each update's problems. `anchor` is the loader of `cfg.anchor`'s SFT
+    conversations (lockstep.data.loaders.Mixture), required exactly when cfg.anchor names caches.
+    Progress goes to the `lockstep.rl` log."""
+
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, cfg: RLConfig, *, train_problems: Sequence[dict[str, Any]],
+                 val_problems: Sequence[dict[str, Any]], device: torch.device, seed: int, autocast: Any = None,
+                 on_step: Callable[[dict[str, float]], None] | None = None, decode: Mapping[str, Any] | None = None,
+                 mixture_problems: Mapping[str, Sequence[dict[str, Any]]] | None = None, anchor: Any = None) -> None:
+        _check_inputs(cfg, train_problems, val_problems, dict(mixture_problems or {}), anchor)
+        self.model, self.tokenizer, self.cfg, self.device, self.seed = model, tokenizer, cfg, device, seed
+        self.autocast, self.on_step, self.anchor = autocast, on_step, anchor
+        self.train_problems, self.mixture_problems = train_problems, dict(mixture_problems or {})
+        self.engine = Engine(model, tokenizer, **(decode or {}))
+        # The anchor's reference: the starting weights, frozen (KL(start || policy) on its conversations).
+        self.start_policy = (copy.deepcopy(model).eval().requires_grad_(False)
+                             if anchor is not None and cfg.anchor_target == "sft" else None)
+        self.optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.held_out = list(val_problems[: cfg.eval_problems])
+        self.guard = NonFiniteGuard(cfg.nonfinite_patience, keys="rl.")
+        self.greedy, self.reference = GREEDY_ROLLOUTS[cfg.greedy_rollout], REFERENCE_ROLLOUTS[cfg.reference_rollout]
+        self.advantage, self.credit = ADVANTAGES[cfg.advantage], CREDIT[cfg.credit]
+        self.step_count = 0  # steps completed
+        self.step_times: list[float] = []
+        self.rewards: list[float] = []  # each step's mean training reward
+        self.rollout_tokens = 0
+
+    def rollout(self, problems: Sequence[dict[str, Any]], *, seed: int) -> Rollouts:
+        """Sample `group_size` completions for each problem (tools on), `generate_batch` of them
+        decoding together, and score them; progress lines while it takes longer than ~10 s. Each
+        group's rows: its samples, then what the greedy and reference strategies add."""
+        cfg, engine, k = self.cfg, self.engine, self.cfg.group_size
+        self.model.eval()
+        prompts, budgets = _prompts_and_budgets(engine, self.tokenizer, problems, cfg.max_new_tokens)
+        countdown = Countdown("rollouts", len(problems), log.info, units="problems")
+        out: list[Completion] = []
+        for c, chunk in enumerate(_chunks(len(problems), max(1, cfg.generate_batch // k))):
+            part, ps, bs = problems[chunk.start:chunk.stop], prompts[chunk.start:chunk.stop], budgets[chunk.start:chunk.stop]
+            seqs, masks = _sample(engine, ps, bs, k=k, batch_rows=cfg.generate_batch, temperature=cfg.temperature,
+                                  top_k=cfg.top_k, seed=_derived_seed(seed, c))
+            greedy = self.greedy.complete(engine, part, ps, bs, cfg.generate_batch)
+            references = self.reference.complete(engine, part, ps, bs, cfg.generate_batch)
+            for j, problem in enumerate(part):
+                samples = [Completion(ps[j], seqs[g], masks[g], reward(self.tokenizer.decode(seqs[g]), problem["answer"]))
+                           for g in range(j * k, (j + 1) * k)]
+                out += self._score(Group(problem, bs[j], samples), greedy[j], references[j])
+            countdown.tick(len(chunk))
+        return Rollouts(out)
+
+    def _score(self, group: Group, greedy: Completion | None, reference: Completion | None) -> list[Completion]:
+        """The group's completions, scored: the greedy completion joins (or is the baseline),
+        then the advantages and credit, then the reference solution joins."""
+        self.greedy.join(group, greedy)
+        rewards = [m.reward for m in group.members]
+        baseline = sum(rewards) / len(rewards) if group.baseline is None else group.baseline
+        for m, advantage in zip(group.members, self.advantage(rewards, baseline)):
+            m.advantage = advantage
+        self.credit(group.members, self.engine, group.problem["answer"], self.cfg.step_advantage)
+        self.reference.join(group, reference)
+        return group.members
+
+    def update(self, ro: Rollouts) -> UpdateStats:
+        """Train on step `step_count`'s rollouts at its scheduled LR: `updates_per_step` optimizer
+        updates, each on the gradients of its own consecutive whole groups (and of the anchor's
+        conversations, when there is one). A part without trained tokens makes no update; one whose
+        loss or gradient norm is not finite is skipped (or raises past the patience)."""
+        cfg, step, model = self.cfg, self.step_count, self.model
+        model.train()
+        parts: list[tuple[float, int]] = []  # (loss, sampled tokens) per update
+        anchor_losses: list[float] = []
+        lrm = cfg.lr_multiplier(step, cfg.num_steps)
+        for u, part in enumerate(ro.split(cfg.updates_per_step, cfg.group_rows)):
+            for opt in self.optimizers:
+                opt.zero_grad(set_to_none=True)
+            part_loss, part_tokens = policy_loss_backward(model, part, device=self.device, rows_per_pass=cfg.device_batch_rows,
+                                                          autocast=self.autocast, prompt_once=cfg.prompt_once)
+            if part_tokens and self.anchor is not None:
+                g = torch.Generator().manual_seed(_derived_seed(self.seed, "anchor", step, u))
+                anchor_losses.append(anchor_loss_backward(model, self.anchor, cfg, device=self.device, generator=g,
+                                                          autocast=self.autocast, reference=self.start_policy))
+            if part_tokens:
+                # The loss is already a host float; the norm's transfer is one per update, against one
+                # per sampled token in the rollouts.
+                norm = float(global_grad_norm(self.params, cfg.optim.grad_clip))
+                if self.guard.check(step + 1, cfg.num_steps, part_loss, norm):
+                    set_lr(self.optimizers, lrm, momentum=cfg.optim.muon_momentum_end)
+                    for opt in self.optimizers:
+                        opt.step()
+            parts.append((part_loss, part_tokens))
+        n_tokens = sum(t for _, t in parts)
+        loss = parts[0][0] if len(parts) == 1 else sum(v * t for v, t in parts) / max(n_tokens, 1)
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        anchor_loss = None if self.anchor is None else (  # NaN when no update stepped (every group unanimous)
+            sum(anchor_losses) / len(anchor_losses) if anchor_losses else math.nan)
+        return UpdateStats(loss=loss, tokens=n_tokens, lr_mult=lrm, anchor_loss=anchor_loss)
+
+    def step(self) -> dict[str, float]:
+        """One step: its problems drawn, rolled out and trained on; the progress line logged and
+        the training row recorded (and returned)."""
+        t0 = time.perf_counter()
+        step = self.step_count
+        problems = draw_problems(self.train_problems, self.mixture_problems, self.cfg, seed=self.seed, step=step)
+        ro = self.rollout(problems, seed=_derived_seed(self.seed, "roll", step))
+        self.rollout_tokens += ro.decoded_tokens
+        stats = self.update(ro)
+        dt = time.perf_counter() - t0
+        self.step_count = step + 1
+        self.step_times.append(dt)
+        self.rewards.append(ro.mean_reward)
+        row = {"step": step + 1, "reward": ro.mean_reward, "completion_len": ro.mean_length, "loss": stats.loss}
+        if stats.anchor_loss is not None:
+            row["anchor_loss"] = stats.anchor_loss
+        self._report(ro, stats, dt)
+        self._record(row)
+        return row
+
+    def _report(self, ro: Rollouts, stats: UpdateStats, dt: float) -> None:
+        fields = [f"reward {ro.mean_reward:.3f}", f"loss {stats.loss:+.4f}"]
+        if stats.anchor_loss is not None:
+            fields.append(f"anchor {stats.anchor_loss:.4f}")
+        references = [c for c in ro.completions if c.role == "reference"]
+        if references:
+            fields.append(f"references {sum(1 for c in references if c.advantage)}")
+        fields += [f"lr {stats.lr_mult:.2f}", f"tokens {stats.tokens}", f"len {ro.mean_length:.1f}", f"dt {dt:.1f}s"]
+        total = self.cfg.num_steps
+        log.info("%s", progress_line(self.step_count, total, fields, eta=eta_text(self.step_times, total - self.step_count)))
+
+    def _record(self, row: dict[str, float]) -> None:
+        if self.on_step is not None:
+            self.on_step(row)
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out scores now (pass_at_k on the first `eval_problems` val problems), logged and
+        recorded as a `val_*` row."""
+        cfg, step = self.cfg, self.step_count
+        self.model.eval()
+        scores = pass_at_k(self.engine, self.tokenizer, self.held_out, k=cfg.pass_k, temperature=cfg.temperature,
+                           max_new_tokens=cfg.max_new_tokens, seed=self.seed, batch_rows=cfg.generate_batch)
+        log.info("eval step %d | pass@1 %.3f | pass@%d %.3f | greedy %.3f | len %.1f | %d problems", step, scores["pass@1"],
+                 cfg.pass_k, scores[f"pass@{cfg.pass_k}"], scores["greedy"], scores["completion_len"], len(self.held_out))
+        self._record({"step": step, **{f"val_{k}": v for k, v in scores.items()}})
+        return scores
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step, the weights and the optimizers' state (live tensors, as torch's state dicts)."""
+        return {"step": self.step_count, "model": self.model.state_dict(),
+                "optimizers": [o.state_dict() for o in self.optimizers]}
+
+    def fit(self) -> RLResult:
+        """Evaluate, run `cfg.num_steps` steps with an evaluation every `eval_every_steps`, check the
+        weights are finite, and evaluate again."""
+        cfg = self.cfg
+        before = self.evaluate()
+        t_start = time.perf_counter()
+        while self.step_count < cfg.num_steps:
+            step = self.step()["step"]
+            if cfg.eval_every_steps and step % cfg.eval_every_steps == 0 and step < cfg.num_steps:
+                self.evaluate()
+        train_time_s = time.perf_counter() - t_start
+        self.guard.check_weights(self.model, cfg.num_steps)  # the caller checkpoints these weights
+        after = self.evaluate()
+        self.model.eval()
+        return RLResult(steps=cfg.num_steps, before=before, after=after, mean_reward_first=self.rewards[0],
+                        mean_reward_last=self.rewards[-1], rollout_tokens=self.rollout_tokens, train_time_s=train_time_s,
+                        optimizer_state={"optimizers": self.state_dict()["optimizers"]})
+
+
+def _check_inputs(cfg: RLConfig, train_problems: Sequence[dict[str, Any]], val_problems: Sequence[dict[str, Any]],
+                  mixture_problems: Mapping[str, Sequence[dict[str, Any]]], anchor: Any) -> None:
+    """Refuse problems or an anchor that do not match cfg, saying which."""
     if not train_problems:
         raise ValueError("no training problems: the problems snapshot's train split is empty")
-    mixture_problems = dict(mixture_problems or {})
     if set(mixture_problems) != set(cfg.mixture):
         raise ValueError(f"rl.mixture names {sorted(cfg.mixture)} but train problems came for {sorted(mixture_problems)}")
     for name, problems in mixture_problems.items():
@@ -761,85 +909,3 @@ def train_rl(model: nn.Module, tokenizer: Tokenizer, *, train_problems: Sequence
     if (anchor is None) != (not cfg.anchor):
         raise ValueError(f"rl.anchor names {sorted(cfg.anchor)} but the anchor loader is "
                          f"{'missing' if anchor is None else 'given'}")
-    engine = Engine(model, tokenizer, **(decode or {}))
-    # The anchor's reference: the starting weights, frozen (KL(start || policy) on its conversations).
-    reference = (copy.deepcopy(model).eval().requires_grad_(False)
-                 if anchor is not None and cfg.anchor_target == "sft" else None)
-    optimizers = build_optimizers(model, cfg.optim, model_dim=model.config.n_embd)
-    params = [p for p in model.parameters() if p.requires_grad]
-    held_out = list(val_problems[: cfg.eval_problems])
-    guard = NonFiniteGuard(cfg.nonfinite_patience, keys="rl.")
-
-    def evaluate(step: int) -> dict[str, float]:
-        model.eval()
-        scores = pass_at_k(engine, tokenizer, held_out, k=cfg.pass_k, temperature=cfg.temperature,
-                           max_new_tokens=cfg.max_new_tokens, seed=seed, batch_rows=cfg.generate_batch, log=log)
-        log(f"eval step {step} | pass@1 {scores['pass@1']:.3f} | pass@{cfg.pass_k} {scores[f'pass@{cfg.pass_k}']:.3f} "
-            f"| greedy {scores['greedy']:.3f} | len {scores['completion_len']:.1f} | {len(held_out)} problems")
-        if on_step is not None:
-            on_step({"step": step, **{f"val_{k}": v for k, v in scores.items()}})
-        return scores
-
-    before = evaluate(0)
-    rewards_first = rewards_last = math.nan
-    rollout_tokens = 0
-    step_times: list[float] = []
-    t_start = time.perf_counter()
-    for step in range(cfg.num_steps):
-        t0 = time.perf_counter()
-        problems = draw_problems(train_problems, mixture_problems, cfg, seed=seed, step=step)
-        model.eval()
-        ro = rollout(engine, tokenizer, problems, cfg, seed=_derived_seed(seed, "roll", step), log=log)
-        rollout_tokens += ro.decoded_tokens
-        model.train()
-        parts: list[tuple[float, int]] = []  # (loss, sampled tokens) per update
-        anchor_losses: list[float] = []
-        lrm = cfg.lr_multiplier(step, cfg.num_steps)
-        for u, part in enumerate(ro.split(cfg.updates_per_step, cfg.group_rows)):
-            for opt in optimizers:
-                opt.zero_grad(set_to_none=True)
-            part_loss, part_tokens = policy_loss_backward(model, part, device=device, rows_per_pass=cfg.device_batch_rows,
-                                                          autocast=autocast, prompt_once=cfg.prompt_once)
-            if part_tokens and anchor is not None:
-                g = torch.Generator().manual_seed(_derived_seed(seed, "anchor", step, u))
-                anchor_losses.append(anchor_loss_backward(model, anchor, cfg, device=device, generator=g,
-                                                          autocast=autocast, reference=reference))
-            if part_tokens:
-                # The loss is already a host float; the norm's transfer is one per update, against one
-                # per sampled token in the rollouts.
-                norm = float(global_grad_norm(params, cfg.optim.grad_clip))
-                if guard.check(step + 1, cfg.num_steps, part_loss, norm):
-                    set_lr(optimizers, lrm, momentum=cfg.optim.muon_momentum_end)
-                    for opt in optimizers:
-                        opt.step()
-            parts.append((part_loss, part_tokens))
-        n_tokens = sum(t for _, t in parts)
-        loss = parts[0][0] if len(parts) == 1 else sum(v * t for v, t in parts) / max(n_tokens, 1)
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
-        dt = time.perf_counter() - t0
-        step_times.append(dt)
-        recent = step_times[-8:]
-        eta = format_duration(sum(recent) / len(recent) * (cfg.num_steps - step - 1))
-        if step == 0:
-            rewards_first = ro.mean_reward
-        rewards_last = ro.mean_reward
-        row = {"step": step + 1, "reward": ro.mean_reward, "completion_len": ro.mean_length, "loss": loss}
-        if anchor is not None:  # NaN when no update stepped (every group unanimous)
-            row["anchor_loss"] = sum(anchor_losses) / len(anchor_losses) if anchor_losses else math.nan
-        guided = sum(1 for c in ro.completions if c.role == "reference" and c.advantage)
-        log(f"step {step + 1}/{cfg.num_steps} | reward {ro.mean_reward:.3f} | loss {loss:+.4f} "
-            + (f"| anchor {row['anchor_loss']:.4f} " if anchor is not None else "")
-            + (f"| references {guided} " if cfg.reference_rollout != "off" else "")
-            + f"| lr {lrm:.2f} | tokens {n_tokens} | len {ro.mean_length:.1f} | dt {dt:.1f}s | eta {eta}")
-        if on_step is not None:
-            on_step(row)
-        if cfg.eval_every_steps and (step + 1) % cfg.eval_every_steps == 0 and step + 1 < cfg.num_steps:
-            evaluate(step + 1)
-    train_time_s = time.perf_counter() - t_start
-    guard.check_weights(model, cfg.num_steps)  # the caller checkpoints these weights
-    after = evaluate(cfg.num_steps)
-    model.eval()
-    return RLResult(steps=cfg.num_steps, before=before, after=after, mean_reward_first=rewards_first,
-                    mean_reward_last=rewards_last, rollout_tokens=rollout_tokens, train_time_s=train_time_s,
-                    optimizer_state={"optimizers": [o.state_dict() for o in optimizers]})

@@ -357,6 +357,19 @@ def _fmt_eta(s: float) -> str:
     return f"{s:.0f}s"
 
 
+def eta_text(step_times: Sequence[float], steps_left: int) -> str:
+    """The progress line's ETA: the mean of the last few step times (`step_times`, not empty)
+    x the steps left, so that it follows a machine that got busy (or quiet) mid-run."""
+    recent = step_times[-_ETA_STEPS:]
+    return _fmt_eta(sum(recent) / len(recent) * steps_left)
+
+
+def progress_line(step: int, total_steps: int, fields: Sequence[str], *, eta: str) -> str:
+    """The one progress line of a training loop (Trainer's, lockstep.rl.loop.RLTrainer's):
+    `step 3/10 | <fields> | eta 2m`, its fields fixed by the loop."""
+    return " | ".join([f"step {step}/{total_steps}", *fields, f"eta {eta}"])
+
+
 
 @dataclass(frozen=True)
 class Validation:
@@ -572,12 +585,10 @@ class Trainer:
         """Rank 0, after an applied step: the progress line, the series row and the throughput."""
         tok_s = self.cfg.batch_tokens / dt
         mfu = self.flops_per_token * tok_s / (self.peak * self.rt.world_size)
-        # ETA from the recent steps, so that it follows a machine that got busy (or quiet) mid-run
-        recent = self.dts[-_ETA_STEPS:] or [dt]
-        step_s = sum(recent) / len(recent)
         lr_now = self.optimizers[-1].param_groups[0]["lr"]
-        log.info("step %d/%d | loss %.4f | lr %.3g | dt %.0fms | tok/s %s | mfu %.1f%% | eta %s", step, self.total_steps,
-                 train_loss, lr_now, dt * 1e3, _fmt_count(tok_s), 100 * mfu, _fmt_eta(step_s * (self.total_steps - step)))
+        fields = [f"loss {train_loss:.4f}", f"lr {lr_now:.3g}", f"dt {dt * 1e3:.0f}ms", f"tok/s {_fmt_count(tok_s)}",
+                  f"mfu {100 * mfu:.1f}%"]
+        log.info("%s", progress_line(step, self.total_steps, fields, eta=eta_text(self.dts or [dt], self.total_steps - step)))
         self._record({"step": step, "train_loss": train_loss, "lr_mult": mult})
         self.rates.append((step, tok_s))
 
