@@ -17,7 +17,9 @@ import time
 import torch
 
 import rl_step  # the tiny preset's RL step (bench/ is on sys.path)
-from lockstep.rl.loop import RLConfig, RLTrainer, policy_loss_backward
+from lockstep.rl.config import RLConfig
+from lockstep.rl.losses import policy_loss_backward
+from lockstep.rl.trainer import RLTrainer
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ import torch
 
 import rl_step  # the tiny preset's RL step (bench/ is on sys.path)
 from lockstep.infer.engine import Engine
-from lockstep.rl.loop import prompt_ids
+from lockstep.rl.rollouts import prompt_ids
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ import yaml
 from torch import nn
 
 from lockstep.core.config import ConfigError, build_config
-from lockstep.rl.loop import RLConfig
+from lockstep.rl.config import RLConfig
 from lockstep.train.optim import AdamW, Muon, OptimConfig
 from lockstep.train.trainer import TrainConfig
 from stages._common import section

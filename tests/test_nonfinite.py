@@ -13,7 +13,9 @@ from _tiny_model import tiny_gpt
 from lockstep.core.runtime import Runtime
 from lockstep.model.checkpoint import list_checkpoints, load_checkpoint
 from lockstep.model.gpt import GPT
-from lockstep.rl.loop import Completion, RLConfig, RLTrainer, Rollouts
+from lockstep.rl.config import RLConfig
+from lockstep.rl.rollouts import Completion, Rollouts
+from lockstep.rl.trainer import RLTrainer
 from lockstep.train.optim import OptimConfig
 from lockstep.train.trainer import ModelParams, NonFiniteError, TrainConfig, Trainer, Validation
 

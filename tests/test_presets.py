@@ -14,7 +14,7 @@ from lockstep.data.cache_build import CacheConfig
 from lockstep.data.sources import SOURCE_CONFIGS
 from lockstep.pipeline.eval import EvalConfig
 from lockstep.pipeline.tokenizer import TokenizerConfig
-from lockstep.rl.loop import RLConfig
+from lockstep.rl.config import RLConfig
 from lockstep.tools.presets import PresetError, write_preset
 from lockstep.train.trainer import ModelParams, TrainConfig
 from stages._common import section

@@ -68,7 +68,8 @@ def test_rl_evaluation_and_rollouts_report_progress(tok, monkeypatch, caplog):
     from lockstep.core import progress
     from lockstep.core.config import build_config
     from lockstep.infer.engine import Engine
-    from lockstep.rl.loop import RLConfig, RLTrainer, pass_at_k
+    from lockstep.rl.config import RLConfig
+    from lockstep.rl.trainer import RLTrainer, pass_at_k
 
     model = randomize(tiny_gpt(seed=5, n_layer=2), seed=6).eval()
     problems = [{"question": f"{i}+1?", "answer": f"#### {i + 1}"} for i in range(3)]

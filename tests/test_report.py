@@ -307,7 +307,8 @@ def test_unknown_series_stay_in_their_stage() -> None:
 def test_every_series_the_stages_write_is_catalogued() -> None:
     import re
 
-    from lockstep.rl.loop import RLConfig, series_columns
+    from lockstep.rl.config import RLConfig
+    from lockstep.rl.trainer import series_columns
     from lockstep.train.trainer import SERIES_COLUMNS
 
     def known(stage: str, column: str) -> bool:
@@ -322,7 +323,8 @@ def test_every_series_the_stages_write_is_catalogued() -> None:
 def test_dvc_plots_show_one_question_per_plot(repo_root: Path) -> None:
     import yaml
 
-    from lockstep.rl.loop import RLConfig, series_columns
+    from lockstep.rl.config import RLConfig
+    from lockstep.rl.trainer import series_columns
     from lockstep.train.trainer import SERIES_COLUMNS
 
     plots = yaml.safe_load((repo_root / "dvc.yaml").read_text())["plots"]

@@ -3,7 +3,11 @@ raises the log-probability of rewarded completions and lowers that of unrewarded
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,9 +16,11 @@ from lockstep.core.config import ConfigError, build_config
 from lockstep.infer.engine import Engine
 from lockstep.model.gpt import GPT
 from lockstep.model.gpt import IGNORE_INDEX
-from lockstep.rl.loop import (Completion, RLConfig, RLTrainer, Rollouts, _derived_seed, anchor_loss_backward, draw_problems,
-                              policy_loss_backward, prompt_ids, reference_completion, reference_results, reward,
-                              series_columns, tool_steps)
+import lockstep.rl
+from lockstep.rl.config import RLConfig
+from lockstep.rl.losses import anchor_loss_backward, policy_loss_backward
+from lockstep.rl.rollouts import Completion, Rollouts, prompt_ids, reference_completion, reference_results, reward, tool_steps
+from lockstep.rl.trainer import RLTrainer, _derived_seed, draw_problems, series_columns
 
 
 def tiny_model(seed: int = 0) -> GPT:
@@ -241,13 +247,13 @@ def test_prompt_once_gives_the_plain_loss_and_gradients(tok, rows_per_pass):
 
 def test_prompt_once_passes_hold_one_prompt_each(tok, monkeypatch):
     """Passes break where the prompt changes and at rows_per_pass; each runs its prompt once."""
-    import lockstep.rl.loop as rl_lib
+    import lockstep.rl.losses as losses
 
     ro = _two_groups(tok)
     rows = [ro.completions[i] for i in (0, 1, 2, 3, 5)]
-    runs = [[ro.completions.index(c) for c in run] for run in rl_lib._same_prompt_runs(rows, 2)]
+    runs = [[ro.completions.index(c) for c in run] for run in losses._same_prompt_runs(rows, 2)]
     assert runs == [[0, 1], [2], [3, 5]]
-    runs = [[ro.completions.index(c) for c in run] for run in rl_lib._same_prompt_runs(rows, 16)]
+    runs = [[ro.completions.index(c) for c in run] for run in losses._same_prompt_runs(rows, 16)]
     assert runs == [[0, 1, 2], [3, 5]]
     model = tiny_model(4)
     widths = []
@@ -351,8 +357,8 @@ def test_rl_keeps_a_frozen_reference_only_for_the_sft_anchor(tok, target, monkey
     def fake_anchor(model, anchor, cfg, *, device, generator, autocast=None, reference=None):
         seen.append(reference)
         return 0.0
-    monkeypatch.setattr("lockstep.rl.loop.anchor_loss_backward", fake_anchor)
-    monkeypatch.setattr("lockstep.rl.loop.reward", lambda text, answer: float(len(text) % 2))
+    monkeypatch.setattr("lockstep.rl.trainer.anchor_loss_backward", fake_anchor)
+    monkeypatch.setattr("lockstep.rl.trainer.reward", lambda text, answer: float(len(text) % 2))
     model = tiny_model(5)
     start = [p.detach().clone() for p in model.parameters()]
     cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": 8, "num_steps": 2,
@@ -388,7 +394,8 @@ def test_rollout_groups_share_a_prompt_and_center_rewards(tok):
 @pytest.mark.parametrize("mode", ["member", "baseline"])
 def test_greedy_rollout_joins_its_group_or_is_its_baseline(tok, mode, monkeypatch):
     model = tiny_model(5).eval()
-    monkeypatch.setattr("lockstep.rl.loop.reward", lambda text, answer: float(len(text) % 2))  # a random model scores 0
+    for where in ("trainer", "strategies"):  # the samples' rewards and the greedy completion's; a random model scores 0
+        monkeypatch.setattr(f"lockstep.rl.{where}.reward", lambda text, answer: float(len(text) % 2))
     cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": 8,
                                   "greedy_rollout": mode}, where="rl")
     problems = [{"question": "1+1?", "answer": "#### 2"}, {"question": "2+2?", "answer": "#### 4"}]
@@ -414,7 +421,7 @@ def test_greedy_rollout_joins_its_group_or_is_its_baseline(tok, mode, monkeypatc
 
 def test_group_std_advantage_divides_each_group_by_its_std(tok, monkeypatch):
     model = tiny_model(5).eval()
-    monkeypatch.setattr("lockstep.rl.loop.reward", lambda text, answer: float(len(text) % 2))  # a random model scores 0
+    monkeypatch.setattr("lockstep.rl.trainer.reward", lambda text, answer: float(len(text) % 2))  # a random model scores 0
     cfg = build_config(RLConfig, {"group_size": 8, "problems_per_step": 3, "max_new_tokens": 8,
                                   "advantage": "group_std"}, where="rl")
     problems = [{"question": q, "answer": "#### 2"} for q in ("1+1?", "2+2?", "3+3?")]
@@ -437,7 +444,7 @@ def test_group_std_advantage_divides_each_group_by_its_std(tok, monkeypatch):
 def test_rollout_credits_each_call_against_its_group_s_calls(tok, monkeypatch):
     model = tiny_model(5).eval()
     # one call per completion, on its first token, right when that token is even
-    monkeypatch.setattr("lockstep.rl.loop.tool_steps", lambda ids, engine, results: [(range(0, 1), ids[0] % 2 == 0)])
+    monkeypatch.setattr("lockstep.rl.strategies.tool_steps", lambda ids, engine, results: [(range(0, 1), ids[0] % 2 == 0)])
     cfg = build_config(RLConfig, {"group_size": 8, "problems_per_step": 2, "max_new_tokens": 8,
                                   "step_advantage": 0.5}, where="rl")
     problems = [{"question": q, "answer": "#### 2"} for q in ("1+1?", "3+3?")]
@@ -507,8 +514,8 @@ def test_reference_rollout_trains_the_solution_beside_an_unsolved_group_only(tok
     the step's mean reward stay as without it."""
     model = tiny_model(5).eval()
     # samples of the 2+2 problem are right at odd lengths; no sample of 1+1 is ever right
-    monkeypatch.setattr("lockstep.rl.loop.reward", lambda text, answer: float(answer.endswith("4") and len(text) % 2))
-    monkeypatch.setattr("lockstep.rl.loop.tool_steps", lambda ids, engine, results: [(range(0, 1), ids[0] % 2 == 0)])
+    monkeypatch.setattr("lockstep.rl.trainer.reward", lambda text, answer: float(answer.endswith("4") and len(text) % 2))
+    monkeypatch.setattr("lockstep.rl.strategies.tool_steps", lambda ids, engine, results: [(range(0, 1), ids[0] % 2 == 0)])
     cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": max_new_tokens,
                                   "step_advantage": 0.5, "reference_rollout": "unsolved"}, where="rl")
     plain = rollout(model, tok, [_UNSOLVED, _SOLVED], dataclasses.replace(cfg, reference_rollout="off"), seed=7)
@@ -547,7 +554,7 @@ def test_a_trained_reference_is_the_cross_entropy_of_its_written_tokens(tok):
 def test_rl_learns_from_the_reference_where_every_sample_misses(tok, monkeypatch, caplog, reference):
     """Every sample scores 0: without the reference no group has an advantage and no update
     moves the weights; with it every step trains each problem's reference solution."""
-    monkeypatch.setattr("lockstep.rl.loop.reward", lambda text, answer: 0.0)
+    monkeypatch.setattr("lockstep.rl.trainer.reward", lambda text, answer: 0.0)
     model = tiny_model(5)
     start = [p.detach().clone() for p in model.parameters()]
     cfg = build_config(RLConfig, {"group_size": 2, "problems_per_step": 2, "max_new_tokens": 48, "num_steps": 2,
@@ -574,13 +581,13 @@ def test_a_toy_advantage_is_one_function_and_one_table_line(tok, monkeypatch):
     """Registered with one line in ADVANTAGES and selected by name through RLConfig, a toy
     advantage scores a real rollout and drives a real update of a tiny model; unregistered, the
     same name is refused with the table's keys."""
-    import lockstep.rl.loop as rl_lib
+    import lockstep.rl.strategies as strategies
 
     section = {"group_size": 4, "problems_per_step": 2, "max_new_tokens": 8, "num_steps": 1, "advantage": "toy"}
     with pytest.raises(ConfigError, match=r"rl\.advantage='toy' must be one of \['mean', 'group_std'\]"):
         build_config(RLConfig, section, where="rl")
-    monkeypatch.setitem(rl_lib.ADVANTAGES, "toy", reward_itself)
-    monkeypatch.setattr("lockstep.rl.loop.reward", lambda text, answer: float(len(text) % 2))  # a random model scores 0
+    monkeypatch.setitem(strategies.ADVANTAGES, "toy", reward_itself)
+    monkeypatch.setattr("lockstep.rl.trainer.reward", lambda text, answer: float(len(text) % 2))  # a random model scores 0
     cfg = build_config(RLConfig, section, where="rl")
     model = tiny_model(5)
     start = [p.detach().clone() for p in model.parameters()]
@@ -591,3 +598,17 @@ def test_a_toy_advantage_is_one_function_and_one_table_line(tok, monkeypatch):
     stats = trainer.update(ro)
     assert stats.tokens == sum(sum(c.sampled) for c in ro.completions if c.reward)  # the right ones only
     assert any(not torch.equal(a, b) for a, b in zip(start, model.parameters()))
+
+
+def test_each_rl_module_imports_only_those_listed_before_it():
+    """lockstep.rl's docstring lists its modules in layers: each imports from the package only
+    the modules above it, so the package has no cycle and a reader can take it top down."""
+    order = re.findall(r"^- `(\w+)`:", lockstep.rl.__doc__, re.MULTILINE)
+    assert len(order) >= 5, order
+    folder = Path(lockstep.rl.__file__).parent
+    for i, name in enumerate(order):
+        tree = ast.parse((folder / f"{name}.py").read_text(encoding="utf-8"))
+        modules = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        imported = {m.split(".")[2] for m in modules if m.startswith("lockstep.rl.")}
+        assert imported <= set(order[:i]), f"lockstep.rl.{name} imports {sorted(imported - set(order[:i]))}, listed after it"

@@ -13,7 +13,8 @@ from _tiny_model import tiny_gpt
 from lockstep.data.sources import SOURCE_CONFIGS, fetch_source
 from lockstep.model import checkpoint as ckpt
 from lockstep.model.gpt import GPT
-from lockstep.rl.loop import Completion, RLTrainer, Rollouts
+from lockstep.rl.rollouts import Completion, Rollouts
+from lockstep.rl.trainer import RLTrainer
 from lockstep.tokenizer.kinds import train_tokenizer
 
 
@@ -118,7 +119,7 @@ def test_outputs_and_series_repeat_byte_for_byte(rl_workspace: Path, repo_root: 
 def test_each_step_makes_updates_per_step_updates_of_whole_groups(rl_workspace: Path, repo_root: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(repo_root))
-    from lockstep.rl import loop as rl_lib
+    from lockstep.rl import trainer as rl_trainer
     from stages import rl
 
     root = rl_workspace
@@ -126,13 +127,13 @@ def test_each_step_makes_updates_per_step_updates_of_whole_groups(rl_workspace: 
     params["rl"].update(problems_per_step=3, updates_per_step=2)
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     seen: list[Rollouts] = []
-    real = rl_lib.policy_loss_backward
+    real = rl_trainer.policy_loss_backward
 
     def watch(model, ro, **kw):
         seen.append(ro)
         return real(model, ro, **kw)
 
-    monkeypatch.setattr(rl_lib, "policy_loss_backward", watch)
+    monkeypatch.setattr(rl_trainer, "policy_loss_backward", watch)
     assert rl.main(_args(root)) == 0
     assert [len(ro.completions) for ro in seen] == [4, 2] * 2  # 2 steps x 2 updates; groups of 2 kept whole
     for ro in seen:
@@ -171,13 +172,13 @@ def test_anchor_conversations_join_every_update(rl_workspace: Path, repo_root: P
     # says how large it was. Without --cache, or naming no SFT cache, one error says what to fix.
     monkeypatch.syspath_prepend(str(repo_root))
     from lockstep.data.cache_build import build_sft_cache
-    from lockstep.rl import loop as rl_lib
+    from lockstep.rl import trainer as rl_trainer
     from lockstep.tokenizer import load_tokenizer
     from stages import rl
 
     root = rl_workspace
     calls = iter(range(1000))
-    monkeypatch.setattr(rl_lib, "reward", lambda completion, answer: float(next(calls) % 2))  # groups disagree
+    monkeypatch.setattr(rl_trainer, "reward", lambda completion, answer: float(next(calls) % 2))  # groups disagree
     chats = [{"messages": [{"role": "user", "content": [{"type": "text", "text": f"hi {i}"}]},
                            {"role": "assistant", "content": [{"type": "text", "text": "I am a small model."}]}]}
              for i in range(6)]

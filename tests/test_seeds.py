@@ -8,7 +8,7 @@ import hashlib
 import torch
 
 from lockstep.core.seeds import derive_seed, derived_generator
-from lockstep.rl.loop import _derived_seed
+from lockstep.rl.trainer import _derived_seed
 from lockstep.train.trainer import batch_generator
 
 

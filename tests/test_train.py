@@ -18,7 +18,7 @@ from lockstep.core.io import sha256_file
 from lockstep.core.runtime import Runtime
 from lockstep.model.checkpoint import load_checkpoint
 from lockstep.model.gpt import GPT, IGNORE_INDEX
-from lockstep.rl.loop import RLConfig
+from lockstep.rl.config import RLConfig
 from lockstep.train import objectives
 from lockstep.train.optim import OptimConfig
 from lockstep.train.trainer import (ModelParams, TrainConfig, Trainer, TrainResult, Validation, batch_generator, grad_accum_steps,

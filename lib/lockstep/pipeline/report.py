@@ -110,7 +110,7 @@ class Quantity:
 
 
 TRAIN_STAGES = ("pretrain", "midtrain", "sft")
-# The series the stages write (lockstep.train.trainer.SERIES_COLUMNS, lockstep.rl.loop.series_columns), in
+# The series the stages write (lockstep.train.trainer.SERIES_COLUMNS, lockstep.rl.trainer.series_columns), in
 # chart order. RL's `loss` is the policy-gradient objective, not a cross-entropy: it is labelled
 # apart from the supervised stages' `train_loss`, whose name follows the stage's objective.
 QUANTITIES: tuple[Quantity, ...] = (

@@ -1,4 +1,4 @@
-"""The `rl` stage's work around lockstep.rl.loop.RLTrainer: load the SFT checkpoint and the tokenizer,
+"""The `rl` stage's work around lockstep.rl.trainer.RLTrainer: load the SFT checkpoint and the tokenizer,
 read the problem snapshot's train and held-out splits, train, then publish the RL checkpoint, the
 per-step series, the metrics (held-out pass@1 and pass@k before and after, each with the problems
 it is over) and the run facts. Typed configs, paths and the code revision come from the caller
@@ -24,7 +24,8 @@ from lockstep.data.loaders import Mixture, open_sft_dataset
 from lockstep.data.snapshot import SnapshotError, iter_records, read_meta
 from lockstep.infer.engine import decode_settings
 from lockstep.model import checkpoint as ckpt
-from lockstep.rl.loop import RLConfig, RLResult, RLTrainer, series_columns
+from lockstep.rl.config import RLConfig
+from lockstep.rl.trainer import RLResult, RLTrainer, series_columns
 from lockstep.tokenizer import TokenizerFileError, load_tokenizer
 from lockstep.train.trainer import NonFiniteError
 # The rl stage (stages/rl.py) imports from this module alone: with the work come its params

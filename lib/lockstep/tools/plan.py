@@ -50,7 +50,7 @@ from lockstep.model.ops import CHUNK_ROWS
 from lockstep.pipeline.eval import STAGES as EVAL_STAGES
 from lockstep.pipeline.eval import EvalConfig
 from lockstep.pipeline.train import holding_of
-from lockstep.rl.loop import RLConfig
+from lockstep.rl.config import RLConfig
 from lockstep.train.optim import compiled_step, split_params
 from lockstep.train.trainer import STAGE_CONFIGS, ModelParams, TrainConfig, Trainer, horizon_steps
 
@@ -623,7 +623,7 @@ def plan_rl(params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, decode
     with rl.prompt_once each prompt once for its group), and times: a FLOP bound (a lower
     bound, since decoding is bound by memory and launches, not FLOPs) and, where the device has a
     decode rate (DECODE_RATES for the `decode` path), the estimate: the decoding steps of each
-    call as lockstep.rl.loop makes them (rollouts: `generate_batch // group_size` problems' groups per
+    call as lockstep.rl.trainer makes them (rollouts: `generate_batch // group_size` problems' groups per
     call; held-out: `generate_batch // (pass_k + 1)` problems per call, greedy then sampled), each
     call max_new_tokens steps at its rows, plus the trained tokens at the training throughput."""
     if "rl" not in params:

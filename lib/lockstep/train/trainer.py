@@ -365,7 +365,7 @@ def eta_text(step_times: Sequence[float], steps_left: int) -> str:
 
 
 def progress_line(step: int, total_steps: int, fields: Sequence[str], *, eta: str) -> str:
-    """The one progress line of a training loop (Trainer's, lockstep.rl.loop.RLTrainer's):
+    """The one progress line of a training loop (Trainer's, lockstep.rl.trainer.RLTrainer's):
     `step 3/10 | <fields> | eta 2m`, its fields fixed by the loop."""
     return " | ".join([f"step {step}/{total_steps}", *fields, f"eta {eta}"])
 
