@@ -1,13 +1,12 @@
-"""The tokenizer comparison of docs/experiments.md, measured: in one scratch copy of the checkout
-on a preset (tiny by default), each variant's params are set and `dvc repro eval@pretrain` runs
-(fetch, tokenizer, caches, pretrain, the base model's eval), one variant after the other in the
-same process, so throughput is compared within one run. Finished variants are kept in the
-`--out` JSON and skipped on a rerun. Variants share what their params share:
-the lz78 tokenizer and caches are built once. Every variant trains the same model shape for the
-same steps on the same batch size in tokens; what differs is what a token is. Bits per byte
-compares tokenizers only on the same text: the preset's `eval.bpb_max_tokens` must cover each
-val split whole (tiny's does), or a tokenizer with fewer bytes per token is scored on fewer
-documents.
+"""The tokenizer comparison of docs/experiments.md (section 7), measured (dev/LOG.md, 2026-11-25):
+in one scratch copy of the checkout on a preset (tiny by default), each variant's params are set and
+`dvc repro eval@pretrain` runs (fetch, tokenizer, caches, pretrain, the base model's eval), one
+variant after the other in the same process, so throughput is compared within one run. Finished
+variants are kept in the `--out` JSON and skipped on a rerun. Variants share what their params
+share: the lz78 tokenizer and caches are built once. Every variant trains the same model shape for
+the same steps on the same batch size in tokens; what differs is what a token is. Bits per byte
+compares tokenizers only on the same text: the preset's `eval.bpb_max_tokens` must cover each val
+split whole (tiny's does), or a tokenizer with fewer bytes per token is scored on fewer documents.
 
 Prints a markdown table (bits per byte on each eval source, with the bootstrap's 95% interval
 from the eval records; bytes/token; training tok/s and its ratio to the first variant) and writes

@@ -96,7 +96,7 @@ def test_bard_choice_distractors_are_other_items_answers() -> None:
     # Drawn from the answers, a distractor is as long and as frequent as an answer on average.
     # Everyday words as distractors ("teapot") were 3.3 tokens of the tiny preset's tokenizer
     # against 1.7 for the famous lines' words, and option length decided those items
-    # (docs/experiments.md, "Own eval tasks at chance"). The hand-written items are left as written.
+    # (dev/LOG.md, 2026-11-26, "Own eval tasks at chance"). The hand-written items are left as written.
     items = _read(evalsets_build.BARD_CHOICE)[len(evalsets_build.BARD_CHOICE_HAND):]
     answers = {it["choices"][it["gold"]] for it in items}
     odd = sorted({c for it in items for j, c in enumerate(it["choices"]) if j != it["gold"] and c not in answers})

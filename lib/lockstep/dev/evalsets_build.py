@@ -100,7 +100,7 @@ BARD_CHOICE_HAND = (
 # that the tiny preset's tokenizer, trained on the plays, splits into 3.3 tokens on average
 # against 1.7 for the lines' own words: a rule summing nats then chose the line's word for an
 # untrained model (0.79 of these items) and CORE's mean rule chose a long distractor for the
-# trained one (the line's word in 0.29); see docs/experiments.md, "Own eval tasks at chance".
+# trained one (the line's word in 0.29); see dev/LOG.md, 2026-11-26, "Own eval tasks at chance".
 # Drawn from the answers, each word is a distractor about as often as it is an answer, so length
 # and frequency tell nothing.
 FAMOUS_LINES = (
@@ -551,7 +551,7 @@ def bard_cloze_items() -> list[dict[str, Any]]:
 # is one of four orders of that window and no different from the others in kind: a model that
 # scores orders at random (an untrained one) picks it a quarter of the time. (Three single swaps
 # of neighbours would not do: the line would sit between them, one swap from each, and a random
-# scorer would pick it less often, 0.20 of the items against 0.25; docs/experiments.md.)
+# scorer would pick it less often, 0.20 of the items against 0.25; dev/LOG.md, 2026-11-26.)
 
 _ORDER_WINDOW = 4  # neighbouring words shuffled, at most
 _ORDER_VARIANTS = 3  # wrong orders per item
