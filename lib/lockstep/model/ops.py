@@ -29,22 +29,32 @@ def rms_norm(x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.size(-1),), eps=RMS_EPS)
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction: LossReduction) -> torch.Tensor:
-    """fp32 cross-entropy of logits (B, T, V) against targets (B, T), IGNORE_INDEX skipped: `mean`
-    over counted targets, `sum`, or `none` (B, T) with 0 at ignored positions. `mean` divides by
-    max(1, counted targets) instead of F.cross_entropy's mean, which is 0/0 = NaN when every
-    target is ignored (a fully masked SFT batch): such a batch gives loss 0 with all-zero, finite
-    gradients."""
+def check_reduction(reduction: str) -> None:
+    """Refuse a loss reduction other than the three every loss here takes."""
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
+
+
+def reduce_total(total: torch.Tensor, counted: torch.Tensor, reduction: LossReduction) -> torch.Tensor:
+    """A loss summed over positions, `total` (), reduced as `reduction` ("sum" or "mean") asks:
+    itself, or over the number of `counted` positions, at least 1. F.cross_entropy's own mean is
+    0/0 = NaN when every target is ignored (a fully masked SFT batch); this one gives loss 0 with
+    all-zero, finite gradients. The one reduction of every loss in lockstep.model and
+    lockstep.train.objectives ("none" returns the positions, in the caller's shape)."""
+    return total if reduction == "sum" else total / counted.sum().clamp(min=1)
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, reduction: LossReduction) -> torch.Tensor:
+    """fp32 cross-entropy of logits (B, T, V) against targets (B, T), IGNORE_INDEX skipped: `mean`
+    over counted targets (0 when none is: reduce_total), `sum`, or `none` (B, T) with 0 at ignored
+    positions."""
+    check_reduction(reduction)
     flat = logits.reshape(-1, logits.size(-1)).float()  # (B*T, V)
     y = targets.reshape(-1)  # (B*T,)
     if reduction == "none":
         return F.cross_entropy(flat, y, ignore_index=IGNORE_INDEX, reduction="none").view(targets.shape)
     total = F.cross_entropy(flat, y, ignore_index=IGNORE_INDEX, reduction="sum")
-    if reduction == "sum":
-        return total
-    return total / (y != IGNORE_INDEX).sum().clamp(min=1)
+    return reduce_total(total, y != IGNORE_INDEX, reduction)
 
 
 def softcap(logits: torch.Tensor, cap: float) -> torch.Tensor:
@@ -207,19 +217,18 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         if reduction == "none":
             ctx.save_for_backward(xc, w, lse, cols, coefs, counted)
             return rows
-        count = counted.sum().clamp(min=1)  # a device scalar: no host sync
         # the backward scales dx and dW in place: a second backward (retain_graph) would find them
         # changed, and autograd refuses it when it unpacks them
-        ctx.save_for_backward(dx, dw, count)
-        total = rows.sum()
-        return total if reduction == "sum" else total / count
+        ctx.save_for_backward(dx, dw, counted)
+        return reduce_total(rows.sum(), counted, reduction)
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
         reduction, cap, chunk_rows, x_dtype, w_dtype, v_padded, bodies = ctx.meta
         if reduction != "none":
-            dx, dw, count = ctx.saved_tensors
-            scale = grad_out.float() if reduction == "sum" else grad_out.float() / count  # () on the device
+            dx, dw, counted = ctx.saved_tensors
+            # d reduce_total / d total, () on the device: no host sync
+            scale = grad_out.float() if reduction == "sum" else grad_out.float() / counted.sum().clamp(min=1)
             gx = None if dx is None else dx.to(x_dtype).mul_(scale)
             gw = None if dw is None else dw.mul_(scale).to(w_dtype)
             return gx, gw, None, None, None, None, None, None, None, None, None, None, None
@@ -355,8 +364,7 @@ def chunked_head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, c
     loop runs in Python and each chunk's body is compiled on its own (compiled_chunk_bodies), so no
     compiled kernel spans more than one chunk; where a body's compile fails, the bodies run eagerly
     from then on (lockstep.core.fastpath's part "chunk_bodies"), with one warning."""
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
+    check_reduction(reduction)
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows={chunk_rows} must be >= 1 (rows of logits computed at once)")
     if (target_cols is None) != (target_weights is None):

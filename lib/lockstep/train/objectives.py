@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from lockstep.model.gpt import GPT, IGNORE_INDEX, LossReduction, cross_entropy
-from lockstep.model.ops import softcap
+from lockstep.model.ops import check_reduction, reduce_total, softcap
 
 PAD_ID = -1  # ancestor-table padding past a row's depth
 
@@ -122,17 +122,6 @@ def build(cfg: ObjectiveSettings, tokenizer: PrefixTreeSource, *, device: torch.
     return prefix_smooth_objective(ancestors, depths, cfg.prefix_weight)
 
 
-def _reduce(rows: torch.Tensor, targets: torch.Tensor, counted: torch.Tensor, reduction: str) -> torch.Tensor:
-    """Per-position losses (0 at ignored positions) reduced as model.cross_entropy reduces them:
-    the mean over counted positions (0 when none is), their sum, or the positions in `targets`' shape."""
-    if reduction == "none":
-        return rows.view(targets.shape)
-    total = rows.sum()
-    if reduction == "sum":
-        return total
-    return total / counted.sum().clamp(min=1)
-
-
 def prefix_smooth_loss(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -158,8 +147,7 @@ def prefix_smooth_loss(
     cross-entropy itself, so it equals the model's loss bit for bit."""
     if not (math.isfinite(weight) and weight >= 0):
         raise ValueError(f"prefix_weight={weight!r} must be a finite number >= 0 (0 is plain cross-entropy)")
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
+    check_reduction(reduction)
     V = logits.size(-1)
     if targets.shape != logits.shape[:-1]:
         raise ValueError(f"targets shape {tuple(targets.shape)} must equal the logits' leading shape {tuple(logits.shape[:-1])}")
@@ -187,7 +175,7 @@ def prefix_smooth_loss(
     lse = torch.logsumexp(flat, dim=1)  # (N,)
     rows = lse - (l_tgt + weight * l_anc) / (1.0 + weight * d.to(flat.dtype))
     rows = torch.where(counted, rows, 0.0)  # ignored rows: 0, and where() sends them no gradient
-    return _reduce(rows, targets, counted, reduction)
+    return rows.view(targets.shape) if reduction == "none" else reduce_total(rows.sum(), counted, reduction)
 
 
 
@@ -239,8 +227,7 @@ def model_prefix_smooth_loss(
     the device once per call."""
     if not (math.isfinite(weight) and weight >= 0):
         raise ValueError(f"prefix_weight={weight!r} must be a finite number >= 0 (0 is plain cross-entropy)")
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
+    check_reduction(reduction)
     c = model.config
     if ancestors.ndim != 2 or ancestors.size(0) != c.vocab_size or depths.shape != (c.vocab_size,):
         raise AncestorTableError(f"ancestor table of shape {tuple(ancestors.shape)} with depths {tuple(depths.shape)} "
@@ -272,5 +259,5 @@ def model_prefix_smooth_loss(
             z_tgt, z_anc = softcap(z_tgt, c.softcap), softcap(z_anc, c.softcap)
         coef = (weight / (1.0 + weight * d.float()))[pos]  # (P,): c_k of each pair
         correction = torch.zeros_like(z_tgt).index_add(0, pos, coef * (z_tgt[pos] - z_anc))  # (N,)
-    rows = ce_rows.reshape(-1) + correction
-    return _reduce(rows, targets, counted, reduction)
+    rows = ce_rows.reshape(-1) + correction  # (N,), 0 at ignored targets
+    return rows.view(targets.shape) if reduction == "none" else reduce_total(rows.sum(), counted, reduction)
