@@ -1,31 +1,19 @@
 """Stage `sft`: supervised fine-tuning from the midtrain checkpoint on the SFT mixture, loss on
 assistant tokens only (set `sft.loss: assistant`). Parses paths, reads the `runtime` and `sft`
-params sections, calls lockstep.pipeline.train (the model comes from the --init checkpoint)."""
+params sections, calls lockstep.pipeline.train (the model comes from the --init checkpoint); its
+body is stages._finetune's, shared with midtrain."""
 
 from __future__ import annotations
 
-from lockstep.pipeline.train import (ERRORS, RuntimeConfig, SFTConfig, TrainStagePaths, code_revision,
-                                     run_training_stage, shutdown)
-from stages._common import entry, parse_training_args, preamble
-from stages._runtime import start_runtime
+from lockstep.pipeline.train import ERRORS, SFTConfig
+from stages import _finetune
+from stages._common import entry
 
 STAGE_ERRORS = ERRORS
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_training_args("sft", argv, init=True, description=__doc__)
-    pre = preamble("sft", args.params)
-    cfg = pre.section("sft", SFTConfig)
-    rt_cfg = pre.section("runtime", RuntimeConfig)
-    rt = start_runtime(pre, rt_cfg, module="stages.sft", argv=argv)
-    if isinstance(rt, int):  # ran under torchrun: its exit status
-        return rt
-    paths = TrainStagePaths(cache=args.cache, tokenizer=args.tokenizer, out=args.out, metrics=args.metrics,
-                            runinfo=args.runinfo, plots=args.plots, runs=args.runs, init=args.init)
-    run_training_stage("sft", cfg=cfg, paths=paths, rt=rt, seed=pre.seed, data_seed=pre.data_seed,
-                       runtime_config=rt_cfg, code_revision=code_revision("stages.sft"), started_s=pre.started_s)
-    shutdown(rt)
-    return 0
+    return _finetune.main("sft", SFTConfig, argv, description=__doc__)
 
 
 if __name__ == "__main__":
