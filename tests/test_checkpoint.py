@@ -192,6 +192,34 @@ def test_load_model_gives_back_the_saved_model(tmp_path) -> None:
     assert load_model(tmp_path / "ck", "cpu")[1]["tokenizer_sha256"] == TOKENIZER_SHA
 
 
+@pytest.mark.parametrize("embedding", ["flat", "tuple"])
+def test_load_model_draws_nothing_and_equals_a_built_model(tmp_path, embedding) -> None:
+    """load_model builds no initial weights: it leaves the global generator where it was, and gives
+    what GPT.build's model gives once the checkpoint's state dict is loaded into it, every
+    parameter and buffer (the rotary tables, outside the state dict, and the tuple embedding's
+    token rows, inside it) and so the same logits."""
+    model = randomize(tiny_gpt(seed=4, sequence_len=32, vocab_size=64, embedding=embedding), seed=5, scale=0.1)
+    if embedding == "tuple":  # rows other than the defaults the init would leave
+        model.embed.set_token_structure(torch.arange(-1, 63), torch.arange(64) * 3 % 256)
+    save_checkpoint(tmp_path / "ck", model.state_dict(), {0: {}},
+                    {"stage": "sft", "step": 3, "model_config": model.config.to_dict()})
+    built = GPT.build(model.config, "cpu", seed=0)
+    built.load_state_dict(load_checkpoint(tmp_path / "ck").model_state)
+    built.eval()
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    loaded, _ = load_model(tmp_path / "ck", "cpu")
+    assert torch.equal(torch.get_rng_state(), before), "load_model drew from the global generator"
+    want = dict(built.named_buffers()) | dict(built.named_parameters())
+    got = dict(loaded.named_buffers()) | dict(loaded.named_parameters())
+    assert list(got) == list(want) and "rotary_cos" in got
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), built(x)) and torch.equal(loaded(x), model.eval()(x))
+
+
 def test_load_model_casts_the_weights_to_a_dtype(tmp_path) -> None:
     saved = _model_checkpoint(tmp_path / "ck")
     model, _ = load_model(tmp_path / "ck", "cpu", dtype=torch.bfloat16)
