@@ -105,18 +105,18 @@ def test_fused_head_refuses_a_softcap_it_cannot_exponentiate():
     x, w, y = torch.zeros(1, 2, 4), torch.zeros(8, 4), torch.zeros(1, 2, dtype=torch.long)
     for softcap in (0.0, kernels.SAFE_EXP_CAP + 1):
         with pytest.raises(ValueError, match="softcap"):
-            kernels.head_loss(x, w, y, softcap=softcap, vocab_size=8, reduction="mean", ignore_index=IGNORE_INDEX)
+            kernels.head_loss_rows(x, w, y, softcap=softcap, vocab_size=8, ignore_index=IGNORE_INDEX)
 
 
 def test_fused_head_equals_the_one_softcap_formula():
-    """kernels.head_loss folds 1/softcap into the weight rather than calling ops.softcap; held here
-    to the reference head loss, which does."""
+    """kernels.head_loss_rows folds 1/softcap into the weight rather than calling ops.softcap; held
+    here, with ops.fused_head_loss's reductions, to the reference head loss, which does."""
     g = torch.Generator().manual_seed(5)
     x, w = torch.randn(2, 9, 16, generator=g) * 3, torch.randn(40, 16, generator=g)
     y = torch.randint(0, 37, (2, 9), generator=g)
     y[0, 0] = IGNORE_INDEX
     for reduction in ("mean", "sum", "none"):
-        got = kernels.head_loss(x, w, y, softcap=15.0, vocab_size=37, reduction=reduction, ignore_index=IGNORE_INDEX)
+        got = ops.fused_head_loss(x, w, y, 15.0, 37, reduction)
         torch.testing.assert_close(got, ops.head_loss(x, w, y, 15.0, 37, reduction), rtol=1e-5, atol=1e-5)
     assert ops.softcap(torch.tensor([1e6, -1e6, 0.0]), 15.0).tolist() == [15.0, -15.0, 0.0]
 
@@ -127,7 +127,7 @@ def _head(x0, w0, y, dtype, threads):
     try:
         x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            loss = kernels.head_loss(x, w, y, softcap=15.0, vocab_size=w.size(0) - 3, reduction="sum", ignore_index=IGNORE_INDEX)
+            loss = ops.fused_head_loss(x, w, y, 15.0, w.size(0) - 3, "sum")
         loss.backward()
         return loss.detach(), x.grad, w.grad
     finally:

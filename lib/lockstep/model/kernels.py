@@ -13,12 +13,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-LossReduction = Literal["mean", "sum", "none"]
 
 
 # ---- RMSNorm ---------------------------------------------------------------------------------
@@ -230,22 +228,19 @@ def _tile_shape(N: int, V: int, dev: torch.device) -> tuple[int, int]:
     return min(N, max(1, _ACCEL_CHUNK_ELEMENTS // V)), V
 
 
-def head_loss(
+def head_loss_rows(
     x: torch.Tensor,
     weight: torch.Tensor,
     targets: torch.Tensor,
     *,
     softcap: float,
     vocab_size: int,
-    reduction: LossReduction,
     ignore_index: int,
 ) -> torch.Tensor:
     """fp32 cross-entropy of the soft-capped logits `softcap * tanh(x @ weight[:vocab_size].T /
-    softcap)` against targets, `ignore_index` skipped, computed fused and tiled (_HeadLoss). x
-    (B, T, C), targets (B, T); reductions as lockstep.model.gpt.cross_entropy (`mean` over counted
-    targets, 0 when none is counted). Needs 0 < softcap <= SAFE_EXP_CAP."""
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"loss_reduction={reduction!r} must be 'mean', 'sum' or 'none'")
+    softcap)` against targets, `ignore_index` skipped, computed fused and tiled (_HeadLoss): the loss of each
+    position (B, T), 0 where the target is ignored. x (B, T, C), targets (B, T); ops.fused_head_loss
+    reduces them. Needs 0 < softcap <= SAFE_EXP_CAP."""
     if not 0 < softcap <= SAFE_EXP_CAP:
         raise ValueError(f"the fused head needs 0 < softcap <= {SAFE_EXP_CAP}, got {softcap}; use the plain logits")
     B, T, C = x.shape
@@ -256,9 +251,4 @@ def head_loss(
     keep_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     losses = _HeadLoss.apply(x.reshape(B * T, C), weight, targets.reshape(B * T), float(softcap), vocab_size,
                              compute_dtype, keep_grad, ignore_index)
-    if reduction == "none":
-        return losses.view(B, T)
-    total = losses.sum()
-    if reduction == "sum":
-        return total
-    return total / (targets != ignore_index).sum().clamp(min=1)
+    return losses.view(B, T)

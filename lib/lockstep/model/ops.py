@@ -76,12 +76,13 @@ def head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap: floa
 
 def fused_head_loss(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap: float, vocab_size: int,
                     reduction: LossReduction) -> torch.Tensor:
-    """head_loss through kernels.head_loss, which never holds the batch's (B, T, V) fp32 logits;
-    a cap it cannot exponentiate takes the plain logits of kernels.head_logits instead."""
+    """head_loss through kernels.head_loss_rows, which never holds the batch's (B, T, V) fp32
+    logits; a cap it cannot exponentiate takes the plain logits of kernels.head_logits instead."""
     if not 0 < cap <= kernels.SAFE_EXP_CAP:
         return cross_entropy(capped_logits(kernels.head_logits, x, w, cap, vocab_size), targets, reduction)
-    return kernels.head_loss(x, w, targets, softcap=cap, vocab_size=vocab_size, reduction=reduction,
-                             ignore_index=IGNORE_INDEX)
+    check_reduction(reduction)
+    rows = kernels.head_loss_rows(x, w, targets, softcap=cap, vocab_size=vocab_size, ignore_index=IGNORE_INDEX)
+    return rows if reduction == "none" else reduce_total(rows.sum(), targets != IGNORE_INDEX, reduction)
 
 
 # ---- chunked head + cross-entropy (the GPU fast path) -----------------------------------------
