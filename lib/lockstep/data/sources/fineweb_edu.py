@@ -36,6 +36,7 @@ from lockstep.data.sources.common import (
 from lockstep.data.sources.fields import Rule
 from lockstep.data.sources.hub import HubFields, split_of
 from lockstep.data.sources.shards import ResumeFolder, shard_order, window_shuffle, window_shuffle_tables
+from lockstep.data.sources.size import SourceSize
 
 KIND = "document"
 EXTRA_FIELDS = ("id", "url", "dump")
@@ -298,3 +299,8 @@ def produce(
     return {**meta, "streamed": True, "shuffle_seed": seed, "shuffle_buffer": cfg.shuffle_buffer,
             "shuffle": _SHUFFLE_RULE, "shards_total": len(shards), "shards_read": k,
             "chars": chars, "rows_consumed": consumed, "rows_below_min_int_score": below_score, "stream_exhausted": exhausted}
+
+
+def size(cfg: FinewebEduConfig, *, name: str, root: Path) -> SourceSize:
+    """Its fetch budget: `max_train_chars` and `max_val_chars`."""
+    return SourceSize(train_chars=cfg.max_train_chars, val_chars=cfg.max_val_chars, basis=f"fetch.{name}.max_train_chars")

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from lockstep.data.snapshot import SnapshotWriter
 from lockstep.data.sources.hub import HubFields, rows_by_split
+from lockstep.data.sources.size import SourceSize, published_examples
 
 KIND = "problem"
 EXTRA_FIELDS: tuple[str, ...] = ()
@@ -69,3 +71,8 @@ def produce(cfg: Gsm8kConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, A
         cfg, sink, dataset=cfg.dataset, config=cfg.config,
         hub_splits=HUB_SPLITS, convert=convert, expected=EXPECTED, seed=seed,
     )
+
+
+def size(cfg: Gsm8kConfig, *, name: str, root: Path) -> SourceSize:
+    """GSM8K's published train and test sizes."""
+    return published_examples("gsm8k", examples=7_473, val_examples=1_319, tokens_per_example=180, val_frac=cfg.val_frac)

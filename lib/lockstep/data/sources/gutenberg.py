@@ -12,6 +12,7 @@ from typing import Any, Literal
 from lockstep.data.snapshot import SnapshotWriter
 from lockstep.data.sources.common import files_revision, local_files, local_root, read_text, write_split
 from lockstep.data.sources.fields import CheckedFields, Rule
+from lockstep.data.sources.size import SourceSize, text_files
 
 KIND = "document"
 EXTRA_FIELDS = ("id", "title")
@@ -73,3 +74,8 @@ def produce(cfg: GutenbergConfig, sink: SnapshotWriter, *, seed: int) -> dict[st
     write_split(sink, items, cfg.val_frac, seed)
     revision, per_file = files_revision(files)
     return {"source_id": f"local:{Path(cfg.path).as_posix()}", "revision": revision, "input_sha256": per_file, "streamed": False}
+
+
+def size(cfg: GutenbergConfig, *, name: str, root: Path) -> SourceSize | None:
+    """The books' size (None before the folder exists)."""
+    return text_files(root / cfg.path, (".txt",), val_frac=cfg.val_frac)

@@ -5,11 +5,13 @@ solution beside it). Does not run code: lockstep.evaluate.chat judges replies in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from lockstep.data.snapshot import SnapshotWriter
 from lockstep.data.sources.benchmarks import read_eval_split
 from lockstep.data.sources.hub import HubFields
+from lockstep.data.sources.size import SourceSize, eval_split_examples
 
 KIND = "document"
 EXTRA_FIELDS: tuple[str, ...] = ("task_id", "test", "entry_point", "canonical_solution")
@@ -41,3 +43,9 @@ def convert_row(row: dict[str, Any]) -> dict[str, Any] | str:
 def produce(cfg: HumanevalConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, Any]:
     return read_eval_split(cfg, sink, dataset=cfg.dataset, config=cfg.config, split=SPLIT, convert_row=convert_row,
                            expected=EXPECTED)
+
+
+def size(cfg: HumanevalConfig, *, name: str, root: Path) -> SourceSize | None:
+    """The published test size (eval only: val alone); ~400 tokens an item, from its items'
+    characters at ~4.5 chars/token."""
+    return eval_split_examples("humaneval", cfg.config, by_config={"openai_humaneval": 164}, tokens_per_example=400)

@@ -5,11 +5,13 @@ letter and the subject). Does not score: see lockstep.evaluate.chat."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from lockstep.data.snapshot import SnapshotWriter
 from lockstep.data.sources.benchmarks import choice_record, read_eval_split
 from lockstep.data.sources.hub import HubFields
+from lockstep.data.sources.size import SourceSize, eval_split_examples
 
 KIND = "document"
 EXTRA_FIELDS: tuple[str, ...] = ("choices", "answer", "subject")
@@ -38,3 +40,9 @@ def convert_row(row: dict[str, Any]) -> dict[str, Any] | str:
 def produce(cfg: MmluConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, Any]:
     return read_eval_split(cfg, sink, dataset=cfg.dataset, config=cfg.config, split=SPLIT, convert_row=convert_row,
                            expected=EXPECTED)
+
+
+def size(cfg: MmluConfig, *, name: str, root: Path) -> SourceSize | None:
+    """The published test size of `all` (eval only: val alone; a single subject's is not listed);
+    ~130 tokens an item, from a few hundred items' characters at ~4.5 chars/token."""
+    return eval_split_examples("mmlu", cfg.config, by_config={"all": 14_042}, tokens_per_example=130)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from lockstep.data.snapshot import SnapshotWriter
 from lockstep.data.sources.common import SourceFormatError, hub_revision
 from lockstep.data.sources.hub import HubFields, file_rows, hub_rows, local_splits
+from lockstep.data.sources.size import SourceSize, published_examples
 
 KIND = "conversation"
 EXTRA_FIELDS: tuple[str, ...] = ()
@@ -197,3 +198,8 @@ def produce(cfg: Oasst1Config, sink: SnapshotWriter, *, seed: int) -> dict[str, 
             sink.add(ours, conv, where)
     return {"source_id": cfg.dataset, "revision": sha, "streamed": True, "filtered_trees": filtered,
             "hub_splits": HUB_SPLITS}
+
+
+def size(cfg: Oasst1Config, *, name: str, root: Path) -> SourceSize:
+    """One conversation per English message tree: ~9,800 train trees, ~40% English (an estimate)."""
+    return published_examples("oasst1", examples=3_900, val_examples=200, tokens_per_example=600, val_frac=cfg.val_frac)

