@@ -1,15 +1,19 @@
 """The tiny GPT the tests build, in one place: `tiny_config`/`tiny_gpt` give a one-layer,
 32-channel model over the byte vocabulary on the CPU, each field overridable by keyword, and
 `randomize` replaces the init with random weights for tests whose outputs must depend on every
-weight (the zero-initialised projections and the near-zero lm_head included)."""
+weight (the zero-initialised projections and the near-zero lm_head included), and
+`save_untrained_chat_model` writes an eval stage's model inputs."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from lockstep.model.checkpoint import save_checkpoint
 from lockstep.model.gpt import GPT, GPTConfig
+from lockstep.tokenizer.kinds import train_tokenizer
 
 TINY = dict(sequence_len=64, vocab_size=265, n_layer=1, n_head=2, n_kv_head=2, n_embd=32)
 
@@ -32,3 +36,13 @@ def randomize(model: GPT, seed: int = 0, scale: float = 0.3) -> GPT:
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * scale)
     return model
+
+
+def save_untrained_chat_model(folder: Path, *, sequence_len: int = 512) -> None:
+    """A byte tokenizer in `folder/tokenizer` and tiny_gpt over it, untrained, as the checkpoint
+    `folder/ckpt`: what an eval stage loads."""
+    tok = train_tokenizer("byte", ["some text"])
+    tok.save(folder / "tokenizer")
+    model = tiny_gpt(sequence_len=sequence_len, vocab_size=tok.get_vocab_size())
+    save_checkpoint(folder / "ckpt", model.state_dict(), {0: {}},
+                    {"step": 0, "model_config": model.config.to_dict(), "tokenizer_sha256": tok.sha256})

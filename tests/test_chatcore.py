@@ -22,14 +22,8 @@ from lockstep.data.sources.humaneval import HumanevalConfig
 from lockstep.data.sources.mmlu import MmluConfig
 from lockstep.data.sources.spelling_bee import SpellingBeeConfig
 from lockstep.dev.hub_samples_chat import ARC_SCHEMA
-from lockstep.evaluate.chat import (
-    CHATCORE_TASKS,
-    benchmark_categorical_items,
-    benchmark_code_items,
-    chatcore_of,
-    conversation_items,
-    evaluate_categorical,
-)
+from lockstep.evaluate.chat import benchmark_categorical_items, benchmark_code_items, conversation_items, evaluate_categorical
+from lockstep.evaluate.chatcore import BENCHMARKS, chatcore_of
 from lockstep.pipeline.eval import EvalConfig
 from lockstep.pipeline.report import comparable_table, composite_interval, intervals
 from lockstep.tools.plan import source_size
@@ -145,7 +139,7 @@ def test_chatcore_centres_on_the_fixed_baselines() -> None:
     want = ((0.40 - 0.25) / 0.75 + 0.0 + (0.31 - 0.25) / 0.75 + 0.05 + 0.08 + 0.5) / 6
     assert chatcore_of(acc) == pytest.approx(want)
     assert chatcore_of({"mmlu": 0.25}) == 0.0 and chatcore_of({"mmlu": 0.0}) == pytest.approx(-1 / 3)
-    assert {t: b for t, (_, b) in CHATCORE_TASKS.items()} == {
+    assert {t: b.baseline for t, b in BENCHMARKS.items()} == {
         "arc_easy": 0.25, "arc_challenge": 0.25, "mmlu": 0.25, "gsm8k": 0.0, "humaneval": 0.0, "spelling_bee": 0.0}
     with pytest.raises(ValueError, match="not ChatCORE tasks"):
         chatcore_of({"arc_own": 0.5})
@@ -178,7 +172,7 @@ def _eval_metrics(tasks: tuple[str, ...]) -> dict:
     flat: dict = {"core": 0.2, "core.a.accuracy": 0.5, "core.a.accuracy.n": 100, "core.a.centered": 0.0,
                   "core.b.accuracy": 0.7, "core.b.accuracy.n": 50, "core.b.centered": 0.4}
     for t in tasks:
-        b = CHATCORE_TASKS[t][1]
+        b = BENCHMARKS[t].baseline
         flat |= {f"chat.{t}.accuracy": 0.4, f"chat.{t}.accuracy.n": 80, f"chat.{t}.centered": (0.4 - b) / (1 - b)}
     if tasks:
         flat["chatcore"] = chatcore_of({t: 0.4 for t in tasks})
@@ -188,7 +182,7 @@ def _eval_metrics(tasks: tuple[str, ...]) -> dict:
 def test_comparable_table_rows_columns_intervals_and_reference() -> None:
     metrics = {"eval_pretrain": {"core": 0.2, **{k: v for k, v in _eval_metrics(()).items() if k.startswith("core")},
                                  "core_source": "dclm", "core_tasks": 2, "core_items": 150},
-               "eval_sft": {**_eval_metrics(tuple(CHATCORE_TASKS)), "core_source": "dclm", "core_tasks": 2, "core_items": 150}}
+               "eval_sft": {**_eval_metrics(tuple(BENCHMARKS)), "core_source": "dclm", "core_tasks": 2, "core_items": 150}}
     ivs = intervals(metrics, None)
     lines = comparable_table(metrics, ivs)
     header = next(ln for ln in lines if ln.startswith("| stage"))
@@ -223,12 +217,10 @@ def test_composite_interval_needs_every_tasks_counts() -> None:
 
 
 def test_eval_stage_scores_the_six_benchmarks_from_their_hub_samples(tmp_path: Path) -> None:
-    from _tiny_model import tiny_gpt
+    from _tiny_model import save_untrained_chat_model
     from lockstep.core.runtime import RuntimeConfig, init_runtime
     from lockstep.data.sources.gsm8k import Gsm8kConfig
-    from lockstep.model.checkpoint import save_checkpoint
     from lockstep.pipeline.eval import EvalPaths, check_inputs, run_eval_stage
-    from lockstep.tokenizer.kinds import train_tokenizer
 
     raw = tmp_path / "raw"
     for name, cfg in (("arc_easy", Ai2ArcConfig(path=str(HUB / "ai2_arc"))),
@@ -237,23 +229,19 @@ def test_eval_stage_scores_the_six_benchmarks_from_their_hub_samples(tmp_path: P
                       ("humaneval", HumanevalConfig(path=str(HUB / "openai_humaneval"))),
                       ("spelling_bee", SpellingBeeConfig(n_val=4))):
         fetch_source(name, cfg, raw / name, seed=1)
-    tok = train_tokenizer("byte", ["some text"])
-    tok.save(tmp_path / "tokenizer")
-    model = tiny_gpt(sequence_len=512, vocab_size=tok.get_vocab_size())
-    save_checkpoint(tmp_path / "ckpt", model.state_dict(), {0: {}},
-                    {"step": 0, "model_config": model.config.to_dict(), "tokenizer_sha256": tok.sha256})
+    save_untrained_chat_model(tmp_path)
     cfg = EvalConfig(core_stages=(), chat_stages=("sft",), chat_max_items=2, math_sources=(), conversation_sources=(),
-                     categorical_files=(), code_files=(), chat_tasks={t: t for t in CHATCORE_TASKS}, max_new_tokens=4,
+                     categorical_files=(), code_files=(), chat_tasks={t: t for t in BENCHMARKS}, max_new_tokens=4,
                      sandbox_timeout_s=3.0)
     check_inputs("sft", cfg, raw, ROOT / "evalsets")
     paths = EvalPaths(ckpt=tmp_path / "ckpt", cache=tmp_path / "cache", tokenizer=tmp_path / "tokenizer", raw=raw,
                       evalsets=ROOT / "evalsets", out=tmp_path / "m.json", predictions=tmp_path / "pred",
                       runinfo=tmp_path / "ri.json")
     metrics = run_eval_stage("sft", cfg, paths, rt=init_runtime(RuntimeConfig(device="cpu", dtype="fp32")))
-    acc = {t: metrics[f"chat.{t}.accuracy"] for t in CHATCORE_TASKS}
-    assert all(metrics[f"chat.{t}.accuracy.n"] == 2 for t in CHATCORE_TASKS)
+    acc = {t: metrics[f"chat.{t}.accuracy"] for t in BENCHMARKS}
+    assert all(metrics[f"chat.{t}.accuracy.n"] == 2 for t in BENCHMARKS)
     assert metrics["chatcore"] == pytest.approx(chatcore_of(acc))
-    assert sorted(p.name for p in paths.predictions.iterdir()) == sorted(f"chat_{t}.jsonl" for t in CHATCORE_TASKS)
+    assert sorted(p.name for p in paths.predictions.iterdir()) == sorted(f"chat_{t}.jsonl" for t in BENCHMARKS)
     with pytest.raises(ConfigError, match="chat_tasks.mmlu"):
         check_inputs("sft", EvalConfig(chat_tasks={"mmlu": "nope"}, math_sources=(), conversation_sources=()), raw,
                      ROOT / "evalsets")

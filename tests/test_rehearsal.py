@@ -18,7 +18,7 @@ import yaml
 from _scratch_repo import BIN, git_commit_all, preset_copy, run_in
 from lockstep.data.records import as_conversation
 from lockstep.data.snapshot import iter_records
-from lockstep.evaluate.chat import CHATCORE_TASKS
+from lockstep.evaluate.chatcore import BENCHMARKS
 from lockstep.tokenizer import load_tokenizer
 
 HUB_SOURCES = {  # fetch key -> (local_splits read from the file names, or None for a stream; split rule)
@@ -115,7 +115,7 @@ def check_rehearsal_run(work: Path) -> None:
     # scores on every chat stage; CORE from the bundle in the DCLM layout on the base ones.
     metrics = work / "data" / "metrics"
     chat_tasks = params["eval"]["chat_tasks"]
-    assert sorted(chat_tasks) == sorted(CHATCORE_TASKS)
+    assert sorted(chat_tasks) == sorted(BENCHMARKS)
     for stage in ("midtrain", "sft", "rl"):
         m = json.loads((metrics / f"eval_{stage}.json").read_text())
         for task in (*chat_tasks, *params["eval"]["conversation_sources"]):

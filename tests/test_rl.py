@@ -19,7 +19,8 @@ from lockstep.model.gpt import IGNORE_INDEX
 import lockstep.rl
 from lockstep.rl.config import RLConfig
 from lockstep.rl.losses import anchor_loss_backward, policy_loss_backward
-from lockstep.rl.rollouts import Completion, Rollouts, prompt_ids, reference_completion, reference_results, reward, tool_steps
+from lockstep.evaluate.benchmarks.gsm8k import reward
+from lockstep.rl.rollouts import Completion, Rollouts, prompt_ids, reference_completion, reference_results, tool_steps
 from lockstep.rl.trainer import RLTrainer, _derived_seed, draw_problems, series_columns
 
 

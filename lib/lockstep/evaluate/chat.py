@@ -1,7 +1,9 @@
 """Chat-model evaluations: GSM8K-format problems (generated with tools, exact final number),
 ARC/MMLU-style categorical multiple choice (argmax over the answer letters' logits), letter
 counting/spelling conversations, HumanEval-style code run in the sandbox, and the ChatCORE
-aggregate. Generation is passed in as a function; this module never builds a model or engine."""
+aggregate; `Benchmark`, what a ChatCORE benchmark module declares (lockstep.evaluate.benchmarks.*,
+registered in lockstep.evaluate.chatcore). Generation is passed in as a function; this module never
+builds a model or engine."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from lockstep.data.records import text_message
-from lockstep.evaluate.sandbox import SandboxLimits, run_tests
+from lockstep.evaluate.sandbox import SandboxLimits, TestRunResult, run_tests
 
 LETTERS = "ABCDEFGHIJ"
 # Number with optional sign, currency sign, thousands commas (groups of three) and decimals.
@@ -227,6 +229,31 @@ def code_context(item: CodeItem) -> str:
     return ""
 
 
+def letter_is_answer(item: CategoricalItem, letter: str) -> bool:
+    """A categorical item's answer check: the letter the model preferred is the answer's."""
+    return letter == LETTERS[item.answer]
+
+
+def reply_is_answer(item: GenerativeItem, reply: str) -> bool:
+    """A generative item's answer check: the reply's final answer is the reference's
+    (`answers_match`: the number after its last `####`, else its last number, else its last line)."""
+    return answers_match(item.reference, reply)
+
+
+def passes_tests(item: CodeItem, reply: str, limits: SandboxLimits) -> TestRunResult:
+    """A code item's answer check: the item's tests, run apart from the reply's code and calling
+    it through the sandbox's proxy (see `sandbox.run_tests`); `.passed` is the verdict."""
+    return run_tests(code_program(item, reply), code_tests(item), entry_point=item.entry_point,
+                     setup=code_context(item), limits=limits)
+
+
+# The answer checks the evaluate functions take, one per kind of item: (item, the preferred letter),
+# (item, the decoded reply), (item, the decoded reply, the sandbox's limits).
+CategoricalCheck = Callable[[CategoricalItem, str], bool]
+GenerativeCheck = Callable[[GenerativeItem, str], bool]
+CodeCheck = Callable[[CodeItem, str, SandboxLimits], TestRunResult]
+
+
 @dataclasses.dataclass
 class TaskResult:
     correct: int = 0
@@ -269,17 +296,18 @@ def evaluate_generative(
     batch_size: int | None = None,
     rank: int = 0,
     world_size: int = 1,
+    check: GenerativeCheck = reply_is_answer,
 ) -> TaskResult:
-    """Exact match of the final answer of each generated reply (tool calls included in the reply).
-    `generate` gets `batch_size` prompts a call, or all of this rank's at once when None (then it
-    batches as it likes: see lockstep.pipeline.eval.make_generate)."""
+    """`check` of each generated reply (tool calls included in the reply): by default exact match
+    of its final answer. `generate` gets `batch_size` prompts a call, or all of this rank's at once
+    when None (then it batches as it likes: see lockstep.pipeline.eval.make_generate)."""
     mine = _shard(items, rank, world_size)
     prompts = [tokenizer.render_for_completion(item.conversation) for _, item in mine]
     completions = _generate_in_batches(generate, prompts, batch_size)
     result = TaskResult()
     for (index, item), ids in zip(mine, completions):
         text = tokenizer.decode(ids)
-        ok = answers_match(item.reference, text)
+        ok = check(item, text)
         result.correct += int(ok)
         result.total += 1
         result.records.append({
@@ -303,11 +331,12 @@ def evaluate_categorical(
     max_seq_len: int,
     rank: int = 0,
     world_size: int = 1,
+    check: CategoricalCheck = letter_is_answer,
 ) -> TaskResult:
     """Argmax over the logits of the valid answer letters at the first reply position: the letter
     the model prefers among the item's choices' letters (A.. for as many choices as it has), the
-    rule of nanochat's categorical tasks. An item whose prompt does not fit in `max_seq_len` is
-    skipped and counted in `skipped`, never scored and never fatal."""
+    rule of nanochat's categorical tasks, judged by `check`. An item whose prompt does not fit in
+    `max_seq_len` is skipped and counted in `skipped`, never scored and never fatal."""
     letter_ids = []
     for letter in LETTERS:
         ids = tokenizer.encode(letter)
@@ -323,7 +352,7 @@ def evaluate_categorical(
         logits = model(torch.tensor([prompt], dtype=torch.long, device=device))  # (1, T, V)
         allowed = torch.tensor(letter_ids[: len(item.choices)], device=device)
         pick = int(logits[0, -1, allowed].float().argmax().item())
-        ok = pick == item.answer
+        ok = check(item, LETTERS[pick])
         result.correct += int(ok)
         result.total += 1
         result.records.append({
@@ -394,18 +423,18 @@ def evaluate_code(
     batch_size: int | None = None,
     rank: int = 0,
     world_size: int = 1,
+    check: CodeCheck = passes_tests,
 ) -> TaskResult:
-    """pass@1: the item's tests, run apart from the generated code and calling it through the
-    sandbox's proxy, reach their last line (see `sandbox.run_tests`). `batch_size` as for
-    `evaluate_generative`."""
+    """pass@1: `check` of each generated reply, by default the item's tests, run apart from the
+    generated code and calling it through the sandbox's proxy, reach their last line (see
+    `sandbox.run_tests`). `batch_size` as for `evaluate_generative`."""
     mine = _shard(items, rank, world_size)
     convs = [{"messages": [text_message("user", it.prompt), text_message("assistant", "")]} for _, it in mine]
     completions = _generate_in_batches(generate, [tokenizer.render_for_completion(c) for c in convs], batch_size)
     result = TaskResult()
     for (index, item), ids in zip(mine, completions):
         text = tokenizer.decode(ids)
-        run = run_tests(code_program(item, text), code_tests(item), entry_point=item.entry_point,
-                        setup=code_context(item), limits=limits)
+        run = check(item, text, limits)
         result.correct += int(run.passed)
         result.total += 1
         result.records.append({
@@ -420,26 +449,18 @@ def random_baseline_categorical(items: Sequence[CategoricalItem]) -> float:
     return sum(1.0 / len(it.choices) for it in items) / len(items) if items else 0.0
 
 
-# The benchmarks of nanochat's ChatCORE: task -> (how it is scored, its fixed random baseline).
-# ARC and MMLU count as four-choice tasks (0.25) whatever an item's number of choices, as nanochat
-# counts them; the generative tasks have no chance level (0).
-CHATCORE_TASKS: dict[str, tuple[Literal["categorical", "generative", "code"], float]] = {
-    "arc_easy": ("categorical", 0.25),
-    "arc_challenge": ("categorical", 0.25),
-    "mmlu": ("categorical", 0.25),
-    "gsm8k": ("generative", 0.0),
-    "humaneval": ("code", 0.0),
-    "spelling_bee": ("generative", 0.0),
-}
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    """What a ChatCORE benchmark declares in its module (lockstep.evaluate.benchmarks.*), read from
+    the one table lockstep.evaluate.chatcore.BENCHMARKS by the eval stage (how its items are read
+    and judged), the ChatCORE score (its baseline), the report card (its column) and the plan (its
+    kind's cost)."""
 
-
-def chatcore_of(accuracy_by_task: dict[str, float]) -> float:
-    """ChatCORE over CHATCORE_TASKS' benchmarks: the mean of each task's accuracy centred on its
-    fixed baseline, `(acc - b) / (1 - b)`. Refuses a task that is not one of them."""
-    unknown = sorted(set(accuracy_by_task) - set(CHATCORE_TASKS))
-    if unknown:
-        raise ValueError(f"{unknown} are not ChatCORE tasks; use some of {list(CHATCORE_TASKS)}")
-    return chatcore({t: (acc, CHATCORE_TASKS[t][1]) for t, acc in accuracy_by_task.items()})
+    kind: Literal["categorical", "generative", "code"]  # scored by evaluate_categorical, _generative, _code
+    baseline: float  # random-guess accuracy, the centre of its ChatCORE term (acc - b) / (1 - b)
+    column: str  # its column in the report card's comparable table (nanochat's name for it)
+    read: Callable[[Iterable[dict[str, Any]]], list[Any]]  # its snapshot's val records -> items of its kind
+    check: Callable[..., Any]  # its kind's answer check: CategoricalCheck, GenerativeCheck or CodeCheck
 
 
 def chatcore(accuracy_and_baseline: dict[str, tuple[float, float]]) -> float:

@@ -24,6 +24,7 @@ from lockstep.data.cache import CacheError, CacheTooSmallError, list_caches, ope
 from lockstep.data.loaders import ShardedTokenLoader, open_sft_dataset
 from lockstep.data.snapshot import SnapshotError, iter_records, open_bundle
 from lockstep.evaluate import chat, core
+from lockstep.evaluate.chatcore import BENCHMARKS, chatcore_of
 from lockstep.evaluate.sandbox import SandboxLimits
 from lockstep.infer.engine import Engine, decode_settings
 from lockstep.model.checkpoint import CheckpointError, load_model
@@ -64,7 +65,7 @@ class EvalConfig:
     reply_choice_files: tuple[str, ...] = ()
     code_files: tuple[str, ...] = ("chat/code_own.jsonl",)  # under --evalsets
     # ChatCORE benchmarks: {task: fetch name of its snapshot under --raw (val split)}, tasks from
-    # evaluate.chat.CHATCORE_TASKS. When set, `chatcore` is over these alone, with fixed baselines.
+    # evaluate.chatcore.BENCHMARKS. When set, `chatcore` is over these alone, with fixed baselines.
     chat_tasks: dict[str, str] = dataclasses.field(default_factory=dict)
     max_new_tokens: int = 96  # per generated reply
     generate_batch: int = 1  # chat replies decoded together (Engine.generate_greedy); 1 = one at a time, the reference
@@ -98,10 +99,10 @@ class EvalConfig:
                 or (kind == "raw" and PurePosixPath(where).name != where):
             raise FieldError("core_tasks", self.core_tasks, "must be `evalsets:<folder under --evalsets>` (e.g. evalsets:core) "
                                                             "or `raw:<fetch name>` (e.g. raw:dclm_core)")
-        bad_tasks = sorted(set(self.chat_tasks) - set(chat.CHATCORE_TASKS))
+        bad_tasks = sorted(set(self.chat_tasks) - set(BENCHMARKS))
         if bad_tasks:
             raise FieldError("chat_tasks", dict(self.chat_tasks),
-                             f"names unknown task(s) {bad_tasks}; use some of {list(chat.CHATCORE_TASKS)}, each mapped to "
+                             f"names unknown task(s) {bad_tasks}; use some of {list(BENCHMARKS)}, each mapped to "
                              "the fetch name of its snapshot (e.g. arc_easy: arc_easy)")
         own = {*self.math_sources, *self.conversation_sources,
                *(PurePosixPath(rel).stem for rel in (*self.categorical_files, *self.reply_choice_files, *self.code_files))}
@@ -296,29 +297,26 @@ def make_generate(engine: Any, *, stop_ids: set[int], max_new_tokens: int, conte
 def run_chat_tasks(cfg: EvalConfig, fwd: Callable[[torch.Tensor], torch.Tensor], raw: Path, *, tokenizer: Any,
                    generate: chat.Generate, limits: SandboxLimits, device: torch.device, max_seq_len: int,
                    rt: Runtime) -> dict[str, tuple[chat.TaskResult, float]]:
-    """The ChatCORE benchmarks `eval.chat_tasks` lists, each read from its snapshot's val split
-    and scored as CHATCORE_TASKS says: categorical by the preferred answer letter, generative by
-    the final number of a greedy reply, code by the sandbox. {task: (result, fixed baseline)}."""
+    """The ChatCORE benchmarks `eval.chat_tasks` lists, each read from its snapshot's val split by
+    its benchmark's reader and scored by its kind, with its answer check: categorical by the
+    preferred answer letter, generative by a greedy reply, code by the sandbox.
+    {task: (result, fixed baseline)}."""
     out: dict[str, tuple[chat.TaskResult, float]] = {}
     for task, source in cfg.chat_tasks.items():
-        kind, baseline = chat.CHATCORE_TASKS[task]
-        records = iter_records(raw / source, "val")
-        if kind == "categorical":
-            items = _cap(chat.benchmark_categorical_items(records), cfg.chat_max_items)
+        bench = BENCHMARKS[task]
+        items = _cap(bench.read(iter_records(raw / source, "val")), cfg.chat_max_items)
+        if bench.kind == "categorical":
             res = chat.evaluate_categorical(fwd, items, tokenizer=tokenizer, device=device, max_seq_len=max_seq_len,
-                                            rank=rt.rank, world_size=rt.world_size)
-        elif kind == "code":
-            code = _cap(chat.benchmark_code_items(records), cfg.chat_max_items)
+                                            rank=rt.rank, world_size=rt.world_size, check=bench.check)
+        elif bench.kind == "code":
             with rt.autocast():
-                res = chat.evaluate_code(code, tokenizer=tokenizer, generate=generate, limits=limits,
-                                         rank=rt.rank, world_size=rt.world_size)
-        else:  # GSM8K-format problems, or conversations ending in `#### N` (SpellingBee)
-            rows = list(records)
-            gen = chat.problem_items(rows) if rows and "question" in rows[0] else chat.conversation_items(rows)
+                res = chat.evaluate_code(items, tokenizer=tokenizer, generate=generate, limits=limits,
+                                         rank=rt.rank, world_size=rt.world_size, check=bench.check)
+        else:
             with rt.autocast():
-                res = chat.evaluate_generative(_cap(gen, cfg.chat_max_items), tokenizer=tokenizer, generate=generate,
-                                               rank=rt.rank, world_size=rt.world_size)
-        out[task] = (res, baseline)
+                res = chat.evaluate_generative(items, tokenizer=tokenizer, generate=generate,
+                                               rank=rt.rank, world_size=rt.world_size, check=bench.check)
+        out[task] = (res, bench.baseline)
     return out
 
 
@@ -444,7 +442,7 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime
             predictions[f"chat_{name}"] = res.records
             log.info("chat %s: accuracy %.4f (%d items)", name, res.accuracy, res.total)
         # With benchmarks listed, ChatCORE is nanochat's: over them alone, with their fixed baselines.
-        metrics["chatcore"] = chat.chatcore_of(accuracy_by_task) if cfg.chat_tasks else chat.chatcore(per_task)
+        metrics["chatcore"] = chatcore_of(accuracy_by_task) if cfg.chat_tasks else chat.chatcore(per_task)
 
     runinfo = {"device": str(rt.device), "dtype": str(rt.dtype).removeprefix("torch."), "world_size": rt.world_size,
                "eval_time_s": time.monotonic() - t0}

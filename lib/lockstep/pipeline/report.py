@@ -24,6 +24,7 @@ from lockstep.core.io import atomic_dir, read_json
 from lockstep.core.series import SUFFIX as SERIES_SUFFIX
 from lockstep.core.series import read_series_file
 from lockstep.core.stats import Z95, bootstrap_ratio_interval, wilson_interval
+from lockstep.evaluate.chatcore import report_columns
 
 # Report columns as nanochat's card names them, with the pipeline stage behind each.
 STAGE_COLUMNS: tuple[tuple[str, str], ...] = (("BASE", "pretrain"), ("MID", "midtrain"), ("SFT", "sft"), ("RL", "rl"))
@@ -460,16 +461,13 @@ def _stage_table(title: str, stems: list[tuple[str, str]], source: Mapping[str, 
     return [f"## {title}", "", *_table(["metric", *[c for c, _ in stems]], rows), ""]
 
 
-# The table comparable with nanochat's report card: (column, the metric behind it). A task's
-# accuracy carries its Wilson interval; CORE and ChatCORE, means of centred accuracies, a normal
-# approximation over their tasks (`composite_interval`).
+# The table comparable with nanochat's report card: rows by stage. A task's accuracy carries its
+# Wilson interval; CORE and ChatCORE, means of centred accuracies, a normal approximation over their
+# tasks (`composite_interval`).
 COMPARABLE_ROWS: tuple[tuple[str, str], ...] = (("base", "pretrain"), ("mid", "midtrain"), ("sft", "sft"), ("rl", "rl"))
-COMPARABLE_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("CORE", "core"), ("ARC-Easy", "chat.arc_easy.accuracy"), ("ARC-Challenge", "chat.arc_challenge.accuracy"),
-    ("MMLU", "chat.mmlu.accuracy"), ("GSM8K", "chat.gsm8k.accuracy"), ("HumanEval", "chat.humaneval.accuracy"),
-    ("SpellingBee", "chat.spelling_bee.accuracy"), ("ChatCORE", "chatcore"),
-)
-CHATCORE_BENCHMARKS = ("arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "spelling_bee")
+# The benchmarks nanochat's ChatCORE is over: its reference lines stand beside a run that evaluated
+# all of them.
+NANOCHAT_CHATCORE = ("arc_easy", "arc_challenge", "mmlu", "gsm8k", "humaneval", "spelling_bee")
 # nanochat's published d20 speedrun (its README's report card table, 2025-10-13): {row: {column: value}}.
 # SpellingBee is not in that table.
 NANOCHAT_D20_SOURCE = "nanochat d20, README report card 2025-10-13"
@@ -481,6 +479,12 @@ NANOCHAT_D20: dict[str, dict[str, float]] = {
             "ChatCORE": 0.0884},
     "rl": {"GSM8K": 0.0758},
 }
+
+
+def comparable_columns() -> list[tuple[str, str]]:
+    """(column, the metric behind it): CORE, each registered ChatCORE benchmark
+    (lockstep.evaluate.chatcore.BENCHMARKS, its column as its module names it) and ChatCORE."""
+    return [("CORE", "core"), *report_columns(), ("ChatCORE", "chatcore")]
 
 
 def composite_interval(flat: Mapping[str, Any], prefix: str, score: str) -> Interval | None:
@@ -506,14 +510,15 @@ def composite_interval(flat: Mapping[str, Any], prefix: str, score: str) -> Inte
 
 def comparable_table(metrics: Mapping[str, Mapping[str, Any]], ivs: Mapping[tuple[str, str], Interval]) -> list[str]:
     """The report card's table in nanochat's shape: rows base / mid / sft / rl, columns CORE, the
-    six ChatCORE benchmarks and ChatCORE, each value with its 95% interval and n. nanochat's
-    published d20 rows follow as labelled reference lines only when the run evaluated the same six
+    ChatCORE benchmarks and ChatCORE, each value with its 95% interval and n. nanochat's published
+    d20 rows follow as labelled reference lines only when the run evaluated nanochat's six
     benchmarks. Empty when no eval stage wrote any of the columns."""
+    columns = comparable_columns()
     rows, seen = [], False
     for label, stage in COMPARABLE_ROWS:
         flat = metrics.get(f"eval_{stage}", {})
         cells = []
-        for col, key in COMPARABLE_COLUMNS:
+        for col, key in columns:
             value = flat.get(key)
             if value is None:
                 cells.append("-")
@@ -526,7 +531,7 @@ def comparable_table(metrics: Mapping[str, Mapping[str, Any]], ivs: Mapping[tupl
     if not seen:
         return []
     stems = [f"eval_{st}" for _, st in COMPARABLE_ROWS]
-    same_tasks = any(all(f"chat.{t}.accuracy" in metrics.get(s, {}) for t in CHATCORE_BENCHMARKS) for s in stems)
+    same_tasks = any(all(f"chat.{t}.accuracy" in metrics.get(s, {}) for t in NANOCHAT_CHATCORE) for s in stems)
     # nanochat's CORE is the DCLM bundle's: its reference value stands beside ours only when every
     # stage's CORE was measured on that bundle too.
     dclm_core = all(metrics[s].get("core_source") == "dclm" for s in stems if "core" in metrics.get(s, {}))
@@ -535,13 +540,13 @@ def comparable_table(metrics: Mapping[str, Mapping[str, Any]], ivs: Mapping[tupl
             ref = {col: v for col, v in NANOCHAT_D20.get(label, {}).items() if col != "CORE" or dclm_core}
             if ref:
                 rows.append([f"{label} (reference: {NANOCHAT_D20_SOURCE})",
-                             *[f"{ref[col]:.4f}" if col in ref else "-" for col, _ in COMPARABLE_COLUMNS]])
+                             *[f"{ref[col]:.4f}" if col in ref else "-" for col, _ in columns]])
     note = ("Each value: score [95% interval] n=items. Accuracies: Wilson interval; CORE and ChatCORE: normal "
             "approximation over their tasks' centred accuracies.")
     if same_tasks:
         note += f" Reference lines: {NANOCHAT_D20_SOURCE}, published without intervals."
     # The CORE column goes by the name of what it measured ("CORE-style (own tasks, ...)" unless DCLM's).
-    header = ["stage", *[_core_row_name(stems, metrics) if key == "core" else c for c, key in COMPARABLE_COLUMNS]]
+    header = ["stage", *[_core_row_name(stems, metrics) if key == "core" else c for c, key in columns]]
     return ["## Comparable with nanochat", "", note, "", *_table(header, rows), ""]
 
 

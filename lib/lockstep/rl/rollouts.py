@@ -1,6 +1,7 @@
 """What a step's rollouts are made of: the `Completion` record and `Rollouts` (a step's
-completions, each problem's group consecutive), the reward and the reading of a completion's tool
-calls that score them, and a problem's prompt and reference solution as ids. Samples nothing, and
+completions, each problem's group consecutive), the reading of a completion's tool calls that
+scores them (the reward itself is the GSM8K benchmark's, lockstep.evaluate.benchmarks.gsm8k), and
+a problem's prompt and reference solution as ids. Samples nothing, and
 knows no strategy or loss."""
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from lockstep.data.records import problem_to_conversation, user_prompt
-from lockstep.evaluate.chat import extract_answer
 from lockstep.infer.engine import Engine
 
 if TYPE_CHECKING:
@@ -77,17 +77,6 @@ class Rollouts:
     def decoded_tokens(self) -> int:
         """Tokens the engine decoded: every completion's but the reference solutions'."""
         return sum(len(c.ids) for c in self.completions if c.role != "reference")
-
-
-def reward(completion: str, reference_answer: str) -> float:
-    """1.0 when the completion states the reference's final number in GSM8K form (`#### N`,
-    commas and `$` ignored), else 0.0."""
-    ref = extract_answer(reference_answer)
-    if ref is None:
-        raise ValueError(f"reference {reference_answer[-60:]!r} has no final number; drop the problem")
-    if "####" not in completion:
-        return 0.0
-    return 1.0 if extract_answer(completion) == ref else 0.0
 
 
 def reference_results(reference_answer: str) -> Counter[str]:

@@ -10,8 +10,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lockstep.evaluate.benchmarks.gsm8k import reward
 from lockstep.infer.engine import Engine
-from lockstep.rl.rollouts import Completion, reference_completion, reference_results, reward, tool_steps
+from lockstep.rl.rollouts import Completion, reference_completion, reference_results, tool_steps
 
 
 @dataclass

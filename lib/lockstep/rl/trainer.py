@@ -48,10 +48,11 @@ import torch.nn as nn
 
 from lockstep.core.progress import Countdown
 from lockstep.core.seeds import derive_seed
+from lockstep.evaluate.benchmarks.gsm8k import reward
 from lockstep.infer.engine import Engine
 from lockstep.rl.config import RLConfig
 from lockstep.rl.losses import anchor_loss_backward, policy_loss_backward
-from lockstep.rl.rollouts import Completion, Rollouts, prompt_ids, reward
+from lockstep.rl.rollouts import Completion, Rollouts, prompt_ids
 from lockstep.rl.strategies import ADVANTAGES, CREDIT, GREEDY_ROLLOUTS, REFERENCE_ROLLOUTS, Group
 from lockstep.train.optim import build_optimizers, global_grad_norm, set_lr
 from lockstep.train.trainer import NonFiniteGuard, eta_text, progress_line

@@ -45,7 +45,7 @@ from lockstep.data.loaders import PretrainTokenStreamDataset, open_sft_dataset
 from lockstep.data.sources import SOURCE_CONFIGS, source_module
 from lockstep.data.sources.dclm_core import extract_zip
 from lockstep.data.sources.size import SourceSize
-from lockstep.evaluate.chat import CHATCORE_TASKS
+from lockstep.evaluate.chatcore import BENCHMARKS
 from lockstep.evaluate.core import load_core_tasks
 from lockstep.model.gpt import GPT, GPTConfig
 from lockstep.model.ops import CHUNK_ROWS
@@ -688,7 +688,7 @@ def plan_eval(params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, root
         entry = (params.get("fetch") or {}).get(name) or {}
         size = source_size(name, entry, root=root) if entry else None
         n = capped(int(size.val_examples or 0)) if size is not None else 0
-        if CHATCORE_TASKS[task][0] == "categorical":
+        if BENCHMARKS[task].kind == "categorical":
             choices += n
             choice_tokens += n * min(T, size.tokens_per_example or T) if size is not None else 0
         else:
