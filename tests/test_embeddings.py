@@ -1,7 +1,8 @@
 """Structured embeddings (model.embedding): which rows each id reads, shapes, gradients into
 both tables and the projection, parameter and FLOP accounting, refusal of a hierarchical mode
-without a compressed dictionary, and a checkpoint that reloads without its tokenizer and
-generates the same tokens."""
+without a compressed dictionary, the stage asking the tokenizer for the structure an embedding
+needs (not for its kind), and a checkpoint that reloads without its tokenizer and generates the
+same tokens."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from lockstep.model import checkpoint as ckpt
 from lockstep.model.embeddings import EMBEDDINGS, NO_BYTE_ROW
 from lockstep.model.gpt import GPT, GPTConfig
 from lockstep.pipeline.train import token_structure
+from lockstep.tokenizer import NotProvidedError
+from lockstep.tokenizer.base import TOKEN_STRUCTURES, register_kind, unregister_kind
+from lockstep.tokenizer.byte import ByteTokenizer
 from lockstep.tokenizer.kinds import train_tokenizer
 from lockstep.tokenizer.lz78.train import from_dictionary
 from lockstep.tokenizer.lz78.train import train as train_lz78_tokenizer
@@ -134,3 +138,39 @@ def test_hierarchical_needs_a_compressed_dictionary(tmp_path):
     assert parents[the] == structured[the] == tok.encode("th")[0]
     model = GPT.build(config(tok.get_vocab_size(), "hierarchical"), "cpu", token_structure=(parents, last))
     assert model.embed.token_parent_row[abc[0]] == model.config.padded_vocab_size
+
+
+def test_each_embedding_needs_a_structure_a_tokenizer_can_name():
+    assert {cls.needs for cls in EMBEDDINGS.values()} <= {None, *TOKEN_STRUCTURES}
+    assert EMBEDDINGS["flat"].needs is None and EMBEDDINGS["hierarchical"].needs == "hierarchical"
+
+
+def test_the_stage_asks_the_tokenizer_what_it_provides_not_which_kind_it_is():
+    """A kind of its own that gives hierarchical parents (every id's parent: none) feeds the
+    hierarchical embedding with no edit to the stage, and the refusal of a kind without them
+    names it as one that provides them."""
+
+    class RootedBytes(ByteTokenizer):
+        kind = "rooted_bytes"
+        hierarchical_parents_from = "tokenizer.kind: rooted_bytes"
+
+        @property
+        def has_hierarchical_parents(self) -> bool:
+            return True
+
+        def hierarchical_parents(self) -> np.ndarray:
+            return np.full(self.get_vocab_size(), -1, np.int64)
+
+    register_kind(RootedBytes)
+    try:
+        tok = RootedBytes()
+        parents, last = token_structure(tok, "hierarchical")
+        assert (parents == -1).all() and np.array_equal(last, tok.prefix_tree().last_byte)
+        with pytest.raises(ConfigError, match="model.embedding=hierarchical: needs the tokenizer's hierarchical parents: "
+                                              "this byte tokenizer has none; .*tokenizer.kind: rooted_bytes provides them; "
+                                              "or use model.embedding: structured, tuple or flat"):
+            token_structure(ByteTokenizer(), "hierarchical")
+    finally:
+        unregister_kind("rooted_bytes")
+    with pytest.raises(NotProvidedError, match="hierarchical"):
+        ByteTokenizer().token_structure("hierarchical")

@@ -1,12 +1,13 @@
 """Token embeddings: how token ids become the GPT's first hidden states, one nn.Module class per
 `model.embedding` mode, chosen through the EMBEDDINGS table. Each class owns its weights, their
 initialisation from the generator, its share of the optimizer groups and (structured kinds) which
-rows each id reads. It is not the network around it (lockstep.model.gpt), nor where a tokenizer's
-parents come from (lockstep.pipeline.train.token_structure)."""
+rows each id reads, and declares what it `needs` of the tokenizer. It is not the network around it
+(lockstep.model.gpt), nor where a tokenizer's parents come from (the tokenizer's
+`token_structure`, asked by lockstep.pipeline.train.token_structure)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -24,7 +25,10 @@ class TokenEmbedding(nn.Module):
     """Ids (B, T) -> vectors (B, T, n_embd). A kind creates its weights in `__init__` (on whatever
     device is current: GPT.build uses the meta device), fills them in `init_weights`, and sorts
     them for the optimizers: `tables` are lookups (no FLOPs, AdamW), `matrices` matmul weights
-    (counted in FLOPs, Muon). Every parameter is in exactly one of the two."""
+    (counted in FLOPs, Muon). Every parameter is in exactly one of the two. `needs` names the
+    token structure it reads (lockstep.tokenizer.base.TOKEN_STRUCTURES), None for none."""
+
+    needs: ClassVar[str | None] = None
 
     def __init__(self, n_embd: int, vocab_size: int, padded_vocab_size: int) -> None:
         super().__init__()
@@ -69,13 +73,15 @@ class FlatEmbedding(TokenEmbedding):
 
 
 class StructuredEmbedding(TokenEmbedding):
-    """The parent code's row plus the last byte's row, summed (`structured`; `hierarchical` is the
-    same module given an LZ78 dictionary's hierarchical parents instead of the prefix tree's).
+    """The parent code's row plus the last byte's row, summed (`structured`, over the prefix
+    tree's parents; HierarchicalEmbedding reads a dictionary's hierarchical parents instead).
 
     `wte` holds parent-code rows, row padded_vocab_size standing for "no parent"; `wbe` the 256
     byte rows and NO_BYTE_ROW. Which rows an id reads is data, not a weight: the two buffers,
     filled by set_token_structure and saved in the state dict, so a checkpoint embeds without its
     tokenizer folder. Until then each id reads its own code row and NO_BYTE_ROW."""
+
+    needs = "prefix"
 
     def __init__(self, n_embd: int, vocab_size: int, padded_vocab_size: int) -> None:
         super().__init__(n_embd, vocab_size, padded_vocab_size)
@@ -129,6 +135,13 @@ class StructuredEmbedding(TokenEmbedding):
         return code + byte
 
 
+class HierarchicalEmbedding(StructuredEmbedding):
+    """StructuredEmbedding over the hierarchical parents a dictionary file gives (`hierarchical`:
+    an LZ78 dictionary in the compressed layout), which may differ from the prefix tree's."""
+
+    needs = "hierarchical"
+
+
 class TupleEmbedding(StructuredEmbedding):
     """StructuredEmbedding's two rows side by side, then a bias-free linear map to n_embd
     (`tuple`): a matmul, so it trains with the block matrices and counts towards FLOPs."""
@@ -154,7 +167,7 @@ EMBEDDINGS: dict[str, type[TokenEmbedding]] = {
     "flat": FlatEmbedding,
     "structured": StructuredEmbedding,
     "tuple": TupleEmbedding,
-    "hierarchical": StructuredEmbedding,  # the same rows; lockstep.pipeline.train gives other parents
+    "hierarchical": HierarchicalEmbedding,
 }
 
 

@@ -31,10 +31,10 @@ from lockstep.data.loaders import Mixture, PretrainTokenStreamDataset, SFTExampl
 from lockstep.data.parity import FIRST_BATCH_FILE, dump_first_batch
 from lockstep.data.records import user_prompt
 from lockstep.model import checkpoint as ckpt
+from lockstep.model.embeddings import EMBEDDINGS
 from lockstep.model.gpt import GPT, GPTConfig
 from lockstep.tokenizer import NoPrefixTreeError, Tokenizer, TokenizerFileError, load_tokenizer
-from lockstep.tokenizer.lz78 import DICTIONARY_DIR, LZ78Tokenizer
-from lockstep.tokenizer.prefix_tree import PrefixTree
+from lockstep.tokenizer.base import TOKEN_STRUCTURES
 from lockstep.train import objectives, resume
 from lockstep.train.trainer import (
     SERIES_COLUMNS,
@@ -223,28 +223,23 @@ def stage_setup(gcfg: GPTConfig, cfg: TrainConfig) -> dict[str, Any]:
     return setup
 
 
-def _prefix_tree(tok: Tokenizer, setting: str) -> PrefixTree:
-    """The tokenizer's prefix tree; ConfigError naming `setting` for a kind without one."""
-    try:
-        return tok.prefix_tree()
-    except NoPrefixTreeError as e:
-        raise ConfigError(f"{setting}: {e}") from None
-
-
 def token_structure(tok: Tokenizer, embedding: str) -> tuple[np.ndarray, np.ndarray]:
-    """(parents, last_bytes) per id, as GPT.set_token_structure reads them, for a non-flat
-    `model.embedding`: the prefix tree's parents, or an lz78 dictionary's hierarchical ones."""
-    tree = _prefix_tree(tok, f"model.embedding={embedding}")
-    if embedding != "hierarchical":
-        clash = tok.structure_clash() if isinstance(tok, LZ78Tokenizer) else None
-        if clash:
-            raise ConfigError(f"model.embedding={embedding}: {clash}")
-        return tree.parent, tree.last_byte
-    if not getattr(tok, "has_hierarchical_parents", False):
-        raise ConfigError("model.embedding=hierarchical needs the hierarchical parents of a `compressed` LZ78 dictionary "
-                          f"(tokenizer.kind: lz78, tokenizer.options.dictionary: {DICTIONARY_DIR}/<file>.tsv in the compressed "
-                          f"layout); this {tok.kind} tokenizer has none: use model.embedding: structured")
-    return tok.hierarchical_parents(), tree.last_byte
+    """(parents, last_bytes) per id, as GPT.set_token_structure reads them, for a `model.embedding`
+    that needs a token structure: the one its class `needs`, as the tokenizer provides it. A
+    tokenizer that does not provide it is a ConfigError saying why, which tokenizer kinds and
+    options do, and which embeddings this tokenizer can feed instead."""
+    need = EMBEDDINGS[embedding].needs
+    assert need is not None, f"model.embedding={embedding} reads no token structure"
+    missing = tok.missing_structure(need)
+    if missing is not None:
+        # The embeddings this tokenizer can feed, those that read a structure first, flat last.
+        fits = sorted((name for name, cls in EMBEDDINGS.items()
+                       if name != embedding and (cls.needs is None or tok.missing_structure(cls.needs) is None)),
+                      key=lambda name: EMBEDDINGS[name].needs is None)
+        instead = ", ".join(fits[:-1]) + f" or {fits[-1]}" if len(fits) > 1 else fits[0]
+        raise ConfigError(f"model.embedding={embedding}: needs the tokenizer's {TOKEN_STRUCTURES[need]}: {missing}; "
+                          f"or use model.embedding: {instead}")
+    return tok.token_structure(need)
 
 
 def build_objective(cfg: TrainConfig, tok: Tokenizer, stage: str, device: torch.device) -> objectives.Objective:
@@ -278,7 +273,7 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
     if paths.init is None:
         assert model_params is not None
         gcfg = model_params.gpt_config(tok.get_vocab_size())
-        structure = token_structure(tok, gcfg.embedding) if gcfg.embedding != "flat" else None
+        structure = token_structure(tok, gcfg.embedding) if EMBEDDINGS[gcfg.embedding].needs else None
         model = GPT.build(gcfg, rt.device, seed=seed, token_structure=structure)
     else:
         model, _ = ckpt.load_model(paths.init, rt.device, tokenizer_sha256=tok.sha256)

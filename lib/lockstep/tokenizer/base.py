@@ -49,6 +49,13 @@ ANCESTORS_FILE = "token_ancestors.npy"
 DEPTHS_FILE = "token_depths.npy"
 FORMAT_VERSION = 1
 DEFAULT_ENCODE_THREADS = 8
+# What a tokenizer can provide a model beyond its ids, by the name a token embedding `needs`
+# (lockstep.model.embeddings): each a pair of int64 arrays over the ids, (parents, last_bytes),
+# -1 for no parent and for an id that spells no byte. name -> what it is, in words.
+TOKEN_STRUCTURES = {
+    "prefix": "prefix-tree parents",  # each id's longest proper byte-prefix that is an id
+    "hierarchical": "hierarchical parents",  # the parents a dictionary file gives its tokens
+}
 
 
 class TokenizerFileError(ValueError):
@@ -59,7 +66,12 @@ class ConversationError(ValueError):
     """A conversation does not follow the record format (see docs/internals.md, "Records")."""
 
 
-class NoPrefixTreeError(ValueError):
+class NotProvidedError(ValueError):
+    """The tokenizer does not provide what was asked of it (a token structure); the message says
+    which kinds and options do."""
+
+
+class NoPrefixTreeError(NotProvidedError):
     """The tokenizer's ids do not stand for distinct byte strings (sentencepiece), so it has no
     prefix tree for structured embeddings or the prefix-smoothed loss."""
 
@@ -94,6 +106,9 @@ class Tokenizer(ABC):
     kind: ClassVar[str]
     # False for a kind whose ids are not distinct byte strings (sentencepiece): no prefix tree.
     has_prefix_tree: ClassVar[bool] = True
+    # How a kind's tokenizer comes with hierarchical parents (its options), for the message of
+    # one that has none; "" for a kind that never has them.
+    hierarchical_parents_from: ClassVar[str] = ""
 
     def __init__(self, special_ids: Mapping[str, int]) -> None:
         """`special_ids` gives an id to every name in SPECIAL_TOKENS, or is empty for a tokenizer
@@ -146,9 +161,11 @@ class Tokenizer(ABC):
         """Each id's byte string, None for ids that spell no bytes (the specials). Kinds with
         `has_prefix_tree` provide it; the prefix tree is built from it unless a kind knows its
         own (lz78)."""
-        raise NoPrefixTreeError(f"a {self.kind} tokenizer's ids are not distinct byte strings, so it has no prefix tree: "
-                                "use model.embedding: flat and objective: ce with it, or a kind whose ids are byte strings "
-                                f"(any but {', '.join(sorted(k for k, c in _KINDS.items() if not c.has_prefix_tree))})")
+        raise NoPrefixTreeError(f"{self._no_prefix_tree()}: use model.embedding: flat and objective: ce with it, or "
+                                f"{_prefix_tree_kinds()}")
+
+    def _no_prefix_tree(self) -> str:
+        return f"a {self.kind} tokenizer's ids are not distinct byte strings, so it has no prefix tree"
 
     def prefix_tree(self) -> PrefixTree:
         """The vocabulary's prefix tree: per id its ancestors (proper byte-prefixes that are
@@ -157,6 +174,45 @@ class Tokenizer(ABC):
         if self._prefix_tree is None:
             self._prefix_tree = prefix_tree(self.token_pieces())  # NoPrefixTreeError for a kind without one
         return self._prefix_tree
+
+    # ---- what the tokenizer provides a model beyond its ids (TOKEN_STRUCTURES) ------------
+
+    def structure_clash(self) -> str | None:
+        """Why two ids have the same prefix-tree parent and last byte (so that a model reading
+        those two cannot tell them apart), with the fix; None when none do. None unless a kind
+        checks (lz78, whose dictionary file may leave a code several bytes past its parent)."""
+        return None
+
+    @property
+    def has_hierarchical_parents(self) -> bool:
+        """Whether `hierarchical_parents` has parents to give; none unless a kind provides them."""
+        return False
+
+    def hierarchical_parents(self) -> np.ndarray:
+        """int64 (V,): each id's hierarchical parent, -1 where it has none, for a kind that
+        provides them (`has_hierarchical_parents`); NotProvidedError otherwise."""
+        raise NotProvidedError(f"no {TOKEN_STRUCTURES['hierarchical']}: {self.missing_structure('hierarchical')}")
+
+    def missing_structure(self, structure: str) -> str | None:
+        """Why this tokenizer cannot provide `structure` (a TOKEN_STRUCTURES name), saying which
+        kinds and options do; None when it can."""
+        if structure not in TOKEN_STRUCTURES:
+            raise ValueError(f"unknown token structure {structure!r}; one of {list(TOKEN_STRUCTURES)}")
+        if structure == "hierarchical" and not self.has_hierarchical_parents:
+            ways = " or ".join(c.hierarchical_parents_from for c in _KINDS.values() if c.hierarchical_parents_from)
+            return f"this {self.kind} tokenizer has none; {ways or 'no tokenizer kind'} provides them"
+        if not self.has_prefix_tree:  # the last bytes come from the prefix tree, whatever the parents
+            return f"{self._no_prefix_tree()}; {_prefix_tree_kinds()} has one"
+        return self.structure_clash() if structure == "prefix" else None
+
+    def token_structure(self, structure: str) -> tuple[np.ndarray, np.ndarray]:
+        """(parents, last_bytes) per id for `structure` (a TOKEN_STRUCTURES name), as a token
+        embedding reads them; NotProvidedError saying why not and what does."""
+        missing = self.missing_structure(structure)
+        if missing is not None:
+            raise NotProvidedError(f"no {TOKEN_STRUCTURES[structure]}: {missing}")
+        tree = self.prefix_tree()
+        return (tree.parent if structure == "prefix" else self.hierarchical_parents()), tree.last_byte
 
     def _checked_ids(self, ids: Iterable[int]) -> list[int]:
         """`ids` as ints, ValueError naming the first one outside [0, vocab)."""
@@ -473,6 +529,11 @@ def register_kind(cls: type[Tokenizer]) -> type[Tokenizer]:
 def unregister_kind(kind: str) -> None:
     """Undo `register_kind` (for a kind registered only for a while, e.g. in a test)."""
     _KINDS.pop(kind, None)
+
+
+def _prefix_tree_kinds() -> str:
+    """The kinds whose tokenizers have a prefix tree, in words."""
+    return f"a kind whose ids are byte strings (any but {', '.join(sorted(k for k, c in _KINDS.items() if not c.has_prefix_tree))})"
 
 
 def tokenizer_class(kind: str) -> type[Tokenizer]:

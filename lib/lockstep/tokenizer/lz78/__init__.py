@@ -103,6 +103,8 @@ class LZ78Tokenizer(Tokenizer):
     layout (see `lz78.train.from_dictionary`)."""
 
     kind = "lz78"
+    hierarchical_parents_from = (f"tokenizer.kind: lz78 with tokenizer.options.dictionary: {DICTIONARY_DIR}/<file>.tsv "
+                                 "in the compressed layout")
 
     def __init__(self, trie: LZ78Trie, *, chunking: bool = False, fast: bool = True,
                  training: Mapping[str, Any] | None = None, hier_parent: np.ndarray | None = None) -> None:
@@ -347,6 +349,7 @@ class LZ78Tokenizer(Tokenizer):
 
     @property
     def has_hierarchical_parents(self) -> bool:
+        """Whether the tokenizer was read from a `compressed` dictionary, the layout that gives them."""
         return self._hier is not None
 
     def hierarchical_parents(self) -> np.ndarray:
@@ -374,8 +377,7 @@ class LZ78Tokenizer(Tokenizer):
         a, b = (int(order[same[0]]) + 1, int(order[same[0] + 1]) + 1)
         return (f"codes {a} ({self._piece(a)!r}) and {b} ({self._piece(b)!r}) both have parent {int(self._parents[a])} and "
                 f"last byte {int(self._last_bytes[a])}, so a structured embedding reads the same rows for both: read the "
-                "dictionary with tokenizer.options.prefixes: closed (every code is then its parent plus one byte), or use "
-                "model.embedding: flat")
+                "dictionary with tokenizer.options.prefixes: closed (every code is then its parent plus one byte)")
 
     def ancestor_chains(self) -> tuple[np.ndarray, np.ndarray]:
         """(chains, depths) over the whole vocab: row i of the int32 (V, D) matrix is i, its parent,
