@@ -253,7 +253,7 @@ def run_child(kind: str, args: list[str]) -> None:
     import numpy as np
 
     from lockstep.tokenizer import load_tokenizer
-    from lockstep.tokenizer.lz78.train import from_dictionary, train as train_lz78_tokenizer
+    from lockstep.tokenizer.lz78.train import from_dictionary
 
     facts: dict = {}
     if kind == "load":
@@ -299,7 +299,7 @@ def scale(argv: list[str]) -> None:
         sys.exit("the scale benchmark reads peak memory from Linux /proc")
     import numpy as np
 
-    from lockstep.tokenizer.lz78.train import from_dictionary, train as train_lz78_tokenizer
+    from lockstep.tokenizer.lz78.train import train as train_lz78_tokenizer
 
     gb = 1024**3
     with tempfile.TemporaryDirectory(prefix="bench_lz78_") as tmp:

@@ -85,7 +85,7 @@ def test_per_document_sums_add_up_and_split_at_each_document_start() -> None:
     """Documents open at <|bos|> (id 0 here), continue across rows, and their (nats, bytes) sum to
     the totals; positions that count no byte (ignored or special targets) belong to no document."""
     torch.manual_seed(0)
-    V, bos = 6, 0
+    bos = 0
     token_bytes = torch.tensor([0, 1, 2, 3, 1, 2])
 
     def model(x, targets, loss_reduction):  # a fixed, position-dependent loss

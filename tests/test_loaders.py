@@ -13,7 +13,6 @@ from lockstep.data.cache_build import build_pretrain_cache, build_sft_cache
 from lockstep.data.loaders import (
     Mixture,
     PretrainTokenStreamDataset,
-    SFTExampleDataset,
     ShardedTokenLoader,
     open_sft_dataset,
 )

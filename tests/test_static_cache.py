@@ -237,7 +237,7 @@ def test_static_cache_rows_at_their_own_positions_equal_full_forward(determinism
     prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [20]]
     cache = StaticKVCache.for_model(model, 3, 32)
     with torch.no_grad():
-        seqs, last = [], []
+        seqs = []
         for row, p in enumerate(prompts):
             head = KVCache.for_model(model, 1)
             if len(p) > 1:

@@ -198,7 +198,7 @@ def test_prefix_smooth_objective_trains_and_weight_zero_is_cross_entropy(tmp_pat
     _, zero = _run(tmp_path / "zero", smooth_cfg(0.0), loss=objectives.build(smooth_cfg(0.0), BinaryTokens()))
     assert zero.losses == ce.losses  # w = 0 is the cross-entropy, bit for bit
     model, smooth = _run(tmp_path / "smooth", smooth_cfg(0.3), loss=objectives.build(smooth_cfg(0.3), BinaryTokens()))
-    assert smooth.losses != ce.losses and all(torch.isfinite(torch.tensor(l)) for _, l in smooth.losses)
+    assert smooth.losses != ce.losses and all(torch.isfinite(torch.tensor(loss)) for _, loss in smooth.losses)
     with pytest.raises(ValueError, match="ancestor table"):
         _run(tmp_path / "none", _cfg(objective="prefix_smooth"))
     with pytest.raises(ConfigError, match="prefix_weight"):

@@ -366,15 +366,11 @@ def cache_summary(cache_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 __all__ = [
-    "CacheConfig",
     "CacheError",
     "CacheTooSmallError",
     "DEFAULT_SHARD_BYTES",
     "PretrainSplit",
     "SFTSplit",
-    "buffer_shuffle",
-    "build_pretrain_cache",
-    "build_sft_cache",
     "cache_summary",
     "check_tokenizer",
     "list_caches",

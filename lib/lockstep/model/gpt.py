@@ -16,9 +16,10 @@ from torch import nn
 
 from lockstep.core.config import FieldError, build_config, check_range, config_to_dict
 from lockstep.model.embeddings import EMBEDDINGS, draw_normal, keep_top_level_keys
+from lockstep.model.ops import REFERENCE_OPS, LossReduction, Ops, capped_logits, fast_ops
 
 # IGNORE_INDEX and cross_entropy are the model's loss convention: its users import them from here too
-from lockstep.model.ops import IGNORE_INDEX, REFERENCE_OPS, LossReduction, Ops, capped_logits, cross_entropy, fast_ops
+from lockstep.model.ops import IGNORE_INDEX, cross_entropy  # noqa: F401
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,8 @@ def anchor_loader(cfg: RLConfig, cache: Path | None, *, seq_len: int, device: to
     return Mixture(parts, names=sorted(cfg.anchor))
 
 
-def run_rl_stage(*, cfg: RLConfig, paths: RLStagePaths, rt: Runtime, seed: int, code_revision: str,
+def run_rl_stage(*, cfg: RLConfig, paths: RLStagePaths, rt: Runtime, seed: int,
+                 code_revision: str,  # noqa: F811 - shadows the stage's re-export above, on purpose
                  started_s: float) -> dict[str, Any]:
     """Run the rl stage end to end in this process and return its metrics. `seed` draws the
     rollouts; `code_revision` goes into the checkpoint; `started_s` (time.perf_counter) is when

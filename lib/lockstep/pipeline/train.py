@@ -252,8 +252,9 @@ def build_objective(cfg: TrainConfig, tok: Tokenizer, stage: str, device: torch.
 
 
 def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, rt: Runtime, seed: int,
-                       data_seed: int, runtime_config: RuntimeConfig, code_revision: str, started_s: float,
-                       model_params: ModelParams | None = None) -> dict[str, Any] | None:
+                       data_seed: int, runtime_config: RuntimeConfig,
+                       code_revision: str,  # noqa: F811 - shadows the stages' re-export above, on purpose
+                       started_s: float, model_params: ModelParams | None = None) -> dict[str, Any] | None:
     """Run the training stage `stage` (`cfg` is its params section) end to end and return its
     metrics on rank 0 (None on the other ranks). `seed` draws the initialisation and the batches;
     `data_seed` the validation windows, the same for every training seed. A fresh model is built from `model_params` when

@@ -15,6 +15,7 @@ from lockstep.tokenizer.base import Tokenizer
 from lockstep.tokenizer.lz78 import LZ78VocabError
 from lockstep.tokenizer.lz78 import train as lz78_train
 from lockstep.tokenizer.lz78.tsv import LZ78DictionaryError
+from lockstep.tokenizer.options import KindOptions
 
 
 @dataclass(frozen=True)

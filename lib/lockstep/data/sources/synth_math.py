@@ -76,7 +76,7 @@ def _add(d: Draw) -> tuple[str, str]:
 
 
 def _sub(d: Draw) -> tuple[str, str]:
-    (name, he), (friend, _) = d.pick(NAMES), d.pick(NAMES)
+    (name, _), (friend, _) = d.pick(NAMES), d.pick(NAMES)
     obj = d.pick(OBJECTS)
     a = d.int(10, 90)
     b = d.int(1, a - 1)
@@ -165,7 +165,7 @@ def _wage(d: Draw) -> tuple[str, str]:
 
 
 def _share_left(d: Draw) -> tuple[str, str]:
-    (name, he), (friend, _) = d.pick(NAMES), d.pick(NAMES)
+    (name, _), (friend, _) = d.pick(NAMES), d.pick(NAMES)
     obj = d.pick(OBJECTS)
     a, b = d.int(2, 8), d.int(3, 10)
     s1, c1 = _step(a, "*", b)
@@ -278,7 +278,7 @@ def _savings(d: Draw) -> tuple[str, str]:
     big, small = (name, friend) if c1 > c2 else (friend, name)
     s3, c3 = _step(max(c1, c2), "-", min(c1, c2))
     facts = [f"{name} saves ${w1} every week for {n1} weeks.", f"{friend} saves ${w2} every week for {n2} weeks."]
-    return _problem(d, facts, f"How many more dollars does the one who saved more have?",
+    return _problem(d, facts, "How many more dollars does the one who saved more have?",
                     [f"{name} saves {s1} dollars.", f"{friend} saves {s2} dollars.",
                      f"{big} has {s3} dollars more than {small}."], c3, name)
 
