@@ -113,8 +113,8 @@ def _write_shard_cache(root: Path, shard_mb: int, vocab_size: int) -> int:
     shard = root / "train" / "shard_00000.bin"
     ids.tofile(shard)
     write_json(root / "meta.json", {
-        "format_version": cache.FORMAT_VERSION, "kind": "pretrain", "token_dtype": "uint16", "tokenizer_sha256": "0" * 64,
-        "vocab_size": vocab_size, "train_tokens": n_tokens, "val_tokens": 0,
+        "format_version": cache.FORMAT_VERSION, "kind": "pretrain", "token_dtype": "uint16",
+        "tokenizer_sha256": "0" * 64, "vocab_size": vocab_size, "train_tokens": n_tokens, "val_tokens": 0,
         "shards": {"train": [{"name": shard.name, "tokens": n_tokens, "sha256": sha256_file(shard)}], "val": []},
     })  # fmt: skip
     return n_tokens
@@ -189,10 +189,12 @@ def main() -> None:
         paired = statistics.median(x / y for x, y in zip(base_s, ours_s, strict=True))
         print(f"text: {n_bytes / 1e6:.1f} MB in {n_docs} docs; {base_tokens:,} tokens; threads={args.threads}; "
               f"median of {args.reps}, each side in a fresh process")  # fmt: skip
-        print(f"tiktoken encode_ordinary_batch (in memory): {b:7.2f} s  {n_bytes / b / 1e6:6.1f} MB/s  runs {[round(x, 2) for x in base_s]}")
-        print(f"build_pretrain_cache (snapshot -> shards):  {o:7.2f} s  {n_bytes / o / 1e6:6.1f} MB/s  runs {[round(x, 2) for x in ours_s]}")
-        print(f"ratio (tiktoken time / cache build time):   {b / o:.2f}x of medians, {paired:.2f}x median of paired runs "
-              "(target >= 0.85x)")  # fmt: skip
+        print(f"tiktoken encode_ordinary_batch (in memory): {b:7.2f} s  {n_bytes / b / 1e6:6.1f} MB/s  "
+              f"runs {[round(x, 2) for x in base_s]}")  # fmt: skip
+        print(f"build_pretrain_cache (snapshot -> shards):  {o:7.2f} s  {n_bytes / o / 1e6:6.1f} MB/s  "
+              f"runs {[round(x, 2) for x in ours_s]}")  # fmt: skip
+        print(f"ratio (tiktoken time / cache build time):   {b / o:.2f}x of medians, {paired:.2f}x median of paired "
+              "runs (target >= 0.85x)")  # fmt: skip
         if lists_s:
             r = statistics.median(lists_s)
             print(f"same build through Python id lists:          {r:7.2f} s  ratio {b / r:.2f}x "

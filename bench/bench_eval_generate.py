@@ -84,8 +84,8 @@ def main() -> None:
         ratios.append(b_tok_s / s_tok_s)
     same = sum(a == b for a, b in zip(s_out, b_out))
     per_reply = sum(map(len, b_out)) / args.prompts
-    print(f"one at a time: {statistics.median(seq):6.0f} tok/s | batched {args.batch}: {statistics.median(bat):6.0f} tok/s "
-          f"({per_reply:.0f} tokens/reply: {per_reply / statistics.median(bat) * 1e3:.0f} ms/reply) | "
+    print(f"one at a time: {statistics.median(seq):6.0f} tok/s | batched {args.batch}: {statistics.median(bat):6.0f} "
+          f"tok/s ({per_reply:.0f} tokens/reply: {per_reply / statistics.median(bat) * 1e3:.0f} ms/reply) | "
           f"{statistics.median(ratios):5.2f}x one at a time (paired median) | identical replies {same}/{len(s_out)}")
 
 if __name__ == "__main__":

@@ -96,7 +96,8 @@ def _child(side: str, src: Path, work: Path, tok_dir: Path, workers: int) -> dic
         {s: (r["text"] for r in iter_records(work / "raw", s, columns=["text"])) for s in ("train", "val")},
         work / "cache", tokenizer=tok, max_train_tokens=None, max_val_tokens=None, shard_bytes=cache_cfg.shard_bytes,
         seed=0, shuffle_buffer=cache_cfg.shuffle_buffer, encode_batch_docs=cache_cfg.encode_batch_docs,
-        num_threads=cache_cfg.num_threads, num_workers=workers, tokenizer_dir=tok_dir, text_bytes=raw_meta["text_bytes"],
+        num_threads=cache_cfg.num_threads, num_workers=workers, tokenizer_dir=tok_dir,
+        text_bytes=raw_meta["text_bytes"],
     )  # fmt: skip
     t2 = time.perf_counter()
     docs = meta["train_docs"] + meta["val_docs"]
@@ -152,16 +153,17 @@ def main() -> None:
             print(f"  fetch (parquet -> snapshot):         {f:7.2f} s  {mbs(f):6.1f} MB/s")
             print(f"  cache build, {args.workers} processes:          {c:7.2f} s  {mbs(c):6.1f} MB/s")
             print(f"  fetch + cache:                       {o:7.2f} s  {mbs(o):6.1f} MB/s")
-            print(f"  ratio (tiktoken time / pipeline time): {b / o:.2f}x (target >= 0.85x); cache build alone {b / c:.2f}x")
+            print(f"  ratio (tiktoken time / pipeline time): {b / o:.2f}x (target >= 0.85x); "
+                  f"cache build alone {b / c:.2f}x")
             # 11B tokens at the real presets' ~4.5 bytes/token. Assumed scaling: the fetch is one
             # stream (one core, rate as measured here, network excluded); the cache build's encoding
             # scales linearly with worker processes up to 32 cores (per-worker rate as measured here).
             real_bytes = TOKENS_11B * BYTES_PER_TOKEN_REAL
             fetch_h = real_bytes / (n_bytes / f) / 3600
             cache_h = real_bytes / (n_bytes / c * 32 / args.workers) / 3600
-            print(f"  11B tokens (~{real_bytes / 1e9:.0f} GB of text at {BYTES_PER_TOKEN_REAL} bytes/token) on a 32-core node: "
-                  f"fetch {fetch_h:.1f} h (one stream, local parquet) + cache {cache_h:.1f} h (32 workers, linear in cores) "
-                  f"= {fetch_h + cache_h:.1f} h")
+            print(f"  11B tokens (~{real_bytes / 1e9:.0f} GB of text at {BYTES_PER_TOKEN_REAL} bytes/token) on a "
+                  f"32-core node: fetch {fetch_h:.1f} h (one stream, local parquet) + cache {cache_h:.1f} h "
+                  f"(32 workers, linear in cores) = {fetch_h + cache_h:.1f} h")
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":

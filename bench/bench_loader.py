@@ -74,7 +74,8 @@ def main() -> None:
         base = _median_rate(gather, args.iters, args.B)
         seq = ShardedTokenLoader(out / "train", B=args.B, T=args.T, device="cpu")
         sequential = _median_rate(seq.next_batch, args.iters, args.B)
-    print(f"cache: {ds.split.tokens} tokens in {len(ds.split.shards)} shards; B={args.B} T={args.T}; median of {args.iters}")
+    print(f"cache: {ds.split.tokens} tokens in {len(ds.split.shards)} shards; B={args.B} T={args.T}; "
+          f"median of {args.iters}")
     print(f"random windows (get_batch):        {ours:12,.0f} windows/s")
     print(f"vectorised numpy gather baseline:  {base:12,.0f} windows/s")
     print(f"sequential rank loader:            {sequential:12,.0f} windows/s")

@@ -134,12 +134,14 @@ def train_encode(argv: list[str]) -> None:
     lz_tokens = sum(map(len, encode_batch(trie, [t.encode("utf-8") for t in texts], fast=True)))
     bpe_tokens = sum(map(len, enc.encode_ordinary_batch(texts, num_threads=args.threads)))
     mb = n_bytes / 1e6
-    print(f"text: {n_bytes:,} UTF-8 bytes in {len(texts):,} texts from {', '.join(args.sources)}; vocab {args.vocab_size} "
-          f"(LZ78: {max_codes} codes, {trie.n_codes} learnt, strategy {args.strategy}); {args.repeats} runs a side")
+    print(f"text: {n_bytes:,} UTF-8 bytes in {len(texts):,} texts from {', '.join(args.sources)}; "
+          f"vocab {args.vocab_size} (LZ78: {max_codes} codes, {trie.n_codes} learnt, strategy {args.strategy}); "
+          f"{args.repeats} runs a side")
     print(f"training  rustbpe {med['train_rustbpe']:.3f}s  lz78 {med['train_lz78']:.3f}s  "
           f"ratio lz78/rustbpe {med['train_lz78'] / med['train_rustbpe']:.2f}x (target <= 1.00x)")
-    print(f"encoding  tiktoken {mb / med['enc_tiktoken']:.1f} MB/s  lz78 {mb / med['enc_lz78']:.1f} MB/s  ({args.threads} threads)  "
-          f"ratio lz78/tiktoken {med['enc_tiktoken'] / med['enc_lz78']:.2f}x (target >= 1.00x)")
+    print(f"encoding  tiktoken {mb / med['enc_tiktoken']:.1f} MB/s  lz78 {mb / med['enc_lz78']:.1f} MB/s  "
+          f"({args.threads} threads)  ratio lz78/tiktoken {med['enc_tiktoken'] / med['enc_lz78']:.2f}x "
+          "(target >= 1.00x)")
     print(f"bytes/token on the training text: bpe {n_bytes / bpe_tokens:.2f}  lz78 {n_bytes / lz_tokens:.2f}")
 
 
@@ -320,9 +322,10 @@ def scale(argv: list[str]) -> None:
               f"{big['growth'] / args.lines:.0f} bytes a line; numba compilation before it {big['compile_s']:.1f}s")
         fast = child("load", str(tmp_dir / f"{args.baseline_lines}.tsv"), "fast", str(warm))
         plain = child("load", str(tmp_dir / f"{args.baseline_lines}.tsv"), "plain", str(warm))
-        print(f"load {args.baseline_lines:,} lines: fast {fast['load_encode_s']:.2f}s {fast['growth'] / args.baseline_lines:.0f} "
-              f"bytes a line, plain (baseline) {plain['load_encode_s']:.2f}s {plain['growth'] / args.baseline_lines:.0f} "
-              f"bytes a line; ratio plain/fast {plain['load_encode_s'] / fast['load_encode_s']:.1f}x time, "
+        print(f"load {args.baseline_lines:,} lines: fast {fast['load_encode_s']:.2f}s "
+              f"{fast['growth'] / args.baseline_lines:.0f} bytes a line, plain (baseline) "
+              f"{plain['load_encode_s']:.2f}s {plain['growth'] / args.baseline_lines:.0f} bytes a line; "
+              f"ratio plain/fast {plain['load_encode_s'] / fast['load_encode_s']:.1f}x time, "
               f"{plain['growth'] / fast['growth']:.1f}x memory")
 
         source = args.text.read_text(encoding="utf-8") if args.text else default_text()
@@ -335,10 +338,11 @@ def scale(argv: list[str]) -> None:
         del text
         dec = child("decode", str(tmp_dir / "tok"), str(tmp_dir / "ids.npy"), str(out_bytes))
         mb = out_bytes / 1e6
-        print(f"decode {mb:.1f} MB from {ids.size:,} ids (a list; vocab {args.vocab_size}): fast {mb / dec['fast_s']:.0f} MB/s "
-              f"(target >= 50), +{dec['fast_growth'] / 1e6:.0f} MB = {dec['fast_growth'] / out_bytes:.1f} bytes per output "
-              f"byte; plain (baseline) {mb / dec['plain_s']:.1f} MB/s, {dec['plain_growth'] / out_bytes:.1f} bytes per "
-              f"output byte; ratio fast/plain {dec['plain_s'] / dec['fast_s']:.1f}x speed")
+        print(f"decode {mb:.1f} MB from {ids.size:,} ids (a list; vocab {args.vocab_size}): "
+              f"fast {mb / dec['fast_s']:.0f} MB/s (target >= 50), +{dec['fast_growth'] / 1e6:.0f} MB = "
+              f"{dec['fast_growth'] / out_bytes:.1f} bytes per output byte; plain (baseline) "
+              f"{mb / dec['plain_s']:.1f} MB/s, {dec['plain_growth'] / out_bytes:.1f} bytes per output byte; "
+              f"ratio fast/plain {dec['plain_s'] / dec['fast_s']:.1f}x speed")
 
 
 def main() -> None:

@@ -74,7 +74,8 @@ def main() -> None:
     x, y = rows[:, :-1], rows[:, 1:]
     ancestors, depths = torch.from_numpy(tree.ancestors), torch.from_numpy(tree.depths)
     print(f"d{args.depth} T={T} rows={B} vocab={V} kernels={args.kernels} threads={torch.get_num_threads()} "
-          f"w={args.weight}; chains: max depth {ancestors.size(1)}, mean depth of the targets {depths[y].float().mean():.2f}")
+          f"w={args.weight}; chains: max depth {ancestors.size(1)}, "
+          f"mean depth of the targets {depths[y].float().mean():.2f}")
 
     model = GPT.build(GPTConfig.from_depth(args.depth, V, T), "cpu", seed=0)
     preset_ops = ops.KERNEL_OPS if args.kernels == "on" else ops.REFERENCE_OPS

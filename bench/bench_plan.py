@@ -61,8 +61,8 @@ def main() -> None:
         measured_s = args.steps * cfg.batch_tokens / result.tok_per_s
         calibrated.append(tok_s)
         ratios.append(planned_s / measured_s)
-        print(f"round {r}: calibrated {tok_s:,.0f} tok/s, measured {result.tok_per_s:,.0f} tok/s over {args.steps} steps: "
-              f"planned {planned_s:.1f} s / measured {measured_s:.1f} s = {ratios[-1]:.2f}", flush=True)
+        print(f"round {r}: calibrated {tok_s:,.0f} tok/s, measured {result.tok_per_s:,.0f} tok/s over {args.steps} "
+              f"steps: planned {planned_s:.1f} s / measured {measured_s:.1f} s = {ratios[-1]:.2f}", flush=True)
     assert rt is not None
     print(f"preset {args.preset}: {rt.describe()['dtype']} on {rt.device}, kernels {rt.kernels}, "
           f"{torch.get_num_threads()} threads; planned/measured median {statistics.median(ratios):.2f} "

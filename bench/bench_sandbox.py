@@ -64,7 +64,8 @@ def main() -> None:
     print(f"{len(items)} items, python {sys.version.split()[0]}")
     for name, ts in times.items():
         p90 = statistics.quantiles(ts, n=10)[-1] if len(ts) > 1 else ts[0]
-        print(f"  {name:>20}: median {statistics.median(ts) * 1e3:7.1f} ms | p90 {p90 * 1e3:7.1f} ms | passed {passed[name]}/{len(items)}")
+        print(f"  {name:>20}: median {statistics.median(ts) * 1e3:7.1f} ms | p90 {p90 * 1e3:7.1f} ms | "
+              f"passed {passed[name]}/{len(items)}")
     current, base = (statistics.median(times[name]) for name in sides)
     print(f"ratio current/baseline (median per item): {current / base:.2f}x (target: <= 2x)")
 

@@ -3,9 +3,9 @@
 process on 127.0.0.1 under this shell's open-file limit. Three phases: header tricklers (a request
 line, then one header line every 2 s) beside body tricklers (a byte a second); a flood of
 connections with partial headers from two client processes that reopen each one the server
-closes, the tricklers still open holding on; then a quiet spell. /health is polled throughout. Prints, per server: tricklers closed and
-when, /health answers and latency, the server's descriptors and RSS (start, peak, after), and its
-log (lines, bytes). Not a test.
+closes, the tricklers still open holding on; then a quiet spell. /health is polled throughout.
+Prints, per server: tricklers closed and when, /health answers and latency, the server's descriptors
+and RSS (start, peak, after), and its log (lines, bytes). Not a test.
 
     .venv/bin/python bench/bench_slow_clients.py [--server plain guarded] [--flood 10200] [--trickle-s 30]
 """

@@ -183,16 +183,20 @@ def main() -> None:
         print("\n".join(phases))
     stage_s, bare_s, freed_s = times["stage"], times["bare"], times["freed"]
     stage_med, bare_med = statistics.median(stage_s), statistics.median(bare_s)
-    print(f"corpus: {capped.chars:,} chars in {capped.texts:,} texts from {', '.join(cfg.train_sources)}; vocab {cfg.vocab_size}; "
-          f"{args.repeats} runs a side, {'all in this process' if args.in_process else 'each in a fresh process'}")  # fmt: skip
-    print(f"tokenizer stage (read + train + save + metrics): median {stage_med:.3f}s  runs {[round(s, 3) for s in stage_s]}")
-    print(f"bare rustbpe train_from_iterator:               median {bare_med:.3f}s  runs {[round(s, 3) for s in bare_s]}")
+    print(f"corpus: {capped.chars:,} chars in {capped.texts:,} texts from {', '.join(cfg.train_sources)}; "
+          f"vocab {cfg.vocab_size}; {args.repeats} runs a side, "
+          f"{'all in this process' if args.in_process else 'each in a fresh process'}")  # fmt: skip
+    print(f"tokenizer stage (read + train + save + metrics): median {stage_med:.3f}s  "
+          f"runs {[round(s, 3) for s in stage_s]}")
+    print(f"bare rustbpe train_from_iterator:               median {bare_med:.3f}s  "
+          f"runs {[round(s, 3) for s in bare_s]}")
     if freed_s:
         freed_med = statistics.median(freed_s)
-        print(f"bare call, text list freed inside the call:     median {freed_med:.3f}s  runs {[round(s, 3) for s in freed_s]} "
-              f"({freed_med / bare_med:.2f}x of bare)")
+        print(f"bare call, text list freed inside the call:     median {freed_med:.3f}s  "
+              f"runs {[round(s, 3) for s in freed_s]} ({freed_med / bare_med:.2f}x of bare)")
     pair_ratio = statistics.median(s / b for s, b in zip(stage_s, bare_s, strict=True))
-    print(f"ratio stage/bare: {stage_med / bare_med:.2f}x of medians, {pair_ratio:.2f}x median of paired runs (target <= 1.20x)")
+    print(f"ratio stage/bare: {stage_med / bare_med:.2f}x of medians, {pair_ratio:.2f}x median of paired runs "
+          "(target <= 1.20x)")
 
 
 if __name__ == "__main__":

@@ -87,7 +87,8 @@ def main() -> None:
         print(f"{kind:>4}: train {med['train'][kind]:.3f}s | encode 1 thread {med['enc1'][kind]:.2f} MB/s | "
               f"batch on {args.threads} threads {med['encn'][kind]:.2f} MB/s")  # fmt: skip
     print(f"hf/bpe: train time {med['train']['hf'] / med['train']['bpe']:.2f}x | encode 1 thread "
-          f"{med['enc1']['hf'] / med['enc1']['bpe']:.2f}x | batch {med['encn']['hf'] / med['encn']['bpe']:.2f}x")  # fmt: skip
+          f"{med['enc1']['hf'] / med['enc1']['bpe']:.2f}x | "
+          f"batch {med['encn']['hf'] / med['encn']['bpe']:.2f}x")  # fmt: skip
     print(f"same ranks: {same_ranks} | same ids on the corpus: {ids['hf'] == ids['bpe']}")
 
 

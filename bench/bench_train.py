@@ -62,7 +62,8 @@ def main() -> None:
     token_bytes[: tok.get_vocab_size()] = torch.from_numpy(tok.token_bytes().astype("int64"))
 
     print(f"d{depth} model, seq {T}, batch {B} sequences, vocab {V}, {args.threads} threads, {args.steps} steps, "
-          f"text {args.text.name} ({ids.numel()} byte tokens), heap reuse {'on' if heap else 'off'}, kernels {args.kernels}")
+          f"text {args.text.name} ({ids.numel()} byte tokens), heap reuse {'on' if heap else 'off'}, "
+          f"kernels {args.kernels}")
     rows = []
     for name in args.dtypes.split(","):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
@@ -78,9 +79,9 @@ def main() -> None:
             res = trainer.fit(Path(tmp) / "run", {"stage": "bench", "code_revision": "bench"})
             wall_s = time.perf_counter() - t0
         rows.append((name, res.tok_per_s, res.mfu, peak, res.final_eval["val_bpb"], res.losses[-1][1], wall_s))
-        print(f"{name}: {res.tok_per_s:,.0f} tok/s (timed tokens over their steps' time) | MFU {100 * res.mfu:.1f}% of measured {name} matmul peak "
-              f"{peak / 1e9:.0f} GFLOP/s | val bpb {res.final_eval['val_bpb']:.4f} after {res.tokens:,} tokens | train loss {res.losses[-1][1]:.4f} "
-              f"| wall {wall_s:.1f}s", flush=True)
+        print(f"{name}: {res.tok_per_s:,.0f} tok/s (timed tokens over their steps' time) | MFU {100 * res.mfu:.1f}% "
+              f"of measured {name} matmul peak {peak / 1e9:.0f} GFLOP/s | val bpb {res.final_eval['val_bpb']:.4f} "
+              f"after {res.tokens:,} tokens | train loss {res.losses[-1][1]:.4f} | wall {wall_s:.1f}s", flush=True)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {rss_mb:,.0f} MB")
     if len(rows) == 2:

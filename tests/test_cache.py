@@ -327,8 +327,8 @@ class ArrayTokenizer(ListTokenizer):
 def test_token_dtype_boundary_writes_the_narrowest_file(tmp_path, vocab, dtype, tokenizer_class):
     top = vocab - 1  # the largest id, also BOS for ListTokenizer
     tok = tokenizer_class([[0, top - 1, top]], vocab_size=vocab)
-    meta = build_pretrain_cache({"train": ["0"]}, tmp_path / "c", tokenizer=tok, max_train_tokens=None, max_val_tokens=None,
-                                shard_bytes=1 << 20, seed=0, shuffle_buffer=1)  # fmt: skip
+    meta = build_pretrain_cache({"train": ["0"]}, tmp_path / "c", tokenizer=tok, max_train_tokens=None,
+                                max_val_tokens=None, shard_bytes=1 << 20, seed=0, shuffle_buffer=1)  # fmt: skip
     assert meta["token_dtype"] == {"<u2": "uint16", "<u4": "uint32"}[dtype]
     shard = tmp_path / "c" / "train" / "shard_00000.bin"
     assert shard.stat().st_size == 4 * np.dtype(dtype).itemsize  # BOS + 3 ids

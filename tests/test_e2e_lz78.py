@@ -1,7 +1,8 @@
 """End to end with the second tokenizer family: the whole `smoke` DAG with an LZ78 tokenizer,
 structured embeddings and the prefix-smoothed loss in pretraining and midtraining, under bf16
-autocast with the CPU fast paths, in a scratch copy of the checkout. Every stage must run on them unchanged (caches, training, the engine's chat
-and calculator evals, RL, the report), and the card must say what it was trained with."""
+autocast with the CPU fast paths, in a scratch copy of the checkout. Every stage must run on
+them unchanged (caches, training, the engine's chat and calculator evals, RL, the report),
+and the card must say what it was trained with."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Loaders: window invariant, SFT masking of a chat rendered by the real template against a
-hand-built sequence, rank sharding, resume, mixtures, determinism from the generator, and the in-order read of evaluation."""
+hand-built sequence, rank sharding, resume, mixtures, determinism from the generator, and the
+in-order read of evaluation."""
 
 from __future__ import annotations
 

@@ -90,7 +90,8 @@ def test_snapshot_hash_catches_a_difference_past_the_first_records(tmp_path):
 
 def test_first_batch_names_the_drawn_examples(tok, tmp_path):
     convs = [{"messages": [{"role": "user", "content": [{"type": "text", "text": f"q{i}"}]},
-                           {"role": "assistant", "content": [{"type": "text", "text": f"a{i}"}]}]} for i in range(30)]  # fmt: skip
+                           {"role": "assistant", "content": [{"type": "text", "text": f"a{i}"}]}]}
+             for i in range(30)]  # fmt: skip
     build_sft_cache({"train": convs}, tmp_path / "s", tokenizer=tok, val_frac=None, seed=0)
     ds = SFTExampleDataset(tmp_path / "s" / "train_tokens.bin", tmp_path / "s" / "train_idx.npy", T=16, pad_id=0)
     for run, seed in (("a", 1), ("b", 2)):
@@ -100,7 +101,8 @@ def test_first_batch_names_the_drawn_examples(tok, tmp_path):
     rows_b = json.loads((tmp_path / "b" / "first_batch.json").read_text())["rows"]
     i = next(k for k, (p, q) in enumerate(zip(rows_a, rows_b)) if p != q)
     assert compare_artifacts(tmp_path / "a", tmp_path / "b") == [
-        f"first_batch.json: batch 0 row {i}: A drew example {rows_a[i]['example']}, B drew example {rows_b[i]['example']}"
+        f"first_batch.json: batch 0 row {i}: A drew example {rows_a[i]['example']}, "
+        f"B drew example {rows_b[i]['example']}"
     ]
 
 

@@ -234,7 +234,7 @@ def test_a_full_disk_at_the_checkpoint_publishes_nothing_and_ends_with_one_error
     err = capsys.readouterr().err
     assert "Traceback" not in err, err[-3000:]
     assert err.splitlines()[-1] == (
-        f"error: no space left to publish {root / 'rl'} (No space left on device); no output was half written (RL keeps "
-        f"no intermediate checkpoints). Free space on the disk holding {root}, or point {root} at a disk with room (a "
-        f"symlink will do), and run the stage again: it trains from {root / 'sft'}")
+        f"error: no space left to publish {root / 'rl'} (No space left on device); no output was half written "
+        f"(RL keeps no intermediate checkpoints). Free space on the disk holding {root}, or point {root} at a disk "
+        f"with room (a symlink will do), and run the stage again: it trains from {root / 'sft'}")
     assert sorted(p.name for p in root.iterdir()) == ["params.yaml", "raw", "sft", "tokenizer"]  # no .rl.partial

@@ -248,7 +248,8 @@ def test_disk_filler_is_stopped_by_the_total_cap(mode: str, monkeypatch: pytest.
     limits = SandboxLimits(timeout_s=5.0, memory_bytes=256 << 20, file_bytes=64 << 10, output_bytes=4 << 10,
                            disk_bytes=256 << 10)
     # Each file stays under the per-file limit; together they are ten times the total cap.
-    code = "for i in range(40):\n    with open(f'f{i}.bin', 'wb') as f:\n        f.write(b'x' * (60 << 10))\nprint('filled')\n"
+    code = ("for i in range(40):\n    with open(f'f{i}.bin', 'wb') as f:\n        f.write(b'x' * (60 << 10))\n"
+            "print('filled')\n")
     r = run_python(code, limits)
     assert r.status == "error"
     if mode == "as_found" and os_containment().namespaces:
@@ -284,7 +285,8 @@ def test_run_tests_passes_a_correct_solution_and_shows_why_others_fail() -> None
 def test_run_tests_round_trips_plain_data_and_exceptions() -> None:
     from lockstep.evaluate.sandbox import run_tests
 
-    values = "[None, True, 3, -0.0, float('inf'), 1j, 'é', b'\\x00', bytearray(b'a'), [1, (2, 3)], {'k': {4}}, frozenset({5}), 10**30]"
+    values = ("[None, True, 3, -0.0, float('inf'), 1j, 'é', b'\\x00', bytearray(b'a'), [1, (2, 3)], {'k': {4}}, "
+              "frozenset({5}), 10**30]")
     solution = "def echo(x):\n    if x == 'raise':\n        raise KeyError('missing')\n    return x\n"
     tests = (
         f"for v in {values}:\n"

@@ -29,7 +29,8 @@ _HARNESS = textwrap.dedent("""
 
     if sys.argv[1] == "without_namespaces":
         found = sandbox.os_containment()
-        sandbox.os_containment = lambda: sandbox.Containment(False, "off for the test", found.syscall_filter, found.filter_reason)
+        sandbox.os_containment = lambda: sandbox.Containment(False, "off for the test", found.syscall_filter,
+                                                             found.filter_reason)
     sandbox.run_tests("import time\\ntime.sleep(600)\\ndef f():\\n    pass\\n", "f()\\n", entry_point="f",
                       limits=sandbox.SandboxLimits(timeout_s=600))
 """)

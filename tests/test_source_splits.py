@@ -351,7 +351,8 @@ def test_gsm8k_file_without_the_fields_fails_even_beside_a_good_file(tmp_path):
     d = tmp_path / "g"
     jsonl(d / "train.jsonl", TRAIN_PROBLEMS)
     jsonl(d / "test.jsonl", [{"instruction": "Say hi.", "response": "Hi."}] * 3)
-    with pytest.raises(SourceFormatError, match=r"test\.jsonl: not one usable record in it \(3 row\(s\) read, 3 bad.*missing field 'question'.*expected GSM8K"):
+    with pytest.raises(SourceFormatError, match=r"test\.jsonl: not one usable record in it \(3 row\(s\) read, 3 bad"
+                                                r".*missing field 'question'.*expected GSM8K"):
         run(tmp_path, {"source": "gsm8k", "path": str(d)})
     assert_nothing_published(tmp_path)
     p = parquet(tmp_path / "p" / "test-00000-of-00001.parquet", [{"text": "a"}, {"text": "b"}])
@@ -383,6 +384,7 @@ def test_a_failure_after_records_were_written_publishes_nothing(tmp_path, monkey
 
 def test_fineweb_edu_with_every_row_filtered_fails(tmp_path):
     f = parquet(tmp_path / "fwe" / "000_00000.parquet", _fineweb_rows(5, int_score=1))
-    with pytest.raises(SourceFormatError, match=r"no usable record in .*000_00000\.parquet \(0 bad, 5 row\(s\) below `min_int_score`\).*fineweb-edu schema"):
+    with pytest.raises(SourceFormatError, match=r"no usable record in .*000_00000\.parquet \(0 bad, 5 row\(s\) "
+                                                r"below `min_int_score`\).*fineweb-edu schema"):
         run(tmp_path, {"source": "fineweb_edu", "path": str(f), "shuffle_buffer": 4, "min_int_score": 3})
     assert_nothing_published(tmp_path)

@@ -31,7 +31,8 @@ CORPUS = [
     "Héllo wörld — ünïcödé text, emoji 🙂 and CJK 漢字 too.\r\n\t<|bos|> tabs\u3000and\u00a0spaces",
 ] * 4
 EDGE_PIECES = ["\n", "\r\n", " \n", " ", "\t", "a", " the", "'s", "'LL", "1", "12", "123", "!", "?!\n", "é", "🙂",
-               "\u3000", "\u00a0", "\x85", "\u2028", "\x1c", "\x00", "\ufeff", *SPECIAL_TOKENS, "<|bo", "s|>"]  # fmt: skip
+               "\u3000", "\u00a0", "\x85", "\u2028", "\x1c", "\x00", "\ufeff", *SPECIAL_TOKENS,
+               "<|bo", "s|>"]  # fmt: skip
 _CACHE: dict[str, object] = {}
 
 

@@ -212,7 +212,8 @@ def test_chat_rendering() -> None:
 _TRAIN_AND_SAVE = textwrap.dedent("""
     import sys
     from lockstep.tokenizer.lz78.train import train as train_lz78_tokenizer
-    texts = [f"doc {i}: " + " ".join(f"w{(i * 7 + j) % 23} x{j % 5}" for j in range(40)) + " 🙂 é\\n" for i in range(60)]
+    texts = [f"doc {i}: " + " ".join(f"w{(i * 7 + j) % 23} x{j % 5}" for j in range(40)) + " 🙂 é\\n"
+             for i in range(60)]
     train_lz78_tokenizer(texts, vocab_size=370, strategy="frequency_gated",
                          gate_period_phrases=16).save(f"{sys.argv[1]}/frequency_gated")
     train_lz78_tokenizer(texts, vocab_size=340, chunking=True,

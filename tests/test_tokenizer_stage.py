@@ -110,7 +110,8 @@ def test_config_refuses_bad_values() -> None:
     assert not char.kind_options.uses_vocab_size()
     assert char.kind_options.train_kwargs(seed=0, root=Path(".")) == {"max_alphabet": 65, "order": "frequency", "specials": True}
     ref = build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"],
-                                         "options": {"order": "sorted", "specials": False}}, where="tokenizer")  # fmt: skip
+                                         "options": {"order": "sorted", "specials": False}},
+                       where="tokenizer")  # fmt: skip
     assert ref.kind_options.train_kwargs(seed=0, root=Path(".")) == {"max_alphabet": 65, "order": "sorted", "specials": False}
     with pytest.raises(ConfigError, match=r"tokenizer.options.order='alphabetical' must be one of \['frequency', 'sorted'\]"):
         build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"], "options": {"order": "alphabetical"}},
@@ -125,7 +126,8 @@ def test_config_refuses_bad_values() -> None:
 @pytest.mark.parametrize(("old", "new"), [
     ("lz78_strategy", "options.strategy"), ("lz78_gate_period_phrases", "options.gate_period_phrases"),
     ("lz78_gate_min_count", "options.gate_min_count"), ("lz78_round_factor", "options.round_factor"),
-    ("lz78_chunking", "options.chunking"), ("lz78_dictionary", "options.dictionary"), ("lz78_prefixes", "options.prefixes"),
+    ("lz78_chunking", "options.chunking"), ("lz78_dictionary", "options.dictionary"),
+    ("lz78_prefixes", "options.prefixes"),
     ("spm_model_type", "options.model_type"), ("char_max_alphabet", "options.max_alphabet"),
     ("char_order", "options.order"), ("char_specials", "options.specials"),
 ])  # fmt: skip
@@ -137,7 +139,8 @@ def test_a_flat_key_of_one_kind_names_its_new_place(old: str, new: str) -> None:
 _TRAIN_IN_CHILD = """
 import sys
 from lockstep.tokenizer.kinds import train_tokenizer
-texts = ["Whether 'tis nobler in the mind to suffer\\n", "The slings and arrows of outrageous fortune, 1234 \\u00e9\\u6f22"] * 3
+texts = ["Whether 'tis nobler in the mind to suffer\\n",
+         "The slings and arrows of outrageous fortune, 1234 \\u00e9\\u6f22"] * 3
 for kind, vocab in (("char", None), ("bpe", 290), ("sentencepiece", 300)):
     print(kind, train_tokenizer(kind, texts, vocab_size=vocab).sha256)
 """
@@ -287,7 +290,8 @@ def test_stage_cli_and_missing_snapshot(tmp_path: Path) -> None:
     raw = _snapshots(tmp_path)
     params = tmp_path / "params.yaml"
     params.write_text(
-        "seed: 3\ndata_seed: 3\ntokenizer:\n  kind: bpe\n  vocab_size: 280\n  train_sources: [notes]\n  max_chars: 100000\n"
+        "seed: 3\ndata_seed: 3\ntokenizer:\n  kind: bpe\n  vocab_size: 280\n  train_sources: [notes]\n"
+        "  max_chars: 100000\n"
         "  metric_sources: [notes, chat]\n"
     )
     cmd = [sys.executable, "-m", "stages.tokenizer", "--raw", str(raw), "--out", str(tmp_path / "tok"),

@@ -6,8 +6,9 @@ report card reads, `lockstep parity` consults and git does not track.
 
 Every stage writes its run facts through `write_runinfo`, which adds the facts all stages share:
 the git commit, `numerics`, the facts that decide the bytes a model computes on this machine
-(`numerics_facts`), and `fast_paths`, what each fast path did (lockstep.core.fastpath.facts). Two runs with the same params and seed whose metrics differ are explained by
-how their `numerics` differ. Imports torch only inside `numerics_facts`, so the report stays light."""
+(`numerics_facts`), and `fast_paths`, what each fast path did (lockstep.core.fastpath.facts). Two
+runs with the same params and seed whose metrics differ are explained by how their `numerics`
+differ. Imports torch only inside `numerics_facts`, so the report stays light."""
 
 from __future__ import annotations
 

@@ -205,7 +205,8 @@ def choose_device_dtype(device: str = "auto", dtype: str = "auto", *, local_rank
 def _no_cuda_reason() -> str:
     if torch.version.cuda is None:
         return f"this torch {torch.__version__} is a CPU-only build"
-    return f"torch {torch.__version__} is built for CUDA {torch.version.cuda}, but no GPU is visible or its driver is missing"
+    return (f"torch {torch.__version__} is built for CUDA {torch.version.cuda}, but no GPU is visible or its driver "
+            "is missing")
 
 
 def device_from_name(name: str, *, setting: str) -> torch.device:

@@ -201,12 +201,14 @@ def open_token_file(path: Path, dtype: np.dtype, tokens: int, sha256: str | None
     size_bytes = path.stat().st_size
     if size_bytes % dtype.itemsize:
         raise CacheError(
-            f"{path} has an odd byte count ({size_bytes}) for {dtype_name(dtype)} tokens; it is damaged, rebuild the cache"
+            f"{path} has an odd byte count ({size_bytes}) for {dtype_name(dtype)} tokens; it is damaged, "
+            "rebuild the cache"
         )
     if size_bytes // dtype.itemsize != tokens:
         state = "truncated" if size_bytes // dtype.itemsize < tokens else "longer than recorded"
         raise CacheError(
-            f"{path} is {state}: {size_bytes // dtype.itemsize} tokens on disk, meta.json says {tokens}; rebuild the cache"
+            f"{path} is {state}: {size_bytes // dtype.itemsize} tokens on disk, meta.json says {tokens}; "
+            "rebuild the cache"
         )
     if verify and sha256 is not None and sha256_file(path) != sha256:
         raise CacheError(f"{path} fails its sha256 check against meta.json; it was modified or damaged, rebuild the cache")

@@ -209,7 +209,8 @@ class SnapshotWriter:
         artifact_records: int = 8,
     ):
         if isinstance(artifact_records, bool) or not isinstance(artifact_records, int) or artifact_records < 0:
-            raise ValueError(f"artifact_records={artifact_records!r} must be an integer >= 0 (records per split kept in {SNAPSHOT_FILE})")
+            raise ValueError(f"artifact_records={artifact_records!r} must be an integer >= 0 (records per split kept "
+                             f"in {SNAPSHOT_FILE})")
         self.root = Path(root)
         self.kind = kind
         self.extra_fields = tuple(extra_fields)
@@ -260,7 +261,8 @@ class SnapshotWriter:
         if split not in self.splits:
             raise ValueError(f"split {split!r} must be one of {SPLITS}")
         if self.kind != "document" or not table.schema.equals(self.schema):
-            raise ValueError(f"add_documents takes a table in the document schema {self.schema}, got {table.schema} for a {self.kind} snapshot")
+            raise ValueError(f"add_documents takes a table in the document schema {self.schema}, got {table.schema} "
+                             f"for a {self.kind} snapshot")
         taken = self.splits[split].add_table(table, pc.binary_length(table.column("text")).to_numpy(zero_copy_only=False))
         done = table.slice(0, taken)
         self.snapshot.add_lines(split, document_lines(done), done.slice(0, self.snapshot.wanted(split)).to_pylist(), taken)
@@ -360,7 +362,8 @@ def read_meta(snapshot_dir: str | Path) -> dict[str, Any]:
     snapshot_dir = Path(snapshot_dir)
     path = snapshot_dir / "meta.json"
     if not path.is_file():
-        raise SnapshotError(f"{snapshot_dir} has no meta.json, so it is not a finished snapshot; run `dvc repro fetch@{snapshot_dir.name}`")
+        raise SnapshotError(f"{snapshot_dir} has no meta.json, so it is not a finished snapshot; "
+                            f"run `dvc repro fetch@{snapshot_dir.name}`")
     meta = read_json(path, what="snapshot meta")
     if meta.get("kind") == BUNDLE_KIND:
         raise SnapshotError(

@@ -881,8 +881,8 @@ _CODE_HAND_SOLUTIONS = {
 }
 CODE_HAND = (
     {"task_id": "own/0", "prompt": "def add(a, b):\n    \"\"\"Return the sum of a and b.\"\"\"\n", "entry_point": "add", "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"},
-    {"task_id": "own/1", "prompt": "def count_letter(word, letter):\n    \"\"\"Return how many times letter occurs in word.\"\"\"\n", "entry_point": "count_letter", "test": "def check(candidate):\n    assert candidate('strawberry', 'r') == 3\n    assert candidate('abc', 'z') == 0\n"},
-    {"task_id": "own/2", "prompt": "def reverse_words(text):\n    \"\"\"Return text with its words in reverse order, joined by single spaces.\"\"\"\n", "entry_point": "reverse_words", "test": "def check(candidate):\n    assert candidate('to be or not') == 'not or be to'\n    assert candidate('one') == 'one'\n"},
+    {"task_id": "own/1", "prompt": "def count_letter(word, letter):\n    \"\"\"Return how many times letter occurs in word.\"\"\"\n", "entry_point": "count_letter", "test": "def check(candidate):\n    assert candidate('strawberry', 'r') == 3\n" "    assert candidate('abc', 'z') == 0\n"},
+    {"task_id": "own/2", "prompt": "def reverse_words(text):\n" "    \"\"\"Return text with its words in reverse order, joined by single spaces.\"\"\"\n", "entry_point": "reverse_words", "test": "def check(candidate):\n    assert candidate('to be or not') == 'not or be to'\n" "    assert candidate('one') == 'one'\n"},
     {"task_id": "own/3", "prompt": "def is_even(n):\n    \"\"\"Return True when n is even.\"\"\"\n", "entry_point": "is_even", "test": "def check(candidate):\n    assert candidate(4) is True\n    assert candidate(7) is False\n"},
     {"task_id": "own/4", "prompt": "def largest(numbers):\n    \"\"\"Return the largest number in a non-empty list.\"\"\"\n", "entry_point": "largest", "test": "def check(candidate):\n    assert candidate([3, 9, 2]) == 9\n    assert candidate([-5]) == -5\n"},
 )
@@ -957,7 +957,8 @@ def _param_families() -> list[CodeSpec]:
                               f"    return [items[i:i + {p}] for i in range(0, len(items) - {p} + 1, {p})]\n",
                               ((list(range(1, 2 * p + 2)),), ([],), ([1],))))
         specs.append(CodeSpec(f"every_{ORDINAL_NAMES[p]}_item", "items",
-                              f"Return every {ORDINAL_NAMES[p]} item of the list, starting with the first (positions 0, {p}, {2 * p}, ...).",
+                              f"Return every {ORDINAL_NAMES[p]} item of the list, starting with the first "
+                              f"(positions 0, {p}, {2 * p}, ...).",
                               f"    return items[::{p}]\n", f"    return items[{p - 1}::{p}]\n",
                               ((list(range(10, 30)),), ([],), (["x"],))))
     for p in range(1, 7):
@@ -970,8 +971,11 @@ def _param_families() -> list[CodeSpec]:
                               "        else:\n            out.append(ch)\n    return ''.join(out)\n",
                               f"    return ''.join(chr(ord(ch) + {p}) if 'a' <= ch <= 'z' else ch for ch in text)\n",
                               (("abc",), ("xyz",), ("hello, world",), ("",))))
-        specs.append(CodeSpec(f"rotate_left_{w}", "items", f"Return the list rotated left by {p} place{'s' if p > 1 else ''}, wrapping around (an empty list stays empty).",
-                              f"    if not items:\n        return []\n    k = {p} % len(items)\n    return items[k:] + items[:k]\n",
+        specs.append(CodeSpec(f"rotate_left_{w}", "items",
+                              f"Return the list rotated left by {p} place{'s' if p > 1 else ''}, wrapping around "
+                              "(an empty list stays empty).",
+                              f"    if not items:\n        return []\n    k = {p} % len(items)\n"
+                              "    return items[k:] + items[:k]\n",
                               f"    return items[-{p}:] + items[:-{p}]\n",
                               (([1, 2, 3, 4, 5, 6, 7],), (["a", "b", "c"],), ([],))))
     for p in range(3, 9):
@@ -1015,17 +1019,22 @@ def _one_offs() -> list[CodeSpec]:
           "    x, y = a, b\n    while y:\n        x, y = y, x % y\n    return a * b // x\n", "    return a * b\n",
           ((4, 6), (3, 5), (6, 6))),
         S("is_prime", "n", "Return True when n is a prime number.",
-          "    if n < 2:\n        return False\n    k = 2\n    while k * k <= n:\n        if n % k == 0:\n            return False\n"
+          "    if n < 2:\n        return False\n    k = 2\n"
+          "    while k * k <= n:\n        if n % k == 0:\n            return False\n"
           "        k += 1\n    return True\n", "    return n % 2 == 1\n", ((7,), (9,), (1,), (2,), (97,))),
-        S("second_largest", "numbers", "Return the second largest distinct value in numbers, or None when there are fewer than two distinct values.",
+        S("second_largest", "numbers",
+          "Return the second largest distinct value in numbers, or None when there are "
+          "fewer than two distinct values.",
           "    values = sorted(set(numbers))\n    return values[-2] if len(values) >= 2 else None\n",
           "    return sorted(numbers)[-2] if len(numbers) >= 2 else None\n", (([3, 9, 9, 4],), ([5],), ([2, 2],), ([1, 2],))),
         S("mean_rounded_down", "numbers", "Return the mean of a non-empty list of integers, rounded down to an integer.",
           "    return sum(numbers) // len(numbers)\n", "    return sum(numbers) // (len(numbers) + 1)\n",
           (([2, 4, 9],), ([7],), ([-3, 0],))),
         S("running_total", "numbers", "Return the running totals: the i-th is the sum of the first i + 1 numbers.",
-          "    total, out = 0, []\n    for x in numbers:\n        total += x\n        out.append(total)\n    return out\n",
-          "    total, out = 0, []\n    for x in numbers:\n        out.append(total)\n        total += x\n    return out\n",
+          "    total, out = 0, []\n    for x in numbers:\n"
+          "        total += x\n        out.append(total)\n    return out\n",
+          "    total, out = 0, []\n    for x in numbers:\n"
+          "        out.append(total)\n        total += x\n    return out\n",
           (([1, 2, 3, 4],), ([],), ([5, -5],))),
         S("differences", "numbers", "Return the differences between each number and the one before it.",
           "    return [b - a for a, b in zip(numbers, numbers[1:])]\n", "    return [a - b for a, b in zip(numbers, numbers[1:])]\n",
@@ -1034,26 +1043,34 @@ def _one_offs() -> list[CodeSpec]:
           "    return [x for inner in lists for x in inner]\n", "    return [inner[0] for inner in lists if inner]\n",
           (([[1, 2], [3], [], [4, 5]],), ([],))),
         S("unique_in_order", "items", "Return the items without repeats, each kept where it first appears.",
-          "    seen, out = set(), []\n    for x in items:\n        if x not in seen:\n            seen.add(x)\n            out.append(x)\n    return out\n",
+          "    seen, out = set(), []\n    for x in items:\n        if x not in seen:\n"
+          "            seen.add(x)\n            out.append(x)\n    return out\n",
           "    return sorted(set(items))\n", (([3, 1, 3, 2, 1],), ([],), (["b", "a", "b"],))),
         S("most_common_letter", "text",
-          "Return the lowercase letter that occurs most often in text (other characters do not count; a tie goes to the "
-          "letter first in the alphabet). text holds at least one lowercase letter.",
-          "    counts = {}\n    for ch in text:\n        if 'a' <= ch <= 'z':\n            counts[ch] = counts.get(ch, 0) + 1\n"
+          "Return the lowercase letter that occurs most often in text (other characters do not count; "
+          "a tie goes to the letter first in the alphabet). text holds at least one lowercase letter.",
+          "    counts = {}\n    for ch in text:\n"
+          "        if 'a' <= ch <= 'z':\n            counts[ch] = counts.get(ch, 0) + 1\n"
           "    return min(counts, key=lambda ch: (-counts[ch], ch))\n",
           "    return sorted(ch for ch in text if 'a' <= ch <= 'z')[0]\n", (("hello world",), ("abcabc b",), ("zz y",))),
         S("merge_sorted", "a, b", "Merge two sorted lists into one sorted list.",
-          "    out, i, j = [], 0, 0\n    while i < len(a) and j < len(b):\n        if a[i] <= b[j]:\n            out.append(a[i])\n"
-          "            i += 1\n        else:\n            out.append(b[j])\n            j += 1\n    return out + a[i:] + b[j:]\n",
+          "    out, i, j = [], 0, 0\n    while i < len(a) and j < len(b):\n"
+          "        if a[i] <= b[j]:\n            out.append(a[i])\n"
+          "            i += 1\n        else:\n            out.append(b[j])\n"
+          "            j += 1\n    return out + a[i:] + b[j:]\n",
           "    return a + b\n", (([1, 4, 6], [2, 3, 7]), ([], [1]), ([5], []))),
         S("acronym", "text", "Return the first letter of each space-separated word of text, in upper case.",
           "    return ''.join(w[0].upper() for w in text.split())\n", "    return ''.join(w[0] for w in text.split())\n",
           (("portable network graphics",), ("",), ("As Soon As Possible",))),
         S("longest_word", "text", "Return the longest space-separated word of text (the first of equally long ones; '' for an empty text).",
-          "    best = ''\n    for word in text.split():\n        if len(word) > len(best):\n            best = word\n    return best\n",
-          "    best = ''\n    for word in text.split():\n        if len(word) >= len(best):\n            best = word\n    return best\n",
+          "    best = ''\n    for word in text.split():\n"
+          "        if len(word) > len(best):\n            best = word\n    return best\n",
+          "    best = ''\n    for word in text.split():\n"
+          "        if len(word) >= len(best):\n            best = word\n    return best\n",
           (("the quick brown fox",), ("",), ("a bb cc",))),
-        S("shortest_word", "text", "Return the shortest space-separated word of text (the first of equally short ones). text holds at least one word.",
+        S("shortest_word", "text",
+          "Return the shortest space-separated word of text (the first of equally short ones). "
+          "text holds at least one word.",
           "    return min(text.split(), key=len)\n", "    return min(text.split())\n", (("the quick brown fox",), ("zz a",))),
         S("swap_case", "text", "Return text with upper-case letters made lower case and lower-case letters made upper case.",
           "    return text.swapcase()\n", "    return text.upper()\n", (("Hello World",), ("",), ("abc",))),
@@ -1089,8 +1106,11 @@ def _one_offs() -> list[CodeSpec]:
           "    return [abs(x) for x in numbers]\n", (([1, -2, 0],), ([],))),
         S("absolute_values", "numbers", "Return a list of the absolute values of the numbers.", "    return [abs(x) for x in numbers]\n",
           "    return [-x for x in numbers]\n", (([1, -2, 0],), ([],))),
-        S("letter_counts", "text", "Return a dict mapping each lowercase letter of text to how many times it occurs; other characters are not counted.",
-          "    counts = {}\n    for ch in text:\n        if 'a' <= ch <= 'z':\n            counts[ch] = counts.get(ch, 0) + 1\n    return counts\n",
+        S("letter_counts", "text",
+          "Return a dict mapping each lowercase letter of text to how many times it occurs; "
+          "other characters are not counted.",
+          "    counts = {}\n    for ch in text:\n        if 'a' <= ch <= 'z':\n"
+          "            counts[ch] = counts.get(ch, 0) + 1\n    return counts\n",
           "    counts = {}\n    for ch in text:\n        counts[ch] = counts.get(ch, 0) + 1\n    return counts\n",
           (("hello, world",), ("",), ("aAa",))),
         S("word_lengths", "text", "Return the length of each word of text; words are separated by runs of whitespace.",
@@ -1106,10 +1126,13 @@ def _one_offs() -> list[CodeSpec]:
         S("double_letters", "text", "Return text with every character written twice.", "    return ''.join(ch * 2 for ch in text)\n",
           "    return text * 2\n", (("abc",), ("",), ("x",))),
         S("interleave", "a, b", "Return the items of two lists taken in turn, a's first; what is left of the longer list goes at the end.",
-          "    out = []\n    for i in range(max(len(a), len(b))):\n        if i < len(a):\n            out.append(a[i])\n"
+          "    out = []\n    for i in range(max(len(a), len(b))):\n"
+          "        if i < len(a):\n            out.append(a[i])\n"
           "        if i < len(b):\n            out.append(b[i])\n    return out\n",
           "    return [x for pair in zip(a, b) for x in pair]\n", (([1, 2, 3], ["a", "b"]), ([], [1]))),
-        S("largest_gap", "numbers", "Return the largest difference between neighbours once the numbers are sorted (0 for fewer than two numbers).",
+        S("largest_gap", "numbers",
+          "Return the largest difference between neighbours once the numbers are sorted "
+          "(0 for fewer than two numbers).",
           "    values = sorted(numbers)\n    return max((b - a for a, b in zip(values, values[1:])), default=0)\n",
           "    return max(numbers) - min(numbers) if numbers else 0\n", (([1, 10, 3],), ([5],), ([],))),
         S("to_binary", "n", "Return n (n >= 0) written in base 2, without a prefix.", "    return bin(n)[2:]\n", "    return bin(n)\n",
@@ -1136,7 +1159,9 @@ def _one_offs() -> list[CodeSpec]:
           "    return n * (n - 1) // 2\n", ((4,), (0,), (1,), (10,))),
         S("digits_of", "n", "Return the decimal digits of n (n >= 0), most significant first.", "    return [int(d) for d in str(n)]\n",
           "    return [int(d) for d in reversed(str(n))]\n", ((1203,), (0,), (7,))),
-        S("is_leap_year", "year", "Return True for a leap year of the Gregorian calendar: divisible by 4, except centuries, which must be divisible by 400.",
+        S("is_leap_year", "year",
+          "Return True for a leap year of the Gregorian calendar: divisible by 4, except centuries, "
+          "which must be divisible by 400.",
           "    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)\n", "    return year % 4 == 0\n",
           ((2024,), (1900,), (2000,), (2023,))),
         S("celsius_to_fahrenheit", "celsius", "Convert a temperature in degrees Celsius (a multiple of 5) to degrees Fahrenheit, as an integer.",

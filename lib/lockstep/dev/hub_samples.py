@@ -2,8 +2,8 @@
 WikiText, OpenAssistant oasst1, GSM8K and databricks-dolly-15k (and, from lockstep.dev.hub_samples_chat,
 the chat benchmarks ARC, MMLU and HumanEval) in each dataset's own file names, columns and dtypes,
 and an eval bundle in the DCLM `eval_bundle.zip` layout, so that the loaders (lockstep.data.sources)
-read them exactly as they read a real download. The text is our own, built here from templates and word lists; none of it comes
-from the datasets themselves. The `rehearsal` preset trains on these files.
+read them exactly as they read a real download. The text is our own, built here from templates and word
+lists; none of it comes from the datasets themselves. The `rehearsal` preset trains on these files.
 
 The committed files are exactly this module's output: `lockstep dev hub-samples` compares them
 row by row (parquet bytes differ between pyarrow versions, rows do not) and `--write` regenerates

@@ -1,8 +1,9 @@
 """OS-level containment of one sandboxed process, set up in the child between fork and exec: a PID
 namespace of its own (our PID 1 in it, the program PID 2), private mount, network and IPC
 namespaces, a minimal read-only root holding only the interpreter, its libraries and a tmpfs
-working folder, and a seccomp filter on the system calls that reach past all of that. Linux only; every step needs root except the filter. Knows
-nothing of programs, tests or the protocol between them: that is `lockstep.evaluate.sandbox`."""
+working folder, and a seccomp filter on the system calls that reach past all of that. Linux only;
+every step needs root except the filter. Knows nothing of programs, tests or the protocol between
+them: that is `lockstep.evaluate.sandbox`."""
 
 from __future__ import annotations
 
@@ -360,7 +361,8 @@ def probe_filter(interpreter: str) -> str:
     """'' when the syscall filter installs here and refuses what it should, else why not."""
     if _machine() not in _SYSCALLS:
         return f"no syscall table for machine {_machine()!r} (known: {', '.join(_SYSCALLS)})"
-    check = "import os\ntry:\n    os.memfd_create('probe')\nexcept PermissionError:\n    pass\nelse:\n    raise SystemExit('memfd_create was not refused')\n"
+    check = ("import os\ntry:\n    os.memfd_create('probe')\nexcept PermissionError:\n    pass\nelse:\n"
+             "    raise SystemExit('memfd_create was not refused')\n")
     return _probe(install_filter, check, interpreter)
 
 

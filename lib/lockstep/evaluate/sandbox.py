@@ -223,10 +223,12 @@ def _guarded_os_open(path, flags, *args, **kwargs):
         raise PermissionError(f"sandbox: writing outside the working folder is not allowed: {path!r}")
     return _os_open(path, flags, *args, **kwargs)
 os.open = _guarded_os_open
-for _name in ("remove", "unlink", "rmdir", "rename", "replace", "mkdir", "makedirs", "symlink", "link", "truncate", "chmod"):
+for _name in ("remove", "unlink", "rmdir", "rename", "replace", "mkdir", "makedirs", "symlink", "link", "truncate",
+              "chmod"):
     _real = getattr(os, _name)
     def _guard(*args, _real=_real, _name=_name, **kwargs):
-        if args and not _inside(args[0]) or len(args) > 1 and _name in ("rename", "replace", "symlink", "link") and not _inside(args[1]):
+        if (args and not _inside(args[0])
+                or len(args) > 1 and _name in ("rename", "replace", "symlink", "link") and not _inside(args[1])):
             raise PermissionError(f"sandbox: os.{_name} outside the working folder is not allowed")
         return _real(*args, **kwargs)
     setattr(os, _name, _guard)
@@ -272,9 +274,10 @@ def _enc(v, depth=0):
     if isinstance(v, dict):
         return {"dict": [[_enc(k, depth + 1), _enc(x, depth + 1)] for k, x in dict.items(v)]}
     if isinstance(v, (set, frozenset)):
-        return {"set" if isinstance(v, set) else "frozenset": [_enc(x, depth + 1) for x in frozenset.__iter__(frozenset(v))]}
-    raise _Unsendable(f"a value of type {type(v).__name__} cannot pass between the tests and the solution; only plain data "
-                      "(None, bool, int, float, complex, str, bytes, list, tuple, dict, set) crosses")
+        return {"set" if isinstance(v, set) else "frozenset":
+                [_enc(x, depth + 1) for x in frozenset.__iter__(frozenset(v))]}
+    raise _Unsendable(f"a value of type {type(v).__name__} cannot pass between the tests and the solution; "
+                      "only plain data (None, bool, int, float, complex, str, bytes, list, tuple, dict, set) crosses")
 
 def _dec(v):
     if isinstance(v, list):
@@ -431,7 +434,8 @@ for _name in ("setup.py", "tests.py"):
     _globals[_entry] = _candidate
 sys.stdout.flush()
 if _failures:
-    sys.stderr.write(f"sandbox: the tests caught a failed call of the solution and went on; it fails the item: {_failures[0]}\n")
+    sys.stderr.write(f"sandbox: the tests caught a failed call of the solution and went on; it fails the item: "
+                     f"{_failures[0]}\n")
     sys.stderr.flush()
     os._exit(1)
 sys.stderr.flush()

@@ -88,7 +88,8 @@ class KVCache:
         B, H, T, D = k.shape
         if B != self.batch_size or H != self.n_kv_head or D != self.head_dim:
             raise ValueError(
-                f"k of shape {tuple(k.shape)} does not fit this cache (B={self.batch_size}, Hkv={self.n_kv_head}, D={self.head_dim})"
+                f"k of shape {tuple(k.shape)} does not fit this cache "
+                f"(B={self.batch_size}, Hkv={self.n_kv_head}, D={self.head_dim})"
             )
         end = max(self._pos) + T
         if self.kv is None or end > self.kv.size(4):

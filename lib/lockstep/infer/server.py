@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 # The UI loads nothing from elsewhere; the policy makes a stray external reference fail loudly.
-CSP = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; frame-ancestors 'none'"
+CSP = ("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'; "
+       "frame-ancestors 'none'")
 # Default character cap of a message per token of max_message_tokens. Text averages 2-4 characters
 # per token (the tiny preset's 4k-id BPE: 1.9-3.3 bytes per token, data/metrics/tokenizer.json;
 # large vocabularies about 4 on English), so 16 leaves room for long tokens while bounding what
@@ -425,7 +426,8 @@ def validation_error_body(errors: list[dict]) -> dict:
         elif isinstance(given, (bytes, bytearray)):
             message = "the request body was not read as JSON: send it with Content-Type: application/json"
         else:
-            message = f"the request body must be a JSON object with a messages list, got {_JSON_TYPES.get(type(given), 'another value')}"
+            message = ("the request body must be a JSON object with a messages list, got "
+                       f"{_JSON_TYPES.get(type(given), 'another value')}")
         return _error_body(message, "invalid_request_error", param)
     return _error_body(f"{param}: {message}", "invalid_request_error", param)
 

@@ -113,7 +113,8 @@ class EvalConfig:
         for task, source in self.chat_tasks.items():
             if not source or PurePosixPath(source).name != source or source in (".", ".."):
                 raise FieldError("chat_tasks", dict(self.chat_tasks),
-                                 f"must map each task to a raw snapshot (a folder under --raw); {task}: {source!r} is no folder name")
+                                 "must map each task to a raw snapshot (a folder under --raw); "
+                                 f"{task}: {source!r} is no folder name")
         for name in ("categorical_files", "reply_choice_files", "code_files"):
             for rel in getattr(self, name):
                 path = PurePosixPath(rel)

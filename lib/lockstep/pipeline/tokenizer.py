@@ -231,8 +231,8 @@ def _snapshot_dir(raw_dir: Path, name: str) -> Path:
     path = raw_dir / name
     if not path.is_dir():
         raise FileNotFoundError(
-            f"raw snapshot {path} not found: add `{name}` under `fetch:` in params.yaml and run `dvc repro fetch@{name}`, "
-            "or remove it from tokenizer.train_sources / tokenizer.metric_sources"
+            f"raw snapshot {path} not found: add `{name}` under `fetch:` in params.yaml and run "
+            f"`dvc repro fetch@{name}`, or remove it from tokenizer.train_sources / tokenizer.metric_sources"
         )
     return path
 
@@ -283,8 +283,9 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
     log.info("trained %s tokenizer | vocab %d | %d texts | %d chars | %.2fs",
              cfg.kind, tok.get_vocab_size(), train_texts.texts, train_texts.chars, t_train - t_read)  # fmt: skip
     if not tok.has_special_tokens:
-        log.warning("the tokenizer has no special tokens (tokenizer.options.specials: false): it is for ids and metrics; "
-                    "the cache, training and chat stages will refuse it (no <|bos|>, no chat template)")  # fmt: skip
+        log.warning("the tokenizer has no special tokens (tokenizer.options.specials: false): it is for ids and "
+                    "metrics; the cache, training and chat stages will refuse it "
+                    "(no <|bos|>, no chat template)")  # fmt: skip
 
     rendered = rendered_samples(tok, samples, cfg.artifact_records)
     # The artifact sits beside the tokenizer files but is not one of them: meta.json lists only
@@ -299,9 +300,10 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
     for name, m in per_source.items():
         log.info("bytes/token %-14s %.3f (%d bytes, %d unknown)", name, m["bytes_per_token"], m["bytes"], m["unknown_bytes"])
         if m["unknown_bytes"]:
-            log.warning("%s: %d of %d val bytes (%.2f%%) are outside the %s alphabet and encode to id 0, lost on decode; "
-                        "raise tokenizer.options.max_alphabet or train on text that has them",
-                        name, m["unknown_bytes"], m["bytes"], 100 * m["unknown_bytes"] / m["bytes"], cfg.kind)  # fmt: skip
+            log.warning("%s: %d of %d val bytes (%.2f%%) are outside the %s alphabet and encode to id 0, lost on "
+                        "decode; raise tokenizer.options.max_alphabet or train on text that has them",
+                        name, m["unknown_bytes"], m["bytes"], 100 * m["unknown_bytes"] / m["bytes"],
+                        cfg.kind)  # fmt: skip
     metrics = {
         "kind": cfg.kind,
         "vocab_size": tok.get_vocab_size(),

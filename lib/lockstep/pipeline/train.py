@@ -257,10 +257,11 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
                        started_s: float, model_params: ModelParams | None = None) -> dict[str, Any] | None:
     """Run the training stage `stage` (`cfg` is its params section) end to end and return its
     metrics on rank 0 (None on the other ranks). `seed` draws the initialisation and the batches;
-    `data_seed` the validation windows, the same for every training seed. A fresh model is built from `model_params` when
-    `paths.init` is None (pretrain); otherwise the model is the init checkpoint's, refused if it
-    was trained with another tokenizer. `code_revision` names the run folder and goes into the
-    checkpoints; `started_s` (time.perf_counter) is when the stage began, for its wall time.
+    `data_seed` the validation windows, the same for every training seed. A fresh model is built
+    from `model_params` when `paths.init` is None (pretrain); otherwise the model is the init
+    checkpoint's, refused if it was trained with another tokenizer. `code_revision` names the run
+    folder and goes into the checkpoints; `started_s` (time.perf_counter) is when the stage
+    began, for its wall time.
 
     Resumes from the run folder's latest checkpoint; Ctrl-C raises KeyboardInterrupt carrying
     the line that says where a rerun resumes. Only rank 0 writes outputs, holding the run folder's

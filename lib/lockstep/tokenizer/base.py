@@ -303,9 +303,10 @@ class Tokenizer(ABC):
     def _require_specials(self, needed: str) -> None:
         if not self._special_ids:
             raise NoSpecialTokensError(
-                f"this {self.kind} tokenizer ({self.get_vocab_size()} ids) was built without special tokens, so it has no "
-                f"{needed}: it encodes plain text only, while token caches, training and chat need <|bos|> and the chat "
-                "template. Rebuild it with them (tokenizer.options.specials: true, the default) to use it past the tokenizer stage"
+                f"this {self.kind} tokenizer ({self.get_vocab_size()} ids) was built without special tokens, "
+                f"so it has no {needed}: it encodes plain text only, while token caches, training and chat need "
+                "<|bos|> and the chat template. Rebuild it with them (tokenizer.options.specials: true, the "
+                "default) to use it past the tokenizer stage"
             )
 
     def get_special_tokens(self) -> dict[str, int]:
@@ -470,7 +471,8 @@ def _parts(message: Mapping[str, Any], index: int) -> list[dict[str, str]]:
         kind = part.get("type", "text")
         if kind not in _PART_TYPES[role]:
             raise ConversationError(
-                f"message {index} ({role}) part {j} has type {kind!r}; a {role} message allows {list(_PART_TYPES[role])}"
+                f"message {index} ({role}) part {j} has type {kind!r}; "
+                f"a {role} message allows {list(_PART_TYPES[role])}"
             )
         parts.append({"type": kind, "text": part["text"]})
     return parts
@@ -570,8 +572,8 @@ def load_tokenizer(directory: str | os.PathLike[str]) -> Tokenizer:
             raise TokenizerFileError(f"tokenizer file {path} cannot be read ({e.strerror}); {REBUILD}") from None
         if actual != digest:
             raise TokenizerFileError(
-                f"tokenizer file {path} has sha256 {actual[:12]}..., meta.json records {str(digest)[:12]}...: the file was "
-                f"modified or corrupted; {REBUILD}"
+                f"tokenizer file {path} has sha256 {actual[:12]}..., meta.json records {str(digest)[:12]}...: "
+                f"the file was modified or corrupted; {REBUILD}"
             )
     if sha256_of_manifest(files) != meta["sha256"]:
         raise TokenizerFileError(f"{directory / META_FILE} sha256 does not match its file list; {REBUILD}")
@@ -627,7 +629,8 @@ def _read_meta(directory: Path) -> dict[str, Any]:
         raise TokenizerFileError(f"{path} holds {type(meta).__name__}, not a tokenizer meta object; {REBUILD}")
     if meta.get("format_version") != FORMAT_VERSION:
         raise TokenizerFileError(
-            f"{directory} has tokenizer format {meta.get('format_version')!r}, this code reads {FORMAT_VERSION}; {REBUILD}"
+            f"{directory} has tokenizer format {meta.get('format_version')!r}, this code reads {FORMAT_VERSION}; "
+            f"{REBUILD}"
         )
     kind = meta.get("kind")
     if kind not in _KINDS:

@@ -60,7 +60,8 @@ def train(
 
     if options:
         raise ValueError(
-            f"unknown sentencepiece option(s) {sorted(options)}; valid: model_type, character_coverage, num_threads, seed"
+            f"unknown sentencepiece option(s) {sorted(options)}; "
+            "valid: model_type, character_coverage, num_threads, seed"
         )
     if model_type not in ("bpe", "unigram"):
         raise ValueError(f"sentencepiece model_type={model_type!r} must be 'bpe' or 'unigram'")

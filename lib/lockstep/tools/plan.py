@@ -736,8 +736,9 @@ def plan_disk(params: dict[str, Any], m: dict[str, Any], *, root: Path, raw_root
               cache_root: Path | None, built: set[str]) -> dict[str, Any]:
     """Raw snapshots (text bytes x RAW_BYTES_PER_TEXT_BYTE), token caches (tokens x 2 or 4
     bytes; SFT adds a mask byte per token and an 8-byte offset per example) and one checkpoint
-    (fp32 weights, AdamW moments, Muon momentum: the ranks' optimizer files hold each once). Snapshots and caches that exist
-    under `raw_root` / `cache_root` and `built` from these params are measured instead."""
+    (fp32 weights, AdamW moments, Muon momentum: the ranks' optimizer files hold each once).
+    Snapshots and caches that exist under `raw_root` / `cache_root` and `built` from these
+    params are measured instead."""
     vocab = params["tokenizer"]["vocab_size"]
     cpt = chars_per_token(vocab)
     tb = token_bytes(vocab)

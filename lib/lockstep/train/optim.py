@@ -607,7 +607,7 @@ def all_reduce_grads(params: list[nn.Parameter], *, average: bool = True) -> Non
 # ---- moving optimizer state between layouts --------------------------------------------------
 
 def optimizer_state_kind(optimizers: Sequence[torch.optim.Optimizer]) -> str:
-    """"sharded" or "replicated": how `optimizers` spread their state over ranks (checkpoint meta)."""
+    """How `optimizers` spread their state over ranks (checkpoint meta): "sharded" or "replicated"."""
     return "sharded" if _sharded(optimizers) else "replicated"
 
 

@@ -228,10 +228,10 @@ def _rank_states(resume: Resume, optimizers: list[torch.optim.Optimizer], rt: Ru
                    for r in range(rt.world_size)}
     except (ValueError, KeyError, IndexError, RuntimeError) as e:
         raise ckpt.CheckpointError(
-            f"{resume.path} holds optimizer state of {resume.world_size} rank(s) ({resume.optimizer_state}) that does not "
-            f"fit this run's optimizers on {rt.world_size} rank(s) ({optimizer_state_kind(optimizers)}): {e}; resume with "
-            f"the config and runtime.nproc x runtime.nnodes = {resume.world_size} that wrote it, or delete "
-            f"{resume.path.parent} to start fresh") from None
+            f"{resume.path} holds optimizer state of {resume.world_size} rank(s) ({resume.optimizer_state}) that "
+            f"does not fit this run's optimizers on {rt.world_size} rank(s) ({optimizer_state_kind(optimizers)}): "
+            f"{e}; resume with the config and runtime.nproc x runtime.nnodes = {resume.world_size} that wrote it, "
+            f"or delete {resume.path.parent} to start fresh") from None
     log.info("optimizer state of %d rank(s) (%s) resharded for %d rank(s) (%s)", resume.world_size,
              resume.optimizer_state, rt.world_size, optimizer_state_kind(optimizers))
     return by_rank.__getitem__

@@ -157,7 +157,8 @@ def fetch_source(
     meta.json and resume state are the same bytes either way, so a fetch may resume on the other
     path. Other sources ignore it."""
     if not dataclasses.is_dataclass(cfg) or type(cfg) not in SOURCE_CONFIGS.values():
-        raise TypeError(f"cfg must be one of the source configs ({', '.join(c.__name__ for c in SOURCE_CONFIGS.values())}), got {type(cfg).__name__}")
+        raise TypeError("cfg must be one of the source configs "
+                        f"({', '.join(c.__name__ for c in SOURCE_CONFIGS.values())}), got {type(cfg).__name__}")
     source = cfg.source
     mod = source_module(source)
     config = config_to_dict(cfg)

@@ -16,7 +16,10 @@ from lockstep.data.sources.size import SourceSize, text_files
 
 KIND = "document"
 EXTRA_FIELDS = ("id", "title")
-EXPECTED = "Project Gutenberg plain-text books (.txt, UTF-8) with the book between `*** START OF ...` and `*** END OF ...` lines"
+EXPECTED = (
+    "Project Gutenberg plain-text books (.txt, UTF-8) with the book between `*** START OF ...` and "
+    "`*** END OF ...` lines"
+)
 
 # Both spellings occur: `*** START OF THIS PROJECT GUTENBERG EBOOK X ***` and
 # `***START OF THE PROJECT GUTENBERG EBOOK X***` (older and newer PG templates).

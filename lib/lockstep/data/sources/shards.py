@@ -1,9 +1,10 @@
 """Shard-level reading of large sources, and the resume folder of a long fetch. A source made of
 many data files (FineWeb-Edu's parquet shards) is read one shard at a time in a seeded order,
 each shard shuffled in bounded windows (of rows, or of Arrow tables for batch readers), so the
-stream is a pure function of (files, seed) that can be restarted at any shard and row. The resume folder holds the snapshot being written and a
-state.json saved after each finished part; it is keyed by everything that decides the output,
-so that state made for other params is never reused. No source format lives here."""
+stream is a pure function of (files, seed) that can be restarted at any shard and row. The
+resume folder holds the snapshot being written and a state.json saved after each finished part;
+it is keyed by everything that decides the output, so that state made for other params is never
+reused. No source format lives here."""
 
 from __future__ import annotations
 

@@ -147,7 +147,8 @@ def _change(d: Draw) -> tuple[str, str]:
         bill *= 2
     s1, c1 = _step(price, "*", n)
     s2, c2 = _step(bill, "-", c1)
-    return (f"A {item} costs ${price}. {name} buys {n} {items} and pays with ${bill}. How much change does {he.lower()} get?",
+    return (f"A {item} costs ${price}. {name} buys {n} {items} and pays with ${bill}. "
+            f"How much change does {he.lower()} get?",
             f"The {items} cost {s1} dollars.\nThe change is {s2} dollars.\n#### {c2}")
 
 

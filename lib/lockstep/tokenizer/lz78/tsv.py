@@ -334,8 +334,9 @@ def dictionary_layout(path: str | os.PathLike[str]) -> str:
                         return "compressed"
                     raise LZ78DictionaryError(
                         f"{path}:{n}: the first data line has {columns} tab-separated columns; an lz78 dictionary has "
-                        f"{len(LZ78_COLUMNS)} ({', '.join(LZ78_COLUMNS)}) and a compressed one {len(COMPRESSED_COLUMNS)} "
-                        f"({', '.join(COMPRESSED_COLUMNS)}): export the dictionary in one of those layouts")
+                        f"{len(LZ78_COLUMNS)} ({', '.join(LZ78_COLUMNS)}) and a compressed one "
+                        f"{len(COMPRESSED_COLUMNS)} ({', '.join(COMPRESSED_COLUMNS)}): "
+                        "export the dictionary in one of those layouts")
     except OSError as e:
         raise LZ78DictionaryError(f"{path}: cannot read the dictionary ({e.strerror}); name an existing, readable "
                                   "TSV file") from None
