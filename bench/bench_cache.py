@@ -147,7 +147,9 @@ def open_check(shard_mb: int, reps: int) -> None:
                 assert split.tokens == n_tokens
         p, c = statistics.median(plain_s), statistics.median(checked_s)
         paired = statistics.median(y / x for x, y in zip(plain_s, checked_s, strict=True))
-        print(f"one shard of {shard_mb} MB ({n_tokens:,} uint16 ids), open_pretrain_split(verify=True), median of {reps}:")
+        print(
+            f"one shard of {shard_mb} MB ({n_tokens:,} uint16 ids), open_pretrain_split(verify=True), median of {reps}:"
+        )
         print(f"without the value check (sha256 only): {p * 1e3:7.1f} ms  runs {[round(x * 1e3) for x in plain_s]}")
         print(f"with the value check:                  {c * 1e3:7.1f} ms  runs {[round(x * 1e3) for x in checked_s]}")
         print(f"ratio (with / without): {c / p:.3f}x of medians, {paired:.3f}x median of paired runs")

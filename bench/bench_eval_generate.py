@@ -34,8 +34,12 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64, help="prompts answered by the batched path per run")
     ap.add_argument("--seq-prompts", type=int, default=16, help="the first N of them answered one at a time per run")
     ap.add_argument("--batch", type=int, default=32, help="eval.generate_batch of the batched path")
-    ap.add_argument("--max-new", type=int, default=128, help="eval.max_new_tokens; each reply's budget is drawn below it")
-    ap.add_argument("--dtype", default="fp32", choices=["bf16", "fp32"], help="bf16 runs under CPU autocast, as the stage does")
+    ap.add_argument(
+        "--max-new", type=int, default=128, help="eval.max_new_tokens; each reply's budget is drawn below it"
+    )
+    ap.add_argument(
+        "--dtype", default="fp32", choices=["bf16", "fp32"], help="bf16 runs under CPU autocast, as the stage does"
+    )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
     args = ap.parse_args()
@@ -68,7 +72,10 @@ def main() -> None:
         t0 = time.perf_counter()
         with autocast:
             if batch_rows == 1:
-                outs = [engine.generate_batch(p, max_tokens=m, temperature=0.0)[0][0] for p, m in zip(prompts[:n], budgets[:n])]
+                outs = [
+                    engine.generate_batch(p, max_tokens=m, temperature=0.0)[0][0]
+                    for p, m in zip(prompts[:n], budgets[:n])
+                ]
             else:
                 outs = engine.generate_greedy(prompts[:n], max_tokens=budgets[:n], batch_rows=batch_rows)
         return sum(map(len, outs)) / (time.perf_counter() - t0), outs

@@ -57,9 +57,20 @@ def _write_shards(src: Path, total_bytes: int, n_shards: int) -> int:
     rows, written, i = [], 0, 0
     while written < total_bytes:
         text = f"Copy {i // len(pool)}. {pool[i % len(pool)]}"
-        rows.append({"text": text, "id": f"<urn:uuid:{i}>", "dump": "CC-MAIN-2024-10", "url": f"https://example.org/{i}",
-                     "file_path": "s3://bench/000.parquet", "language": "en", "language_score": 0.95,
-                     "token_count": len(text) // 4, "score": 3.2, "int_score": 3})
+        rows.append(
+            {
+                "text": text,
+                "id": f"<urn:uuid:{i}>",
+                "dump": "CC-MAIN-2024-10",
+                "url": f"https://example.org/{i}",
+                "file_path": "s3://bench/000.parquet",
+                "language": "en",
+                "language_score": 0.95,
+                "token_count": len(text) // 4,
+                "score": 3.2,
+                "int_score": 3,
+            }
+        )
         written += len(text.encode("utf-8"))
         i += 1
     src.mkdir(parents=True)
@@ -75,7 +86,11 @@ def _child(side: str, src: Path, work: Path, tok_dir: Path, workers: int) -> dic
     tok = load_tokenizer(tok_dir)
     cache_cfg = CacheConfig(kind="pretrain")
     if side == "tiktoken":
-        texts = [t for f in sorted(src.glob("*.parquet")) for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()]
+        texts = [
+            t
+            for f in sorted(src.glob("*.parquet"))
+            for t in pq.read_table(f, columns=["text"]).column("text").to_pylist()
+        ]
         enc, batch = tok._enc, cache_cfg.encode_batch_docs  # the tiktoken Encoding behind the bpe kind
         t0 = time.perf_counter()
         n = 0
@@ -90,7 +105,9 @@ def _child(side: str, src: Path, work: Path, tok_dir: Path, workers: int) -> dic
     warm = build_config(SOURCE_CONFIGS["fineweb_edu"], {**params, "path": str(src.parent / "warm")}, where="fetch.warm")
     fetch_source("warm", warm, work / "warm", seed=0, resume_dir=work / "warm_partial", arrow_batches=side == "arrow")
     t0 = time.perf_counter()
-    raw_meta = fetch_source("bench", cfg, work / "raw", seed=0, resume_dir=work / "partial", arrow_batches=side == "arrow")
+    raw_meta = fetch_source(
+        "bench", cfg, work / "raw", seed=0, resume_dir=work / "partial", arrow_batches=side == "arrow"
+    )
     t1 = time.perf_counter()
     meta = build_pretrain_cache(
         {s: (r["text"] for r in iter_records(work / "raw", s, columns=["text"])) for s in ("train", "val")},
@@ -101,7 +118,12 @@ def _child(side: str, src: Path, work: Path, tok_dir: Path, workers: int) -> dic
     )  # fmt: skip
     t2 = time.perf_counter()
     docs = meta["train_docs"] + meta["val_docs"]
-    return {"seconds": t2 - t0, "fetch_s": t1 - t0, "cache_s": t2 - t1, "tokens": meta["train_tokens"] + meta["val_tokens"] - docs}
+    return {
+        "seconds": t2 - t0,
+        "fetch_s": t1 - t0,
+        "cache_s": t2 - t1,
+        "tokens": meta["train_tokens"] + meta["val_tokens"] - docs,
+    }
 
 
 def _run_child(side: str, *args: object) -> dict:
@@ -116,10 +138,14 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=8, help="parquet shard files the text is written to")
     ap.add_argument("--workers", type=int, default=2, help="cache worker processes, and tiktoken threads")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--tokenizer", type=Path, default=ROOT / "data" / "tokenizer", help="a tokenizer-stage folder (bpe)")
+    ap.add_argument(
+        "--tokenizer", type=Path, default=ROOT / "data" / "tokenizer", help="a tokenizer-stage folder (bpe)"
+    )
     args = ap.parse_args()
     if load_tokenizer(args.tokenizer).kind != "bpe":
-        raise SystemExit(f"{args.tokenizer} is not a bpe tokenizer; the baseline is tiktoken's encoder of its vocabulary")
+        raise SystemExit(
+            f"{args.tokenizer} is not a bpe tokenizer; the baseline is tiktoken's encoder of its vocabulary"
+        )
     with tempfile.TemporaryDirectory(prefix="bench_fetch_cache.") as tmp:
         tmp = Path(tmp)
         n_docs = _write_shards(tmp / "src", args.mb * 10**6, args.shards)
@@ -139,11 +165,17 @@ def main() -> None:
                 else:
                     ours[side].append(r)
             for side in ("record", "arrow"):
-                assert ours[side][-1]["tokens"] == base_tokens, (side, ours[side][-1]["tokens"], base_tokens)  # BOS aside
+                assert ours[side][-1]["tokens"] == base_tokens, (
+                    side,
+                    ours[side][-1]["tokens"],
+                    base_tokens,
+                )  # BOS aside
         b = statistics.median(base_s)
         mbs = lambda s: n_bytes / s / 1e6  # noqa: E731
-        print(f"text: {n_bytes / 1e6:.1f} MB in {n_docs} docs, {args.shards} parquet shards; {base_tokens:,} tokens "
-              f"({n_bytes / base_tokens:.2f} bytes/token); workers={args.workers}; median of {args.reps}, fresh processes")
+        print(
+            f"text: {n_bytes / 1e6:.1f} MB in {n_docs} docs, {args.shards} parquet shards; {base_tokens:,} tokens "
+            f"({n_bytes / base_tokens:.2f} bytes/token); workers={args.workers}; median of {args.reps}, fresh processes"
+        )
         print(f"tiktoken encode_ordinary_batch, {args.workers} threads (in memory): {b:7.2f} s  {mbs(b):6.1f} MB/s")
         for side, label in (("record", "record path (reference)"), ("arrow", "arrow_batches (the stage's)")):
             o = statistics.median(r["seconds"] for r in ours[side])

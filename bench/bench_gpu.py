@@ -300,7 +300,9 @@ def cmd_nc_train(a: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         for x, y in batches:
             # nanochat's loss views its targets flat: they must be contiguous, not a window slice
-            loss = step_model(x.contiguous().to(device(), non_blocking=True), y.contiguous().to(device(), non_blocking=True))
+            loss = step_model(
+                x.contiguous().to(device(), non_blocking=True), y.contiguous().to(device(), non_blocking=True)
+            )
             (loss / a.accum).backward()
         opt.step()
         model.zero_grad(set_to_none=True)
@@ -656,9 +658,17 @@ def cmd_nc_decode(a: argparse.Namespace) -> None:
         return steps
 
     # nanochat keeps fp32 master weights and casts them to its compute dtype in every matmul
-    result("nc_decode", depth=a.depth, vocab=a.vocab, weights="fp32 cast to " + str(COMPUTE_DTYPE).removeprefix("torch."),
-           new_tokens=a.new_tokens, reps=a.reps, prompt_tokens=len(PROMPT), nanochat_commit=NANOCHAT_COMMIT,
-           **{f"ref_{k}": v for k, v in decode_rates(generate, a.new_tokens, a.reps).items()})
+    result(
+        "nc_decode",
+        depth=a.depth,
+        vocab=a.vocab,
+        weights="fp32 cast to " + str(COMPUTE_DTYPE).removeprefix("torch."),
+        new_tokens=a.new_tokens,
+        reps=a.reps,
+        prompt_tokens=len(PROMPT),
+        nanochat_commit=NANOCHAT_COMMIT,
+        **{f"ref_{k}": v for k, v in decode_rates(generate, a.new_tokens, a.reps).items()},
+    )
 
 
 # ---------------------------------------------------------------- lockstep's stages
@@ -686,8 +696,10 @@ def cmd_stages(a: argparse.Namespace) -> None:
     smoke = Path(a.smoke).resolve()
     need = [smoke / "params.yaml", *(smoke / "data" / p for p in ("raw", "tokenizer", "cache"))]
     if not all(p.exists() for p in need):
-        raise SystemExit(f"error: --smoke {smoke} must hold params.yaml and data/raw, data/tokenizer, data/cache of the "
-                         "smoke preset (see docs/performance.md, 'Stages on smoke data')")
+        raise SystemExit(
+            f"error: --smoke {smoke} must hold params.yaml and data/raw, data/tokenizer, data/cache of the "
+            "smoke preset (see docs/performance.md, 'Stages on smoke data')"
+        )
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -706,7 +718,9 @@ def cmd_stages(a: argparse.Namespace) -> None:
             print(f"-- stage {label}", flush=True)
             t0 = time.perf_counter()
             try:
-                rc = subprocess.run(stage_command(dvc, name, item), cwd=w, env=env, timeout=a.stage_timeout_s).returncode
+                rc = subprocess.run(
+                    stage_command(dvc, name, item), cwd=w, env=env, timeout=a.stage_timeout_s
+                ).returncode
             except subprocess.TimeoutExpired:
                 rc = "timeout"
             rows.append({"stage": label, "rc": rc, "s": round(time.perf_counter() - t0, 1)})
@@ -781,8 +795,10 @@ def compare(records: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
             r = by.get(who)
             if r:
                 where = "GPU" if "peak_mem_gb" in r else "host RSS"
-                lines.append(f"  {label:18} {r['tok_per_s']:>10,} tok/s  MFU {r['mfu']:5.1f}%  peak {where} {_mem(r)} GB  "
-                             f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}  (first step {r['first_step_s']} s)")
+                lines.append(
+                    f"  {label:18} {r['tok_per_s']:>10,} tok/s  MFU {r['mfu']:5.1f}%  peak {where} {_mem(r)} GB  "
+                    f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}  (first step {r['first_step_s']} s)"
+                )
         entry: dict[str, Any] = {}
         for a_, b_, tag in (("ls_off", "nc", "reference/nanochat"), ("ls_on", "nc", "fast/nanochat"),
                             ("ls_on", "ls_off", "fast/reference")):
@@ -793,7 +809,9 @@ def compare(records: list[dict[str, Any]]) -> tuple[list[str], dict[str, Any]]:
                 mfu = x["mfu"] / y["mfu"] if y["mfu"] else None
                 entry[tag] = {"tok_per_s": round(tok, 4), "peak_mem": None if mem is None else round(mem, 4),
                               "mfu": None if mfu is None else round(mfu, 4)}
-                line = f"  {tag:19} tok/s {tok:.3f}x  memory {_ratio(_mem(x), _mem(y))}  MFU {_ratio(x['mfu'], y['mfu'])}"
+                line = (
+                    f"  {tag:19} tok/s {tok:.3f}x  memory {_ratio(_mem(x), _mem(y))}  MFU {_ratio(x['mfu'], y['mfu'])}"
+                )
                 if tag == "fast/reference":
                     diff = max(abs(p - q) for p, q in zip(x["losses"], y["losses"]))
                     entry[tag]["max_loss_diff"] = round(diff, 6)

@@ -90,7 +90,9 @@ def train_encode(argv: list[str]) -> None:
     ap.add_argument("--sources", nargs="+", default=["shakespeare", "roam"])
     ap.add_argument("--max-chars", type=int, default=20_000_000, help="the tiny preset's tokenizer.max_chars")
     ap.add_argument("--vocab-size", type=int, default=4096, help="total vocabulary, as tokenizer.vocab_size")
-    ap.add_argument("--strategy", choices=STRATEGIES, default="standard", help="the LZ78 strategy timed against rustbpe")
+    ap.add_argument(
+        "--strategy", choices=STRATEGIES, default="standard", help="the LZ78 strategy timed against rustbpe"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
@@ -311,15 +313,19 @@ def scale(argv: list[str]) -> None:
         t0 = time.perf_counter()
         for lines in sorted({args.lines, args.baseline_lines}):
             generate_dictionary(tmp_dir / f"{lines}.tsv", lines)
-        print(f"generated {args.lines:,} and {args.baseline_lines:,}-line dictionaries in {time.perf_counter() - t0:.1f}s")
+        print(
+            f"generated {args.lines:,} and {args.baseline_lines:,}-line dictionaries in {time.perf_counter() - t0:.1f}s"
+        )
 
         big = child("load", str(tmp_dir / f"{args.lines}.tsv"), "fast", str(warm))
         size = (tmp_dir / f"{args.lines}.tsv").stat().st_size
-        print(f"load {args.lines:,} lines ({size / 1e6:.0f} MB; {big['n_codes']:,} codes, "
-              f"{big['n_nodes'] - big['n_codes']:,} prefix nodes), fast: {big['load_s']:.1f}s, "
-              f"{big['load_encode_s']:.1f}s with the first encode (target < 60s); peak {big['process_peak'] / gb:.2f} GB "
-              f"(target < 2 GB), {big['growth'] / gb:.2f} GB above the {big['interpreter'] / gb:.2f} GB interpreter, "
-              f"{big['growth'] / args.lines:.0f} bytes a line; numba compilation before it {big['compile_s']:.1f}s")
+        print(
+            f"load {args.lines:,} lines ({size / 1e6:.0f} MB; {big['n_codes']:,} codes, "
+            f"{big['n_nodes'] - big['n_codes']:,} prefix nodes), fast: {big['load_s']:.1f}s, "
+            f"{big['load_encode_s']:.1f}s with the first encode (target < 60s); peak {big['process_peak'] / gb:.2f} GB "
+            f"(target < 2 GB), {big['growth'] / gb:.2f} GB above the {big['interpreter'] / gb:.2f} GB interpreter, "
+            f"{big['growth'] / args.lines:.0f} bytes a line; numba compilation before it {big['compile_s']:.1f}s"
+        )
         fast = child("load", str(tmp_dir / f"{args.baseline_lines}.tsv"), "fast", str(warm))
         plain = child("load", str(tmp_dir / f"{args.baseline_lines}.tsv"), "plain", str(warm))
         print(f"load {args.baseline_lines:,} lines: fast {fast['load_encode_s']:.2f}s "

@@ -143,8 +143,12 @@ def main() -> None:
         plain = PlainGPT(config).to(weights_dtype or torch.float32)
         ours_s, ref_s, plain_s = [], [], []
         for _ in range(args.rounds):  # alternating, so a change in the machine's load hits every side
-            ours_s.append(step_time_s(model.use_kernels(True), x, y, autocast=autocast, steps=args.steps, warmup=args.warmup))
-            ref_s.append(step_time_s(model.use_kernels(False), x, y, autocast=autocast, steps=args.steps, warmup=args.warmup))
+            ours_s.append(
+                step_time_s(model.use_kernels(True), x, y, autocast=autocast, steps=args.steps, warmup=args.warmup)
+            )
+            ref_s.append(
+                step_time_s(model.use_kernels(False), x, y, autocast=autocast, steps=args.steps, warmup=args.warmup)
+            )
             plain_s.append(step_time_s(plain, x, y, autocast=autocast, steps=args.steps, warmup=args.warmup))
         dt_s, ref_dt_s, plain_dt_s = statistics.median(ours_s), statistics.median(ref_s), statistics.median(plain_s)
         tok_s = tokens / dt_s

@@ -48,12 +48,16 @@ def main() -> None:
     ap.add_argument("--tokenizer", type=Path, default=None, help="a saved bpe tokenizer (default: train one on --text)")
     ap.add_argument("--text", type=Path, default=DEFAULT_TEXT)
     ap.add_argument("--weight", type=float, default=0.1, help="prefix_weight")
-    ap.add_argument("--kernels", choices=("on", "off"), default="on", help="lockstep.model.kernels (the tiny preset: on)")
+    ap.add_argument(
+        "--kernels", choices=("on", "off"), default="on", help="lockstep.model.kernels (the tiny preset: on)"
+    )
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of the three losses")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
-    ap.add_argument("--chunk-rows", type=int, default=ops.CHUNK_ROWS, help="rows (tokens) per chunk of CUDA_OPS' head loss")
+    ap.add_argument(
+        "--chunk-rows", type=int, default=ops.CHUNK_ROWS, help="rows (tokens) per chunk of CUDA_OPS' head loss"
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -25,13 +25,24 @@ from lockstep.rl.trainer import RLTrainer
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     rl_step.add_arguments(ap)
-    ap.add_argument("--bf16", action="store_true", help="the passes under bf16 autocast, as the runtime picks on CPUs with native bf16")
+    ap.add_argument(
+        "--bf16",
+        action="store_true",
+        help="the passes under bf16 autocast, as the runtime picks on CPUs with native bf16",
+    )
     args = ap.parse_args()
     tok, model, problems = rl_step.load(args)
     model.use_kernels(True)
-    cfg = RLConfig(problems="synth_multistep", problems_per_step=rl_step.PROBLEMS_PER_STEP, group_size=rl_step.GROUP_SIZE,
-                   max_new_tokens=rl_step.MAX_NEW_TOKENS, step_advantage=0.5)
-    trainer = RLTrainer(model, tok, cfg, train_problems=problems, val_problems=problems, device=torch.device("cpu"), seed=1)
+    cfg = RLConfig(
+        problems="synth_multistep",
+        problems_per_step=rl_step.PROBLEMS_PER_STEP,
+        group_size=rl_step.GROUP_SIZE,
+        max_new_tokens=rl_step.MAX_NEW_TOKENS,
+        step_advantage=0.5,
+    )
+    trainer = RLTrainer(
+        model, tok, cfg, train_problems=problems, val_problems=problems, device=torch.device("cpu"), seed=1
+    )
     ro = trainer.rollout(problems, seed=1)
     model.train()
 
@@ -43,8 +54,10 @@ def main() -> None:
                              autocast=precision, prompt_once=prompt_once)
         return time.perf_counter() - t0, [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, cpu {torch.backends.cpu.get_cpu_capability()}, "
-          f"{'bf16 autocast' if args.bf16 else 'fp32'}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, cpu {torch.backends.cpu.get_cpu_capability()}, "
+        f"{'bf16 autocast' if args.bf16 else 'fp32'}"
+    )
     run(False)  # warm-up: allocator, thread pools
     plain, once = [], []
     for _ in range(args.repeats):
@@ -57,8 +70,11 @@ def main() -> None:
         once.append(t_once)
     p, o = statistics.median(plain), statistics.median(once)
     tokens = sum(len(c.ids) for c in ro.completions)
-    print(f"{len(ro.completions)} completions, {tokens} tokens, prompts of {statistics.mean(len(c.prompt) for c in ro.completions):.0f}: "
-          f"plain {p:.2f} s, prompt once {o:.2f} s, speedup {p / o:.2f}x (gradients within {worst:.1g})")
+    print(
+        f"{len(ro.completions)} completions, {tokens} tokens, "
+        f"prompts of {statistics.mean(len(c.prompt) for c in ro.completions):.0f}: "
+        f"plain {p:.2f} s, prompt once {o:.2f} s, speedup {p / o:.2f}x (gradients within {worst:.1g})"
+    )
 
 
 if __name__ == "__main__":

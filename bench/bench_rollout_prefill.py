@@ -23,7 +23,11 @@ from lockstep.rl.rollouts import prompt_ids
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     rl_step.add_arguments(ap)
-    ap.add_argument("--bf16", action="store_true", help="decode under bf16 autocast (RL decodes in the model's fp32 on a CPU, under bf16 on CUDA)")
+    ap.add_argument(
+        "--bf16",
+        action="store_true",
+        help="decode under bf16 autocast (RL decodes in the model's fp32 on a CPU, under bf16 on CUDA)",
+    )
     args = ap.parse_args()
     tok, model, rows = rl_step.load(args)
     prompts = [prompt_ids(tok, r["question"]) for r in rows for _ in range(rl_step.GROUP_SIZE)]
@@ -44,7 +48,9 @@ def main() -> None:
         finally:
             Engine._start_reply = start_reply
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, cpu {torch.backends.cpu.get_cpu_capability()}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, cpu {torch.backends.cpu.get_cpu_capability()}"
+    )
     base, ours = [], []
     for _ in range(args.repeats):
         t_base, want = run(prefill_each=True)

@@ -48,7 +48,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, cpu {torch.backends.cpu.get_cpu_capability()}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, cpu {torch.backends.cpu.get_cpu_capability()}"
+    )
     print(f"{'shape':<10} {'cut':<8} {'torch ms':>9} {'lockstep ms':>12} {'speedup':>8}")
     for name, (rows, vocab) in SHAPES.items():
         logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(1)) * 3

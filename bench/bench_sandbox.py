@@ -57,8 +57,13 @@ def main() -> None:
         for name, module in order:
             limits = module.SandboxLimits(timeout_s=10.0)
             t0 = time.perf_counter()
-            run = module.run_tests(code_program(item, solutions[item.task_id]), code_tests(item), entry_point=item.entry_point,
-                                   setup=code_context(item), limits=limits)
+            run = module.run_tests(
+                code_program(item, solutions[item.task_id]),
+                code_tests(item),
+                entry_point=item.entry_point,
+                setup=code_context(item),
+                limits=limits,
+            )
             times[name].append(time.perf_counter() - t0)
             passed[name] += int(run.passed)
     print(f"{len(items)} items, python {sys.version.split()[0]}")

@@ -225,13 +225,22 @@ def run_one(kind: str, *, trickle_s: float, header_tricklers: int, body_trickler
     return {
         "server": kind,
         "tricklers": tricklers,
-        "flood": {"opened": sum(f.get("opened", 0) for f in flooded), "failed": sum(f.get("failed", 0) for f in flooded)},
+        "flood": {
+            "opened": sum(f.get("opened", 0) for f in flooded),
+            "failed": sum(f.get("failed", 0) for f in flooded),
+        },
         "health": {phase: answered(polls) for phase, polls in sampler.polls.items()},
         "fds": {"start": start["fds"], "peak": sampler.peak_fds, "after": after["fds"]},
-        "rss_mb": {"start": round(start["rss_mb"], 1), "peak": round(sampler.peak_rss / 2**20, 1),
-                   "after": round(after["rss_mb"], 1)},
-        "log": {"lines": log_text.count(b"\n"), "bytes": len(log_text),
-                "too_many_open_files": log_text.count(b"Too many open files")},
+        "rss_mb": {
+            "start": round(start["rss_mb"], 1),
+            "peak": round(sampler.peak_rss / 2**20, 1),
+            "after": round(after["rss_mb"], 1),
+        },
+        "log": {
+            "lines": log_text.count(b"\n"),
+            "bytes": len(log_text),
+            "too_many_open_files": log_text.count(b"Too many open files"),
+        },
     }
 
 

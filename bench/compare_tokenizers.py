@@ -64,7 +64,9 @@ def run_variant(work: Path, base: dict[str, Any], overrides: dict[str, dict[str,
     tok = json.loads((data / "metrics" / "tokenizer.json").read_text())
     info = json.loads((data / "runinfo" / "pretrain.json").read_text())
     pre = json.loads((data / "metrics" / "pretrain.json").read_text())
-    bpb = {p.stem.removeprefix("bpb_"): bpb_interval(p) for p in sorted((data / "eval" / "pretrain").glob("bpb_*.jsonl"))}
+    bpb = {
+        p.stem.removeprefix("bpb_"): bpb_interval(p) for p in sorted((data / "eval" / "pretrain").glob("bpb_*.jsonl"))
+    }
     return {"bytes_per_token": tok["bytes_per_token"], "vocab_size": tok["vocab_size"], "bpb": bpb,
             "tok_per_s": info["tok_per_s"], "train_time_s": info["train_time_s"], "steps": pre.get("steps"),
             "val_bpb": pre["val_bpb"], "setup": info["setup"]}

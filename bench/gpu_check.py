@@ -136,7 +136,16 @@ def phases(s: Settings) -> list[Phase]:
     """The check's phases, in the order they are timed: the equality checks first (cheap, and what
     a first run on a new device must establish), then d12 training, decoding, the head loss, d20."""
     common = ["--seq", str(s.seq), "--vocab", str(s.vocab), "--compile", s.compile]
-    decode = ["--depth", str(s.depth), "--vocab", str(s.vocab), "--decode-seq", str(s.decode_seq), "--compile", s.compile]
+    decode = [
+        "--depth",
+        str(s.depth),
+        "--vocab",
+        str(s.vocab),
+        "--decode-seq",
+        str(s.decode_seq),
+        "--compile",
+        s.compile,
+    ]
     seq = s.seq or 2048  # the memory estimates are for CUDA's default sequence
 
     def phase(name: str, args: list[str], limit_s: int, step_tokens: int = 0, *, compiles: bool = True,

@@ -43,7 +43,9 @@ def seed_of(params: dict[str, Any], key: str = "seed") -> int:
     seed is not 0)."""
     seed = params.get(key)
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"params.yaml `{key}` must be an integer, got {seed!r}; set it or switch preset with `lockstep preset`")
+        raise ConfigError(
+            f"params.yaml `{key}` must be an integer, got {seed!r}; set it or switch preset with `lockstep preset`"
+        )
     return seed
 
 
@@ -112,8 +114,12 @@ def parse_training_args(stage: str, argv: list[str] | None, *, init: bool, descr
     p.add_argument("--cache", type=Path, required=True, help="token caches root (pretrain/<name>/, sft/<name>/)")
     p.add_argument("--tokenizer", type=Path, required=True, help="tokenizer folder (data/tokenizer)")
     p.add_argument("--out", type=Path, required=True, help=f"final checkpoint folder (data/ckpt/{stage})")
-    p.add_argument("--metrics", type=Path, required=True, help=f"metrics JSON, results only (data/metrics/{stage}.json)")
-    p.add_argument("--runinfo", type=Path, required=True, help=f"run facts JSON: timings, device (data/runinfo/{stage}.json)")
+    p.add_argument(
+        "--metrics", type=Path, required=True, help=f"metrics JSON, results only (data/metrics/{stage}.json)"
+    )
+    p.add_argument(
+        "--runinfo", type=Path, required=True, help=f"run facts JSON: timings, device (data/runinfo/{stage}.json)"
+    )
     p.add_argument("--plots", type=Path, required=True, help=f"per-step series folder (data/plots/{stage})")
     p.add_argument("--runs", type=Path, required=True, help="git-ignored folder for intermediate checkpoints")
     add_params_option(p)

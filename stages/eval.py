@@ -19,12 +19,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stages.eval", description=__doc__)
     parser.add_argument("stage", choices=STAGES, help="which checkpoint is evaluated")
     parser.add_argument("--ckpt", type=Path, required=True, help="checkpoint folder (data/ckpt/STAGE)")
-    parser.add_argument("--cache", type=Path, required=True, help="token caches (data/cache); every val split is scored")
+    parser.add_argument(
+        "--cache", type=Path, required=True, help="token caches (data/cache); every val split is scored"
+    )
     parser.add_argument("--tokenizer", type=Path, required=True, help="tokenizer folder (data/tokenizer)")
-    parser.add_argument("--raw", type=Path, required=True, help="raw snapshots (data/raw); chat items come from val splits")
+    parser.add_argument(
+        "--raw", type=Path, required=True, help="raw snapshots (data/raw); chat items come from val splits"
+    )
     parser.add_argument("--evalsets", type=Path, required=True, help="eval sets folder (evalsets)")
-    parser.add_argument("--out", type=Path, required=True, help="metrics JSON, results only (data/metrics/eval_STAGE.json)")
-    parser.add_argument("--runinfo", type=Path, required=True, help="run facts JSON: device, time (data/runinfo/eval_STAGE.json)")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="metrics JSON, results only (data/metrics/eval_STAGE.json)"
+    )
+    parser.add_argument(
+        "--runinfo", type=Path, required=True, help="run facts JSON: device, time (data/runinfo/eval_STAGE.json)"
+    )
     parser.add_argument("--predictions", type=Path, required=True, help="per-item predictions folder (data/eval/STAGE)")
     add_params_option(parser)
     args = parser.parse_args(argv)

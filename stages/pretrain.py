@@ -22,8 +22,18 @@ def main(argv: list[str] | None = None) -> int:
         return rt
     paths = TrainStagePaths(cache=args.cache, tokenizer=args.tokenizer, out=args.out, metrics=args.metrics,
                             runinfo=args.runinfo, plots=args.plots, runs=args.runs)
-    run_training_stage("pretrain", cfg=cfg, paths=paths, rt=rt, seed=pre.seed, data_seed=pre.data_seed,
-                       runtime_config=rt_cfg, code_revision=code_revision("stages.pretrain"), started_s=pre.started_s, model_params=model_params)
+    run_training_stage(
+        "pretrain",
+        cfg=cfg,
+        paths=paths,
+        rt=rt,
+        seed=pre.seed,
+        data_seed=pre.data_seed,
+        runtime_config=rt_cfg,
+        code_revision=code_revision("stages.pretrain"),
+        started_s=pre.started_s,
+        model_params=model_params,
+    )
     shutdown(rt)
     return 0
 

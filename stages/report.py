@@ -16,7 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stages.report", description=__doc__)
     parser.add_argument("--metrics", type=Path, required=True, help="metrics folder (data/metrics)")
     parser.add_argument("--runinfo", type=Path, required=True, help="run facts folder (data/runinfo)")
-    parser.add_argument("--predictions", type=Path, required=True, help="eval records folder (data/eval), for intervals")
+    parser.add_argument(
+        "--predictions", type=Path, required=True, help="eval records folder (data/eval), for intervals"
+    )
     parser.add_argument("--plots", type=Path, required=True, help="per-step TSV series (data/plots)")
     parser.add_argument("--out", type=Path, required=True, help="report folder (data/report)")
     args = parser.parse_args(argv)

@@ -21,7 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", type=Path, required=True, help="tokenizer folder (data/tokenizer)")
     ap.add_argument("--out", type=Path, required=True, help="final checkpoint folder (data/ckpt/rl)")
     ap.add_argument("--metrics", type=Path, required=True, help="metrics JSON, results only (data/metrics/rl.json)")
-    ap.add_argument("--runinfo", type=Path, required=True, help="run facts JSON: timings, device (data/runinfo/rl.json)")
+    ap.add_argument(
+        "--runinfo", type=Path, required=True, help="run facts JSON: timings, device (data/runinfo/rl.json)"
+    )
     ap.add_argument("--plots", type=Path, required=True, help="per-step series folder (data/plots/rl)")
     ap.add_argument("--cache", type=Path, default=None, help="token caches folder (data/cache): rl.anchor's SFT caches")
     add_params_option(ap)

@@ -22,7 +22,9 @@ def run_in(cmd: list[str], cwd: Path, timeout_s: int) -> subprocess.CompletedPro
     env.pop("OMP_NUM_THREADS", None)  # the stages set their own thread count from params
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
     if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 

@@ -36,7 +36,9 @@ class ToyOptions(KindOptions):
         return {"order": self.order, "min_count": self.min_count}
 
 
-def train(texts: Iterable[str], *, vocab_size: int | None = None, order: str = "frequency", min_count: int = 0) -> ToyTokenizer:
+def train(
+    texts: Iterable[str], *, vocab_size: int | None = None, order: str = "frequency", min_count: int = 0
+) -> ToyTokenizer:
     """Count the bytes of `texts` and number them (the kind fixes its size: vocab_size is None)."""
     if vocab_size is not None:
         raise ValueError(f"the toy tokenizer has 265 ids; pass vocab_size=None (got {vocab_size})")
@@ -55,7 +57,9 @@ class ToyTokenizer(Tokenizer):
 
     def __init__(self, byte_order: list[int]) -> None:
         if sorted(byte_order) != list(range(256)):
-            raise TokenizerFileError("a toy tokenizer numbers each of the 256 byte values once; re-run the tokenizer stage")
+            raise TokenizerFileError(
+                "a toy tokenizer numbers each of the 256 byte values once; re-run the tokenizer stage"
+            )
         super().__init__({name: 256 + i for i, name in enumerate(SPECIAL_TOKENS)})
         self.byte_order = list(byte_order)  # id -> byte
         self._id_of = np.argsort(np.array(self.byte_order))  # byte -> id

@@ -41,7 +41,9 @@ def test_atomic_dir_removes_stale_work_of_the_same_output_only(tmp_path):
         (tmp / "a.txt").write_text("new")
     assert (out / "a.txt").read_text() == "new"
     assert all(p.is_dir() for p in kept) and file_twin.is_file() and gitignore.is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["notes", ".gitignore", file_twin.name, *(p.name for p in kept)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["notes", ".gitignore", file_twin.name, *(p.name for p in kept)]
+    )
 
 
 def test_remove_stale_work_reports_what_it_removed_and_tolerates_a_missing_parent(tmp_path):

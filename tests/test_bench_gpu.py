@@ -60,7 +60,9 @@ def test_ls_head_and_ls_shard_run_and_agree(bench, capsys) -> None:
     bench.main(["ls_head", *tiny, "--reps", "1"])
     bench.main(["ls_shard", *tiny, "--steps", "2", "--kernels", "on"])
     head, shard = _results(capsys.readouterr().out)
-    assert head["reference_ms"] > 0 and head["chunked_ms"] > 0 and head["reference_extra_gb"] is None  # CPU: not measured
+    assert (
+        head["reference_ms"] > 0 and head["chunked_ms"] > 0 and head["reference_extra_gb"] is None
+    )  # CPU: not measured
     assert head["loss_rel_err"] < 1e-6 and head["dx_rel_err"] < 1e-5 and head["dw_rel_err"] < 1e-5
     assert shard["ok"] and shard["clip0_equal"] and shard["kinds"] == ["ShardedAdamW", "ShardedMuon"]
 
@@ -110,7 +112,9 @@ def test_compare_reads_ratios_from_the_records(bench, tmp_path: Path) -> None:
     train = ratios["train_d12_32x2048x1"]
     assert train["reference/nanochat"] == {"tok_per_s": 0.75, "peak_mem": 1.25, "mfu": 0.75}
     assert train["fast/nanochat"] == {"tok_per_s": 1.125, "peak_mem": 0.9375, "mfu": 1.125}
-    assert train["fast/reference"]["tok_per_s"] == 1.5 and train["fast/reference"]["max_loss_diff"] == pytest.approx(1e-3)
+    assert train["fast/reference"]["tok_per_s"] == 1.5 and train["fast/reference"]["max_loss_diff"] == pytest.approx(
+        1e-3
+    )
     assert ratios["decode_d12"]["b1"] == {"reference/nanochat": 2.0, "fast/nanochat": 40.0, "compiled/nanochat": 50.0,
                                           "fast/reference": 20.0, "compiled/reference": 25.0, "compiled/fast": 1.25}
     assert ratios["matmul_of_datasheet"] == 0.8 and ratios["decode_checks_ok"] and ratios["sharded_equal"]

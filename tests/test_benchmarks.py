@@ -74,11 +74,24 @@ def test_a_toy_benchmark_is_scored_by_the_eval_stage_and_shown_by_the_report(tmp
 
 
 def test_a_toy_benchmark_is_costed_by_its_kind_in_the_plan(toy: None) -> None:
-    params = {"preset": "hand", "fetch": {"toy_arc": {"source": "ai2_arc", "config": "ARC-Easy"}},
-              "tokenizer": {"kind": "bpe", "vocab_size": 256}, "runtime": {"device": "cpu", "dtype": "fp32"},
-              "model": {"depth": 1, "sequence_len": 64, "head_dim": 32}, "pretrain": {"mixture": {}, "num_steps": 1},
-              "eval": {"core_stages": [], "chat_stages": ["sft"], "math_sources": [], "conversation_sources": [],
-                       "categorical_files": [], "code_files": [], "chat_tasks": {"toy": "toy_arc"}, "chat_max_items": 7}}
+    params = {
+        "preset": "hand",
+        "fetch": {"toy_arc": {"source": "ai2_arc", "config": "ARC-Easy"}},
+        "tokenizer": {"kind": "bpe", "vocab_size": 256},
+        "runtime": {"device": "cpu", "dtype": "fp32"},
+        "model": {"depth": 1, "sequence_len": 64, "head_dim": 32},
+        "pretrain": {"mixture": {}, "num_steps": 1},
+        "eval": {
+            "core_stages": [],
+            "chat_stages": ["sft"],
+            "math_sources": [],
+            "conversation_sources": [],
+            "categorical_files": [],
+            "code_files": [],
+            "chat_tasks": {"toy": "toy_arc"},
+            "chat_max_items": 7,
+        },
+    }
     sft = {e["stage"]: e for e in make_plan(params, device="h100", tok_per_s=1000.0, root=ROOT)["eval"]}["sft"]
     assert (sft["choice_prompts"], sft["replies"]) == (7, 0)  # categorical: one forward per item, no reply
 

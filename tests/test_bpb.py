@@ -54,15 +54,36 @@ def trained(tmp_path_factory) -> Path:
     common = dict(batch_tokens=2 * T, device_batch_rows=1, num_steps=3, eval_every_steps=0, eval_tokens=T,
                   checkpoint_every_steps=0, sample_tokens=2, peak_flops=1e12, optim=OptimConfig())
     for stage, cfg, init, model in (
-        ("pretrain", TrainConfig(mixture={"prose": 1.0}, **common), None, ModelParams(depth=1, sequence_len=T, head_dim=32)),
+        (
+            "pretrain",
+            TrainConfig(mixture={"prose": 1.0}, **common),
+            None,
+            ModelParams(depth=1, sequence_len=T, head_dim=32),
+        ),
         ("sft", TrainConfig(mixture={"sft/chat": 1.0}, loss="assistant", **common), root / "pretrain", None),
     ):
-        paths = TrainStagePaths(cache=root / "cache", tokenizer=root / "tokenizer", out=root / stage,
-                                metrics=root / f"metrics/{stage}.json",
-                                runinfo=root / f"runinfo/{stage}.json", plots=root / f"plots/{stage}", runs=root / "runs",
-                                init=init)
-        run_training_stage(stage, cfg=cfg, paths=paths, rt=rt, seed=3, data_seed=5, runtime_config=rt_cfg, code_revision="test",
-                           started_s=0.0, model_params=model)
+        paths = TrainStagePaths(
+            cache=root / "cache",
+            tokenizer=root / "tokenizer",
+            out=root / stage,
+            metrics=root / f"metrics/{stage}.json",
+            runinfo=root / f"runinfo/{stage}.json",
+            plots=root / f"plots/{stage}",
+            runs=root / "runs",
+            init=init,
+        )
+        run_training_stage(
+            stage,
+            cfg=cfg,
+            paths=paths,
+            rt=rt,
+            seed=3,
+            data_seed=5,
+            runtime_config=rt_cfg,
+            code_revision="test",
+            started_s=0.0,
+            model_params=model,
+        )
     return root
 
 
@@ -70,9 +91,16 @@ def trained(tmp_path_factory) -> Path:
 def test_training_and_eval_report_the_same_bpb(trained: Path, stage: str, eval_key: str) -> None:
     train_bpb = json.loads((trained / f"metrics/{stage}.json").read_text())["val_bpb"]
     cfg = EvalConfig(bpb_max_tokens=T, bpb_batch_rows=1, core_stages=(), chat_stages=())
-    paths = EvalPaths(ckpt=trained / stage, cache=trained / "cache", tokenizer=trained / "tokenizer", raw=trained / "raw",
-                      evalsets=ROOT / "evalsets", out=trained / f"metrics/eval_{stage}.json",
-                      predictions=trained / f"eval/{stage}", runinfo=trained / f"runinfo/eval_{stage}.json")
+    paths = EvalPaths(
+        ckpt=trained / stage,
+        cache=trained / "cache",
+        tokenizer=trained / "tokenizer",
+        raw=trained / "raw",
+        evalsets=ROOT / "evalsets",
+        out=trained / f"metrics/eval_{stage}.json",
+        predictions=trained / f"eval/{stage}",
+        runinfo=trained / f"runinfo/eval_{stage}.json",
+    )
     metrics = run_eval_stage(stage, cfg, paths, rt=init_runtime(RuntimeConfig(device="cpu", dtype="fp32")))
     assert math.isfinite(train_bpb) and train_bpb > 0
     if stage == "pretrain":

@@ -56,7 +56,11 @@ def _is_utf8(data: bytes) -> bool:
 @settings(max_examples=150, deadline=None)
 # Characters of Unicode's assigned blocks only: on code points a newer Unicode version assigns,
 # Python's `regex` and tiktoken's engine may split differently, which is not what this checks.
-@given(pieces=st.lists(st.sampled_from(PIECES) | st.text(alphabet="ab Z.,;:'\"\n\t\r 09-éß漢🙂!?", max_size=3), max_size=60))
+@given(
+    pieces=st.lists(
+        st.sampled_from(PIECES) | st.text(alphabet="ab Z.,;:'\"\n\t\r 09-éß漢🙂!?", max_size=3), max_size=60
+    )
+)
 def test_bpe_encodes_each_chunk_alone(kind: str, pieces: list[str]) -> None:
     """A text's ids are its chunks' ids one after another, and no token's bytes straddle a chunk
     boundary: a merge across chunks would break both."""

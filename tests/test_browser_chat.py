@@ -51,7 +51,9 @@ class PipeBrowser:
         self._buffer = b""
         self._next_id = 0
 
-    def call(self, method: str, params: dict | None = None, *, session: str | None = None, timeout_s: float = 15) -> dict:
+    def call(
+        self, method: str, params: dict | None = None, *, session: str | None = None, timeout_s: float = 15
+    ) -> dict:
         self._next_id += 1
         message = {"id": self._next_id, "method": method, "params": params or {}}
         if session:

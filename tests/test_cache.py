@@ -69,7 +69,9 @@ def test_pretrain_roundtrip_equals_tokenization(tok, tmp_path):
     meta = _build(tok, tmp_path / "c", docs, shard_bytes=300)
     bos = tok.get_bos_token_id()
     want = np.asarray([t for d in docs for t in [bos, *tok.encode(d)]], dtype=np.int64)
-    raw = np.concatenate([np.fromfile(tmp_path / "c" / "train" / s["name"], dtype="<u2") for s in meta["shards"]["train"]])
+    raw = np.concatenate(
+        [np.fromfile(tmp_path / "c" / "train" / s["name"], dtype="<u2") for s in meta["shards"]["train"]]
+    )
     assert np.array_equal(raw.astype(np.int64), want)
     split = open_pretrain_split(tmp_path / "c" / "train", tokenizer_sha256=tok.sha256)
     assert np.array_equal(_stream(split), want)
@@ -154,7 +156,11 @@ def test_hypothesis_roundtrip_random_token_arrays(tmp_path_factory, vocab, data,
 def _conv(i: int, *, tool: bool = False) -> dict:
     parts = [{"type": "text", "text": f"answer {i}"}]
     if tool:
-        parts += [{"type": "python", "text": "2+2"}, {"type": "python_output", "text": "4"}, {"type": "text", "text": "so 4"}]
+        parts += [
+            {"type": "python", "text": "2+2"},
+            {"type": "python_output", "text": "4"},
+            {"type": "text", "text": "so 4"},
+        ]
     return {"messages": [{"role": "user", "content": [{"type": "text", "text": f"question {i}?"}]},
                          {"role": "assistant", "content": parts}]}  # fmt: skip
 
@@ -356,20 +362,41 @@ def _drop_last_train_shard(c: Path, *, delete_file: bool) -> None:
 @pytest.mark.parametrize(
     "damage, pattern",
     [
-        (lambda c: (c / "train" / "shard_00999.bin").write_bytes((c / "train" / "shard_00000.bin").read_bytes()),
-         r"shard_00999\.bin is not listed in .*meta\.json"),
+        (
+            lambda c: (c / "train" / "shard_00999.bin").write_bytes((c / "train" / "shard_00000.bin").read_bytes()),
+            r"shard_00999\.bin is not listed in .*meta\.json",
+        ),
         (lambda c: (c / "train" / "notes.txt").write_text("x"), r"notes\.txt is not listed in .*meta\.json"),
-        (lambda c: _drop_last_train_shard(c, delete_file=False), r"meta\.json: the \d+ train shards listed hold \d+ tokens"),
-        (lambda c: _drop_last_train_shard(c, delete_file=True), r"meta\.json: the \d+ train shards listed hold \d+ tokens"),
+        (
+            lambda c: _drop_last_train_shard(c, delete_file=False),
+            r"meta\.json: the \d+ train shards listed hold \d+ tokens",
+        ),
+        (
+            lambda c: _drop_last_train_shard(c, delete_file=True),
+            r"meta\.json: the \d+ train shards listed hold \d+ tokens",
+        ),
         (lambda c: _edit_meta(c, lambda m: m["shards"]["train"].pop(0)), r"meta\.json: shards\.train\[0\] is not"),
         (lambda c: _edit_meta(c, lambda m: m.pop("shards")), r"meta\.json lacks shards for a pretrain cache"),
         (lambda c: _edit_meta(c, lambda m: m.pop("train_tokens")), r"meta\.json lacks train_tokens"),
-        (lambda c: _edit_meta(c, lambda m: m["shards"]["train"][1].pop("tokens")), r"meta\.json: shards\.train\[1\] is not"),
+        (
+            lambda c: _edit_meta(c, lambda m: m["shards"]["train"][1].pop("tokens")),
+            r"meta\.json: shards\.train\[1\] is not",
+        ),
         (lambda c: _edit_meta(c, lambda m: m["shards"].pop("val")), r"meta\.json: `shards` must map train and val"),
         (lambda c: _edit_meta(c, lambda m: m.update(val_tokens="12")), r"meta\.json: val_tokens='12' is not a count"),
     ],
-    ids=["extra-shard", "extra-file", "entry-removed", "entry-and-file-removed", "first-entry-removed",
-         "no-shards", "no-train-tokens", "shard-without-tokens", "no-val-list", "count-not-int"],
+    ids=[
+        "extra-shard",
+        "extra-file",
+        "entry-removed",
+        "entry-and-file-removed",
+        "first-entry-removed",
+        "no-shards",
+        "no-train-tokens",
+        "shard-without-tokens",
+        "no-val-list",
+        "count-not-int",
+    ],
 )
 def test_pretrain_folder_and_meta_disagreeing_is_refused(built, damage, pattern):
     damage(built / "c")
@@ -418,7 +445,9 @@ def test_pretrain_from_one_iterable_fills_the_named_split(tok, tmp_path):
         assert meta["split_rule"] == "all documents -> train shards"
         assert (meta["train_docs"], meta["val_docs"], meta["val_tokens"]) == (12, 0, 0)
         assert meta["shards"] == mapped["shards"]  # same shards, same hashes as the mapping form
-        assert np.array_equal(_stream(open_pretrain_split(root / "train")), _stream(open_pretrain_split(tmp_path / "m" / "train")))
+        assert np.array_equal(
+            _stream(open_pretrain_split(root / "train")), _stream(open_pretrain_split(tmp_path / "m" / "train"))
+        )
     val_only = build_pretrain_cache(docs, tmp_path / "v", split="val", **args)
     assert (val_only["train_tokens"], val_only["val_docs"]) == (0, 12)
     assert val_only["split_rule"] == "all documents -> val shards"

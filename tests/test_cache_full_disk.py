@@ -151,8 +151,10 @@ def test_a_file_size_limit_during_a_rebuild_ends_in_one_error_line_and_keeps_the
                                     limit_bytes=300)  # below the 512-byte shards
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = one_error_line(proc.stderr)
-    assert line.startswith("error: a file reached this process's size limit of 300 bytes (RLIMIT_FSIZE) trying to build "
-                           "cache/pretrain/notes (File too large); nothing was written there."), line
+    assert line.startswith(
+        "error: a file reached this process's size limit of 300 bytes (RLIMIT_FSIZE) trying to build "
+        "cache/pretrain/notes (File too large); nothing was written there."
+    ), line
     assert "Raise the limit (`ulimit -f unlimited`" in line and line.endswith("and run the cache stage again")
     _assert_nothing_left(workdir / "cache" / "pretrain", {"notes": before})
 

@@ -69,9 +69,19 @@ def test_cache_stage_reads_the_params_file_that_params_names(workdir):
     from stages.cache import main
 
     other = workdir / "other.yaml"
-    other.write_text(yaml.safe_dump({"seed": 3, "data_seed": 4, "cache": {
-        "notes": {"kind": "pretrain", "shard_bytes": 512, "shuffle_buffer": 4, "max_val_tokens": 50}}}), encoding="utf-8")
-    meta = main(["notes", "--raw", "raw/notes", "--tokenizer", "tok", "--out", "cache/pretrain/notes", "--params", str(other)])
+    other.write_text(
+        yaml.safe_dump(
+            {
+                "seed": 3,
+                "data_seed": 4,
+                "cache": {"notes": {"kind": "pretrain", "shard_bytes": 512, "shuffle_buffer": 4, "max_val_tokens": 50}},
+            }
+        ),
+        encoding="utf-8",
+    )
+    meta = main(
+        ["notes", "--raw", "raw/notes", "--tokenizer", "tok", "--out", "cache/pretrain/notes", "--params", str(other)]
+    )
     assert meta["val_tokens"] == 50  # params.yaml says 100
 
 

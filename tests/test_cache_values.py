@@ -18,7 +18,9 @@ from lockstep.data.loaders import PretrainTokenStreamDataset, SFTExampleDataset
 
 
 def _conv(i: int) -> dict:
-    return {"messages": [{"role": "user", "content": f"question {i}?"}, {"role": "assistant", "content": f"answer {i}."}]}
+    return {
+        "messages": [{"role": "user", "content": f"question {i}?"}, {"role": "assistant", "content": f"answer {i}."}]
+    }
 
 
 @pytest.fixture

@@ -63,7 +63,10 @@ def test_library_caps_workers_at_the_cores_available(tok, tmp_path, monkeypatch,
     pool = _NoWorkers()
     monkeypatch.setattr(cache_build, "EncodePool", pool)
     monkeypatch.setattr(cache_build, "available_cores", lambda: 3, raising=False)
-    with caplog.at_level(logging.INFO, logger="lockstep.data.cache_build"), pytest.raises(RuntimeError, match="would start 3"):
+    with (
+        caplog.at_level(logging.INFO, logger="lockstep.data.cache_build"),
+        pytest.raises(RuntimeError, match="would start 3"),
+    ):
         build_pretrain_cache(["a doc"], tmp_path / "c", tokenizer=tok, max_train_tokens=None, max_val_tokens=None,
                              shard_bytes=64, seed=0, shuffle_buffer=1, num_workers=500, tokenizer_dir=tmp_path)
     assert pool.asked == [3] and any("num_workers=500 capped at 3" in r.getMessage() for r in caplog.records)

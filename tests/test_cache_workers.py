@@ -89,8 +89,9 @@ def roam_workdir(tmp_path, monkeypatch, repo_root):
     monkeypatch.syspath_prepend(str(repo_root))  # `stages` is imported from the checkout, not installed
     monkeypatch.chdir(tmp_path)
     preset = yaml.safe_load((repo_root / "presets" / "tiny.yaml").read_text())
-    fetch_cfg = build_config(SOURCE_CONFIGS["roam"], {**preset["fetch"]["roam"], "path": str(repo_root / "corpus/notes")},
-                             where="fetch.roam")
+    fetch_cfg = build_config(
+        SOURCE_CONFIGS["roam"], {**preset["fetch"]["roam"], "path": str(repo_root / "corpus/notes")}, where="fetch.roam"
+    )
     fetch_source("roam", fetch_cfg, tmp_path / "raw/roam", seed=preset["data_seed"])
     texts = [r["text"] for r in iter_records(tmp_path / "raw/roam", "train")]
     train_tokenizer("bpe", texts, vocab_size=512).save(tmp_path / "tok")

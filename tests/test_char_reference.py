@@ -62,7 +62,9 @@ def test_reference_rule_on_a_hand_made_corpus() -> None:
     # With the special tokens they follow the alphabet; the alphabet's ids do not move.
     with_specials = train_tokenizer("char", [corpus], order="sorted")
     assert with_specials.get_vocab_size() == 6 + 9 and min(with_specials.get_special_tokens().values()) == 6
-    assert with_specials.encode(corpus) == train_tokenizer("char", [corpus], order="sorted", specials=False).encode(corpus)
+    assert with_specials.encode(corpus) == train_tokenizer("char", [corpus], order="sorted", specials=False).encode(
+        corpus
+    )
     with pytest.raises(ValueError, match="order='alphabetical' must be one of"):
         train_tokenizer("char", [corpus], order="alphabetical")
 

@@ -80,7 +80,10 @@ def test_wrong_tokenizer_is_refused(tiny, tmp_path):
     ckpt, _ = tiny
     other = train_tokenizer("char", ["abc"])
     other.save(tmp_path / "tok")
-    with pytest.raises(CheckpointError, match=f"checkpoint {re.escape(str(ckpt))} was trained with tokenizer .*re-run the earlier stages"):
+    with pytest.raises(
+        CheckpointError,
+        match=f"checkpoint {re.escape(str(ckpt))} was trained with tokenizer .*re-run the earlier stages",
+    ):
         load_backend(ckpt, tmp_path / "tok")
     with pytest.raises(FileNotFoundError, match="--ckpt"):
         load_backend(tmp_path / "missing", tmp_path / "tok")

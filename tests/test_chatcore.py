@@ -22,7 +22,12 @@ from lockstep.data.sources.humaneval import HumanevalConfig
 from lockstep.data.sources.mmlu import MmluConfig
 from lockstep.data.sources.spelling_bee import SpellingBeeConfig
 from lockstep.dev.hub_samples_chat import ARC_SCHEMA
-from lockstep.evaluate.chat import benchmark_categorical_items, benchmark_code_items, conversation_items, evaluate_categorical
+from lockstep.evaluate.chat import (
+    benchmark_categorical_items,
+    benchmark_code_items,
+    conversation_items,
+    evaluate_categorical,
+)
 from lockstep.evaluate.chatcore import BENCHMARKS, chatcore_of
 from lockstep.pipeline.eval import EvalConfig
 from lockstep.pipeline.report import comparable_table, composite_interval, intervals
@@ -68,7 +73,9 @@ def test_arc_without_a_test_file_is_refused_and_a_bad_answer_key_is_reported(tmp
 def test_mmlu_reads_all_test_with_int_answers_and_leaves_dev_and_validation(tmp_path: Path) -> None:
     fetch_source("mmlu", MmluConfig(path=str(HUB / "mmlu")), tmp_path / "m", seed=1)
     table = pq.read_table(HUB / "mmlu" / "all" / "test-00000-of-00001.parquet")
-    assert table.schema.field("answer").type == pa.int64() and table.schema.field("choices").type == pa.list_(pa.string())
+    assert table.schema.field("answer").type == pa.int64() and table.schema.field("choices").type == pa.list_(
+        pa.string()
+    )
     rows, got = table.to_pylist(), _val(tmp_path / "m")
     assert [g["answer"] for g in got] == ["ABCD"[r["answer"]] for r in rows]
     assert [g["subject"] for g in got] == [r["subject"] for r in rows]
@@ -180,9 +187,16 @@ def _eval_metrics(tasks: tuple[str, ...]) -> dict:
 
 
 def test_comparable_table_rows_columns_intervals_and_reference() -> None:
-    metrics = {"eval_pretrain": {"core": 0.2, **{k: v for k, v in _eval_metrics(()).items() if k.startswith("core")},
-                                 "core_source": "dclm", "core_tasks": 2, "core_items": 150},
-               "eval_sft": {**_eval_metrics(tuple(BENCHMARKS)), "core_source": "dclm", "core_tasks": 2, "core_items": 150}}
+    metrics = {
+        "eval_pretrain": {
+            "core": 0.2,
+            **{k: v for k, v in _eval_metrics(()).items() if k.startswith("core")},
+            "core_source": "dclm",
+            "core_tasks": 2,
+            "core_items": 150,
+        },
+        "eval_sft": {**_eval_metrics(tuple(BENCHMARKS)), "core_source": "dclm", "core_tasks": 2, "core_items": 150},
+    }
     ivs = intervals(metrics, None)
     lines = comparable_table(metrics, ivs)
     header = next(ln for ln in lines if ln.startswith("| stage"))
@@ -202,7 +216,9 @@ def test_comparable_table_rows_columns_intervals_and_reference() -> None:
     for stem in ("eval_pretrain", "eval_sft"):
         metrics[stem] = {**metrics[stem], "core_source": "own"}
     lines = comparable_table(metrics, intervals(metrics, None))
-    assert next(ln for ln in lines if ln.startswith("| stage")).startswith("| stage | CORE-style (own tasks, 150 items) |")
+    assert next(ln for ln in lines if ln.startswith("| stage")).startswith(
+        "| stage | CORE-style (own tasks, 150 items) |"
+    )
     refs = [ln for ln in lines if "reference: nanochat d20" in ln]
     assert len(refs) == 3 and not any("0.2219" in ln for ln in refs) and "0.0884" in refs[1]  # base had only CORE
     # Without all six benchmarks (the tiny preset's own sets), no reference line.

@@ -165,7 +165,13 @@ def _model_checkpoint(path, **meta_overrides) -> GPT:
     # not the init: zero-initialised projections would hide a bad load
     model = randomize(tiny_gpt(seed=4, sequence_len=32, vocab_size=64), seed=5, scale=0.1)
     config = model.config
-    meta = {"stage": "sft", "step": 3, "model_config": config.to_dict(), "tokenizer_sha256": TOKENIZER_SHA, **meta_overrides}
+    meta = {
+        "stage": "sft",
+        "step": 3,
+        "model_config": config.to_dict(),
+        "tokenizer_sha256": TOKENIZER_SHA,
+        **meta_overrides,
+    }
     save_checkpoint(path, model.state_dict(), {0: {}}, {k: v for k, v in meta.items() if v is not None})
     return model
 
@@ -231,8 +237,11 @@ def test_load_model_casts_the_weights_to_a_dtype(tmp_path) -> None:
 
 def test_load_model_refuses_another_tokenizer(tmp_path) -> None:
     _model_checkpoint(tmp_path / "ck")
-    with pytest.raises(CheckpointError, match=rf"checkpoint {tmp_path / 'ck'} was trained with tokenizer aaaaaaaaaaaa\.\.\., "
-                                              r"not the tokenizer in use \(bbbbbbbbbbbb\.\.\.\); re-run the earlier stages"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"checkpoint {tmp_path / 'ck'} was trained with tokenizer aaaaaaaaaaaa\.\.\., "
+        r"not the tokenizer in use \(bbbbbbbbbbbb\.\.\.\); re-run the earlier stages",
+    ):
         load_model(tmp_path / "ck", "cpu", tokenizer_sha256="b" * 64)
     _model_checkpoint(tmp_path / "unrecorded", tokenizer_sha256=None)
     with pytest.raises(CheckpointError, match="trained with no recorded tokenizer.*re-run the earlier stages"):

@@ -144,7 +144,9 @@ def _compiled_with_graph_rows(fn, *, fullgraph: bool = True):
         return compiler
 
     def backend(gm, example_inputs):
-        return aot_module_simplified(gm, example_inputs, fw_compiler=capture("forward"), bw_compiler=capture("backward"))
+        return aot_module_simplified(
+            gm, example_inputs, fw_compiler=capture("forward"), bw_compiler=capture("backward")
+        )
 
     torch._dynamo.reset()
     return torch.compile(fn, backend=backend, fullgraph=fullgraph), rows
@@ -234,7 +236,10 @@ def test_chunked_loss_bodies_that_fail_to_compile_fall_back_to_eager(monkeypatch
     assert len(warnings) == 1 and "fast path chunk_bodies" in warnings[0], warnings
     facts = fastpath.facts()["chunk_bodies"]
     assert facts["path"] == "reference" and facts["results"] == "reference" and facts["fast_calls"] == 0
-    assert facts["fell_back"] == "BackendCompilerFailed: backend='broken' raised <- RuntimeError: no kernel fits this chunk"
+    assert (
+        facts["fell_back"]
+        == "BackendCompilerFailed: backend='broken' raised <- RuntimeError: no kernel fits this chunk"
+    )
     assert facts["reference_calls"] == 2 * bodies_per_chunk * -(-N // CHUNK_ROWS)  # two calls, 4 chunks
 
 
@@ -288,7 +293,9 @@ def _rows_made(loss_fn, vocab_dims) -> tuple[int, tuple | None]:
 @pytest.mark.parametrize("cap", [0.0, 2.0])
 def test_chunked_loss_makes_no_batch_by_vocab_tensor(cap):
     x, w, y = _inputs(3)
-    rows, shape = _rows_made(lambda: ops.chunked_head_loss(x, w, y, cap, V, "mean", chunk_rows=CHUNK_ROWS), (V, V_PADDED))
+    rows, shape = _rows_made(
+        lambda: ops.chunked_head_loss(x, w, y, cap, V, "mean", chunk_rows=CHUNK_ROWS), (V, V_PADDED)
+    )
     assert rows == CHUNK_ROWS, shape  # (16, V) chunks, forward and backward
     ref_rows, ref_shape = _rows_made(lambda: ops.head_loss(x, w, y, cap, V, "mean"), (V, V_PADDED))
     assert ref_rows >= N, ref_shape  # the probe sees the reference's (N, V) logits
@@ -402,7 +409,9 @@ def _prefix_model(ops_set, V_model: int, seq: int):
     return model.use_kernels(True, ops=ops_set) if ops_set is not REFERENCE_OPS else model
 
 
-@pytest.mark.parametrize("chunk_rows", [ops.CHUNK_ROWS, 7])  # CUDA_OPS itself (one chunk of 48 rows); 7 does not divide 48
+@pytest.mark.parametrize(
+    "chunk_rows", [ops.CHUNK_ROWS, 7]
+)  # CUDA_OPS itself (one chunk of 48 rows); 7 does not divide 48
 @pytest.mark.parametrize("weight, reduction", [(0.3, "mean"), (2.0, "sum"), (0.3, "none")])
 def test_chunked_loss_prefix_smoothed_equals_its_reference(weight, reduction, chunk_rows):
     g = torch.Generator().manual_seed(6)
@@ -439,7 +448,9 @@ def test_chunked_loss_prefix_smoothed_makes_no_batch_by_vocab_tensor():
     assert rows < idx.numel(), shape
     assert rows <= 64, shape  # 32-row chunks of logits; the (V, C) weight gradient reads as 64 rows
     ref = _prefix_model(REFERENCE_OPS, Vm, seq)
-    ref_rows, ref_shape = _rows_made(lambda: model_prefix_smooth_loss(ref, idx, targets, ancestors, depths, 0.3), vocab_dims)
+    ref_rows, ref_shape = _rows_made(
+        lambda: model_prefix_smooth_loss(ref, idx, targets, ancestors, depths, 0.3), vocab_dims
+    )
     assert ref_rows >= idx.numel(), ref_shape
 
 

@@ -75,7 +75,9 @@ def test_a_failed_compile_finishes_the_run_on_the_eager_loss_exactly(fails_at, m
     facts = fastpath.facts()["compiled_loss"]
     assert (facts["path"], facts["results"], facts["fast_calls"], facts["reference_calls"]) == \
         ("reference", "reference", 0, 3)  # one call a step; the first step's compiled work was thrown away
-    reason = "BackendCompilerFailed" if fails_at == "forward" else "RuntimeError: this backend cannot compile a backward"
+    reason = (
+        "BackendCompilerFailed" if fails_at == "forward" else "RuntimeError: this backend cannot compile a backward"
+    )
     assert facts["fell_back"].startswith(reason), facts["fell_back"]
     assert len([r for r in caplog.records if r.name == "lockstep.core.fastpath"]) == 1
 

@@ -83,9 +83,18 @@ def test_direct_construction_names_the_field() -> None:
 
 
 def test_boundary_values_are_accepted() -> None:
-    optim = {"matrix_lr": 0.0, "adam_beta1": 0.0, "weight_decay": 0.0, "grad_clip": 0.0, "muon_momentum_warmup_steps": 0}
-    cfg = build_config(TrainConfig, {"optim": optim, "warmdown_frac": 1.0, "final_lr_frac": 0.0, "nonfinite_patience": 3},
-                       where="pretrain")
+    optim = {
+        "matrix_lr": 0.0,
+        "adam_beta1": 0.0,
+        "weight_decay": 0.0,
+        "grad_clip": 0.0,
+        "muon_momentum_warmup_steps": 0,
+    }
+    cfg = build_config(
+        TrainConfig,
+        {"optim": optim, "warmdown_frac": 1.0, "final_lr_frac": 0.0, "nonfinite_patience": 3},
+        where="pretrain",
+    )
     assert cfg.optim.grad_clip == 0.0 and cfg.nonfinite_patience == 3
     rl = build_config(RLConfig, {"top_k": 1, "warmdown_frac": 0.0, "nonfinite_patience": 0}, where="rl")
     assert rl.top_k == 1

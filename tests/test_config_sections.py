@@ -256,21 +256,27 @@ def _serve(ckpt: Path, tok: Path, *args: str, monkeypatch: pytest.MonkeyPatch) -
     return r.exit_code, r.output, served
 
 
-@pytest.mark.parametrize("args, named", [
-    (["--workers", "0"], "--workers=0 must be an integer >= 1"),
-    (["--workers", "-3"], "--workers=-3"),
-    (["--max-queued", "-1"], "--max-queued=-1 must be an integer >= 0"),
-    (["--allow-origin", "https://a.example", "--allow-origin", "*"], "--allow-origin=['https://a.example', '*'] may not"),
-    (["--header-timeout-s", "0"], "--header-timeout-s=0.0 must be a finite number > 0"),
-    (["--body-timeout-s", "nan"], "--body-timeout-s=nan must be a finite number > 0"),
-    (["--max-connections", "-1"], "--max-connections=-1 must be an integer >= 0"),
-    (["--max-connections", "100000000"], "--max-connections=100000000 must be at most"),
-    (["--port", "65536"], "--port=65536 must be from 0 to 65535"),
-    (["--port", "-1"], "--port=-1"),
-    (["--device", "tpu"], "--device"),
-    (["--ckpt", "/nonexistent/ckpt"], "--ckpt"),
-    (["--tokenizer", "/nonexistent/tok"], "--tokenizer"),
-])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (["--workers", "0"], "--workers=0 must be an integer >= 1"),
+        (["--workers", "-3"], "--workers=-3"),
+        (["--max-queued", "-1"], "--max-queued=-1 must be an integer >= 0"),
+        (
+            ["--allow-origin", "https://a.example", "--allow-origin", "*"],
+            "--allow-origin=['https://a.example', '*'] may not",
+        ),
+        (["--header-timeout-s", "0"], "--header-timeout-s=0.0 must be a finite number > 0"),
+        (["--body-timeout-s", "nan"], "--body-timeout-s=nan must be a finite number > 0"),
+        (["--max-connections", "-1"], "--max-connections=-1 must be an integer >= 0"),
+        (["--max-connections", "100000000"], "--max-connections=100000000 must be at most"),
+        (["--port", "65536"], "--port=65536 must be from 0 to 65535"),
+        (["--port", "-1"], "--port=-1"),
+        (["--device", "tpu"], "--device"),
+        (["--ckpt", "/nonexistent/ckpt"], "--ckpt"),
+        (["--tokenizer", "/nonexistent/tok"], "--tokenizer"),
+    ],
+)
 @pytest.mark.usefixtures("keep_fd_limit")
 def test_serve_refuses_a_bad_option_in_one_line(ckpt_and_tokenizer, monkeypatch, args, named) -> None:
     ckpt, tok = ckpt_and_tokenizer

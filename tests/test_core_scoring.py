@@ -145,7 +145,9 @@ def test_bundle_decisions_by_hand(tmp_path: Path) -> None:
         seen: dict[str, tuple[list[str], bool | None, str | None]] = {}
         rows: dict[str, Scored] = {}
 
-        def on_item(index: int, scored: Scored, ok: bool | None, skip: str | None, _task=task, _seen=seen, _rows=rows) -> None:
+        def on_item(
+            index: int, scored: Scored, ok: bool | None, skip: str | None, _task=task, _seen=seen, _rows=rows
+        ) -> None:
             key = _task.items[index]["id"]
             _seen[key] = ([tok.decode(r[s:e]) for r, (s, e) in zip(scored.rows, scored.spans)], ok, skip)
             _rows[key] = scored
@@ -197,8 +199,9 @@ def test_items_and_shots_follow_the_reference_order(tmp_path: Path) -> None:
     (root / "core.yaml").write_text("icl_tasks:\n- {label: t, dataset_uri: lm/t.jsonl, num_fewshot: [2], "
                                     "icl_task_type: language_modeling, continuation_delimiter: ' '}\n")
     (root / "eval_meta_data.csv").write_text("Eval Task,Random baseline\nt,0\n")
-    (root / "eval_data" / "lm" / "t.jsonl").write_text("".join(json.dumps({"context": f"c{i}", "continuation": f"w{i}"}) + "\n"
-                                                               for i in range(5)))
+    (root / "eval_data" / "lm" / "t.jsonl").write_text(
+        "".join(json.dumps({"context": f"c{i}", "continuation": f"w{i}"}) + "\n" for i in range(5))
+    )
     (task,) = load_core_tasks(root)
     # The reference shuffles a task's items with random.Random(1337) before taking any first N:
     # file lines [0..4] come out as [1, 0, 3, 2, 4] (CPython's `random`, stable across versions).

@@ -66,4 +66,7 @@ def test_device_dtype_choice_says_why(monkeypatch) -> None:
     rt = init_runtime(RuntimeConfig(device="cpu"))
     assert rt.world_size == 1 and rt.is_main and not rt.compile
     cmd = torchrun_argv(2, "stages.pretrain", ["--out", "x"])
-    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] and cmd[-2:] == ["--out", "x"]
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] and cmd[-2:] == [
+        "--out",
+        "x",
+    ]

@@ -133,8 +133,10 @@ def test_the_module_map_names_only_modules_that_exist() -> None:
                 stale.append(name)
             elif name.endswith(".*") and not (LIB.parent / base.replace(".", "/") / "__init__.py").is_file():
                 stale.append(f"{name} ({base} is a module, not a package)")
-    assert not stale, (f"the Module map of docs/internals.md names what lib/lockstep does not hold: {', '.join(stale)}; "
-                       "fix the name or remove the row")
+    assert not stale, (
+        f"the Module map of docs/internals.md names what lib/lockstep does not hold: {', '.join(stale)}; "
+        "fix the name or remove the row"
+    )
 
 
 def test_each_table_of_the_module_map_is_its_packages() -> None:
@@ -145,7 +147,9 @@ def test_each_table_of_the_module_map_is_its_packages() -> None:
     assert not untitled, f"Module map rows under no package title: {untitled}; put them under their package's table"
     astray = [f"{name} (in the table of {', '.join(title)})" for title, rows in tables for name in rows
               if not within(name, title)]
-    assert not astray, f"Module map rows in another package's table: {', '.join(astray)}; move each to its package's table"
+    assert not astray, (
+        f"Module map rows in another package's table: {', '.join(astray)}; move each to its package's table"
+    )
     titled = Counter(n for title, _ in tables for n in title)
     top = {f"lockstep.{p.name}" for p in LIB.iterdir() if (p / "__init__.py").is_file()}
     assert {p: titled[p] for p in sorted(top) if titled[p] != 1} == {}, (

@@ -71,4 +71,6 @@ def test_smoke_pipeline_with_lz78_structured_and_prefix_smooth(tmp_path: Path) -
     card = (data / "report" / "report.md").read_text()
     setup = card.splitlines()[2]
     assert "lz78 (" in setup and "structured" in setup, setup
-    assert "pretrain prefix_smooth w=0.2" in setup and "midtrain prefix_smooth w=0.2" in setup and "sft ce" in setup, setup
+    assert "pretrain prefix_smooth w=0.2" in setup and "midtrain prefix_smooth w=0.2" in setup and "sft ce" in setup, (
+        setup
+    )

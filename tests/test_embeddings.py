@@ -166,9 +166,12 @@ def test_the_stage_asks_the_tokenizer_what_it_provides_not_which_kind_it_is():
         tok = RootedBytes()
         parents, last = token_structure(tok, "hierarchical")
         assert (parents == -1).all() and np.array_equal(last, tok.prefix_tree().last_byte)
-        with pytest.raises(ConfigError, match="model.embedding=hierarchical: needs the tokenizer's hierarchical parents: "
-                                              "this byte tokenizer has none; .*tokenizer.kind: rooted_bytes provides them; "
-                                              "or use model.embedding: structured, tuple or flat"):
+        with pytest.raises(
+            ConfigError,
+            match="model.embedding=hierarchical: needs the tokenizer's hierarchical parents: "
+            "this byte tokenizer has none; .*tokenizer.kind: rooted_bytes provides them; "
+            "or use model.embedding: structured, tuple or flat",
+        ):
             token_structure(ByteTokenizer(), "hierarchical")
     finally:
         unregister_kind("rooted_bytes")

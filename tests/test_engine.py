@@ -136,7 +136,11 @@ def test_draw_never_picks_a_candidate_of_probability_zero():
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]])
     idx = torch.tensor([[4, 3, 2, 1, 0]])
     below_one = torch.tensor([[1.0]], dtype=torch.float64).nextafter(torch.zeros(1, 1, dtype=torch.float64))
-    for u, place in [(torch.zeros(1, 1, dtype=torch.float64), 1), (below_one, 3), (torch.ones(1, 1, dtype=torch.float64), 3)]:
+    for u, place in [
+        (torch.zeros(1, 1, dtype=torch.float64), 1),
+        (below_one, 3),
+        (torch.ones(1, 1, dtype=torch.float64), 3),
+    ]:
         assert draw(probs, None, u).item() == place
         assert draw(probs, idx, u).item() == 4 - place
 
@@ -325,7 +329,16 @@ def planted_tool_model(tok, seed: int = 7) -> Planted:
 def test_generate_greedy_equals_one_prompt_at_a_time(tok, determinism):
     model = planted_tool_model(tok)
     engine = Engine(model, tok)
-    texts = ["how much?", "q", "stop here.", "a longer prompt that runs on and on?", "x", "why?", "tell me more", "z" * 50]
+    texts = [
+        "how much?",
+        "q",
+        "stop here.",
+        "a longer prompt that runs on and on?",
+        "x",
+        "why?",
+        "tell me more",
+        "z" * 50,
+    ]
     prompts = [tok.encode(t) for t in texts]
     budgets = [30, 12, 9, 20, 40, 3, 25, 14]  # the last prompt fills the 64-token context exactly
     one_by_one = [engine.generate_batch(p, max_tokens=m, temperature=0.0)[0][0] for p, m in zip(prompts, budgets)]
@@ -340,7 +353,9 @@ def test_generate_greedy_equals_one_prompt_at_a_time(tok, determinism):
     assert one_by_one[2] == [sp("<|assistant_end|>")]
     assert sum(len(r) == m for r, m in zip(one_by_one, budgets)) >= 2
     assert any(len(r) < m for r, m in zip(one_by_one, budgets))
-    tools_off = [engine.generate_batch(p, max_tokens=m, temperature=0.0, use_tools=False)[0][0] for p, m in zip(prompts, budgets)]
+    tools_off = [
+        engine.generate_batch(p, max_tokens=m, temperature=0.0, use_tools=False)[0][0] for p, m in zip(prompts, budgets)
+    ]
     assert engine.generate_greedy(prompts, max_tokens=budgets, batch_rows=3, use_tools=False) == tools_off != one_by_one
 
 
@@ -378,7 +393,9 @@ def test_repeated_prompts_are_prefilled_once_and_draw_what_separate_prefills_dra
     the cache; the draws equal those with every row prefilled on its own."""
     model = planted_tool_model(tok)
     engine = Engine(model, tok)
-    prompts = [tok.encode(t) for t in ("how much?", "tell me more", "why?") for _ in range(4)] + [tok.encode("how much?")]
+    prompts = [tok.encode(t) for t in ("how much?", "tell me more", "why?") for _ in range(4)] + [
+        tok.encode("how much?")
+    ]
     prefills = []
     forward = model.forward
 
@@ -445,7 +462,9 @@ def test_put_row_and_keep_rows_equal_full_forward(determinism):
         cache.put_row(1, heads[0])
 
 
-@pytest.mark.parametrize("keep", [[0, 2], [2, 0], [1], [2, 1, 0]], ids=["moved-in-place", "reordered", "one", "reversed"])
+@pytest.mark.parametrize(
+    "keep", [[0, 2], [2, 0], [1], [2, 1, 0]], ids=["moved-in-place", "reordered", "one", "reversed"]
+)
 def test_keep_rows_in_any_order_equals_full_forward(keep):
     model = random_model(6)
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
@@ -459,7 +478,9 @@ def test_keep_rows_in_any_order_equals_full_forward(keep):
         nxt = torch.tensor([[30 + r] for r in keep])  # (B, 1)
         logits = model(nxt, kv_cache=cache)[:, -1]
         for i, r in enumerate(keep):
-            torch.testing.assert_close(logits[i], model(torch.tensor([prompts[r] + [30 + r]]))[0, -1], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                logits[i], model(torch.tensor([prompts[r] + [30 + r]]))[0, -1], rtol=1e-4, atol=1e-4
+            )
     assert cache.row_positions() == [len(prompts[r]) + 1 for r in keep]
     with pytest.raises(ValueError, match="distinct rows"):
         cache.keep_rows([0, 0])

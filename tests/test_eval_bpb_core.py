@@ -57,7 +57,9 @@ def _task(task_type: str, items: list[dict], shots: int = 0, delim: str = " ", b
 
 def _run(model: BigramModel, task: CoreTask) -> float:
     tok = CharTokenizer()
-    return evaluate_task(model, task, encode=tok.encode, bos_id=0, max_seq_len=512, device=torch.device("cpu"))["accuracy"]
+    return evaluate_task(model, task, encode=tok.encode, bos_id=0, max_seq_len=512, device=torch.device("cpu"))[
+        "accuracy"
+    ]
 
 
 @pytest.mark.parametrize("shots", [0, 1])
@@ -130,7 +132,9 @@ def test_bundle_layout_loads(tmp_path: Path) -> None:
         "icl_tasks:\n- label: mc\n  dataset_uri: eval/local_data/lu/mc.jsonl\n  num_fewshot: [2]\n"
         "  icl_task_type: multiple_choice\n  continuation_delimiter: ' '\n"
     )
-    (tmp_path / "eval_meta_data.csv").write_text("Eval Task,Task Category,Task Type,#shots,Random baseline\nmc,lu,mc,2,25\n")
+    (tmp_path / "eval_meta_data.csv").write_text(
+        "Eval Task,Task Category,Task Type,#shots,Random baseline\nmc,lu,mc,2,25\n"
+    )
     rows = [{"query": f"q{i}", "choices": ["a", "b", "c", "d"], "gold": i % 4} for i in range(5)]
     (tmp_path / "eval_data" / "lu" / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (task,) = load_core_tasks(tmp_path, max_items_per_task=3)

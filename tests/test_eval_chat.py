@@ -75,11 +75,15 @@ def test_evaluate_generative_planted() -> None:
         {"question": "What is 3-10?", "answer": "#### -7"},
     ]
     replies = {"What is 2+3?": "#### 5", "What is 1000*2?": "It is 2,000.", "What is 3-10?": "#### 7"}
-    res = evaluate_generative(problem_items(problems), tokenizer=tok, generate=_planted_generate(tok, replies), batch_size=2)
+    res = evaluate_generative(
+        problem_items(problems), tokenizer=tok, generate=_planted_generate(tok, replies), batch_size=2
+    )
     assert (res.correct, res.total) == (2, 3)
     assert [r["correct"] for r in res.records] == [True, True, False]
     # rank sharding splits the items
-    r1 = evaluate_generative(problem_items(problems), tokenizer=tok, generate=_planted_generate(tok, replies), rank=1, world_size=2)
+    r1 = evaluate_generative(
+        problem_items(problems), tokenizer=tok, generate=_planted_generate(tok, replies), rank=1, world_size=2
+    )
     assert r1.total == 1 and r1.records[0]["index"] == 1
 
 
@@ -153,8 +157,13 @@ def test_code_program_and_sandbox_pass_at_1() -> None:
          "test": "def check(candidate):\n    assert candidate(2) == -2\n"},
     ])
     assert "def add(a, b):\n    return a + b" in code_program(items[0], "    return a + b\n")
-    replies = {"def add(a, b):\n": "```python\ndef add(a, b):\n    return a + b\n```", "def neg(a):\n": "    return a\n"}
-    res = evaluate_code(items, tokenizer=tok, generate=_planted_generate(tok, replies), limits=SandboxLimits(timeout_s=5))
+    replies = {
+        "def add(a, b):\n": "```python\ndef add(a, b):\n    return a + b\n```",
+        "def neg(a):\n": "    return a\n",
+    }
+    res = evaluate_code(
+        items, tokenizer=tok, generate=_planted_generate(tok, replies), limits=SandboxLimits(timeout_s=5)
+    )
     assert [r["correct"] for r in res.records] == [True, False]
     assert res.records[1]["status"] == "error"
 
@@ -200,7 +209,9 @@ def test_code_tests_may_use_helpers_defined_in_the_prompt() -> None:
     items = code_items([{"task_id": "t/dec", "prompt": prompt, "entry_point": "decode",
                          "test": "def check(candidate):\n    assert candidate(encode('abc')) == 'abc'\n"}])
     replies = {prompt: "    return s[::-1]\n"}
-    res = evaluate_code(items, tokenizer=tok, generate=_planted_generate(tok, replies), limits=SandboxLimits(timeout_s=5))
+    res = evaluate_code(
+        items, tokenizer=tok, generate=_planted_generate(tok, replies), limits=SandboxLimits(timeout_s=5)
+    )
     assert [r["correct"] for r in res.records] == [True], res.records
 
 

@@ -34,9 +34,13 @@ def fetch_sample(raw: Path) -> Path:
     return raw / "dclm_core"
 
 
-@pytest.mark.parametrize("value", ["core", "evalsets:", "raw:", "hub:core", "raw:a/b", "evalsets:../core", "evalsets:/abs"])
+@pytest.mark.parametrize(
+    "value", ["core", "evalsets:", "raw:", "hub:core", "raw:a/b", "evalsets:../core", "evalsets:/abs"]
+)
 def test_a_bad_core_tasks_value_is_refused_by_name(value: str) -> None:
-    with pytest.raises(FieldError, match=r"core_tasks=.* must be `evalsets:<folder under --evalsets>`.*raw:<fetch name>"):
+    with pytest.raises(
+        FieldError, match=r"core_tasks=.* must be `evalsets:<folder under --evalsets>`.*raw:<fetch name>"
+    ):
         EvalConfig(core_tasks=value)
     with pytest.raises(ConfigError, match=r"^eval\.core_tasks="):
         build_config(EvalConfig, {"core_tasks": value}, where="eval")
@@ -60,9 +64,14 @@ def test_own_tasks_and_a_missing_folder(tmp_path: Path) -> None:
 
 def test_a_bundle_snapshot_and_its_identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = EvalConfig(core_tasks="raw:dclm_core")
-    with pytest.raises(ConfigError, match=r"no snapshot at .*dclm_core: add fetch.dclm_core \(source: dclm_core\).*dvc repro fetch@dclm_core"):
+    with pytest.raises(
+        ConfigError,
+        match=r"no snapshot at .*dclm_core: add fetch.dclm_core \(source: dclm_core\).*dvc repro fetch@dclm_core",
+    ):
         check_inputs("pretrain", cfg, tmp_path / "raw", ROOT / "evalsets")
-    check_inputs("sft", EvalConfig(core_tasks="raw:dclm_core", chat_stages=()), tmp_path / "raw", ROOT / "evalsets")  # not a CORE stage
+    check_inputs(
+        "sft", EvalConfig(core_tasks="raw:dclm_core", chat_stages=()), tmp_path / "raw", ROOT / "evalsets"
+    )  # not a CORE stage
     snap = fetch_sample(tmp_path / "raw")
     folder, source = core_tasks_source(cfg, tmp_path / "raw", ROOT / "evalsets")
     assert source == "bundle"  # the sample is not DCLM's zip
@@ -92,7 +101,11 @@ def test_eval_metrics_name_the_core_source(tmp_path: Path, core_tasks: str) -> N
                       raw=tmp_path / "raw", evalsets=ROOT / "evalsets", out=tmp_path / "eval_pretrain.json",
                       predictions=tmp_path / "eval", runinfo=tmp_path / "runinfo.json")
     metrics = run_eval_stage("pretrain", cfg, paths, rt=init_runtime(RuntimeConfig(device="cpu", dtype="fp32")))
-    labels = ["topic_field", "topic_schema", "count_on"] if core_tasks.startswith("raw:") else ["bard_order", "bard_agree", "bard_turn"]
+    labels = (
+        ["topic_field", "topic_schema", "count_on"]
+        if core_tasks.startswith("raw:")
+        else ["bard_order", "bard_agree", "bard_turn"]
+    )
     assert {k: metrics[k] for k in ("core_source", "core_tasks", "core_items")} == {
         "core_source": "bundle" if core_tasks.startswith("raw:") else "own", "core_tasks": len(labels),
         "core_items": 2 * len(labels)}

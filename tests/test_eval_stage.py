@@ -49,7 +49,9 @@ def test_run_eval_stage_tiny(tmp_path: Path) -> None:
     assert all(not isinstance(v, dict) for v in on_disk.values())  # flat keys for `dvc metrics diff`
     # a random model: about log2(vocab) bits per token, one byte per token
     assert 4.0 < on_disk["bpb.bard"] < 12.0
-    assert {"core", "chatcore", "core.bard_order.accuracy", "chat.arc_own.accuracy", "chat.code_own.accuracy"} <= set(on_disk)
+    assert {"core", "chatcore", "core.bard_order.accuracy", "chat.arc_own.accuracy", "chat.code_own.accuracy"} <= set(
+        on_disk
+    )
     assert math.isfinite(on_disk["core"])
     # Each accuracy with the number of items behind it, and no run facts among the results.
     assert on_disk["core.bard_order.accuracy.n"] == 2 and on_disk["chat.arc_own.accuracy.n"] == 2
@@ -62,7 +64,9 @@ def test_run_eval_stage_tiny(tmp_path: Path) -> None:
     # bpb per document scored (the first 1024 tokens: one document here), whose sums give the metric back.
     docs = [json.loads(line) for line in (paths.predictions / "bpb_bard.jsonl").read_text().splitlines()]
     assert docs and all(d["bytes"] > 0 for d in docs)
-    assert sum(d["nats"] for d in docs) / (math.log(2) * sum(d["bytes"] for d in docs)) == pytest.approx(on_disk["bpb.bard"])
+    assert sum(d["nats"] for d in docs) / (math.log(2) * sum(d["bytes"] for d in docs)) == pytest.approx(
+        on_disk["bpb.bard"]
+    )
     first = json.loads((paths.predictions / "core_bard_order.jsonl").read_text().splitlines()[0])
     assert "query" in first["input"] and isinstance(first["correct"], bool)
 
@@ -74,7 +78,9 @@ T_BPB = 64
 
 
 def _conversation(i: int) -> dict:
-    return {"messages": [{"role": "user", "content": f"question {i}?"}, {"role": "assistant", "content": f"answer {i}."}]}
+    return {
+        "messages": [{"role": "user", "content": f"question {i}?"}, {"role": "assistant", "content": f"answer {i}."}]
+    }
 
 
 @pytest.fixture
@@ -131,7 +137,10 @@ def test_a_too_small_val_split_is_skipped_with_its_size(bpb_only, caplog) -> Non
     assert _bpb_keys(metrics) == ["bpb.bard", "bpb.narrow"]
     assert 4.0 < metrics["bpb.narrow"] < 12.0
     skipped = [r.getMessage() for r in caplog.records if "left out of bpb" in r.getMessage()]
-    assert len(skipped) == 1 and "small/val holds 64 tokens, fewer than the 65 that one 64-token row per rank needs" in skipped[0]
+    assert (
+        len(skipped) == 1
+        and "small/val holds 64 tokens, fewer than the 65 that one 64-token row per rank needs" in skipped[0]
+    )
 
 
 def test_work_folders_of_interrupted_builds_are_not_read(bpb_only) -> None:
@@ -150,7 +159,9 @@ def test_work_folders_of_interrupted_builds_are_not_read(bpb_only) -> None:
 def test_sft_val_splits_scored_and_an_empty_one_skipped(bpb_only, caplog) -> None:
     tok, cfg, paths, rt = bpb_only
     convs = [_conversation(i) for i in range(6)]
-    build_sft_cache({"train": convs[:4], "val": convs[4:]}, paths.cache / "sft" / "chat", tokenizer=tok, val_frac=None, seed=0)
+    build_sft_cache(
+        {"train": convs[:4], "val": convs[4:]}, paths.cache / "sft" / "chat", tokenizer=tok, val_frac=None, seed=0
+    )
     build_sft_cache({"train": convs}, paths.cache / "sft" / "trainonly", tokenizer=tok, val_frac=None, seed=0)
     with caplog.at_level(logging.WARNING, logger="lockstep.eval"):
         metrics = run_eval_stage("pretrain", cfg, paths, rt=rt)
@@ -165,7 +176,9 @@ def test_sft_val_splits_scored_and_an_empty_one_skipped(bpb_only, caplog) -> Non
 
 
 def test_make_generate_batched_equals_one_at_a_time(tok) -> None:
-    model = randomize(tiny_gpt(sequence_len=48, vocab_size=tok.get_vocab_size(), n_layer=2, n_head=4), seed=3, scale=0.5)
+    model = randomize(
+        tiny_gpt(sequence_len=48, vocab_size=tok.get_vocab_size(), n_layer=2, n_head=4), seed=3, scale=0.5
+    )
     engine = Engine(model.eval(), tok)
     # A stop id the engine does not know (the letter "e") cuts replies the way <|assistant_end|> does.
     stop_ids = {*engine.stop_ids, ord("e")}
@@ -223,7 +236,9 @@ def test_an_eval_stage_whose_decode_compile_fails_finishes_with_the_reference_re
     def broken(gm, example_inputs):
         raise RuntimeError("triton: no kernel image for this device")
 
-    monkeypatch.setattr(eval_run, "decode_settings", lambda *a, **k: {"fast": True, "dtype": None, "compile_step": True})
+    monkeypatch.setattr(
+        eval_run, "decode_settings", lambda *a, **k: {"fast": True, "dtype": None, "compile_step": True}
+    )
     monkeypatch.setattr(engine, "compile_step", functools.partial(decode.compile_step, backend=broken))
     with caplog.at_level(logging.WARNING, logger="lockstep.core.fastpath"):
         fell_back = run("fell_back")

@@ -46,13 +46,17 @@ def test_hand_written_items_come_first_in_order() -> None:
                       (evalsets_build.ARC_OWN, evalsets_build.ARC_HAND)):
         assert _read(rel)[: len(hand)] == list(hand), rel
     code = _read(evalsets_build.CODE_OWN)
-    assert [{k: r[k] for k in ("task_id", "prompt", "entry_point", "test")} for r in code[:5]] == list(evalsets_build.CODE_HAND)
+    assert [{k: r[k] for k in ("task_id", "prompt", "entry_point", "test")} for r in code[:5]] == list(
+        evalsets_build.CODE_HAND
+    )
 
 
 @pytest.mark.parametrize("rel", FILES)
 def test_every_task_has_enough_items_and_no_repeats(rel: str) -> None:
     items = _read(rel)
-    assert len(items) >= MIN_ITEMS, f"{rel} holds {len(items)} items; one item would move its accuracy by more than 0.5 points"
+    assert len(items) >= MIN_ITEMS, (
+        f"{rel} holds {len(items)} items; one item would move its accuracy by more than 0.5 points"
+    )
     seen = [json.dumps({k: v for k, v in it.items() if k != "task_id"}, sort_keys=True) for it in items]
     assert len(set(seen)) == len(seen), f"{rel} repeats an item"
 
@@ -124,7 +128,11 @@ def test_bard_order_options_are_the_same_tokens() -> None:
     # the options that do not start with it: 1 of 366 items with the tiny preset's tokenizer.)
     items = _read(evalsets_build.BARD_ORDER)
     tok = train_tokenizer("bpe", ["\n".join(it["choices"][it["gold"]] for it in items)], vocab_size=512)
-    differ = [it["choices"][it["gold"]] for it in items if len({tuple(sorted(tok.encode(" " + c))) for c in it["choices"]}) > 1]
+    differ = [
+        it["choices"][it["gold"]]
+        for it in items
+        if len({tuple(sorted(tok.encode(" " + c))) for c in it["choices"]}) > 1
+    ]
     assert differ == [], f"{len(differ)} of {len(items)} items have options of other tokens: {differ[:3]}"
 
 
@@ -172,7 +180,9 @@ def test_every_code_reference_passes_and_its_near_miss_fails_in_the_sandbox() ->
 
 
 def test_a_wrong_solution_that_passes_is_refused_at_generation() -> None:
-    spec = evalsets_build.CodeSpec("twice", "n", "Return 2 * n.", "    return 2 * n\n", "    return n + n\n", ((3,), (0,)))
+    spec = evalsets_build.CodeSpec(
+        "twice", "n", "Return 2 * n.", "    return 2 * n\n", "    return n + n\n", ((3,), (0,))
+    )
     with pytest.raises(evalsets_build.EvalsetBuildError, match="twice: the wrong solution passes every case"):
         evalsets_build._code_record("own/x", spec)
 

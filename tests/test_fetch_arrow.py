@@ -46,7 +46,9 @@ def _odd_rows(s: int, rows: list) -> None:
 
 
 def _shards(d: Path) -> Path:
-    return write_shards(d, shards=N_SHARDS, docs=DOCS_PER_SHARD, edit=_odd_rows, int_score=lambda n: [None, 1, 2, 3, 4][n % 5])
+    return write_shards(
+        d, shards=N_SHARDS, docs=DOCS_PER_SHARD, edit=_odd_rows, int_score=lambda n: [None, 1, 2, 3, 4][n % 5]
+    )
 
 
 def _fetch(src: Path, out: Path, *, arrow: bool, resume: Path | None = None, **over) -> dict:
@@ -86,7 +88,10 @@ def test_a_batch_with_an_empty_and_a_null_text_is_skipped_counted_and_reported_a
              "language_score": 0.9, "token_count": 1, "score": 3.0, "int_score": 3}
             for i, t in enumerate(["good one", "", "good two", None, "good three"])]
     pq.write_table(pa.Table.from_pylist(rows), src / "000_00000.parquet")
-    metas = {arrow: _fetch(src, tmp_path / f"out{arrow}", arrow=arrow, max_val_chars=0, shuffle_buffer=1) for arrow in (False, True)}
+    metas = {
+        arrow: _fetch(src, tmp_path / f"out{arrow}", arrow=arrow, max_val_chars=0, shuffle_buffer=1)
+        for arrow in (False, True)
+    }
     assert _files(tmp_path / "outTrue") == _files(tmp_path / "outFalse")
     assert metas[True]["counts"] == {"train": 3, "val": 0, "skipped": 2}
     assert metas[True]["bad_examples"] == ["000_00000.parquet row 1 id=d1: empty 'text'",
@@ -131,8 +136,21 @@ def test_resume_across_paths_gives_the_same_bytes(tmp_path, monkeypatch, first, 
 def test_non_string_columns_are_converted_or_refused_as_the_record_path_does(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    rows = [{"text": t, "id": i, "dump": "CC-MAIN-2024-10", "url": 1.5, "file_path": "f", "language": "en",
-             "language_score": 0.9, "token_count": 1, "score": 3.0, "int_score": 3} for i, t in enumerate(["a page", "another"])]
+    rows = [
+        {
+            "text": t,
+            "id": i,
+            "dump": "CC-MAIN-2024-10",
+            "url": 1.5,
+            "file_path": "f",
+            "language": "en",
+            "language_score": 0.9,
+            "token_count": 1,
+            "score": 3.0,
+            "int_score": 3,
+        }
+        for i, t in enumerate(["a page", "another"])
+    ]
     pq.write_table(pa.Table.from_pylist(rows), src / "000_00000.parquet")
     for arrow in (False, True):
         _fetch(src, tmp_path / f"ints{arrow}", arrow=arrow)
@@ -181,7 +199,11 @@ def test_parquet_tables_give_the_rows_of_dataset_rows(tmp_path):
     src = _shards(tmp_path / "src")
     files = sorted(src.glob("*.parquet"))
     tables = list(parquet_tables(files, max_retries=0, backoff_s=0.0))
-    rows = list(dataset_rows(hub_id="", hub_config=None, hub_split="train", revision="", files=files, max_retries=0, backoff_s=0.0))
+    rows = list(
+        dataset_rows(
+            hub_id="", hub_config=None, hub_split="train", revision="", files=files, max_retries=0, backoff_s=0.0
+        )
+    )
     assert [r for t in tables for r in t.to_pylist()] == rows and len(rows) == N_SHARDS * DOCS_PER_SHARD
 
 

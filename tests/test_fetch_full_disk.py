@@ -126,6 +126,8 @@ def test_a_file_size_limit_during_a_fetch_ends_in_one_error_line(workdir, repo_r
                                     env=stage_env(repo_root), limit_bytes=500)
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = one_error_line(proc.stderr)
-    assert line.startswith("error: a file reached this process's size limit of 500 bytes (RLIMIT_FSIZE) trying to fetch "
-                           "raw/notes (File too large); nothing was published."), line
+    assert line.startswith(
+        "error: a file reached this process's size limit of 500 bytes (RLIMIT_FSIZE) trying to fetch "
+        "raw/notes (File too large); nothing was published."
+    ), line
     assert not (workdir / "raw").exists() or sorted(p.name for p in (workdir / "raw").iterdir()) == []

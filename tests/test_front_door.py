@@ -154,7 +154,9 @@ def test_training_stage_refuses_a_bad_shape_or_process_count(tmp_path, section, 
     params = yaml.safe_load((ROOT / "presets" / "tiny.yaml").read_text())
     params[section][key] = value
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    paths = [f"--{name}={tmp_path / name}" for name in ("cache", "tokenizer", "out", "metrics", "runinfo", "plots", "runs")]
+    paths = [
+        f"--{name}={tmp_path / name}" for name in ("cache", "tokenizer", "out", "metrics", "runinfo", "plots", "runs")
+    ]
     proc = run_stage("stages.pretrain", *paths, f"--params={tmp_path / 'params.yaml'}")
     assert proc.returncode != 0
     assert expected in the_error_line(proc.stderr)
@@ -166,7 +168,9 @@ def test_training_stage_asked_for_cuda_on_a_machine_without_it(tmp_path):
     params = yaml.safe_load((ROOT / "presets" / "tiny.yaml").read_text())
     params["runtime"]["device"] = "cuda"
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    paths = [f"--{name}={tmp_path / name}" for name in ("cache", "tokenizer", "out", "metrics", "runinfo", "plots", "runs")]
+    paths = [
+        f"--{name}={tmp_path / name}" for name in ("cache", "tokenizer", "out", "metrics", "runinfo", "plots", "runs")
+    ]
     proc = run_stage("stages.pretrain", *paths, f"--params={tmp_path / 'params.yaml'}")
     assert proc.returncode != 0
     line = the_error_line(proc.stderr)

@@ -92,7 +92,9 @@ def test_fineweb_edu_reads_only_the_configured_dump_of_a_hub_download(tmp_path: 
     shutil.copytree(HUB / "fineweb-edu", download)
     other = download / "data" / "CC-MAIN-2023-50"
     other.mkdir()
-    shutil.copy(download / "data" / "CC-MAIN-2024-10" / "train-00000-of-00001.parquet", other / "train-00000-of-00003.parquet")
+    shutil.copy(
+        download / "data" / "CC-MAIN-2024-10" / "train-00000-of-00001.parquet", other / "train-00000-of-00003.parquet"
+    )
     meta, _train, _val = fetch(tmp_path, "fineweb_edu", path=str(download))
     assert [Path(p).parent.name for p in meta["input_sha256"]] == ["CC-MAIN-2024-10"]
     with pytest.raises(FileNotFoundError, match="CC-MAIN-2019-04"):
@@ -120,7 +122,10 @@ def _conversations(records: list[dict]) -> list[str]:
 def test_oasst1_flat_hub_layout_and_trees_export_give_the_same_conversations(tmp_path: Path) -> None:
     meta, train, val = fetch(tmp_path, "oasst1")
     assert meta["split_rule"] == "file names"
-    assert [Path(p).name.split("-")[0] for s in ("train", "val") for p in meta["local_splits"][s]] == ["train", "validation"]
+    assert [Path(p).name.split("-")[0] for s in ("train", "val") for p in meta["local_splits"][s]] == [
+        "train",
+        "validation",
+    ]
     export, e_train, e_val = fetch(tmp_path / "export", "oasst1", path=str(HUB / "oasst1-trees"))
     assert export["split_rule"] == "val_frac"  # the export has no split: the preset's val_frac carves one
     assert _conversations(train + val) == _conversations(e_train + e_val)
@@ -175,7 +180,9 @@ def test_dolly_sample_puts_the_context_after_the_instruction_and_carves_val(tmp_
     records = [json.loads(line) for line in (HUB / "dolly15k" / "databricks-dolly-15k.jsonl").read_text().splitlines()]
     assert all(set(r) == {"instruction", "context", "response", "category"} for r in records)
     meta, train, val = fetch(tmp_path, "dolly15k")
-    assert meta["split_rule"] == "val_frac" and len(val) == round(0.1 * len(records)) and len(train + val) == len(records)
+    assert (
+        meta["split_rule"] == "val_frac" and len(val) == round(0.1 * len(records)) and len(train + val) == len(records)
+    )
     users = {m["messages"][0]["content"][0]["text"] for m in train + val}
     with_context = [r for r in records if r["context"]]
     assert with_context and all(f"{r['instruction']}\n\n{r['context']}" in users for r in with_context)

@@ -87,7 +87,9 @@ def test_a_stage_ends_when_dvc_is_killed(tmp_path: Path, repo_root: Path) -> Non
 
 
 @pytest.mark.slow
-def test_a_stage_that_re_ran_itself_under_torchrun_stops_torchrun_and_its_ranks(tmp_path: Path, repo_root: Path) -> None:
+def test_a_stage_that_re_ran_itself_under_torchrun_stops_torchrun_and_its_ranks(
+    tmp_path: Path, repo_root: Path
+) -> None:
     """A stage asked for 2 processes re-runs itself under torchrun (stages._runtime.start_runtime)
     and waits for it: when dvc dies it sends torchrun SIGTERM, which torchrun passes to its ranks,
     so that none of the three lives on."""
@@ -119,8 +121,11 @@ def test_a_stage_that_re_ran_itself_under_torchrun_stops_torchrun_and_its_ranks(
 def test_a_stage_started_by_hand_outlives_its_parent(tmp_path: Path, repo_root: Path) -> None:
     (tmp_path / "stage.py").write_text(STAGE)
     # A parent that starts the stage through `sh -c`, as DVC does, but is not DVC: no DVC_STAGE.
-    parent = subprocess.Popen([sys.executable, "-c", "import subprocess; subprocess.run(['/bin/sh', '-c', 'python stage.py'])"],
-                              cwd=tmp_path, env=stage_env(repo_root))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess; subprocess.run(['/bin/sh', '-c', 'python stage.py'])"],
+        cwd=tmp_path,
+        env=stage_env(repo_root),
+    )
     with _cleanup(parent, tmp_path) as stages:
         stages.append(wait_for_pid(tmp_path / "pid", parent))
         parent.kill()
@@ -142,8 +147,12 @@ def test_a_launcher_gone_before_the_lifeline_is_armed_stops_the_stage_at_once(tm
         lifeline.arm(lifeline.find_launcher(links, {"DVC_STAGE": "s"}))
         print("not stopped", flush=True)
     """)
-    launcher = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])",
-                                 sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])", sys.executable, "-c", program],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert launcher.stdout.readline() == "read\n", launcher.communicate()
     launcher.kill()  # the stage keeps the pipes: read to their end, which comes when it exits
     out, err = launcher.communicate(timeout=30)
@@ -155,9 +164,13 @@ def test_the_ranks_end_when_torchrun_is_killed(tmp_path: Path, repo_root: Path) 
     its parent, the torchrun agent, gone."""
     (tmp_path / "stage.py").write_text(STAGE)
     with open(tmp_path / "log", "w") as log:
-        torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                                     "stage.py"], cwd=tmp_path, env=stage_env(repo_root, OMP_NUM_THREADS="1"),
-                                    stdout=log, stderr=log)
+        torchrun = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "stage.py"],
+            cwd=tmp_path,
+            env=stage_env(repo_root, OMP_NUM_THREADS="1"),
+            stdout=log,
+            stderr=log,
+        )
     with _cleanup(torchrun, tmp_path) as ranks:
         ranks += [wait_for_pid(tmp_path / f"pid{r}", torchrun) for r in range(2)]
         torchrun.kill()

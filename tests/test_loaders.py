@@ -61,7 +61,9 @@ def test_window_longer_than_every_shard_is_refused(pretrain):
 @pytest.mark.parametrize("world_size", [1, 3])
 def test_sharded_loader_ranks_disjoint_and_complete(pretrain, world_size):
     B, T = 2, 16
-    loaders = [ShardedTokenLoader(pretrain / "train", B=B, T=T, rank=r, world_size=world_size) for r in range(world_size)]
+    loaders = [
+        ShardedTokenLoader(pretrain / "train", B=B, T=T, rank=r, world_size=world_size) for r in range(world_size)
+    ]
     stream = _stream(loaders[0])
     steps = loaders[0].steps_per_epoch
     covered = np.zeros(stream.size, dtype=np.int64)

@@ -64,7 +64,9 @@ def test_a_bad_dictionary_file_is_one_error_line(tmp_path: Path, raw: Path, monk
                                                  text: str, where: str) -> None:
     (tmp_path / "corpus" / "dictionaries").mkdir(parents=True)
     (tmp_path / "corpus" / "dictionaries" / name).write_text(text, encoding="utf-8")
-    status, stderr = run_stage(tmp_path, raw, {**SECTION, "options": {"dictionary": f"corpus/dictionaries/{name}"}}, monkeypatch)
+    status, stderr = run_stage(
+        tmp_path, raw, {**SECTION, "options": {"dictionary": f"corpus/dictionaries/{name}"}}, monkeypatch
+    )
     assert_one_error_line(status, stderr, "tokenizer.options.dictionary")
     assert where in stderr
     assert not (tmp_path / "tok").exists() and not (tmp_path / "metrics.json").exists()
@@ -83,13 +85,17 @@ def test_a_dictionary_path_that_is_no_file_inside_the_folder(tmp_path: Path, raw
     outside.write_text(GOOD, encoding="utf-8")
     outside.chmod(0)
     (folder / "link.tsv").symlink_to(outside)
-    status, stderr = run_stage(tmp_path, raw, {**SECTION, "options": {"dictionary": f"corpus/dictionaries/{name}"}}, monkeypatch)
+    status, stderr = run_stage(
+        tmp_path, raw, {**SECTION, "options": {"dictionary": f"corpus/dictionaries/{name}"}}, monkeypatch
+    )
     assert_one_error_line(status, stderr, "tokenizer.options.dictionary")
     assert where in stderr
     assert not (tmp_path / "tok").exists() and not (tmp_path / "metrics.json").exists()
 
 
-def test_lz78_prefixes_is_checked_and_both_values_run(tmp_path: Path, raw: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lz78_prefixes_is_checked_and_both_values_run(
+    tmp_path: Path, raw: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for bad in ({"options": {"prefixes": "open", "dictionary": "corpus/dictionaries/good.tsv"}},
                 {"options": {"prefixes": "closed"}, "train_sources": ["notes"], "vocab_size": 300}):  # nothing to close
         status, stderr = run_stage(tmp_path, raw, {**SECTION, **bad}, monkeypatch)

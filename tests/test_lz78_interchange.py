@@ -89,7 +89,10 @@ def assert_same_ids(tok: LZ78Tokenizer, tokens: dict[int, bytes], texts: list[st
 
 # Backslashes, quotes, a vertical tab and a NUL but no tab, line break or non-ASCII byte: every
 # token can be written raw, so the reference reads the whole file exactly.
-PRINTABLE_DOCS = [b"a\\b\\\\c \\n \\x41 'q' \"r\" a\x0bb\x00c " * 3, b"the cat sat on the mat; the hat sat back \\t" * 4]
+PRINTABLE_DOCS = [
+    b"a\\b\\\\c \\n \\x41 'q' \"r\" a\x0bb\x00c " * 3,
+    b"the cat sat on the mat; the hat sat back \\t" * 4,
+]
 
 
 def test_export_is_read_by_the_reference_rules(tmp_path: Path) -> None:
@@ -168,7 +171,9 @@ def test_reference_files_keep_their_ids(tmp_path: Path, name: str) -> None:
     tokens = reference_tokens(path, layout)
     tok = from_dictionary(path)
     assert tok.n_codes == len(tokens)
-    assert [tok.id_to_token(i).encode() for i in range(1, tok.n_codes + 1)] == [tokens[i] for i in range(1, len(tokens) + 1)]
+    assert [tok.id_to_token(i).encode() for i in range(1, tok.n_codes + 1)] == [
+        tokens[i] for i in range(1, len(tokens) + 1)
+    ]
     assert_same_ids(tok, tokens, TEXTS + ["hello world, ll llo or", "abcab ba abc", "étéété ét aïa ©🙂"])
 
 

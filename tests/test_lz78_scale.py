@@ -57,8 +57,14 @@ def peak_growth(script: str, *args: str) -> dict:
             print(json.dumps({**facts, "growth": status("VmHWM") - BASE}))
     """)
     env_path = f"{ROOT / 'lib'}:{ROOT}"
-    out = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(script), *args], capture_output=True, text=True,
-                         env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"}, timeout=600, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
+        timeout=600,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

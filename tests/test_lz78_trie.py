@@ -71,7 +71,9 @@ def test_standard_parse_by_hand():
 def test_frequency_gated_by_hand():
     # a, b, ab fill the budget of 3; the 4th phrase (a+c) finds it full, and as 4 is a multiple
     # of the period 2 the leaves reached by fewer than 2 phrases (b, ab) go; then ad is added.
-    trained = train_lz78([b"ab", b"ab", b"ac", b"ad"], 3, strategy="frequency_gated", gate_period_phrases=2, gate_min_count=2)
+    trained = train_lz78(
+        [b"ab", b"ab", b"ac", b"ad"], 3, strategy="frequency_gated", gate_period_phrases=2, gate_min_count=2
+    )
     assert tokens(trained.trie) == [b"a", b"ad"]
     assert trained.uses.tolist() == [3, 3, 1]  # a+fallback b, a+fallback b, a+fallback c, ad
     # Without eviction (a period never reached) it is the standard parse.
@@ -224,7 +226,13 @@ def test_codes_in_any_order_and_prefixes_that_are_no_codes():
     assert closed.n_codes == 4 and tokens(closed) == [b"ab", b"c", b"abd", b"a"]
     assert encode(closed, b"abaxc").tolist() == [1, 4, -1 - ord("x"), 2]
     chains, depths = ancestor_chains(closed.parent)
-    assert chains.tolist() == [[0, 0, 0], [1, 4, 0], [2, 0, 0], [3, 1, 4], [4, 0, 0]] and depths.tolist() == [0, 2, 1, 3, 1]
+    assert chains.tolist() == [[0, 0, 0], [1, 4, 0], [2, 0, 0], [3, 1, 4], [4, 0, 0]] and depths.tolist() == [
+        0,
+        2,
+        1,
+        3,
+        1,
+    ]
 
 
 @settings(max_examples=150, deadline=None)

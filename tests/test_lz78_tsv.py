@@ -262,7 +262,9 @@ def lz78_files(draw) -> bytes:
             raw.append(b"\t".join(line))
         else:
             escaped.append(b"\t".join([*line[:2], *(escape_bytes(f).encode() for f in line[2:])]))
-    body = [b"# a comment", b"code\tparent_code\tchar\tpattern" if legacy else b"", b"0\t0\t\t"][: draw(st.integers(0, 3))]
+    body = [b"# a comment", b"code\tparent_code\tchar\tpattern" if legacy else b"", b"0\t0\t\t"][
+        : draw(st.integers(0, 3))
+    ]
     body += raw + ([] if legacy else [b"# escaped: below"]) + escaped
     eol = draw(st.sampled_from([b"\n", b"\r\n"]))
     data = eol.join(body) + eol
@@ -289,7 +291,9 @@ def test_fast_reader_equals_the_plain_reader(tmp_path_factory, data):
     for fast in (False, True):
         try:
             d = read_lz78_tsv(path, fast=fast)
-            outcomes.append((d.trie.parent.tolist(), d.trie.last_byte.tolist(), d.trie.n_codes, d.source_codes.tolist()))
+            outcomes.append(
+                (d.trie.parent.tolist(), d.trie.last_byte.tolist(), d.trie.n_codes, d.source_codes.tolist())
+            )
         except LZ78DictionaryError as e:
             outcomes.append(str(e))
     assert outcomes[0] == outcomes[1]
@@ -328,9 +332,11 @@ def test_project_dictionary_resolves_links_first(tmp_path):
     (folder / "sub").mkdir()
     assert project_dictionary(tmp_path, "corpus/dictionaries/mine.tsv") == (folder / "mine.tsv").resolve()
     assert project_dictionary(tmp_path, "corpus/dictionaries/inner.tsv") == (folder / "mine.tsv").resolve()
-    for name, message in (("link.tsv", "resolves to .*secret.tsv \\(through a link\\), outside corpus/dictionaries/; copy"),
-                          ("missing.tsv", "no such file; copy the dictionary into corpus/dictionaries/"),
-                          ("sub", "is a folder; name a TSV dictionary file")):
+    for name, message in (
+        ("link.tsv", "resolves to .*secret.tsv \\(through a link\\), outside corpus/dictionaries/; copy"),
+        ("missing.tsv", "no such file; copy the dictionary into corpus/dictionaries/"),
+        ("sub", "is a folder; name a TSV dictionary file"),
+    ):
         with pytest.raises(LZ78DictionaryError, match=message):
             project_dictionary(tmp_path, f"corpus/dictionaries/{name}")
 

@@ -57,9 +57,20 @@ def test_torchrun_command_for_one_node_and_for_many() -> None:
     launcher = [sys.executable, "-m", "torch.distributed.run"]
     assert torchrun_argv(8, "stages.pretrain", ["--out", "x"]) == [
         *launcher, "--standalone", "--nproc_per_node=8", "-m", "stages.pretrain", "--out", "x"]
-    assert torchrun_argv(8, "stages.pretrain", ["--out", "x"], nnodes=2, rdzv_endpoint="node0:29400", rdzv_id="d20") == [
-        *launcher, "--nnodes=2", "--nproc_per_node=8", "--rdzv_backend=c10d", "--rdzv_endpoint=node0:29400",
-        "--rdzv_id=d20", "-m", "stages.pretrain", "--out", "x"]
+    assert torchrun_argv(
+        8, "stages.pretrain", ["--out", "x"], nnodes=2, rdzv_endpoint="node0:29400", rdzv_id="d20"
+    ) == [
+        *launcher,
+        "--nnodes=2",
+        "--nproc_per_node=8",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=node0:29400",
+        "--rdzv_id=d20",
+        "-m",
+        "stages.pretrain",
+        "--out",
+        "x",
+    ]
     with pytest.raises(ValueError, match="runtime.nnodes=2 needs runtime.rdzv_endpoint"):
         torchrun_argv(8, "stages.pretrain", [], nnodes=2)
 
@@ -165,7 +176,10 @@ def test_two_nodes_through_c10d_match_one_process(tmp_path: Path) -> None:
     steps = sorted(p.name for p in (nodes[0] / "run").glob("step_*"))
     assert steps == ["step_00000002", "step_00000004"]
     for step in steps:
-        assert {p.name for p in (nodes[0] / "run" / step).glob("optim_rank*.pt")} == {"optim_rank0.pt", "optim_rank1.pt"}
+        assert {p.name for p in (nodes[0] / "run" / step).glob("optim_rank*.pt")} == {
+            "optim_rank0.pt",
+            "optim_rank1.pt",
+        }
     two = torch.load(nodes[0] / "result.pt", weights_only=True)
     assert two["resumed_from"] == 2
 

@@ -42,15 +42,31 @@ def _model() -> GPT:
 
 
 def _cfg(**kw) -> TrainConfig:
-    base = dict(batch_tokens=ACCUM * 2 * T, device_batch_rows=2, num_steps=6, eval_every_steps=0, eval_tokens=4 * T,
-                checkpoint_every_steps=2, warmup_steps=1, peak_flops=1e12, optim=OptimConfig(muon_momentum_warmup_steps=4))
+    base = dict(
+        batch_tokens=ACCUM * 2 * T,
+        device_batch_rows=2,
+        num_steps=6,
+        eval_every_steps=0,
+        eval_tokens=4 * T,
+        checkpoint_every_steps=2,
+        warmup_steps=1,
+        peak_flops=1e12,
+        optim=OptimConfig(muon_momentum_warmup_steps=4),
+    )
     base.update(kw)
     return TrainConfig(**base)
 
 
 def _run(model: GPT, run_dir, cfg: TrainConfig, *, stop_at_step: int | None = None, **kw):
-    trainer = Trainer(model, cfg, CPU, data=ToySource(), seed=5, validation=Validation(ToySource(), torch.ones(V, dtype=torch.int32)),
-                      **kw)
+    trainer = Trainer(
+        model,
+        cfg,
+        CPU,
+        data=ToySource(),
+        seed=5,
+        validation=Validation(ToySource(), torch.ones(V, dtype=torch.int32)),
+        **kw,
+    )
     return trainer.fit(run_dir, {"stage": "test", "code_revision": "test"}, stop_at_step=stop_at_step)
 
 
@@ -152,13 +168,23 @@ def _policy() -> GPT:
 def _rl(model: GPT, tok, monkeypatch: pytest.MonkeyPatch, on_step=None, **kw):
     """RLTrainer.fit on fixed rollouts (one rewarded, one not), so every step has an update."""
     prompt, good, bad = tok.encode("Q: 2+2? A:"), tok.encode("#### 4"), tok.encode("#### 5")
-    fixed = Rollouts([Completion(prompt, good, [1] * len(good), 1.0, 0.5), Completion(prompt, bad, [1] * len(bad), 0.0, -0.5)])
+    fixed = Rollouts(
+        [Completion(prompt, good, [1] * len(good), 1.0, 0.5), Completion(prompt, bad, [1] * len(bad), 0.0, -0.5)]
+    )
     monkeypatch.setattr(RLTrainer, "rollout", lambda *a, **k: fixed)
     cfg = RLConfig(num_steps=3, problems_per_step=1, group_size=2, max_new_tokens=2, device_batch_rows=2,
                    eval_every_steps=0, eval_problems=1, pass_k=1, **kw)
     problems = [{"question": "2+2?", "answer": "#### 4"}]
-    return RLTrainer(model, tok, cfg, train_problems=problems, val_problems=problems, device=torch.device("cpu"), seed=1,
-                     on_step=on_step).fit()
+    return RLTrainer(
+        model,
+        tok,
+        cfg,
+        train_problems=problems,
+        val_problems=problems,
+        device=torch.device("cpu"),
+        seed=1,
+        on_step=on_step,
+    ).fit()
 
 
 def test_rl_stops_on_a_nan_loss(tok, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -45,7 +45,9 @@ def random_table(V: int, g: torch.Generator):
     pieces: list[bytes] = []
     while len(pieces) < V:
         base = pieces[int(torch.randint(0, len(pieces), (), generator=g))] if pieces else b""
-        step = bytes(b"abc"[int(i)] for i in torch.randint(0, 3, (int(torch.randint(1, 3, (), generator=g)),), generator=g))
+        step = bytes(
+            b"abc"[int(i)] for i in torch.randint(0, 3, (int(torch.randint(1, 3, (), generator=g)),), generator=g)
+        )
         if base + step not in pieces:
             pieces.append(base + step)
     return table(pieces)
@@ -89,7 +91,9 @@ def test_weight_zero_is_the_models_cross_entropy_exactly(reduction):
         assert torch.equal(ours, plain)
     # another ignore_index marks the same positions
     other = torch.where(targets == IGNORE_INDEX, -1, targets)
-    assert torch.equal(prefix_smooth_loss(logits, other, ancestors, depths, 0.0, ignore_index=-1, reduction=reduction), theirs)
+    assert torch.equal(
+        prefix_smooth_loss(logits, other, ancestors, depths, 0.0, ignore_index=-1, reduction=reduction), theirs
+    )
 
 
 def test_tokens_without_ancestors_get_plain_cross_entropy():
@@ -112,7 +116,9 @@ def test_ignored_positions_contribute_nothing_and_get_no_gradient():
     loss.backward()
     counted = targets != IGNORE_INDEX
     rows = prefix_smooth_loss(logits.detach(), targets, ancestors, depths, 0.4, reduction="none")
-    sub = prefix_smooth_loss(logits.detach()[counted][None], targets[counted][None], ancestors, depths, 0.4, reduction="none")
+    sub = prefix_smooth_loss(
+        logits.detach()[counted][None], targets[counted][None], ancestors, depths, 0.4, reduction="none"
+    )
     assert torch.equal(rows[counted], sub[0]) and torch.equal(rows[~counted], torch.zeros(3))
     torch.testing.assert_close(loss.detach(), sub.mean())
     assert torch.equal(logits.grad[~counted], torch.zeros(3, V))
@@ -141,7 +147,9 @@ def test_matches_a_dense_reference_with_its_gradient(weight):
     (g_ref,) = torch.autograd.grad(ref, logits)
     torch.testing.assert_close(g_ours, g_ref, rtol=1e-10, atol=1e-12)
     small = logits.detach()[:, :4].clone().requires_grad_()
-    assert torch.autograd.gradcheck(lambda x: prefix_smooth_loss(x, targets[:, :4], ancestors, depths, weight), (small,))
+    assert torch.autograd.gradcheck(
+        lambda x: prefix_smooth_loss(x, targets[:, :4], ancestors, depths, weight), (small,)
+    )
 
 
 def test_fp32_loss_from_bf16_logits():
@@ -236,7 +244,9 @@ def test_model_fast_path_equals_the_loss_of_the_logits(kernels):
         plain_grads = torch.autograd.grad(plain.sum(), list(model.parameters()))
         torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
         for a, b in zip(fast_grads, plain_grads):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))  # rounding, relative to the scale
+            torch.testing.assert_close(
+                a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max())
+            )  # rounding, relative to the scale
     assert torch.equal(model_prefix_smooth_loss(model, idx, targets, ancestors, depths, 0.0), model(idx, targets))
     with pytest.raises(AncestorTableError, match="model's 90 ids"):
         model_prefix_smooth_loss(model, idx, targets, ancestors[:50], depths[:50], 0.3)
@@ -287,7 +297,9 @@ def test_build_picks_the_objective_once():
     loss = build(smooth, Tokens())
     model = GPT.build(GPTConfig.from_depth(1, 3, 4, head_dim=32), "cpu", seed=0)
     x, y = torch.tensor([[0, 1, 2, 1]]), torch.tensor([[1, 2, 1, 0]])
-    expected = model_prefix_smooth_loss(model, x, y, torch.from_numpy(Tree.ancestors), torch.from_numpy(Tree.depths), 0.5)
+    expected = model_prefix_smooth_loss(
+        model, x, y, torch.from_numpy(Tree.ancestors), torch.from_numpy(Tree.depths), 0.5
+    )
     assert torch.equal(loss(model, x, y, "mean"), expected)
     with pytest.raises(ConfigError, match=r"sft.objective=prefix_smooth: sentencepiece"):
         build_objective(smooth, NoTree(), "sft", torch.device("cpu"))

@@ -22,7 +22,10 @@ from lockstep.model.checkpoint import save_checkpoint
 from lockstep.tokenizer.kinds import train_tokenizer
 
 CPU = torch.device("cpu")
-MC = [{"query": f"Q{i}: the cat sat on the", "choices": ["mat", "dog", "hat and a coat", "x"], "gold": i % 4} for i in range(6)]
+MC = [
+    {"query": f"Q{i}: the cat sat on the", "choices": ["mat", "dog", "hat and a coat", "x"], "gold": i % 4}
+    for i in range(6)
+]
 SCHEMA = [  # one pair asked both ways, and one item alone
     {"context_options": ["It was cold", "It was hot"], "continuation": "so I shivered.", "gold": 0},
     {"context_options": ["It was cold", "It was hot"], "continuation": "so I sweated.", "gold": 1},
@@ -35,7 +38,11 @@ ARC = [{"question": f"Which is number {i}?", "choices": ["one", "two", "three", 
 
 def _bundle(root: Path) -> Path:
     folder = root / "core"
-    rows = [("mc", "multiple_choice", MC, 25, 2), ("sc", "schema", SCHEMA, 50, 1), ("lm", "language_modeling", LM, 0, 1)]
+    rows = [
+        ("mc", "multiple_choice", MC, 25, 2),
+        ("sc", "schema", SCHEMA, 50, 1),
+        ("lm", "language_modeling", LM, 0, 1),
+    ]
     spec, meta = ["icl_tasks:"], ["Eval Task,Random baseline"]
     for label, kind, items, baseline, shots in rows:
         spec.append(f"- {{label: {label}, dataset_uri: {label}.jsonl, num_fewshot: [{shots}], icl_task_type: {kind}, "
@@ -76,7 +83,9 @@ def test_core_rules_match_the_eval_stage_item_by_item(tmp_path: Path, tok, model
         official: dict[int, bool] = {}
         res = core.evaluate_task(model, task, encode=tok.encode, bos_id=tok.get_bos_token_id(), max_seq_len=128,
                                  device=CPU, on_item=lambda i, _s, ok, _skip: official.__setitem__(i, ok))
-        mine = analyse_core_task(model, task, encode=tok.encode, bos_id=tok.get_bos_token_id(), max_seq_len=128, device=CPU)
+        mine = analyse_core_task(
+            model, task, encode=tok.encode, bos_id=tok.get_bos_token_id(), max_seq_len=128, device=CPU
+        )
         rule = "exact" if task.task_type == "language_modeling" else "mean"
         assert {r.index: r.picks[rule] == r.gold for r in mine} == official, label
         assert summarise(mine, [rule])[rule].accuracy == pytest.approx(res["accuracy"])
@@ -98,8 +107,14 @@ def test_letter_rule_matches_the_eval_stage(tok, model) -> None:
 
 def test_summary_counts_positions_lengths_and_pairs(tmp_path: Path, tok, model) -> None:
     root = _bundle(tmp_path)
-    analysis = analyse("mc", {"trained": model, "untrained": tiny_gpt(sequence_len=128, vocab_size=tok.get_vocab_size())},
-                       evalsets=root, tokenizer=tok, max_seq_len=128, device=CPU)
+    analysis = analyse(
+        "mc",
+        {"trained": model, "untrained": tiny_gpt(sequence_len=128, vocab_size=tok.get_vocab_size())},
+        evalsets=root,
+        tokenizer=tok,
+        max_seq_len=128,
+        device=CPU,
+    )
     res = analysis.models["trained"]
     s = summarise(res, ["mean", "sum"])
     assert sum(s["mean"].picks_by_position) == len(MC)
@@ -111,7 +126,9 @@ def test_summary_counts_positions_lengths_and_pairs(tmp_path: Path, tok, model) 
     text = render(analysis, per_item=True)
     assert "accuracy mean (CORE)" in text and "untrained" in text and "tokens, gold / other options" in text
     _, schema = find_task(root, "sc")
-    results = analyse_core_task(model, schema, encode=tok.encode, bos_id=tok.get_bos_token_id(), max_seq_len=128, device=CPU)
+    results = analyse_core_task(
+        model, schema, encode=tok.encode, bos_id=tok.get_bos_token_id(), max_seq_len=128, device=CPU
+    )
     counts = pair_agreement(schema, results)
     assert sum(counts.values()) == 1  # the lone item is no pair
     both = [r.picks["mean"] == r.gold for r in results[:2]]

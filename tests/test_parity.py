@@ -57,7 +57,10 @@ def test_planted_double_bos_is_named(tok, tmp_path):
     _pretrain(DoubleBos(tok), tmp_path / "a" / "cache")
     _pretrain(tok, tmp_path / "b" / "cache")
     diffs = compare_artifacts(tmp_path / "a", tmp_path / "b")
-    assert diffs[0] == "cache/rendered_samples.json: train sample 0: A has 2 BOS tokens at positions 0,1; B has 1 at position 0"
+    assert (
+        diffs[0]
+        == "cache/rendered_samples.json: train sample 0: A has 2 BOS tokens at positions 0,1; B has 1 at position 0"
+    )
     result = CliRunner().invoke(app, ["parity", str(tmp_path / "a"), str(tmp_path / "b")])
     assert result.exit_code == 1 and "A has 2 BOS tokens at positions 0,1; B has 1" in result.output
 
@@ -75,7 +78,9 @@ def test_planted_quote_change_is_named(tok, tmp_path):
     _pretrain(tok, tmp_path / "a" / "cache")
     _pretrain(tok, tmp_path / "b" / "cache", docs=DOCS[:5] + plain[5:])
     first = compare_artifacts(tmp_path / "a", tmp_path / "b")[0]
-    assert first.startswith("cache/dataset_snapshot.json: train record 5 field text differs only by Unicode quote characters")
+    assert first.startswith(
+        "cache/dataset_snapshot.json: train record 5 field text differs only by Unicode quote characters"
+    )
     assert "'\u201c'" in first
 
 

@@ -133,7 +133,9 @@ def test_compare_runs_names_a_curly_quote_in_a_fetched_record_first(tmp_path: Pa
     assert compare_runs(str(a), str(a)) == []
     diffs = compare_runs(str(a), str(b))
     # The raw snapshot comes first: the tokenizer differences downstream follow from it.
-    assert diffs[0].startswith("raw/notes/dataset_snapshot.json: train record 0 field text differs only by Unicode quote")
+    assert diffs[0].startswith(
+        "raw/notes/dataset_snapshot.json: train record 0 field text differs only by Unicode quote"
+    )
     assert "A \"'\", B '\u2019'" in diffs[0]
     names = [d.split(":", 1)[0] for d in diffs]
     assert names.index("raw/notes/dataset_snapshot.json") < names.index("raw/notes/meta.json")

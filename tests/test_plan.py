@@ -55,7 +55,13 @@ def _params(**pretrain) -> dict:
         "cache": {"prose": {"kind": "pretrain"}},
         "runtime": {"device": "cpu", "dtype": "fp32"},
         "model": {"depth": 1, "sequence_len": 64, "head_dim": 32},
-        "pretrain": {"mixture": {"prose": 1.0}, "batch_tokens": 256, "device_batch_rows": 2, "num_steps": 10, **pretrain},
+        "pretrain": {
+            "mixture": {"prose": 1.0},
+            "batch_tokens": 256,
+            "device_batch_rows": 2,
+            "num_steps": 10,
+            **pretrain,
+        },
     }
 
 
@@ -81,8 +87,12 @@ def test_memory_by_hand() -> None:
     # the loss head by path: bytes per logit, or one chunk plus the hidden states' gradient (the
     # returned fp32 one and the bf16 one the forward holds) and the head's fp32 gradient
     logits = {h: memory_per_device(m, rows=2, gpus=2, bf16=True, head=h)["logits"] for h in HEAD_BASIS}
-    assert logits == {"compiled": 4.0 * 128 * 256, "eager": 16.0 * 128 * 256, "cpu_kernels": 2.0 * 128 * 256,
-                      "chunked": 10.0 * 128 * 256 + (4.0 + 2.0) * 128 * 64 + 4.0 * 256 * 64}  # the batch is under a chunk
+    assert logits == {
+        "compiled": 4.0 * 128 * 256,
+        "eager": 16.0 * 128 * 256,
+        "cpu_kernels": 2.0 * 128 * 256,
+        "chunked": 10.0 * 128 * 256 + (4.0 + 2.0) * 128 * 64 + 4.0 * 256 * 64,
+    }  # the batch is under a chunk
     assert memory_per_device(m, rows=2, gpus=2, bf16=False, head="chunked")["logits"] == (
         10.0 * 128 * 256 + (4.0 + 4.0) * 128 * 64 + 4.0 * 256 * 64)
     assert memory_per_device(m, rows=2, gpus=2, bf16=False, head="cpu_kernels")["logits"] == 4.0 * 128 * 256
@@ -100,7 +110,9 @@ def test_memory_of_the_reference_path_matches_the_h100_peaks(depth: int, rows: i
     assert ref["total"] == pytest.approx(measured_gb * 1e9, rel=0.15)
     assert ref["total"] == pytest.approx(measured_gb * 1e9, rel=0.02)  # what the fitted figures give today
     fast = memory_per_device(m, rows=rows, gpus=1, bf16=True, head="chunked")
-    assert fast["logits"] < 2e9 < ref["logits"] and fast["total"] == pytest.approx(ref["total"] - ref["logits"] + fast["logits"])
+    assert fast["logits"] < 2e9 < ref["logits"] and fast["total"] == pytest.approx(
+        ref["total"] - ref["logits"] + fast["logits"]
+    )
 
 
 def test_head_path_follows_device_compile_and_kernels() -> None:
@@ -117,7 +129,9 @@ def test_decode_step_from_the_measured_rates_by_hand() -> None:
     d12 = model_figures(GPTConfig.from_depth(12, 65536, 2048))
     assert d12["params_non_embedding"] == ref.params_non_embedding and d12["n_layer"] == ref.n_layer
     assert (ref.b1_tok_s, ref.b8_tok_s) == (151.0, 1018.0)  # measured, docs/performance.md
-    assert decode_step_s(ref, d12, 1) == pytest.approx(1 / 151) and decode_step_s(ref, d12, 8) == pytest.approx(8 / 1018)
+    assert decode_step_s(ref, d12, 1) == pytest.approx(1 / 151) and decode_step_s(ref, d12, 8) == pytest.approx(
+        8 / 1018
+    )
     # linear in the batch between the two measurements, and past them
     assert decode_step_s(ref, d12, 4) == pytest.approx(1 / 151 + (8 / 1018 - 1 / 151) * 3 / 7)
     assert decode_step_s(ref, d12, 15) == pytest.approx(1 / 151 + (8 / 1018 - 1 / 151) * 2)
@@ -212,7 +226,9 @@ def test_epochs_from_a_built_cache_equal_the_training_stages_count(tmp_path: Pat
     # Folders built from other params (another preset's workspace) are not read as this plan's data.
     for changed in ({"fetch": {"prose": {"source": "shakespeare", "val_frac": 0.1}}}, {"data_seed": 2},
                     {"tokenizer": {"kind": "bpe", "vocab_size": tok.get_vocab_size() + 1}}):
-        other = make_plan({**params, **changed}, device="h100", cache_root=tmp_path / "cache", raw_root=tmp_path / "raw")
+        other = make_plan(
+            {**params, **changed}, device="h100", cache_root=tmp_path / "cache", raw_root=tmp_path / "raw"
+        )
         (est,) = other["stages"][0]["epochs"]
         assert est["origin"].startswith("estimate"), changed
 
@@ -253,7 +269,9 @@ def test_json_schema_through_the_command_line(tmp_path: Path, monkeypatch: pytes
     r = CliRunner().invoke(app, ["plan", "--preset", "d20", "--gpus", "8", "--device", "h100", "--no-kernels", "--json",
                                  "--cache", str(tmp_path / "none"), "--raw", str(tmp_path / "none")])
     reference = json.loads(r.output)
-    assert reference["assumptions"]["kernels"] is False and reference["assumptions"]["memory_head"].startswith("compiled")
+    assert reference["assumptions"]["kernels"] is False and reference["assumptions"]["memory_head"].startswith(
+        "compiled"
+    )
     assert plan["stages"][0]["memory_bytes"]["total"] < reference["stages"][0]["memory_bytes"]["total"]
     assert plan["rl"]["decode"]["path"] == "fast" and reference["rl"]["decode"]["path"] == "reference"
     text = CliRunner().invoke(app, ["plan", "--preset", "d20", "--device", "h100", "--cache", str(tmp_path)]).output
@@ -401,7 +419,9 @@ def _eval_params(tmp_path: Path, **eval_section) -> dict:
     (bundle / "eval_data" / "x" / "mc.jsonl").write_text(
         json.dumps({"query": "a" * 10, "choices": ["b" * 5, "c" * 5, "d" * 5], "gold": 0}) + "\n"
         + json.dumps({"query": "e" * 20, "choices": ["f" * 3, "g" * 3], "gold": 1}) + "\n")
-    (bundle / "eval_data" / "x" / "lm.jsonl").write_text(json.dumps({"context": "h" * 30, "continuation": "i" * 5}) + "\n")
+    (bundle / "eval_data" / "x" / "lm.jsonl").write_text(
+        json.dumps({"context": "h" * 30, "continuation": "i" * 5}) + "\n"
+    )
     params = _params()
     params["eval"] = {"core_tasks": "evalsets:mine", "core_stages": ["pretrain"], "chat_stages": ["sft"],
                       "math_sources": [], "conversation_sources": [], "code_files": [], **eval_section}
@@ -452,8 +472,14 @@ def test_eval_of_the_dclm_bundle_before_it_is_fetched(tmp_path: Path) -> None:
 def test_eval_counts_the_chatcore_tasks_and_the_choice_prompts(tmp_path: Path) -> None:
     """ARC and MMLU are one forward per item (the letter preferred), GSM8K, HumanEval and
     SpellingBee are generated replies; each capped by eval.chat_max_items."""
-    params = _eval_params(tmp_path, max_new_tokens=10, generate_batch=4, chat_max_items=100, categorical_files=["chat/a.jsonl"],
-                          chat_tasks={"arc_easy": "arc_easy", "mmlu": "mmlu", "gsm8k": "gsm8k", "humaneval": "humaneval"})
+    params = _eval_params(
+        tmp_path,
+        max_new_tokens=10,
+        generate_batch=4,
+        chat_max_items=100,
+        categorical_files=["chat/a.jsonl"],
+        chat_tasks={"arc_easy": "arc_easy", "mmlu": "mmlu", "gsm8k": "gsm8k", "humaneval": "humaneval"},
+    )
     params["fetch"] = {"arc_easy": {"source": "ai2_arc", "config": "ARC-Easy"}, "mmlu": {"source": "mmlu"},
                        "gsm8k": {"source": "gsm8k"}, "humaneval": {"source": "humaneval"}}
     (tmp_path / "evalsets" / "chat").mkdir()
@@ -464,6 +490,8 @@ def test_eval_counts_the_chatcore_tasks_and_the_choice_prompts(tmp_path: Path) -
     cpt = chars_per_token(params["tokenizer"]["vocab_size"])
     own = 3 * math.ceil(47 / cpt)
     T = params["model"]["sequence_len"]  # a prompt is cut to the context
-    assert sft["forward_tokens"] == 200 * 10 + own + 100 * min(T, 50) + 100 * min(T, 130)  # replies x max_new_tokens + prompts
+    assert sft["forward_tokens"] == 200 * 10 + own + 100 * min(T, 50) + 100 * min(
+        T, 130
+    )  # replies x max_new_tokens + prompts
     assert sft["forward_passes"] == math.ceil(200 / 4) * 10 + 203
     assert "203 choice prompts" in render_text(make_plan(params, device="h100", root=tmp_path))

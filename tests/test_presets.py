@@ -67,7 +67,10 @@ def test_preset_command_writes_the_file_verbatim(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "text, match",
     [
-        ("preset: bad\nseed: [1, 2\nmodel: {depth: 4}\n", r"bad.yaml is not valid YAML: .* at line 3, column 6; fix the file there"),
+        (
+            "preset: bad\nseed: [1, 2\nmodel: {depth: 4}\n",
+            r"bad.yaml is not valid YAML: .* at line 3, column 6; fix the file there",
+        ),
         ("preset: bad\n\tseed: 1\n", r"bad.yaml is not valid YAML: .* at line 2, column 1"),
         ("- just\n- a list\n", r"bad.yaml must be a mapping whose `preset` key is 'bad'"),
     ],

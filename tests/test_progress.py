@@ -85,5 +85,9 @@ def test_rl_evaluation_and_rollouts_report_progress(tok, monkeypatch, caplog):
         pass_at_k(Engine(model, tok), tok, problems, k=2, temperature=1.0, max_new_tokens=4, seed=1, batch_rows=3)
         RLTrainer(model, tok, cfg, train_problems=problems, val_problems=problems, device=torch.device("cpu"),
                   seed=0).rollout(problems, seed=7)
-    assert [line.split(" | ")[0] for line in caplog.messages] == ["held-out eval: 1/3 problems", "held-out eval: 2/3 problems",
-                                                        "rollouts: 1/3 problems", "rollouts: 2/3 problems"]
+    assert [line.split(" | ")[0] for line in caplog.messages] == [
+        "held-out eval: 1/3 problems",
+        "held-out eval: 2/3 problems",
+        "rollouts: 1/3 problems",
+        "rollouts: 2/3 problems",
+    ]

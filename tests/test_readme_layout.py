@@ -59,7 +59,9 @@ def test_the_grammar_on_a_small_tree() -> None:
 
 def test_every_path_in_the_layout_exists() -> None:
     missing = [p for p in tree_paths(layout_block(README.read_text(encoding="utf-8"))) if not (ROOT / p).exists()]
-    assert not missing, f"README.md's Layout names what the checkout does not hold: {', '.join(missing)}; fix or remove them"
+    assert not missing, (
+        f"README.md's Layout names what the checkout does not hold: {', '.join(missing)}; fix or remove them"
+    )
 
 
 def test_every_package_and_top_level_module_is_in_the_layout() -> None:
@@ -68,5 +70,7 @@ def test_every_package_and_top_level_module_is_in_the_layout() -> None:
     wanted = {f"{lib}/{p.parent.relative_to(LIB).as_posix()}/" for p in LIB.rglob("__init__.py") if p.parent != LIB}
     wanted |= {f"{lib}/{f.name}" for f in LIB.glob("*.py") if f.name != "__init__.py"}
     missing = sorted(wanted - named)
-    assert not missing, (f"README.md's Layout leaves out {', '.join(missing)}; add a line for each under `lib/lockstep/` "
-                         "(a package as `name/`, indented under its parent, with what it is)")
+    assert not missing, (
+        f"README.md's Layout leaves out {', '.join(missing)}; add a line for each under `lib/lockstep/` "
+        "(a package as `name/`, indented under its parent, with what it is)"
+    )

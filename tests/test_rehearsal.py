@@ -23,9 +23,17 @@ from lockstep.tokenizer import load_tokenizer
 
 HUB_SOURCES = {  # fetch key -> (local_splits read from the file names, or None for a stream; split rule)
     "fineweb_edu": None,
-    "wikitext": ({"train": ["wikitext-103-raw-v1/train-00000-of-00001.parquet"],
-                  "val": ["wikitext-103-raw-v1/validation-00000-of-00001.parquet"]}, "file names"),
-    "gsm8k": ({"train": ["main/train-00000-of-00001.parquet"], "val": ["main/test-00000-of-00001.parquet"]}, "file names"),
+    "wikitext": (
+        {
+            "train": ["wikitext-103-raw-v1/train-00000-of-00001.parquet"],
+            "val": ["wikitext-103-raw-v1/validation-00000-of-00001.parquet"],
+        },
+        "file names",
+    ),
+    "gsm8k": (
+        {"train": ["main/train-00000-of-00001.parquet"], "val": ["main/test-00000-of-00001.parquet"]},
+        "file names",
+    ),
     "dolly15k": ({"train": ["databricks-dolly-15k.jsonl"]}, "val_frac"),
     "oasst1": (None, "file names"),  # the shard names carry a hash; checked by pattern below
 }
@@ -62,7 +70,9 @@ def check_rehearsal_run(work: Path) -> None:
     for name, expected in HUB_SOURCES.items():
         meta = json.loads((raw / name / "meta.json").read_text())
         assert meta["source_id"] == f"local:{params['fetch'][name]['path']}", name
-        assert meta["revision"].startswith("sha256:") and meta["counts"]["train"] > 0 and meta["counts"]["val"] > 0, name
+        assert meta["revision"].startswith("sha256:") and meta["counts"]["train"] > 0 and meta["counts"]["val"] > 0, (
+            name
+        )
         if expected is None:
             continue
         splits, rule = expected
@@ -70,8 +80,9 @@ def check_rehearsal_run(work: Path) -> None:
         if splits is not None:
             assert meta["local_splits"] == splits, name
     oasst_meta = json.loads((raw / "oasst1" / "meta.json").read_text())
-    assert [Path(f).name.split("-00000-of-00001-")[0] for s in ("train", "val") for f in oasst_meta["local_splits"][s]] \
-        == ["train", "validation"]
+    assert [
+        Path(f).name.split("-00000-of-00001-")[0] for s in ("train", "val") for f in oasst_meta["local_splits"][s]
+    ] == ["train", "validation"]
     assert oasst_meta["filtered_trees"] > 0
     assert json.loads((raw / "wikitext" / "meta.json").read_text())["unused_files"] == \
         ["wikitext-103-raw-v1/test-00000-of-00001.parquet"]
@@ -87,9 +98,13 @@ def check_rehearsal_run(work: Path) -> None:
                 [(tuple(i), tuple(m)) for i, m in got], f"{name} {split}"
     oasst = _examples(sft / "oasst1", "train")
     assert max(_assistant_runs(m) for _, m in oasst) >= 3, "no multi-turn OASST conversation in the SFT cache"
-    dolly_records = [json.loads(line) for line in (work / "corpus/hub/dolly15k/databricks-dolly-15k.jsonl").read_text().splitlines()]
+    dolly_records = [
+        json.loads(line) for line in (work / "corpus/hub/dolly15k/databricks-dolly-15k.jsonl").read_text().splitlines()
+    ]
     contexts = [r["context"] for r in dolly_records if r["context"]]
-    dolly_text = [tok.decode(ids) for ids, _ in _examples(sft / "dolly15k", "train") + _examples(sft / "dolly15k", "val")]
+    dolly_text = [
+        tok.decode(ids) for ids, _ in _examples(sft / "dolly15k", "train") + _examples(sft / "dolly15k", "val")
+    ]
     assert sum(any(f"\n\n{c}" in t for t in dolly_text) for c in contexts) == len(contexts)
 
     # GSM8K: the cache holds the snapshot's train problems only (its val carved from them); the
@@ -100,7 +115,9 @@ def check_rehearsal_run(work: Path) -> None:
     rendered = {tuple(tok.render_conversation(as_conversation(p, "gsm8k"))[0]) for p in gsm_train}
     assert {tuple(ids) for ids, _ in cached} == rendered and len(cached) == len(gsm_train)
     cached_text = "\n".join(tok.decode(ids) for ids, _ in cached)
-    assert not [p["question"] for p in gsm_test if p["question"] in cached_text], "a GSM8K test problem was cached for training"
+    assert not [p["question"] for p in gsm_test if p["question"] in cached_text], (
+        "a GSM8K test problem was cached for training"
+    )
     py_start, out_start = tok.encode_special("<|python_start|>"), tok.encode_special("<|output_start|>")
     calls = [(ids, m) for ids, m in cached if ids.count(py_start) >= 2]
     assert calls, "no GSM8K example with several calculator calls"

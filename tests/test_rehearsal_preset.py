@@ -57,7 +57,14 @@ def test_same_sources_caches_mixtures_tokenizer_rl_and_evals_as_d12() -> None:
         assert REH["tokenizer"][key] == D12["tokenizer"][key]
     assert REH["rl"]["problems"] == D12["rl"]["problems"] == "gsm8k"
     reh_eval, d12_eval = section(REH, "eval", EvalConfig), section(D12, "eval", EvalConfig)
-    for key in ("math_sources", "conversation_sources", "categorical_files", "code_files", "core_stages", "chat_stages"):
+    for key in (
+        "math_sources",
+        "conversation_sources",
+        "categorical_files",
+        "code_files",
+        "core_stages",
+        "chat_stages",
+    ):
         assert getattr(reh_eval, key) == getattr(d12_eval, key), key
     assert reh_eval.chat_tasks == d12_eval.chat_tasks and reh_eval.chat_tasks["gsm8k"] == "gsm8k"  # ChatCORE's six
     assert reh_eval.core_max_items > 0 and reh_eval.chat_max_items > 0  # every task runs, on a few items

@@ -11,8 +11,17 @@ from pathlib import Path
 import pytest
 
 from lockstep.core.series import SeriesWriter
-from lockstep.pipeline.report import (FEW_POINTS, QUANTITIES, build_report, describe_data, flatten, load_metrics, plan_charts,
-                                      read_series, render_markdown)
+from lockstep.pipeline.report import (
+    FEW_POINTS,
+    QUANTITIES,
+    build_report,
+    describe_data,
+    flatten,
+    load_metrics,
+    plan_charts,
+    read_series,
+    render_markdown,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ENV = {"code revision": "abc123", "python": "3.11", "torch": "2.13.0"}
@@ -40,7 +49,9 @@ def run_files(tmp_path: Path) -> tuple[Path, Path]:
     metrics, plots = tmp_path / "metrics", tmp_path / "plots"
     metrics.mkdir()
     for stage, n in (("pretrain", 1), ("midtrain", 2), ("sft", 3), ("rl", 4)):
-        (metrics / f"{stage}.json").write_text(json.dumps({"train_time_s": 10.0 * n, "tokens": 1000 * n, "final_loss": 3.0 / n}))
+        (metrics / f"{stage}.json").write_text(
+            json.dumps({"train_time_s": 10.0 * n, "tokens": 1000 * n, "final_loss": 3.0 / n})
+        )
         (metrics / f"eval_{stage}.json").write_text(json.dumps({
             "core": 0.1 * n, "bpb": {"shakespeare": 2.0 / n}, "device": "cpu", "dtype": "float32",
             "core_source": "own", "core_tasks": 3, "core_items": 761,
@@ -161,7 +172,9 @@ def test_header_names_tokenizer_embedding_and_losses(tmp_path: Path) -> None:
     metrics, runinfo, plots = (tmp_path / d for d in ("metrics", "runinfo", "plots"))
     for d in (metrics, runinfo, plots):
         d.mkdir()
-    (metrics / "tokenizer.json").write_text(json.dumps({"kind": "lz78", "vocab_size": 4096, "bytes_per_token": {"a": 3.0}}))
+    (metrics / "tokenizer.json").write_text(
+        json.dumps({"kind": "lz78", "vocab_size": 4096, "bytes_per_token": {"a": 3.0}})
+    )
     (runinfo / "pretrain.json").write_text(json.dumps(
         {"setup": {"embedding": "tuple", "objective": "prefix_smooth", "prefix_weight": 0.1}}))
     (runinfo / "sft.json").write_text(json.dumps({"setup": {"embedding": "tuple", "objective": "ce"}}))
@@ -177,11 +190,18 @@ def test_the_core_row_says_which_core_it_is() -> None:
     def row(**facts):
         text = render_markdown({"eval_pretrain": {"core": 0.2, **facts}}, [], env)
         # the per-stage metrics table's row (the comparable table names its CORE column instead)
-        return next(line for line in text.splitlines() if "0.2000" in line and not line.startswith("| base")).split("|")[1].strip()
+        return (
+            next(line for line in text.splitlines() if "0.2000" in line and not line.startswith("| base"))
+            .split("|")[1]
+            .strip()
+        )
 
     assert row(core_source="dclm", core_tasks=22, core_items=11000) == "CORE (DCLM, 22 tasks)"
     assert row(core_source="own", core_tasks=3, core_items=761) == "CORE-style (own tasks, 761 items)"
-    assert row(core_source="bundle", core_tasks=3, core_items=12) == "CORE-style (bundle not verified as DCLM's, 3 tasks, 12 items)"
+    assert (
+        row(core_source="bundle", core_tasks=3, core_items=12)
+        == "CORE-style (bundle not verified as DCLM's, 3 tasks, 12 items)"
+    )
     assert row() == "CORE-style (task source not recorded)"  # metrics from before core_source: never the bare name
 
 
@@ -230,7 +250,9 @@ def test_one_chart_per_question_each_naming_its_data() -> None:
     # Validation on each stage's own mixture: one chart each, its data in the title.
     assert charts["pretrain_val_bpb"].title == (
         "pretrain: validation bits per byte\non val split of shakespeare 0.9 + roam 0.1, all tokens")
-    assert charts["midtrain_val_bpb"].title.endswith("val split of synth_math 0.4 + shakespeare 0.3 + synth_chat 0.3, all tokens")
+    assert charts["midtrain_val_bpb"].title.endswith(
+        "val split of synth_math 0.4 + shakespeare 0.3 + synth_chat 0.3, all tokens"
+    )
     assert charts["sft_val_bpb"].title.endswith("val split of synth_math 0.6 + synth_chat 0.4, assistant tokens only")
     # Stages share a chart only for what is measured on no data (the schedule).
     for c in charts.values():
@@ -238,7 +260,9 @@ def test_one_chart_per_question_each_naming_its_data() -> None:
         assert c.data == "" or f"on {c.data}" in c.title, c.key
     assert charts["lr_mult"].stages == ("pretrain", "midtrain", "sft")
     # RL's objective and the supervised train losses go by different names.
-    assert charts["rl_objective"].title.startswith("rl: RL objective (policy-gradient loss)\non train split of synth_math")
+    assert charts["rl_objective"].title.startswith(
+        "rl: RL objective (policy-gradient loss)\non train split of synth_math"
+    )
     assert charts["pretrain_train_loss"].title.startswith("pretrain: train cross-entropy\non train split of")
     assert charts["sft_train_loss"].title.startswith("sft: train loss (prefix-smoothed cross-entropy, w=0.1)\n")
     # Held-out accuracies share one chart (same problems, same unit), each named.
@@ -300,7 +324,10 @@ def test_without_run_facts_each_stage_names_its_own_split() -> None:
 def test_unknown_series_stay_in_their_stage() -> None:
     charts = plan_charts({"grad_norm": {"pretrain": [(1.0, 2.0), (2.0, 1.0), (3.0, 0.5)], "sft": [(1.0, 1.0)]}})
     assert [(c.key, c.stages) for c in charts] == [("pretrain_grad_norm", ("pretrain",)), ("sft_grad_norm", ("sft",))]
-    assert charts[0].title == "pretrain: grad_norm\ndata not recorded (a series lockstep.pipeline.report.QUANTITIES does not describe)"
+    assert (
+        charts[0].title
+        == "pretrain: grad_norm\ndata not recorded (a series lockstep.pipeline.report.QUANTITIES does not describe)"
+    )
     assert charts[1].lines[0].change == "1 at step 1"
 
 

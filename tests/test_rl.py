@@ -31,14 +31,28 @@ def tiny_model(seed: int = 0) -> GPT:
 def rollouts(prompts, ids, sampled, rewards, advantages, *, credit=None, roles=None) -> Rollouts:
     """Rollouts of one Completion per position of the lists given."""
     n = len(ids)
-    return Rollouts([Completion(*row, role=role, credit=c) for row, role, c in
-                     zip(zip(prompts, ids, sampled, rewards, advantages), roles or ["sample"] * n, credit or [None] * n)])
+    return Rollouts(
+        [
+            Completion(*row, role=role, credit=c)
+            for row, role, c in zip(
+                zip(prompts, ids, sampled, rewards, advantages), roles or ["sample"] * n, credit or [None] * n
+            )
+        ]
+    )
 
 
 def rollout(model: GPT, tok, problems, cfg: RLConfig, *, seed: int, **decode) -> Rollouts:
     """RLTrainer.rollout of `problems`, decoding with the Engine keywords `decode`."""
-    trainer = RLTrainer(model, tok, cfg, train_problems=problems, val_problems=problems, device=torch.device("cpu"), seed=0,
-                        decode=decode)
+    trainer = RLTrainer(
+        model,
+        tok,
+        cfg,
+        train_problems=problems,
+        val_problems=problems,
+        device=torch.device("cpu"),
+        seed=0,
+        decode=decode,
+    )
     return trainer.rollout(problems, seed=seed)
 
 
@@ -422,7 +436,9 @@ def test_greedy_rollout_joins_its_group_or_is_its_baseline(tok, mode, monkeypatc
 
 def test_group_std_advantage_divides_each_group_by_its_std(tok, monkeypatch):
     model = tiny_model(5).eval()
-    monkeypatch.setattr("lockstep.rl.trainer.reward", lambda text, answer: float(len(text) % 2))  # a random model scores 0
+    monkeypatch.setattr(
+        "lockstep.rl.trainer.reward", lambda text, answer: float(len(text) % 2)
+    )  # a random model scores 0
     cfg = build_config(RLConfig, {"group_size": 8, "problems_per_step": 3, "max_new_tokens": 8,
                                   "advantage": "group_std"}, where="rl")
     problems = [{"question": q, "answer": "#### 2"} for q in ("1+1?", "2+2?", "3+3?")]
@@ -445,7 +461,9 @@ def test_group_std_advantage_divides_each_group_by_its_std(tok, monkeypatch):
 def test_rollout_credits_each_call_against_its_group_s_calls(tok, monkeypatch):
     model = tiny_model(5).eval()
     # one call per completion, on its first token, right when that token is even
-    monkeypatch.setattr("lockstep.rl.strategies.tool_steps", lambda ids, engine, results: [(range(0, 1), ids[0] % 2 == 0)])
+    monkeypatch.setattr(
+        "lockstep.rl.strategies.tool_steps", lambda ids, engine, results: [(range(0, 1), ids[0] % 2 == 0)]
+    )
     cfg = build_config(RLConfig, {"group_size": 8, "problems_per_step": 2, "max_new_tokens": 8,
                                   "step_advantage": 0.5}, where="rl")
     problems = [{"question": q, "answer": "#### 2"} for q in ("1+1?", "3+3?")]
@@ -515,8 +533,12 @@ def test_reference_rollout_trains_the_solution_beside_an_unsolved_group_only(tok
     the step's mean reward stay as without it."""
     model = tiny_model(5).eval()
     # samples of the 2+2 problem are right at odd lengths; no sample of 1+1 is ever right
-    monkeypatch.setattr("lockstep.rl.trainer.reward", lambda text, answer: float(answer.endswith("4") and len(text) % 2))
-    monkeypatch.setattr("lockstep.rl.strategies.tool_steps", lambda ids, engine, results: [(range(0, 1), ids[0] % 2 == 0)])
+    monkeypatch.setattr(
+        "lockstep.rl.trainer.reward", lambda text, answer: float(answer.endswith("4") and len(text) % 2)
+    )
+    monkeypatch.setattr(
+        "lockstep.rl.strategies.tool_steps", lambda ids, engine, results: [(range(0, 1), ids[0] % 2 == 0)]
+    )
     cfg = build_config(RLConfig, {"group_size": 4, "problems_per_step": 2, "max_new_tokens": max_new_tokens,
                                   "step_advantage": 0.5, "reference_rollout": "unsolved"}, where="rl")
     plain = rollout(model, tok, [_UNSOLVED, _SOLVED], dataclasses.replace(cfg, reference_rollout="off"), seed=7)
@@ -562,8 +584,15 @@ def test_rl_learns_from_the_reference_where_every_sample_misses(tok, monkeypatch
                                   "eval_every_steps": 0, "eval_problems": 1, "pass_k": 1,
                                   "reference_rollout": reference}, where="rl")
     with caplog.at_level("INFO", logger="lockstep.rl"):
-        RLTrainer(model, tok, cfg, train_problems=[_UNSOLVED, _SOLVED], val_problems=[_UNSOLVED], device=torch.device("cpu"),
-                  seed=3).fit()
+        RLTrainer(
+            model,
+            tok,
+            cfg,
+            train_problems=[_UNSOLVED, _SOLVED],
+            val_problems=[_UNSOLVED],
+            device=torch.device("cpu"),
+            seed=3,
+        ).fit()
     moved = any(not torch.equal(a, b) for a, b in zip(start, model.parameters()))
     steps = [line for line in caplog.messages if line.startswith("step ")]
     if reference == "off":
@@ -588,12 +617,16 @@ def test_a_toy_advantage_is_one_function_and_one_table_line(tok, monkeypatch):
     with pytest.raises(ConfigError, match=r"rl\.advantage='toy' must be one of \['mean', 'group_std'\]"):
         build_config(RLConfig, section, where="rl")
     monkeypatch.setitem(strategies.ADVANTAGES, "toy", reward_itself)
-    monkeypatch.setattr("lockstep.rl.trainer.reward", lambda text, answer: float(len(text) % 2))  # a random model scores 0
+    monkeypatch.setattr(
+        "lockstep.rl.trainer.reward", lambda text, answer: float(len(text) % 2)
+    )  # a random model scores 0
     cfg = build_config(RLConfig, section, where="rl")
     model = tiny_model(5)
     start = [p.detach().clone() for p in model.parameters()]
     problems = [{"question": "1+1?", "answer": "#### 2"}, {"question": "2+2?", "answer": "#### 4"}]
-    trainer = RLTrainer(model, tok, cfg, train_problems=problems, val_problems=problems, device=torch.device("cpu"), seed=3)
+    trainer = RLTrainer(
+        model, tok, cfg, train_problems=problems, val_problems=problems, device=torch.device("cpu"), seed=3
+    )
     ro = trainer.rollout(problems, seed=7)
     assert col(ro, "advantage") == col(ro, "reward") and 0 < sum(col(ro, "reward")) < 8
     stats = trainer.update(ro)
@@ -612,4 +645,6 @@ def test_each_rl_module_imports_only_those_listed_before_it():
         modules = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
         modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         imported = {m.split(".")[2] for m in modules if m.startswith("lockstep.rl.")}
-        assert imported <= set(order[:i]), f"lockstep.rl.{name} imports {sorted(imported - set(order[:i]))}, listed after it"
+        assert imported <= set(order[:i]), (
+            f"lockstep.rl.{name} imports {sorted(imported - set(order[:i]))}, listed after it"
+        )

@@ -45,7 +45,9 @@ def _args(root: Path) -> list[str]:
             "--params", str(root / "params.yaml")]
 
 
-def test_nan_loss_publishes_nothing(rl_workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_nan_loss_publishes_nothing(
+    rl_workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
     monkeypatch.syspath_prepend(str(repo_root))
     from stages import rl
 
@@ -76,7 +78,9 @@ def test_nan_loss_publishes_nothing(rl_workspace: Path, repo_root: Path, monkeyp
     assert not (root / "rl").exists() and not (root / "metrics/rl.json").exists()
 
 
-def test_ctrl_c_says_a_rerun_starts_over(rl_workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_ctrl_c_says_a_rerun_starts_over(
+    rl_workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
     monkeypatch.syspath_prepend(str(repo_root))
     from stages import rl
     from stages._common import entry
@@ -91,7 +95,9 @@ def test_ctrl_c_says_a_rerun_starts_over(rl_workspace: Path, repo_root: Path, mo
     assert not (rl_workspace / "rl").exists()
 
 
-def test_outputs_and_series_repeat_byte_for_byte(rl_workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_outputs_and_series_repeat_byte_for_byte(
+    rl_workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.syspath_prepend(str(repo_root))
     from stages import rl
 
@@ -104,7 +110,9 @@ def test_outputs_and_series_repeat_byte_for_byte(rl_workspace: Path, repo_root: 
                             ("--runinfo", root / f"runinfo/rl_{run}.json")):
             args[args.index(flag) + 1] = str(value)
         assert rl.main(args) == 0
-        outs[run] = {p.name: p.read_bytes() for d in (root / f"rl_{run}", root / f"plots/rl_{run}") for p in d.iterdir()}
+        outs[run] = {
+            p.name: p.read_bytes() for d in (root / f"rl_{run}", root / f"plots/rl_{run}") for p in d.iterdir()
+        }
     assert outs["a"] == outs["b"]
     assert outs["a"]["train.tsv"].decode().splitlines()[0] == "step\treward\tcompletion_len\tloss"
     val = outs["a"]["val.tsv"].decode().splitlines()
@@ -148,7 +156,9 @@ def test_mixture_sources_join_the_updates(rl_workspace: Path, repo_root: Path, m
     from stages import rl
 
     root = rl_workspace
-    fetch_source("multi", SOURCE_CONFIGS["synth_math"](family="multistep", n_train=8, n_val=2), root / "raw/multi", seed=2)
+    fetch_source(
+        "multi", SOURCE_CONFIGS["synth_math"](family="multistep", n_train=8, n_val=2), root / "raw/multi", seed=2
+    )
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["rl"].update(problems="multi", problems_per_step=4, mixture={"synth_math": 0.25})
     (root / "params.yaml").write_text(yaml.safe_dump(params))

@@ -20,7 +20,10 @@ def test_passive_unless_the_environment_says_otherwise() -> None:
     env: dict[str, str] = {}
     assert "idle threads sleep" in choose_wait_policy(env) and env == {"OMP_WAIT_POLICY": WAIT_POLICY}
     env = {"OMP_WAIT_POLICY": "ACTIVE"}
-    assert choose_wait_policy(env) == "OMP_WAIT_POLICY=ACTIVE (from the environment)" and env["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert (
+        choose_wait_policy(env) == "OMP_WAIT_POLICY=ACTIVE (from the environment)"
+        and env["OMP_WAIT_POLICY"] == "ACTIVE"
+    )
 
 
 def _policy_seen_by(code: str, **env: str) -> str:

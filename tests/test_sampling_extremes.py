@@ -66,10 +66,15 @@ def test_top_p_one_is_no_cut_and_just_below_it_still_samples():
     draws = {}
     for top_p in (None, 1.0):
         g = torch.Generator().manual_seed(3)
-        draws[top_p] = [sample_next(logits, temperature=1.0, top_k=None, top_p=top_p, generator=g).item() for _ in range(64)]
+        draws[top_p] = [
+            sample_next(logits, temperature=1.0, top_k=None, top_p=top_p, generator=g).item() for _ in range(64)
+        ]
     assert draws[None] == draws[1.0] and set(draws[1.0]) == {0, 1, 2, 3}
     g = torch.Generator().manual_seed(3)
-    assert {sample_next(logits, temperature=1.0, top_k=None, top_p=0.3, generator=g).item() for _ in range(64)} == {0, 1}
+    assert {sample_next(logits, temperature=1.0, top_k=None, top_p=0.3, generator=g).item() for _ in range(64)} == {
+        0,
+        1,
+    }
 
 
 # Every extreme of each setting the engine takes, and the combinations of them.

@@ -270,7 +270,9 @@ def test_run_tests_passes_a_correct_solution_and_shows_why_others_fail() -> None
         "check(add)\n"
     )
     setup = "def helper():\n    return 'from the setup'\n\ndef add(a, b):\n    \"\"\"Stub from the prompt.\"\"\"\n"
-    good = run_tests("def add(a, b):\n    print('called')\n    return a + b\n", tests, entry_point="add", setup=setup, limits=FAST)
+    good = run_tests(
+        "def add(a, b):\n    print('called')\n    return a + b\n", tests, entry_point="add", setup=setup, limits=FAST
+    )
     assert good.passed and good.solution.stdout.count("called") == 2
     wrong = run_tests("def add(a, b):\n    return a - b\n", tests, entry_point="add", setup=setup, limits=FAST)
     assert wrong.status == "error" and "AssertionError" in wrong.tests.stderr
@@ -278,7 +280,9 @@ def test_run_tests_passes_a_correct_solution_and_shows_why_others_fail() -> None
     assert broken.status == "error" and "did not load: SyntaxError" in broken.tests.stderr
     missing = run_tests("def plus(a, b):\n    return a + b\n", tests, entry_point="add", setup=setup, limits=FAST)
     assert missing.status == "error" and "defines no function add" in missing.tests.stderr
-    slow = run_tests("def add(a, b):\n    while True:\n        pass\n", tests, entry_point="add", setup=setup, limits=FAST)
+    slow = run_tests(
+        "def add(a, b):\n    while True:\n        pass\n", tests, entry_point="add", setup=setup, limits=FAST
+    )
     assert slow.status == "timeout"
 
 
@@ -299,7 +303,9 @@ def test_run_tests_round_trips_plain_data_and_exceptions() -> None:
     r = run_tests(solution, tests, entry_point="echo", limits=FAST)
     assert r.passed, r.tests.stderr
     # A call that raises fails the run, with the solution's exception named, caught or not.
-    caught = run_tests(solution, tests + "try:\n    echo('raise')\nexcept KeyError:\n    pass\n", entry_point="echo", limits=FAST)
+    caught = run_tests(
+        solution, tests + "try:\n    echo('raise')\nexcept KeyError:\n    pass\n", entry_point="echo", limits=FAST
+    )
     assert caught.status == "error" and "raised KeyError: 'missing'" in caught.tests.stderr
 
 

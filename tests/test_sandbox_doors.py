@@ -95,7 +95,9 @@ def test_host_unix_socket_is_not_reachable(host_dir: Path, address: str) -> None
         server.listen(1)
         server.setblocking(False)
         # As root inside too: neither the uid nor the network namespace is what stops this.
-        out = _try_sockets(f"s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\ns.connect({name!r})\ns.sendall(b'escaped')")
+        out = _try_sockets(
+            f"s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\ns.connect({name!r})\ns.sendall(b'escaped')"
+        )
         assert out.startswith("refused"), out
         with pytest.raises(BlockingIOError):
             server.accept()
@@ -105,7 +107,9 @@ def test_host_unix_socket_is_not_reachable(host_dir: Path, address: str) -> None
 
 @pytest.mark.parametrize("how", ["sendto", "connect"])
 @pytest.mark.parametrize("mode", ["as_found", "filter_only"])
-def test_host_datagram_socket_is_not_reachable(host_dir: Path, mode: str, how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_host_datagram_socket_is_not_reachable(
+    host_dir: Path, mode: str, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A pathname datagram socket on the host, as /dev/log is. socket() is refused by the filter,
     # but a socketpair's datagram end reached it (2 of 2 datagrams) where there are no namespaces.
     _contain_as(mode, monkeypatch)
@@ -222,7 +226,9 @@ def _contain_as(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
             pytest.skip(f"no syscall filter here: {found.filter_reason}")
         monkeypatch.setattr(sandbox, "os_containment", lambda: Containment(False, "off for the test", True, ""))
     elif mode == "rlimits_only":
-        monkeypatch.setattr(sandbox, "os_containment", lambda: Containment(False, "off for the test", False, "off for the test"))
+        monkeypatch.setattr(
+            sandbox, "os_containment", lambda: Containment(False, "off for the test", False, "off for the test")
+        )
 
 
 @pytest.mark.parametrize("mode", ["as_found", "filter_only", "rlimits_only"])

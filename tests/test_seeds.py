@@ -36,7 +36,9 @@ def test_training_and_rl_seeds_are_the_former_formulas() -> None:
 def test_seeds_fit_a_generator_and_differ_by_part() -> None:
     seeds = {derive_seed("ns", 0, i) for i in range(100)}
     assert len(seeds) == 100 and all(0 <= s < 1 << 63 for s in seeds)
-    assert torch.equal(torch.rand(4, generator=derived_generator("ns", 1)), torch.rand(4, generator=derived_generator("ns", 1)))
+    assert torch.equal(
+        torch.rand(4, generator=derived_generator("ns", 1)), torch.rand(4, generator=derived_generator("ns", 1))
+    )
 
 
 def test_stream_seeds_are_the_former_formulas() -> None:
@@ -47,6 +49,10 @@ def test_stream_seeds_are_the_former_formulas() -> None:
     assert stream_seed(42, 3) == 42 * 1_000_003 + 3
     assert stream_seed(42, 1, stride=7919) == 42 * 7919 + 1
     assert stream_seed(42, 1, stride=1) == 43
-    for (seed, stream, stride), former in [((7, 2, 1_000_003), 7 * 1_000_003 + 2), ((7, 1, 7919), 7 * 7919 + 1), ((7, 1, 1), 8)]:
+    for (seed, stream, stride), former in [
+        ((7, 2, 1_000_003), 7 * 1_000_003 + 2),
+        ((7, 1, 7919), 7 * 7919 + 1),
+        ((7, 1, 1), 8),
+    ]:
         assert torch.equal(torch.rand(4, generator=stream_generator(seed, stream, stride=stride)),
                            torch.rand(4, generator=torch.Generator().manual_seed(former)))

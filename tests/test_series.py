@@ -21,7 +21,9 @@ def _rows() -> list[dict]:
     g = torch.Generator().manual_seed(0)
     rows: list[dict] = []
     for step in range(1, 6):
-        rows.append({"step": step, "train_loss": 4.0 / step + torch.rand((), generator=g).item(), "lr_mult": 1.0 - step / 10})
+        rows.append(
+            {"step": step, "train_loss": 4.0 / step + torch.rand((), generator=g).item(), "lr_mult": 1.0 - step / 10}
+        )
         if step % 2 == 0:
             rows.append({"step": step, "val_bpb": 3.0 / step})
     return rows
@@ -92,8 +94,15 @@ def test_training_series_hold_results_only(tmp_path: Path) -> None:
     cfg = TrainConfig(batch_tokens=2 * T, device_batch_rows=2, num_steps=3, eval_every_steps=2, eval_tokens=2 * T,
                       checkpoint_every_steps=0, peak_flops=1e12)
     writer = SeriesWriter(tmp_path / "plots", SERIES_COLUMNS)
-    trainer = Trainer(model, cfg, Runtime(device=torch.device("cpu"), dtype=torch.float32, reason="test"), data=Stream(),
-                      seed=1, validation=Validation(Stream(), torch.ones(V, dtype=torch.int64)), on_step=writer.add)
+    trainer = Trainer(
+        model,
+        cfg,
+        Runtime(device=torch.device("cpu"), dtype=torch.float32, reason="test"),
+        data=Stream(),
+        seed=1,
+        validation=Validation(Stream(), torch.ones(V, dtype=torch.int64)),
+        on_step=writer.add,
+    )
     trainer.fit(tmp_path / "run", {"code_revision": "test"})
     writer.write()
     assert [s for s, _ in read_series_file(tmp_path / "plots" / "train.tsv")["train_loss"]] == [1, 2, 3]

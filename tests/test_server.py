@@ -123,7 +123,10 @@ def test_streaming_completion(client):
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert content_of(events) == "Hi there! ☃ 世界 🙂"
     assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == len("Hi there! ☃ 世界 🙂".encode()) + 1
+    assert (
+        chunks[-1]["choices"] == []
+        and chunks[-1]["usage"]["completion_tokens"] == len("Hi there! ☃ 世界 🙂".encode()) + 1
+    )
     # Each multi-byte character reaches the client whole, never as replacement characters.
     assert "\ufffd" not in r.text
 

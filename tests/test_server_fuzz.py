@@ -24,8 +24,14 @@ def fuzz_schema():
 # Built once for the strategies below; an app does no work until a request arrives.
 SCHEMA = fuzz_schema()
 # No shrink phase: a failing case is reported as generated, and the run stays bounded in time.
-FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate],
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+)
 
 
 @FUZZ

@@ -61,7 +61,9 @@ async def tiny_app(scope, receive, send) -> None:
         await send({"type": "http.response.body", "body": b""})
         return
     reply = b"ok" if scope["path"] == "/health" else body
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(reply)).encode())]})
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(reply)).encode())]}
+    )
     await send({"type": "http.response.body", "body": reply})
 
 

@@ -124,7 +124,9 @@ def runs(tmp_path_factory) -> dict:
         for world in (2, 4):
             if world == 4:
                 shutil.copytree(out / "two_stopped4", out / "two_stopped4_for4")
-            mp.start_processes(_worker, args=(world, free_port(), str(out)), nprocs=world, start_method="fork", join=True)
+            mp.start_processes(
+                _worker, args=(world, free_port(), str(out)), nprocs=world, start_method="fork", join=True
+            )
         one["from_two_2"] = _one(CFG2["clip0"], out / "two_stopped2")
         ranks = {w: [torch.load(out / f"w{w}_rank{r}.pt", weights_only=True) for r in range(w)] for w in (2, 4)}
     finally:
@@ -299,9 +301,12 @@ def test_sharded_optim_refuses_state_that_does_not_fit(tmp_path) -> None:
     found = resume.find(tmp_path / "run", CPU)
     assert found is not None and found.world_size == 2
     optimizers = build_optimizers(_model(), _optim(0.0), model_dim=model.config.n_embd)
-    with pytest.raises(CheckpointError, match=r"optimizer state of 2 rank\(s\) \(sharded\) that does not fit this run's "
-                                              r"optimizers on 1 rank\(s\) \(replicated\).*runtime.nproc x runtime.nnodes = 2"
-                                              r".*or delete .* to start fresh"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"optimizer state of 2 rank\(s\) \(sharded\) that does not fit this run's "
+        r"optimizers on 1 rank\(s\) \(replicated\).*runtime.nproc x runtime.nnodes = 2"
+        r".*or delete .* to start fresh",
+    ):
         resume.load(found, _model(), optimizers, CPU)
 
 

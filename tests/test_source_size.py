@@ -74,6 +74,9 @@ def test_every_record_source_states_its_size(source: str) -> None:
     """Every source but the file bundle (whose items the plan counts from CORE's facts) states
     a size, with its basis named."""
     assert callable(getattr(source_module(source), "size", None)), f"lockstep.data.sources.{source} has no size()"
-    size = plan.source_size(source, {"source": source, "path": "corpus"} if source in ("roam", "gutenberg") else {"source": source},
-                            root=ROOT)
+    size = plan.source_size(
+        source,
+        {"source": source, "path": "corpus"} if source in ("roam", "gutenberg") else {"source": source},
+        root=ROOT,
+    )
     assert size is not None and size.basis

@@ -15,7 +15,14 @@ import pytest
 
 import lockstep.data.sources.gsm8k as gsm8k_mod
 from lockstep.core.config import ConfigError, build_config
-from lockstep.data.sources import SOURCE_CONFIGS, SourceFormatError, SplitLayoutError, fetch_source, iter_records, read_meta
+from lockstep.data.sources import (
+    SOURCE_CONFIGS,
+    SourceFormatError,
+    SplitLayoutError,
+    fetch_source,
+    iter_records,
+    read_meta,
+)
 from lockstep.data.sources.hub import HubFields
 
 FIX = Path(__file__).parent / "fixtures" / "sources"
@@ -98,7 +105,10 @@ def test_gsm8k_real_hub_parquet_layout_keeps_the_hub_split(tmp_path, shared_fixt
     parquet(d / "main" / "test-00000-of-00001.parquet", test)
     meta, train, val = run(tmp_path, {"source": "gsm8k", "path": str(d)})
     assert val == test and train == TRAIN_PROBLEMS
-    assert meta["local_splits"] == {"train": ["main/train-00000-of-00001.parquet"], "val": ["main/test-00000-of-00001.parquet"]}
+    assert meta["local_splits"] == {
+        "train": ["main/train-00000-of-00001.parquet"],
+        "val": ["main/test-00000-of-00001.parquet"],
+    }
     assert meta["streamed"] is True
 
 
@@ -165,7 +175,10 @@ def test_ambiguous_or_partial_layouts_are_refused(tmp_path):
     d = tmp_path / "foreign"
     jsonl(d / "train.jsonl", TRAIN_PROBLEMS)
     jsonl(d / "validation.jsonl", HELD_OUT)
-    with pytest.raises(SplitLayoutError, match=r"validation\.jsonl is named for the `validation` split, which openai/gsm8k does not have"):
+    with pytest.raises(
+        SplitLayoutError,
+        match=r"validation\.jsonl is named for the `validation` split, which openai/gsm8k does not have",
+    ):
         run(tmp_path, {"source": "gsm8k", "path": str(d)})
     with pytest.raises(SplitLayoutError, match="more than one split"):
         jsonl(tmp_path / "both" / "train" / "test.jsonl", HELD_OUT)
@@ -191,10 +204,27 @@ def _tree(i: int) -> dict:
         "message_tree_id": f"t{i}",
         "tree_state": "ready_for_export",
         "prompt": {
-            "message_id": f"p{i}", "parent_id": None, "text": f"Question number {i}?", "role": "prompter",
-            "lang": "en", "rank": None, "deleted": False, "synthetic": False,
-            "replies": [{"message_id": f"a{i}", "parent_id": f"p{i}", "text": f"Answer number {i}.", "role": "assistant",
-                         "lang": "en", "rank": 0, "deleted": False, "synthetic": False, "replies": []}],
+            "message_id": f"p{i}",
+            "parent_id": None,
+            "text": f"Question number {i}?",
+            "role": "prompter",
+            "lang": "en",
+            "rank": None,
+            "deleted": False,
+            "synthetic": False,
+            "replies": [
+                {
+                    "message_id": f"a{i}",
+                    "parent_id": f"p{i}",
+                    "text": f"Answer number {i}.",
+                    "role": "assistant",
+                    "lang": "en",
+                    "rank": 0,
+                    "deleted": False,
+                    "synthetic": False,
+                    "replies": [],
+                }
+            ],
         },
     }
 
@@ -223,7 +253,11 @@ def test_oasst1_hub_parquet_layout_keeps_train_and_validation(tmp_path):
     assert [question(c) for c in val] == ["Question number 4?", "Question number 5?"]
     assert meta["split_rule"] == "file names"
     with pytest.raises(SplitLayoutError, match="val_frac"):  # the tree export names no split
-        run(tmp_path, {"source": "oasst1", "path": str(jsonl(tmp_path / "x" / "2023_oasst_ready.trees.jsonl", trees))}, sub="x")
+        run(
+            tmp_path,
+            {"source": "oasst1", "path": str(jsonl(tmp_path / "x" / "2023_oasst_ready.trees.jsonl", trees))},
+            sub="x",
+        )
 
 
 def test_oasst1_real_trees_in_split_files_match_the_export(tmp_path, shared_fixtures):
@@ -233,8 +267,12 @@ def test_oasst1_real_trees_in_split_files_match_the_export(tmp_path, shared_fixt
     jsonl(d / "train.jsonl", trees[:80])
     jsonl(d / "validation.jsonl", trees[80:])
     _, train, val = run(tmp_path, {"source": "oasst1", "path": str(d)})
-    _, want_val, _ = run(tmp_path, {"source": "oasst1", "path": str(jsonl(tmp_path / "v.jsonl", trees[80:])), "val_frac": 0.0}, sub="v")
-    _, want_train, _ = run(tmp_path, {"source": "oasst1", "path": str(jsonl(tmp_path / "t.jsonl", trees[:80])), "val_frac": 0.0}, sub="t")
+    _, want_val, _ = run(
+        tmp_path, {"source": "oasst1", "path": str(jsonl(tmp_path / "v.jsonl", trees[80:])), "val_frac": 0.0}, sub="v"
+    )
+    _, want_train, _ = run(
+        tmp_path, {"source": "oasst1", "path": str(jsonl(tmp_path / "t.jsonl", trees[:80])), "val_frac": 0.0}, sub="t"
+    )
     assert val == want_val and train == want_train and len(val) > 5
 
 
@@ -272,9 +310,21 @@ def test_dolly_has_no_val_split_so_val_frac_is_required(tmp_path):
 
 
 def _fineweb_rows(n: int, int_score: int = 3) -> list[dict]:
-    return [{"text": f"Page {i} about rivers and hills.", "id": f"d{i}", "dump": "CC-MAIN-2024-10", "url": f"https://e.x/{i}",
-             "file_path": "s3://x/000.parquet", "language": "en", "language_score": 0.9, "token_count": 8,
-             "score": 3.0, "int_score": int_score} for i in range(n)]
+    return [
+        {
+            "text": f"Page {i} about rivers and hills.",
+            "id": f"d{i}",
+            "dump": "CC-MAIN-2024-10",
+            "url": f"https://e.x/{i}",
+            "file_path": "s3://x/000.parquet",
+            "language": "en",
+            "language_score": 0.9,
+            "token_count": 8,
+            "score": 3.0,
+            "int_score": int_score,
+        }
+        for i in range(n)
+    ]
 
 
 def test_fineweb_edu_refuses_a_split_it_does_not_have(tmp_path):
@@ -282,7 +332,9 @@ def test_fineweb_edu_refuses_a_split_it_does_not_have(tmp_path):
     parquet(d / "train-00000-of-00001.parquet", _fineweb_rows(6))
     parquet(d / "test-00000-of-00001.parquet", _fineweb_rows(2))
     params = {"source": "fineweb_edu", "path": str(d), "shuffle_buffer": 4, "max_val_chars": 40}
-    with pytest.raises(SplitLayoutError, match=r"test-00000-of-00001\.parquet is named for the `test` split.*only `train`"):
+    with pytest.raises(
+        SplitLayoutError, match=r"test-00000-of-00001\.parquet is named for the `test` split.*only `train`"
+    ):
         run(tmp_path, params)
     (d / "test-00000-of-00001.parquet").unlink()
     meta, train, val = run(tmp_path, params)
@@ -294,7 +346,10 @@ def test_fineweb_edu_refuses_a_split_it_does_not_have(tmp_path):
 
 def test_gutenberg_path_may_be_one_book(tmp_path):
     meta, train, val = run(tmp_path, {"source": "gutenberg", "path": str(FIX / "gutenberg" / "tiny_a.txt")})
-    assert (train, val) == ([{"text": "CHAPTER I\n\nIt was a small book, and it knew it.\n", "id": "tiny_a.txt", "title": "A Tiny Book"}], [])
+    assert (train, val) == (
+        [{"text": "CHAPTER I\n\nIt was a small book, and it knew it.\n", "id": "tiny_a.txt", "title": "A Tiny Book"}],
+        [],
+    )
     assert list(meta["input_sha256"]) == [(FIX / "gutenberg" / "tiny_a.txt").as_posix()]
 
 
@@ -342,7 +397,9 @@ def test_oasst1_wrong_format_file_fails_even_beside_good_ones(tmp_path):
 
 def test_oasst1_trees_with_nothing_usable_fail_naming_the_filter(tmp_path):
     f = jsonl(tmp_path / "de.jsonl", [_tree(0) | {"prompt": _tree(0)["prompt"] | {"lang": "de"}}])
-    with pytest.raises(SourceFormatError, match=r"de\.jsonl \(0 bad, 1 tree\(s\) filtered out \(no usable reply in the chosen `lang`\)"):
+    with pytest.raises(
+        SourceFormatError, match=r"de\.jsonl \(0 bad, 1 tree\(s\) filtered out \(no usable reply in the chosen `lang`\)"
+    ):
         run(tmp_path, {"source": "oasst1", "path": str(f), "val_frac": 0.1})
     assert_nothing_published(tmp_path)
 
@@ -362,7 +419,9 @@ def test_gsm8k_file_without_the_fields_fails_even_beside_a_good_file(tmp_path):
 
 def test_wikitext_parquet_without_text_column_fails(tmp_path):
     p = parquet(tmp_path / "train-00000-of-00001.parquet", [{"line": "= A =\n"}])
-    with pytest.raises(SourceFormatError, match=r"train-00000-of-00001\.parquet row 0: no string `text` column \(fields: line\)"):
+    with pytest.raises(
+        SourceFormatError, match=r"train-00000-of-00001\.parquet row 0: no string `text` column \(fields: line\)"
+    ):
         run(tmp_path, {"source": "wikitext", "path": str(p), "val_frac": 0.1})
     assert_nothing_published(tmp_path)
 

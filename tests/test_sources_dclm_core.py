@@ -112,7 +112,9 @@ def test_wrong_sha256_is_refused_and_the_earlier_snapshot_kept(tmp_path: Path) -
     digest = make_zip(tmp_path / "eval_bundle.zip")
     _, out = fetch(tmp_path, path=str(tmp_path / "eval_bundle.zip"), sha256=digest)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    with pytest.raises(SourceFormatError, match=f"has sha256 {digest}, not the pinned {'0' * 64}.*Nothing was published"):
+    with pytest.raises(
+        SourceFormatError, match=f"has sha256 {digest}, not the pinned {'0' * 64}.*Nothing was published"
+    ):
         fetch(tmp_path, path=str(tmp_path / "eval_bundle.zip"), sha256="0" * 64)
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in out.parent.iterdir()) == ["dclm_core"]  # no work folder left behind
@@ -157,7 +159,9 @@ def test_tampered_snapshot_and_record_readers_are_refused(tmp_path: Path) -> Non
         read_meta(out)
     f = out / BUNDLE_DIR / "eval_data" / "language_modeling" / "lm.jsonl"
     f.write_text(f.read_text().replace('"4"', '"5"'))
-    with pytest.raises(SnapshotError, match=r"lm.jsonl listed in .* does not match its sha256; run `dvc repro --force fetch@dclm_core`"):
+    with pytest.raises(
+        SnapshotError, match=r"lm.jsonl listed in .* does not match its sha256; run `dvc repro --force fetch@dclm_core`"
+    ):
         open_bundle(out)
 
 

@@ -139,7 +139,9 @@ def test_out_of_range_values_say_what_the_field_means(source, key, value, says):
 
 
 def test_roam_suffixes_need_their_dot():
-    with pytest.raises(ConfigError, match=r"^fetch\.x\.suffixes=\['\.md', 'txt'\] must be file suffixes with their dot"):
+    with pytest.raises(
+        ConfigError, match=r"^fetch\.x\.suffixes=\['\.md', 'txt'\] must be file suffixes with their dot"
+    ):
         build_from_params("roam", {"suffixes": [".md", "txt"]})
 
 
@@ -169,7 +171,9 @@ def _fetch_stage(workdir, capsys, monkeypatch, entry: dict) -> tuple[int, str]:
     ("big", "must be an integer >= 1; documents per shuffle window within a shard (memory: one window) "
             "(remove the key for the default 10000)"),
 ])
-def test_fetch_stage_ends_a_bad_shuffle_buffer_in_one_error_line(fetch_workdir, capsys, monkeypatch, value, requirement):
+def test_fetch_stage_ends_a_bad_shuffle_buffer_in_one_error_line(
+    fetch_workdir, capsys, monkeypatch, value, requirement
+):
     status, err = _fetch_stage(fetch_workdir, capsys, monkeypatch, {"shuffle_buffer": value})
     lines = [line for line in err.splitlines() if line.strip()]
     assert status == 1 and "Traceback" not in err, err

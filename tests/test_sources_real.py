@@ -37,7 +37,9 @@ def run(tmp_path: Path, params: dict, *, seed: int = 1, sub: str = "out"):
 
 
 def test_gsm8k_real(tmp_path, shared_fixtures):
-    meta, train, val = run(tmp_path, {"source": "gsm8k", "path": str(shared_fixtures / "gsm8k/test.jsonl"), "val_frac": 0.1})
+    meta, train, val = run(
+        tmp_path, {"source": "gsm8k", "path": str(shared_fixtures / "gsm8k/test.jsonl"), "val_frac": 0.1}
+    )
     assert meta["counts"] == {"train": 1187, "val": 132, "skipped": 0}
     assert meta["revision"].startswith("sha256:")
     for p in train[:200]:
@@ -53,7 +55,10 @@ def _flat_rows(tree_file: Path) -> list[dict]:
     rows = []
 
     def walk(m, tree_id):
-        rows.append({k: v for k, v in m.items() if k != "replies"} | {"message_tree_id": tree_id, "parent_id": m.get("parent_id")})
+        rows.append(
+            {k: v for k, v in m.items() if k != "replies"}
+            | {"message_tree_id": tree_id, "parent_id": m.get("parent_id")}
+        )
         for r in m.get("replies") or []:
             walk(r, tree_id)
 
@@ -72,7 +77,10 @@ def test_oasst1_real_tree_and_flat_agree(tmp_path, shared_fixtures):
     flat.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     meta_f, train_f, val_f = run(tmp_path, {"source": "oasst1", "path": str(flat), "val_frac": 0.1}, sub="flat")
     assert train_t == train_f and val_t == val_f
-    assert meta_t["counts"]["train"] + meta_t["counts"]["val"] + meta_t["filtered_trees"] + meta_t["counts"]["skipped"] == 100
+    assert (
+        meta_t["counts"]["train"] + meta_t["counts"]["val"] + meta_t["filtered_trees"] + meta_t["counts"]["skipped"]
+        == 100
+    )
     assert meta_t["counts"]["train"] > 60
     assert all(len(c["messages"]) % 2 == 0 for c in train_t)
 
@@ -87,7 +95,11 @@ def test_gutenberg_real(tmp_path, shared_fixtures):
     for d in (alice, news):
         assert "\r" not in d["text"] and "\ufeff" not in d["text"]
         assert "PROJECT GUTENBERG" not in d["text"].upper().replace("PROJECT GUTENBERG-TM", "")[:2000]
-        assert "START OF" not in d["text"] and "END OF THE PROJECT" not in d["text"] and "END OF THIS PROJECT" not in d["text"]
+        assert (
+            "START OF" not in d["text"]
+            and "END OF THE PROJECT" not in d["text"]
+            and "END OF THIS PROJECT" not in d["text"]
+        )
         assert "Section 1. General Terms of Use" not in d["text"]  # the license after END
     assert alice["title"].startswith("Alice") and "rabbit-hole" in alice["text"]
     assert news["title"].startswith("News from Nowhere")
@@ -95,8 +107,12 @@ def test_gutenberg_real(tmp_path, shared_fixtures):
 
 def test_wikitext_raw_and_hf_rows_give_same_articles(tmp_path, shared_fixtures):
     wt = shared_fixtures / "wikitext-2-raw"
-    meta_r, train_r, val_r = run(tmp_path, {"source": "wikitext", "path": str(wt / "wiki.test.raw"), "val_frac": 0.1}, sub="raw")
-    meta_p, train_p, val_p = run(tmp_path, {"source": "wikitext", "path": str(wt / "test-00000-of-00001.parquet"), "val_frac": 0.1}, sub="pq")
+    meta_r, train_r, val_r = run(
+        tmp_path, {"source": "wikitext", "path": str(wt / "wiki.test.raw"), "val_frac": 0.1}, sub="raw"
+    )
+    meta_p, train_p, val_p = run(
+        tmp_path, {"source": "wikitext", "path": str(wt / "test-00000-of-00001.parquet"), "val_frac": 0.1}, sub="pq"
+    )
     assert train_r == train_p and val_r == val_p
     assert meta_r["counts"]["train"] + meta_r["counts"]["val"] >= 60
     titles = [d["title"] for d in train_r + val_r]
@@ -108,10 +124,23 @@ def _fineweb_parquet(tmp_path: Path, shared_fixtures: Path | None, n_fake: int =
     if shared_fixtures is not None:
         src = pq.read_table(shared_fixtures / "parquet_text/fineweb_sample_100docs.parquet").to_pylist()
     else:
-        src = [{"text": f"Document {i}. " + "words " * (i % 17 + 3), "id": f"doc{i}", "url": f"https://e.x/{i}"} for i in range(n_fake)]
+        src = [
+            {"text": f"Document {i}. " + "words " * (i % 17 + 3), "id": f"doc{i}", "url": f"https://e.x/{i}"}
+            for i in range(n_fake)
+        ]
     rows = [
-        {"text": r["text"], "id": r["id"], "dump": "CC-MAIN-2024-10", "url": r["url"], "file_path": "s3://x/000.parquet",
-         "language": "en", "language_score": 0.9, "token_count": len(r["text"]) // 4, "score": 3.1, "int_score": 3}
+        {
+            "text": r["text"],
+            "id": r["id"],
+            "dump": "CC-MAIN-2024-10",
+            "url": r["url"],
+            "file_path": "s3://x/000.parquet",
+            "language": "en",
+            "language_score": 0.9,
+            "token_count": len(r["text"]) // 4,
+            "score": 3.1,
+            "int_score": 3,
+        }
         for r in src
     ]
     rows[5]["text"] = ""  # one bad record
@@ -124,7 +153,13 @@ def _fineweb_parquet(tmp_path: Path, shared_fixtures: Path | None, n_fake: int =
 
 def test_fineweb_edu_streams_shuffled_to_char_budget(tmp_path, shared_fixtures):
     d = _fineweb_parquet(tmp_path, shared_fixtures)
-    params = {"source": "fineweb_edu", "path": str(d), "shuffle_buffer": 16, "max_train_chars": 60_000, "max_val_chars": 10_000}
+    params = {
+        "source": "fineweb_edu",
+        "path": str(d),
+        "shuffle_buffer": 16,
+        "max_train_chars": 60_000,
+        "max_val_chars": 10_000,
+    }
     meta, train, val = run(tmp_path, params, seed=7, sub="a")
     assert meta["streamed"] and meta["shuffle_buffer"] == 16 and meta["shuffle_seed"] == 7
     assert sum(len(r["text"]) for r in val) >= 10_000 > sum(len(r["text"]) for r in val[:-1])
@@ -132,7 +167,9 @@ def test_fineweb_edu_streams_shuffled_to_char_budget(tmp_path, shared_fixtures):
     assert not meta["stream_exhausted"] and meta["rows_consumed"] < 100
     assert set(train[0]) == {"text", "id", "url", "dump"}
     meta_b, train_b, _ = run(tmp_path, params, seed=7, sub="b")
-    assert (tmp_path / "a/train/part_00000.parquet").read_bytes() == (tmp_path / "b/train/part_00000.parquet").read_bytes()
+    assert (tmp_path / "a/train/part_00000.parquet").read_bytes() == (
+        tmp_path / "b/train/part_00000.parquet"
+    ).read_bytes()
     _, train_c, _ = run(tmp_path, params, seed=8, sub="c")
     assert [r["id"] for r in train_c] != [r["id"] for r in train]
     all_meta, all_train, all_val = run(tmp_path, {**params, "max_train_chars": 10**9}, seed=7, sub="all")
@@ -142,7 +179,10 @@ def test_fineweb_edu_streams_shuffled_to_char_budget(tmp_path, shared_fixtures):
 
 def test_fineweb_edu_refuses_other_schema(tmp_path, shared_fixtures):
     with pytest.raises(SchemaError, match="dump"):
-        run(tmp_path, {"source": "fineweb_edu", "path": str(shared_fixtures / "parquet_text/fineweb_sample_100docs.parquet")})
+        run(
+            tmp_path,
+            {"source": "fineweb_edu", "path": str(shared_fixtures / "parquet_text/fineweb_sample_100docs.parquet")},
+        )
     assert not (tmp_path / "out").exists()
     assert "int_score" in SCHEMA
 

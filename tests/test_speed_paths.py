@@ -27,7 +27,9 @@ from lockstep.model.ops import IGNORE_INDEX, KERNEL_OPS, REFERENCE_OPS, RMS_EPS
 def _model(vocab_size: int = 70, seed: int = 0, **kw) -> GPT:
     """A tiny model whose weights are all non-zero (the zero-initialised projections included),
     so every path through it matters."""
-    return randomize(tiny_gpt(**{"sequence_len": 32, "vocab_size": vocab_size, "n_layer": 2, "n_head": 4, **kw}), seed=seed)
+    return randomize(
+        tiny_gpt(**{"sequence_len": 32, "vocab_size": vocab_size, "n_layer": 2, "n_head": 4, **kw}), seed=seed
+    )
 
 
 def _loss_and_grads(m: GPT, idx, y, reduction: str, autocast: bool):
@@ -82,7 +84,9 @@ def test_rms_norm_kernel_equals_reference_forward_and_backward():
     for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 2**-7)):  # bf16: within one unit in the last place
         outs = []
         for norm in (lambda t: F.rms_norm(t, (64,), eps=RMS_EPS), lambda t: kernels.rms_norm(t, RMS_EPS)):
-            x = x0.to(dtype, copy=True).requires_grad_()  # the kernel's own backward runs only where a gradient is needed
+            x = x0.to(
+                dtype, copy=True
+            ).requires_grad_()  # the kernel's own backward runs only where a gradient is needed
             y = norm(x)
             y.backward(grad.to(dtype))
             outs.append((y.detach().float(), x.grad.float()))

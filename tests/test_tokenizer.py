@@ -137,7 +137,9 @@ EDGE_PIECES = ["\n", "\r\n", " \n", " ", "\t", "a", " the", "'s", "1", "12", "!"
 
 @pytest.mark.parametrize("kind", KINDS)
 @settings(max_examples=100, deadline=None)
-@given(texts=st.lists(st.lists(st.sampled_from(EDGE_PIECES) | st.text(max_size=3), max_size=12).map("".join), max_size=12))
+@given(
+    texts=st.lists(st.lists(st.sampled_from(EDGE_PIECES) | st.text(max_size=3), max_size=12).map("".join), max_size=12)
+)
 def test_batch_encode_on_threads_encodes_each_text_alone(kind: str, texts: list[str]) -> None:
     """The tokenizer stage counts val tokens through the threaded batch call: each text must get
     the ids it gets encoded alone, whatever the texts start and end with."""

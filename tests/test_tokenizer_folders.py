@@ -77,7 +77,10 @@ def _forge(content: bytes, name: Callable[[Path], str] = _kind_file) -> Callable
 DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     # name: (what is done to a sound folder, the file or folder the error must name)
     "no meta.json": (lambda d: (d / "meta.json").unlink(), "{d}"),
-    "meta.json truncated": (lambda d: (d / "meta.json").write_text((d / "meta.json").read_text()[:40]), "{d}/meta.json"),
+    "meta.json truncated": (
+        lambda d: (d / "meta.json").write_text((d / "meta.json").read_text()[:40]),
+        "{d}/meta.json",
+    ),
     "meta.json empty": (lambda d: (d / "meta.json").write_text(""), "{d}/meta.json"),
     "meta.json garbage bytes": (lambda d: (d / "meta.json").write_bytes(b"\xff\xfe\x00garbage"), "{d}/meta.json"),
     "meta.json an array": (lambda d: (d / "meta.json").write_text("[1, 2]"), "{d}/meta.json"),
@@ -88,10 +91,14 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "special ids not a map": (_set_meta("special_token_ids", [1, 2]), "{d}/meta.json"),
     "vocab size not a number": (_set_meta("vocab_size", "big"), "{d}/meta.json"),
     "a listed file missing": (lambda d: (d / "token_bytes.npy").unlink(), "{d}/token_bytes.npy"),
-    "a listed file a folder": (lambda d: ((d / "token_bytes.npy").unlink(), (d / "token_bytes.npy").mkdir()),
-                               "{d}/token_bytes.npy"),
-    "a file whose sha256 differs": (lambda d: (d / "token_bytes.npy").write_bytes(b"\x93NUMPY tampered"),
-                                    "{d}/token_bytes.npy"),
+    "a listed file a folder": (
+        lambda d: ((d / "token_bytes.npy").unlink(), (d / "token_bytes.npy").mkdir()),
+        "{d}/token_bytes.npy",
+    ),
+    "a file whose sha256 differs": (
+        lambda d: (d / "token_bytes.npy").write_bytes(b"\x93NUMPY tampered"),
+        "{d}/token_bytes.npy",
+    ),
     "a path outside the folder": (_set_meta("files", {"../escape": "0" * 64}), "{d}/meta.json"),
     "kind file forged and resealed": (_forge(b"garbage\x00\xff{"), "{d}"),
     "kind file truncated and resealed": (lambda d: _forge((d / _kind_file(d)).read_bytes()[:30])(d), "{d}"),
@@ -177,9 +184,27 @@ def test_cache_stage(forged, tmp_path, monkeypatch, restore_process_state):
 
 def test_eval_stage(forged, tmp_path, restore_process_state):
     params = _params(tmp_path, runtime={"device": "cpu", "dtype": "fp32", "threads": 1})
-    argv = ["pretrain", "--ckpt", str(tmp_path / "ckpt"), "--cache", str(tmp_path / "cache"), "--tokenizer", str(forged),
-            "--raw", str(tmp_path / "raw"), "--evalsets", str(ROOT / "evalsets"), "--out", str(tmp_path / "m.json"),
-            "--runinfo", str(tmp_path / "r.json"), "--predictions", str(tmp_path / "p"), "--params", str(params)]
+    argv = [
+        "pretrain",
+        "--ckpt",
+        str(tmp_path / "ckpt"),
+        "--cache",
+        str(tmp_path / "cache"),
+        "--tokenizer",
+        str(forged),
+        "--raw",
+        str(tmp_path / "raw"),
+        "--evalsets",
+        str(ROOT / "evalsets"),
+        "--out",
+        str(tmp_path / "m.json"),
+        "--runinfo",
+        str(tmp_path / "r.json"),
+        "--predictions",
+        str(tmp_path / "p"),
+        "--params",
+        str(params),
+    ]
     status, stderr = _run_in_process("stages.eval", argv)
     assert status == 1
     _one_error_line(stderr, forged)
@@ -193,9 +218,24 @@ def test_training_and_rl_stages(forged, tmp_path, stage):
                 "--metrics", str(tmp_path / "m.json"), "--runinfo", str(tmp_path / "r.json"),
                 "--plots", str(tmp_path / "plots"), "--runs", str(tmp_path / "runs"), "--params", str(params)]
     else:
-        argv = ["--init", str(tmp_path / "sft"), "--raw", str(tmp_path / "raw"), "--tokenizer", str(forged),
-                "--out", str(tmp_path / "ckpt"), "--metrics", str(tmp_path / "m.json"), "--runinfo", str(tmp_path / "r.json"),
-                "--plots", str(tmp_path / "plots"), "--params", str(params)]
+        argv = [
+            "--init",
+            str(tmp_path / "sft"),
+            "--raw",
+            str(tmp_path / "raw"),
+            "--tokenizer",
+            str(forged),
+            "--out",
+            str(tmp_path / "ckpt"),
+            "--metrics",
+            str(tmp_path / "m.json"),
+            "--runinfo",
+            str(tmp_path / "r.json"),
+            "--plots",
+            str(tmp_path / "plots"),
+            "--params",
+            str(params),
+        ]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'lib'}"}
     r = subprocess.run([sys.executable, "-m", f"stages.{stage}", *argv], cwd=tmp_path, capture_output=True, text=True,
                        env=env, timeout=120)

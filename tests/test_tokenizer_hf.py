@@ -79,10 +79,15 @@ def test_stock_byte_level_training_breaks_ties_in_another_order() -> None:
     pre = tokenizers.pre_tokenizers
     tok = tokenizers.Tokenizer(tokenizers.models.BPE())
     tok.pre_tokenizer = pre.Sequence(
-        [pre.Split(tokenizers.Regex(SPLIT_PATTERN), behavior="isolated"), pre.ByteLevel(add_prefix_space=False, use_regex=False)]
+        [
+            pre.Split(tokenizers.Regex(SPLIT_PATTERN), behavior="isolated"),
+            pre.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
     )
     trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=bpe.get_vocab_size() - len(SPECIAL_TOKENS), show_progress=False, initial_alphabet=pre.ByteLevel.alphabet()
+        vocab_size=bpe.get_vocab_size() - len(SPECIAL_TOKENS),
+        show_progress=False,
+        initial_alphabet=pre.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(texts, trainer=trainer)
     merges = json.loads(tok.to_str())["model"]["merges"]
@@ -123,7 +128,9 @@ def test_decode_equals_bpe_decode(ids: list[int]) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(prefix=st.text(max_size=8), order=st.permutations(SPECIAL_TOKENS), sep=st.sampled_from(["", " ", "\n", "<", "|"]))
+@given(
+    prefix=st.text(max_size=8), order=st.permutations(SPECIAL_TOKENS), sep=st.sampled_from(["", " ", "\n", "<", "|"])
+)
 def test_special_strings_in_text_never_become_special_ids(prefix: str, order: list[str], sep: str) -> None:
     bpe, hf, _ = small()
     text = prefix + sep.join(order)
@@ -224,7 +231,12 @@ def test_training_is_identical_across_processes() -> None:
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT / "lib")}
         done = subprocess.run(
-            [sys.executable, "-c", _TRAIN_IN_CHILD], input="\0".join(texts), env=env, capture_output=True, text=True, check=True
+            [sys.executable, "-c", _TRAIN_IN_CHILD],
+            input="\0".join(texts),
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         shas.append(done.stdout.strip())
     assert shas[0] == shas[1] == train_hf(texts, vocab_size=700).sha256

@@ -60,7 +60,9 @@ def test_only_the_tokenizer_stage_depends_on_trainers_and_the_tsv_module() -> No
 def test_every_kind_in_the_table_loads_on_the_encoding_path() -> None:
     """A kind's encoder module is imported by lockstep.tokenizer (what load_tokenizer's callers
     import): a kind in the table whose folders no stage could load fails here."""
-    encoding_path = {f.resolve().relative_to(ROOT).as_posix() for f in module_files("lockstep.tokenizer", project_roots(ROOT))}
+    encoding_path = {
+        f.resolve().relative_to(ROOT).as_posix() for f in module_files("lockstep.tokenizer", project_roots(ROOT))
+    }
     assert set(KINDS) == {k for k in base._KINDS if k != "toy"}
     for kind in KINDS:
         assert _file(base.tokenizer_class(kind)) in encoding_path, kind
@@ -96,9 +98,13 @@ def test_a_toy_kind_trains_saves_loads_and_encodes_through_the_public_paths(toy,
                                          "options": {"order": "value"}}, where="tokenizer")  # fmt: skip
     assert isinstance(cfg.kind_options, toy.ToyOptions) and not cfg.kind_options.uses_vocab_size()
     with pytest.raises(ConfigError, match=r"^tokenizer.options.min_count=-1 must be >= 0"):
-        build_config(TokenizerConfig, {"kind": "toy", "train_sources": ["a"], "options": {"min_count": -1}}, where="tokenizer")
+        build_config(
+            TokenizerConfig, {"kind": "toy", "train_sources": ["a"], "options": {"min_count": -1}}, where="tokenizer"
+        )
     with pytest.raises(ConfigError, match=r"unknown key\(s\) tokenizer.options.strategy; valid keys: min_count, order"):
-        build_config(TokenizerConfig, {"kind": "toy", "train_sources": ["a"], "options": {"strategy": "x"}}, where="tokenizer")
+        build_config(
+            TokenizerConfig, {"kind": "toy", "train_sources": ["a"], "options": {"strategy": "x"}}, where="tokenizer"
+        )
     raw = tmp_path / "raw"
     fetch_source("math", SynthMathConfig(n_train=20, n_val=4), raw / "math", seed=3)
     metrics = run_tokenizer_stage(cfg, raw, tmp_path / "stage", tmp_path / "m.json", seed=3)

@@ -55,7 +55,10 @@ def test_vocab_layout_ids() -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 @settings(max_examples=60, deadline=None)
-@given(text=st.text(max_size=200) | st.lists(st.sampled_from(["🙂", "漢字", "\x00", "\x7f", "é", " the", "\n"])).map("".join))
+@given(
+    text=st.text(max_size=200)
+    | st.lists(st.sampled_from(["🙂", "漢字", "\x00", "\x7f", "é", " the", "\n"])).map("".join)
+)
 def test_roundtrip(kind: tuple[bool, str], text: str) -> None:
     tok = tiny(*kind)
     ids = tok.encode(text)
@@ -83,7 +86,9 @@ def test_decode_replaces_invalid_utf8_and_rejects_unknown_ids() -> None:
 @settings(max_examples=40, deadline=None)
 @given(prefix=st.text(max_size=8), suffix=st.text(max_size=8), order=st.permutations(SPECIAL_TOKENS),
        sep=st.sampled_from(["", " ", "\n", "<", "|"]))
-def test_special_strings_in_text_never_become_special_ids(kind: tuple[bool, str], prefix: str, suffix: str, order, sep: str) -> None:
+def test_special_strings_in_text_never_become_special_ids(
+    kind: tuple[bool, str], prefix: str, suffix: str, order, sep: str
+) -> None:
     tok = tiny(*kind)
     text = prefix + sep.join(order) + suffix
     ids = tok.encode(text)
@@ -200,9 +205,21 @@ def test_chat_rendering() -> None:
                                                            {"type": "python", "text": "2+3"},
                                                            {"type": "python_output", "text": "5"}]}]}
     ids, mask = tok.render_conversation(conv)
-    want = ([sp["<|bos|>"], sp["<|user_start|>"], *tok.encode("What is 2+3? 🙂"), sp["<|user_end|>"],
-             sp["<|assistant_start|>"], *tok.encode("It is "), sp["<|python_start|>"], *tok.encode("2+3"),
-             sp["<|python_end|>"], sp["<|output_start|>"], *tok.encode("5"), sp["<|output_end|>"], sp["<|assistant_end|>"]])
+    want = [
+        sp["<|bos|>"],
+        sp["<|user_start|>"],
+        *tok.encode("What is 2+3? 🙂"),
+        sp["<|user_end|>"],
+        sp["<|assistant_start|>"],
+        *tok.encode("It is "),
+        sp["<|python_start|>"],
+        *tok.encode("2+3"),
+        sp["<|python_end|>"],
+        sp["<|output_start|>"],
+        *tok.encode("5"),
+        sp["<|output_end|>"],
+        sp["<|assistant_end|>"],
+    ]
     assert ids == want and len(mask) == len(ids)
     assert tok.decode(ids).startswith("<|bos|><|user_start|>What is 2+3? 🙂<|user_end|>")
     prompt = tok.render_for_completion(conv)
@@ -253,7 +270,9 @@ def test_prefix_tree_is_the_trie_without_the_root(tmp_path) -> None:
         if 1 <= i <= n:
             # a code's ancestors are its trie chain past itself: every proper prefix, nearest first
             assert d == depths[i] - 1 and tree.ancestors[i, :d].tolist() == chains[i, 1 : d + 1].tolist()
-            assert [pieces[a] for a in tree.ancestors[i, :d]] == [pieces[i][:k] for k in range(len(pieces[i]) - 1, 0, -1)]
+            assert [pieces[a] for a in tree.ancestors[i, :d]] == [
+                pieces[i][:k] for k in range(len(pieces[i]) - 1, 0, -1)
+            ]
         else:  # root, fallback and special ids have no token ancestor
             assert d == 0 and tree.parent[i] == -1
     tok.save(tmp_path / "t")

@@ -64,7 +64,9 @@ def test_bytes_per_token_on_threads_counts_every_text_once(kind: str, monkeypatc
     # Texts of very different sizes over several batches: the threaded batch call must neither
     # drop nor repeat a text.
 
-    tok = train_tokenizer("bpe", ["ab" * 50], vocab_size=256 + 1 + 9) if kind == "bpe" else train_tokenizer(kind, ["abx"])
+    tok = (
+        train_tokenizer("bpe", ["ab" * 50], vocab_size=256 + 1 + 9) if kind == "bpe" else train_tokenizer(kind, ["abx"])
+    )
     texts = ["abab" * (i % 7) + "é" * (i % 3) + "x" for i in range(300)] + ["ab" * 5000]
     serial = bytes_per_token(tok, texts, num_threads=1)
     assert serial["tokens"] == sum(len(tok.encode(t)) for t in texts)
@@ -108,19 +110,33 @@ def test_config_refuses_bad_values() -> None:
     # The char options' defaults keep today's char tokenizer: the most frequent bytes, specials after.
     char = build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"]})
     assert not char.kind_options.uses_vocab_size()
-    assert char.kind_options.train_kwargs(seed=0, root=Path(".")) == {"max_alphabet": 65, "order": "frequency", "specials": True}
+    assert char.kind_options.train_kwargs(seed=0, root=Path(".")) == {
+        "max_alphabet": 65,
+        "order": "frequency",
+        "specials": True,
+    }
     ref = build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"],
                                          "options": {"order": "sorted", "specials": False}},
                        where="tokenizer")  # fmt: skip
-    assert ref.kind_options.train_kwargs(seed=0, root=Path(".")) == {"max_alphabet": 65, "order": "sorted", "specials": False}
-    with pytest.raises(ConfigError, match=r"tokenizer.options.order='alphabetical' must be one of \['frequency', 'sorted'\]"):
+    assert ref.kind_options.train_kwargs(seed=0, root=Path(".")) == {
+        "max_alphabet": 65,
+        "order": "sorted",
+        "specials": False,
+    }
+    with pytest.raises(
+        ConfigError, match=r"tokenizer.options.order='alphabetical' must be one of \['frequency', 'sorted'\]"
+    ):
         build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"], "options": {"order": "alphabetical"}},
                      where="tokenizer")  # fmt: skip
     # Options belong to their kind: another kind's are unknown keys, listing the valid ones.
     with pytest.raises(ConfigError, match=r"unknown key\(s\) tokenizer.options.specials; valid keys: $"):
-        build_config(TokenizerConfig, {"kind": "bpe", "train_sources": ["a"], "options": {"specials": False}}, where="tokenizer")
+        build_config(
+            TokenizerConfig, {"kind": "bpe", "train_sources": ["a"], "options": {"specials": False}}, where="tokenizer"
+        )
     with pytest.raises(ConfigError, match=r"tokenizer.options.max_alphabet=0 must be an integer in \[1, 256\]"):
-        build_config(TokenizerConfig, {"kind": "char", "train_sources": ["a"], "options": {"max_alphabet": 0}}, where="tokenizer")
+        build_config(
+            TokenizerConfig, {"kind": "char", "train_sources": ["a"], "options": {"max_alphabet": 0}}, where="tokenizer"
+        )
 
 
 @pytest.mark.parametrize(("old", "new"), [
@@ -132,7 +148,9 @@ def test_config_refuses_bad_values() -> None:
     ("char_order", "options.order"), ("char_specials", "options.specials"),
 ])  # fmt: skip
 def test_a_flat_key_of_one_kind_names_its_new_place(old: str, new: str) -> None:
-    with pytest.raises(ConfigError, match=rf"^tokenizer.{old} has moved: set tokenizer.{new} instead \(with kind: \w+\)$"):
+    with pytest.raises(
+        ConfigError, match=rf"^tokenizer.{old} has moved: set tokenizer.{new} instead \(with kind: \w+\)$"
+    ):
         build_config(TokenizerConfig, {"kind": "bpe", "train_sources": ["a"], old: 1}, where="tokenizer")
 
 
@@ -150,7 +168,9 @@ def test_training_is_identical_across_processes_and_hash_seeds() -> None:
     outputs = set()
     for hash_seed in ("0", "1", "4242"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        out = subprocess.run([sys.executable, "-c", _TRAIN_IN_CHILD], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", _TRAIN_IN_CHILD], env=env, capture_output=True, text=True, check=True
+        )
         outputs.add(out.stdout)
     assert len(outputs) == 1, outputs
     assert len(outputs.pop().splitlines()) == 3
@@ -173,7 +193,9 @@ def _snapshots(tmp_path: Path) -> Path:
     notes = tmp_path / "notes"
     notes.mkdir()
     for i in range(6):
-        (notes / f"note{i}.md").write_text(f"# Note {i}\n\nThe tokenizer learns merges from text like this, {i * 37}.\n" * 5)
+        (notes / f"note{i}.md").write_text(
+            f"# Note {i}\n\nThe tokenizer learns merges from text like this, {i * 37}.\n" * 5
+        )
     raw = tmp_path / "raw"
     fetch_source("notes", RoamConfig(path=str(notes), val_frac=0.34), raw / "notes", seed=3)
     fetch_source("math", SynthMathConfig(n_train=40, n_val=8), raw / "math", seed=3)
@@ -216,7 +238,9 @@ def test_stage_reads_a_brought_lz78_dictionary(tmp_path: Path) -> None:
     raw = _snapshots(tmp_path)
     trained = train_lz78_tokenizer(list(snapshot_texts(raw / "notes", "train")), vocab_size=300)
     (tmp_path / "corpus" / "dictionaries").mkdir(parents=True)
-    write_compressed_tsv(tmp_path / "corpus" / "dictionaries" / "notes.tsv", CompressedDictionary.from_trie(trained.trie))
+    write_compressed_tsv(
+        tmp_path / "corpus" / "dictionaries" / "notes.tsv", CompressedDictionary.from_trie(trained.trie)
+    )
     cfg = TokenizerConfig(kind="lz78", vocab_size=999, train_sources=(), metric_sources=("notes",),
                           options={"dictionary": "corpus/dictionaries/notes.tsv"})  # fmt: skip
     m = run_tokenizer_stage(cfg, raw, tmp_path / "tok", tmp_path / "m.json", seed=3, root=tmp_path)
@@ -240,7 +264,9 @@ def test_stage_reports_the_bytes_a_char_alphabet_loses(tmp_path: Path) -> None:
     math source loses them to id 0 and still encodes one token per byte, so bytes/token reads 1.0;
     the stage says how many bytes were lost and counts only the survivors in kept_bytes_per_token."""
     raw = _snapshots(tmp_path)
-    cfg = TokenizerConfig(kind="char", options={"max_alphabet": 20}, train_sources=("notes",), metric_sources=("notes", "math"))
+    cfg = TokenizerConfig(
+        kind="char", options={"max_alphabet": 20}, train_sources=("notes",), metric_sources=("notes", "math")
+    )
     m = run_tokenizer_stage(cfg, raw, tmp_path / "tok", tmp_path / "m.json", seed=3)
     assert json.loads((tmp_path / "m.json").read_text()) == m
     # The alphabet by hand: the 20 most frequent bytes of the train text, ties to the lower byte.
@@ -282,7 +308,9 @@ def test_stage_reference_rule_without_special_tokens(tmp_path: Path) -> None:
     assert rendered["samples"][0]["ids"] == [stoi.get(b, 0) for b in first_doc][: len(rendered["samples"][0]["ids"])]
 
     with pytest.raises(NoSpecialTokensError, match="tokenizer.options.specials: true"):
-        build_sft_cache({"train": iter_records(raw / "chat", "train")}, tmp_path / "cache", tokenizer=tok, val_frac=None, seed=3)
+        build_sft_cache(
+            {"train": iter_records(raw / "chat", "train")}, tmp_path / "cache", tokenizer=tok, val_frac=None, seed=3
+        )
     assert not (tmp_path / "cache").exists()
 
 

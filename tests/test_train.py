@@ -21,8 +21,18 @@ from lockstep.model.gpt import GPT, IGNORE_INDEX
 from lockstep.rl.config import RLConfig
 from lockstep.train import objectives
 from lockstep.train.optim import OptimConfig
-from lockstep.train.trainer import (ModelParams, TrainConfig, Trainer, TrainResult, Validation, batch_generator, grad_accum_steps,
-                                    horizon_steps, host_to_device, lr_multiplier)
+from lockstep.train.trainer import (
+    ModelParams,
+    TrainConfig,
+    Trainer,
+    TrainResult,
+    Validation,
+    batch_generator,
+    grad_accum_steps,
+    horizon_steps,
+    host_to_device,
+    lr_multiplier,
+)
 
 V, T = 64, 32
 CPU = Runtime(device=torch.device("cpu"), dtype=torch.float32, reason="test")
@@ -59,11 +69,20 @@ def _cfg(**kw) -> TrainConfig:
 
 def _trainer(model: GPT, cfg: TrainConfig, rt: Runtime = CPU, **kw) -> Trainer:
     """A Trainer on ToySource batches and validation windows, seed 5."""
-    return Trainer(model, cfg, rt, data=ToySource(), seed=5, validation=Validation(ToySource(), torch.ones(V, dtype=torch.int32)),
-                   **kw)
+    return Trainer(
+        model,
+        cfg,
+        rt,
+        data=ToySource(),
+        seed=5,
+        validation=Validation(ToySource(), torch.ones(V, dtype=torch.int32)),
+        **kw,
+    )
 
 
-def _fit(model: GPT, cfg: TrainConfig, run_dir, rt: Runtime = CPU, *, stop_at_step: int | None = None, **kw) -> TrainResult:
+def _fit(
+    model: GPT, cfg: TrainConfig, run_dir, rt: Runtime = CPU, *, stop_at_step: int | None = None, **kw
+) -> TrainResult:
     return _trainer(model, cfg, rt, **kw).fit(Path(run_dir), {"stage": "test", "code_revision": "test"},
                                               stop_at_step=stop_at_step)
 
@@ -253,7 +272,9 @@ class _RecordingSource(_IndexSource):
     def __init__(self, events: list[tuple]) -> None:
         super().__init__()
         self.events, self.inputs = events, {}
-        self.tags = {batch_generator(5, step, micro).initial_seed(): (step, micro) for step in range(8) for micro in range(4)}
+        self.tags = {
+            batch_generator(5, step, micro).initial_seed(): (step, micro) for step in range(8) for micro in range(4)
+        }
 
     def get_batch(self, *, B: int, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
         batch = super().get_batch(B=B, generator=generator)

@@ -93,7 +93,10 @@ def test_stage_chain(workspace: Path, repo_root: Path, monkeypatch: pytest.Monke
         train_rows = (root / f"plots/{stage}/train.tsv").read_text().splitlines()
         assert train_rows[0] == "step\ttrain_loss\tlr_mult" and len(train_rows) == 1 + ck.step
         assert (root / f"plots/{stage}/val.tsv").read_text().splitlines()[0] == "step\tval_bpb"
-    assert load_checkpoint(root / "pretrain").meta["tokenizer_sha256"] == load_checkpoint(root / "sft").meta["tokenizer_sha256"]
+    assert (
+        load_checkpoint(root / "pretrain").meta["tokenizer_sha256"]
+        == load_checkpoint(root / "sft").meta["tokenizer_sha256"]
+    )
     # A second, independent run with the same params writes the same bytes, even with the global
     # generator moved in between.
     torch.rand(7)
@@ -101,20 +104,26 @@ def test_stage_chain(workspace: Path, repo_root: Path, monkeypatch: pytest.Monke
     for name in ("model.safetensors", "optim_rank0.pt", "rng.safetensors", "meta.json", "manifest.json"):
         assert (root / "pretrain" / name).read_bytes() == (root / "pretrain_again" / name).read_bytes(), name
     for name in ("train.tsv", "val.tsv"):
-        assert (root / "plots/pretrain" / name).read_bytes() == (root / "plots/pretrain_again" / name).read_bytes(), name
+        assert (root / "plots/pretrain" / name).read_bytes() == (root / "plots/pretrain_again" / name).read_bytes(), (
+            name
+        )
     assert (root / "metrics/pretrain.json").read_bytes() == (root / "metrics/pretrain_again.json").read_bytes()
     # Re-running a finished run resumes at its last step: nothing retrained, same output.
     assert pretrain.main(_args(root, "pretrain", "pretrain_third", runs="runs2")) == 0
     third = json.loads((root / "runinfo/pretrain_third.json").read_text())
     assert third["resumed_from_step"] == 4 and third["tok_per_s"] > 0
-    assert (root / "pretrain/model.safetensors").read_bytes() == (root / "pretrain_third/model.safetensors").read_bytes()
+    assert (root / "pretrain/model.safetensors").read_bytes() == (
+        root / "pretrain_third/model.safetensors"
+    ).read_bytes()
     # Changed code never resumes (or re-publishes) what the old code trained.
     monkeypatch.setattr("stages.pretrain.code_revision", lambda entry: "sha256:changed")
     assert pretrain.main(_args(root, "pretrain", "pretrain_new_code", runs="runs2")) == 0
     assert json.loads((root / "runinfo/pretrain_new_code.json").read_text())["resumed_from_step"] == 0
 
 
-def test_sigkilled_stage_resumes_to_the_same_bytes(workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sigkilled_stage_resumes_to_the_same_bytes(
+    workspace: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A pretrain process SIGKILLed after its first checkpoint, then re-run, publishes the same
     checkpoint as an uninterrupted run."""
     import os
@@ -142,8 +151,13 @@ def test_sigkilled_stage_resumes_to_the_same_bytes(workspace: Path, repo_root: P
         a[a.index("--params") + 1] = str(root / "params_kill.yaml")
         return a
 
-    proc = subprocess.Popen([sys.executable, "-m", "stages.pretrain", *args("killed", "runs_kill")], cwd=repo_root,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stages.pretrain", *args("killed", "runs_kill")],
+        cwd=repo_root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     deadline = time.monotonic() + 120
     while not list((root / "runs_kill").glob("pretrain-*/step_*/manifest.json")):
         assert proc.poll() is None and time.monotonic() < deadline, "stage ended before its first checkpoint"
@@ -234,12 +248,16 @@ def test_ctrl_c_ends_with_one_line_naming_the_checkpoint_to_resume_from(workspac
                           max_epochs=None)
     stderr_path = root / "interrupted_stderr.txt"
     with open(stderr_path, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "stages.pretrain", *_args_with(root, "interrupted", "runs_int", params)],
-                                cwd=repo_root, stdout=subprocess.DEVNULL, stderr=stderr,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"},
-                                # A shell starts background jobs with SIGINT ignored, and Python then
-                                # leaves it ignored: give the stage the default a terminal gives it.
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "stages.pretrain", *_args_with(root, "interrupted", "runs_int", params)],
+            cwd=repo_root,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            # A shell starts background jobs with SIGINT ignored, and Python then
+            # leaves it ignored: give the stage the default a terminal gives it.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         try:
             deadline = time.monotonic() + 120
             while not list((root / "runs_int").glob("pretrain-*/step_*/manifest.json")):
@@ -285,7 +303,10 @@ def test_entry_point_prints_one_line(monkeypatch: pytest.MonkeyPatch, capsys) ->
         raise ZeroDivisionError("a bug keeps its traceback")
 
     assert entry(interrupted_with_note) == 130
-    assert capsys.readouterr().err == "interrupted: pretrain stopped; last complete checkpoint runs/x/step_00000004 (step 4)\n"
+    assert (
+        capsys.readouterr().err
+        == "interrupted: pretrain stopped; last complete checkpoint runs/x/step_00000004 (step 4)\n"
+    )
     assert entry(interrupted) == 130
     assert capsys.readouterr().err == "interrupted: the stage did not finish; `dvc repro` runs it again\n"
     assert entry(bad_config, errors=(ConfigError,)) == 1
@@ -373,16 +394,22 @@ def test_a_second_process_in_the_run_folder_stops_and_touches_nothing(workspace:
     try:
         deadline = time.monotonic() + 180
         while not any(f"{holder.pid}" in p.read_text() for p in (root / "runs_lock").glob(f"pretrain-*/{LOCK_FILE}")):
-            assert holder.poll() is None and time.monotonic() < deadline, "the stage ended before it took its run folder"
+            assert holder.poll() is None and time.monotonic() < deadline, (
+                "the stage ended before it took its run folder"
+            )
             time.sleep(0.01)
         holder.send_signal(signal.SIGSTOP)
         before = tree(root / "runs_lock")
-        status = entry(lambda: pretrain.main(_args_with(root, "second", "runs_lock", params)), errors=pretrain.STAGE_ERRORS)
+        status = entry(
+            lambda: pretrain.main(_args_with(root, "second", "runs_lock", params)), errors=pretrain.STAGE_ERRORS
+        )
         line = one_error_line(capsys.readouterr().err)
         assert status == 1
         assert f"is in use by process {holder.pid} on host" in line and f"`kill {holder.pid}`" in line, line
         assert tree(root / "runs_lock") == before
-        assert not any((root / p).exists() for p in ("second", "metrics/second.json", "runinfo/second.json", "plots/second"))
+        assert not any(
+            (root / p).exists() for p in ("second", "metrics/second.json", "runinfo/second.json", "plots/second")
+        )
     finally:
         holder.kill()  # SIGKILL reaches a stopped process
         holder.wait()
@@ -447,8 +474,12 @@ def test_a_file_size_limit_at_a_checkpoint_ends_in_one_error_line(workspace: Pat
 
     root = workspace
     params = _params_file(root, "params_fsize.yaml", num_steps=4, checkpoint_every_steps=2, eval_every_steps=0)
-    proc = run_with_file_size_limit([sys.executable, "-m", "stages.pretrain", *_args_with(root, "fsize", "runs_fsize", params)],
-                                    cwd=repo_root, env=stage_env(repo_root, OMP_NUM_THREADS="1"), limit_bytes=100_000)
+    proc = run_with_file_size_limit(
+        [sys.executable, "-m", "stages.pretrain", *_args_with(root, "fsize", "runs_fsize", params)],
+        cwd=repo_root,
+        env=stage_env(repo_root, OMP_NUM_THREADS="1"),
+        limit_bytes=100_000,
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = one_error_line(proc.stderr)
     assert line.startswith("error: a file reached this process's size limit of 100000 bytes (RLIMIT_FSIZE) trying to "

@@ -51,13 +51,25 @@ def plan(
     device: str = typer.Option(None, "--device", help="h100, h200, a100 or cpu (default: cpu without CUDA, else h100)"),
     mfu: float = typer.Option(None, "--mfu", min=0.001, max=1.0, help="assumed model FLOPs utilisation"),
     peak_tflops: float = typer.Option(None, "--peak-tflops", min=0.0, help="per-device peak, overriding the table"),
-    kernels: bool = typer.Option(None, "--kernels/--no-kernels", help="plan the fast paths (runtime.kernels): the "
-                                 "chunked loss head's memory, the fast engine's decode rate; default: the params' value"),
-    calibrate: bool = typer.Option(False, "--calibrate", help="time a few training steps of the pretrain shape on "
-                                   "this machine, compiled as the stage compiles them, for the throughput and the "
-                                   "step's peak memory (a few seconds on CPU for tiny)"),
-    calibrate_steps: int = typer.Option(3, "--calibrate-steps", min=1, help="timed steps, after the untimed warm-up "
-                                        "(the first step and any later one that compiles)"),
+    kernels: bool = typer.Option(
+        None,
+        "--kernels/--no-kernels",
+        help="plan the fast paths (runtime.kernels): the "
+        "chunked loss head's memory, the fast engine's decode rate; default: the params' value",
+    ),
+    calibrate: bool = typer.Option(
+        False,
+        "--calibrate",
+        help="time a few training steps of the pretrain shape on "
+        "this machine, compiled as the stage compiles them, for the throughput and the "
+        "step's peak memory (a few seconds on CPU for tiny)",
+    ),
+    calibrate_steps: int = typer.Option(
+        3,
+        "--calibrate-steps",
+        min=1,
+        help="timed steps, after the untimed warm-up (the first step and any later one that compiles)",
+    ),
     cache: Path = typer.Option(Path("data/cache"), help="where built caches are read from when they exist"),
     raw: Path = typer.Option(Path("data/raw"), help="where raw snapshots are measured when they exist"),
     as_json: bool = typer.Option(False, "--json", help="JSON, for scripts"),
@@ -206,7 +218,9 @@ def exp_summary(
 
 @dev_app.command("evalsets")
 def dev_evalsets(
-    evalsets: Path = typer.Option(Path("evalsets"), "--evalsets", help="the eval sets folder whose generated files to check"),
+    evalsets: Path = typer.Option(
+        Path("evalsets"), "--evalsets", help="the eval sets folder whose generated files to check"
+    ),
     write: bool = typer.Option(False, "--write", help="regenerate the files from lockstep.dev.evalsets_build"),
 ) -> None:
     """Check that the generated eval set files are exactly the generator's output (exit 1 if not);
@@ -219,21 +233,33 @@ def dev_evalsets(
 
     def regenerate() -> str:
         changed = write_evalsets(evalsets)
-        return f"rewrote {', '.join(changed)} under {evalsets}" if changed else f"already right: the generated files under {evalsets}"
+        return (
+            f"rewrote {', '.join(changed)} under {evalsets}"
+            if changed
+            else f"already right: the generated files under {evalsets}"
+        )
 
-    _check_or_write(write=write, regenerate=regenerate,
-                    check=lambda: [f"{evalsets / rel}: differs from the generator's output" for rel in drifted(evalsets)],
-                    errors=(EvalsetBuildError, OSError),
-                    ok=f"{evalsets}: every generated eval set file is the generator's output",
-                    fix=f"lockstep dev evalsets --write --evalsets {evalsets}")
+    _check_or_write(
+        write=write,
+        regenerate=regenerate,
+        check=lambda: [f"{evalsets / rel}: differs from the generator's output" for rel in drifted(evalsets)],
+        errors=(EvalsetBuildError, OSError),
+        ok=f"{evalsets}: every generated eval set file is the generator's output",
+        fix=f"lockstep dev evalsets --write --evalsets {evalsets}",
+    )
 
 
 @dev_app.command("own-eval")
 def dev_own_eval(
-    task: str = typer.Argument(..., help="a task label listed by a core.yaml in a folder under --evalsets, or a "
-                               "categorical file's stem under chat/ (arc_own)"),
+    task: str = typer.Argument(
+        ...,
+        help="a task label listed by a core.yaml in a folder under --evalsets, or a "
+        "categorical file's stem under chat/ (arc_own)",
+    ),
     ckpt: Path = typer.Option(..., "--ckpt", help="checkpoint folder, e.g. data/ckpt/pretrain"),
-    tokenizer: Path = typer.Option(Path("data/tokenizer"), "--tokenizer", help="the tokenizer the checkpoint was trained with"),
+    tokenizer: Path = typer.Option(
+        Path("data/tokenizer"), "--tokenizer", help="the tokenizer the checkpoint was trained with"
+    ),
     evalsets: Path = typer.Option(Path("evalsets"), "--evalsets", help="the eval sets folder"),
     items: bool = typer.Option(False, "--items", help="also print one line per item"),
     max_items: int = typer.Option(0, "--max-items", min=0, help="the first N items of the task's order; 0 = all"),
@@ -287,20 +313,30 @@ def dev_hub_samples(
 
 @dev_app.command("rehearsal")
 def dev_rehearsal(
-    presets_dir: Path = typer.Option(Path("presets"), "--presets-dir", help="folder holding d12.yaml and rehearsal.yaml"),
-    write: bool = typer.Option(False, "--write", help="regenerate rehearsal.yaml from d12.yaml and lockstep.dev.rehearsal"),
+    presets_dir: Path = typer.Option(
+        Path("presets"), "--presets-dir", help="folder holding d12.yaml and rehearsal.yaml"
+    ),
+    write: bool = typer.Option(
+        False, "--write", help="regenerate rehearsal.yaml from d12.yaml and lockstep.dev.rehearsal"
+    ),
 ) -> None:
     """Check that presets/rehearsal.yaml is d12.yaml with the rehearsal's sample paths and sizes
     (exit 1 if not); with --write, regenerate it."""
     from lockstep.dev.rehearsal import RehearsalError, is_stale, write_rehearsal
 
     target = presets_dir / "rehearsal.yaml"
-    _check_or_write(write=write,
-                    regenerate=lambda: f"rewrote {target}" if write_rehearsal(presets_dir) else f"already right: {target}",
-                    check=lambda: ([f"{target}: differs from what {presets_dir / 'd12.yaml'} and lockstep.dev.rehearsal give"]
-                                   if is_stale(presets_dir) else []),
-                    errors=(RehearsalError, OSError), ok=f"{target}: generated from {presets_dir / 'd12.yaml'} as it is now",
-                    fix=f"lockstep dev rehearsal --write --presets-dir {presets_dir}")
+    _check_or_write(
+        write=write,
+        regenerate=lambda: f"rewrote {target}" if write_rehearsal(presets_dir) else f"already right: {target}",
+        check=lambda: (
+            [f"{target}: differs from what {presets_dir / 'd12.yaml'} and lockstep.dev.rehearsal give"]
+            if is_stale(presets_dir)
+            else []
+        ),
+        errors=(RehearsalError, OSError),
+        ok=f"{target}: generated from {presets_dir / 'd12.yaml'} as it is now",
+        fix=f"lockstep dev rehearsal --write --presets-dir {presets_dir}",
+    )
 
 
 @app.command()
@@ -354,18 +390,23 @@ def data_inspect(
 @app.command()
 def chat(
     ckpt: Path = typer.Option(..., "--ckpt", help="checkpoint directory, e.g. data/ckpt/sft"),
-    tokenizer: Path = typer.Option(Path("data/tokenizer"), "--tokenizer", help="the tokenizer the checkpoint was trained with"),
+    tokenizer: Path = typer.Option(
+        Path("data/tokenizer"), "--tokenizer", help="the tokenizer the checkpoint was trained with"
+    ),
     prompt: str | None = typer.Option(None, "-p", "--prompt", help="answer this one prompt and exit"),
     # Ranges are checked by lockstep.infer.chat.person_settings (one `error:` line naming the option),
     # the same table the /commands use.
     temperature: float = typer.Option(0.6, help="sampling temperature, 0 to 2; 0 (and below 1e-4) is greedy"),
     top_k: int = typer.Option(50, "--top-k", help="sample from the K most likely tokens, 0 to 200; 0 = all"),
-    top_p: float = typer.Option(1.0, "--top-p", help="sample from the fewest likely tokens whose probability "
-                                "reaches P, 0 < P <= 1; 1 = all"),
+    top_p: float = typer.Option(
+        1.0, "--top-p", help="sample from the fewest likely tokens whose probability reaches P, 0 < P <= 1; 1 = all"
+    ),
     max_tokens: int = typer.Option(256, "--max-tokens", help="new tokens per reply at most"),
     seed: int = typer.Option(0, help="seed of the first reply; each later reply adds its turn number"),
     device: str = typer.Option("cpu", help="torch device to run on: cpu, cuda, cuda:1, mps"),
-    kernels: bool = typer.Option(False, help="run the model on its CPU fast paths (lockstep.model.kernels; runtime.kernels)"),
+    kernels: bool = typer.Option(
+        False, help="run the model on its CPU fast paths (lockstep.model.kernels; runtime.kernels)"
+    ),
 ) -> None:
     """Chat with a checkpoint in the terminal, replies streamed as they are sampled."""
     from lockstep.infer.chat import ChatError, load_backend, person_settings, run_chat
@@ -394,21 +435,39 @@ def chat(
 @app.command()
 def serve(
     ckpt: Path = typer.Option(..., "--ckpt", help="checkpoint directory, e.g. data/ckpt/sft"),
-    tokenizer: Path = typer.Option(Path("data/tokenizer"), "--tokenizer", help="the tokenizer the checkpoint was trained with"),
+    tokenizer: Path = typer.Option(
+        Path("data/tokenizer"), "--tokenizer", help="the tokenizer the checkpoint was trained with"
+    ),
     host: str = typer.Option("127.0.0.1", help="address to bind; the default is reachable from this machine only"),
     port: int = typer.Option(8000, help="TCP port to listen on, 0 to 65535 (0 = any free port)"),
     workers: int = typer.Option(1, help="replies generated at once, 1 or more"),
     max_queued: int = typer.Option(4, "--max-queued", help="requests waiting for a worker before 503, 0 or more"),
-    allow_origin: list[str] = typer.Option([], "--allow-origin", help="a web origin allowed to call the API (repeatable)"),
-    header_timeout_s: float = typer.Option(10.0, "--header-timeout-s", help="seconds a client has to send a request's "
-                                           "headers, from connecting or from its previous reply; later, 408 and closed"),
-    body_timeout_s: float = typer.Option(15.0, "--body-timeout-s", help="seconds a client has to send a request's "
-                                         "body after its headers; later, 408 and closed. Replies are not timed"),
-    max_connections: int = typer.Option(0, "--max-connections", help="open connections at most; 0 = 1000, fewer if "
-                                        "the open-file limit needs. At the cap a new connection replaces the one "
-                                        "waiting longest for a request, or gets 503 when all are busy"),
+    allow_origin: list[str] = typer.Option(
+        [], "--allow-origin", help="a web origin allowed to call the API (repeatable)"
+    ),
+    header_timeout_s: float = typer.Option(
+        10.0,
+        "--header-timeout-s",
+        help="seconds a client has to send a request's "
+        "headers, from connecting or from its previous reply; later, 408 and closed",
+    ),
+    body_timeout_s: float = typer.Option(
+        15.0,
+        "--body-timeout-s",
+        help="seconds a client has to send a request's "
+        "body after its headers; later, 408 and closed. Replies are not timed",
+    ),
+    max_connections: int = typer.Option(
+        0,
+        "--max-connections",
+        help="open connections at most; 0 = 1000, fewer if "
+        "the open-file limit needs. At the cap a new connection replaces the one "
+        "waiting longest for a request, or gets 503 when all are busy",
+    ),
     device: str = typer.Option("cpu", help="torch device to run on: cpu, cuda, cuda:1, mps"),
-    kernels: bool = typer.Option(False, help="run the model on its CPU fast paths (lockstep.model.kernels; runtime.kernels)"),
+    kernels: bool = typer.Option(
+        False, help="run the model on its CPU fast paths (lockstep.model.kernels; runtime.kernels)"
+    ),
 ) -> None:
     """Serve the chat UI and an OpenAI-compatible API (/v1/chat/completions) for a checkpoint."""
     from lockstep.core.config import FieldError, build_config
@@ -440,7 +499,9 @@ def serve(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
     if host not in ("127.0.0.1", "localhost", "::1"):
-        typer.echo(f"warning: binding {host}: the API has no authentication; anyone who can reach it can use it", err=True)
+        typer.echo(
+            f"warning: binding {host}: the API has no authentication; anyone who can reach it can use it", err=True
+        )
     # Request lines from lockstep.infer.server (sizes and timings, never message text) next to uvicorn's.
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s %(message)s")
     typer.echo(f"serving {backend.model_id} on http://{host}:{port}/")

@@ -119,8 +119,13 @@ def build_config(cls: type[T], params: Mapping[str, Any], *, where: str = "") ->
     # A class may name keys it used to have: MOVED_KEYS maps each to (its new key, a note).
     moved = [(k, *getattr(cls, "MOVED_KEYS", {})[k]) for k in unknown if k in getattr(cls, "MOVED_KEYS", {})]
     if moved:
-        raise ConfigError("; ".join(f"{where + '.' if where else ''}{old} has moved: set {where + '.' if where else ''}{new} "
-                                    f"instead ({note})" for old, new, note in moved))
+        raise ConfigError(
+            "; ".join(
+                f"{where + '.' if where else ''}{old} has moved: set {where + '.' if where else ''}{new} "
+                f"instead ({note})"
+                for old, new, note in moved
+            )
+        )
     if unknown:
         raise ConfigError(
             f"unknown key(s) {', '.join(f'{where}.{k}' if where else k for k in unknown)}; "

@@ -88,7 +88,9 @@ def read_json(path: str | os.PathLike[str], *, what: str = "JSON file") -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{what} {path} is not valid JSON ({e}); delete it and re-run the stage that writes it") from None
+        raise ValueError(
+            f"{what} {path} is not valid JSON ({e}); delete it and re-run the stage that writes it"
+        ) from None
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -56,7 +56,9 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
-            raise FieldError("nproc", self.nproc, "must be >= 1: processes on this node, 1 for a single process without torchrun")
+            raise FieldError(
+                "nproc", self.nproc, "must be >= 1: processes on this node, 1 for a single process without torchrun"
+            )
         if self.threads < 0:
             raise FieldError("threads", self.threads, "must be >= 0: torch threads per process, 0 = cores // nproc")
         if self.nnodes < 1:
@@ -167,7 +169,9 @@ def cpu_has_native_bf16() -> bool:
     return False
 
 
-def choose_device_dtype(device: str = "auto", dtype: str = "auto", *, local_rank: int = 0) -> tuple[torch.device, torch.dtype, str]:
+def choose_device_dtype(
+    device: str = "auto", dtype: str = "auto", *, local_rank: int = 0
+) -> tuple[torch.device, torch.dtype, str]:
     """Pick the device and compute dtype, and say why. CPU fp32 always works and is what `auto`
     picks on CPUs without native bf16; on CPUs with it (AVX-512 BF16 / AMX), `auto` picks bf16
     autocast: about 2x the training throughput there, with per-step losses within ~1e-4 of fp32
@@ -375,7 +379,9 @@ def declared_peak_flops(device: torch.device) -> float | None:
     return None
 
 
-def measure_matmul_peak_flops(device: torch.device, dtype: torch.dtype, *, n: int = 1024, min_time_s: float = 0.5) -> float:
+def measure_matmul_peak_flops(
+    device: torch.device, dtype: torch.dtype, *, n: int = 1024, min_time_s: float = 0.5
+) -> float:
     """Measured dense matmul throughput (FLOP/s) for square n x n products: the honest peak to
     quote MFU against on a CPU, whose datasheet peak is unreachable in practice. The best of
     repeated timed batches after a warm-up: other work on the machine only ever slows a batch down

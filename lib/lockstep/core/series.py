@@ -108,7 +108,9 @@ def read_series_file(path: Path) -> dict[str, list[tuple[int, float]]]:
     for n, line in enumerate(lines[1:], start=2):
         cells = line.split("\t")
         if len(cells) != len(header):
-            raise ValueError(f"{path}:{n} has {len(cells)} cells for {len(header)} columns; re-run the stage that wrote it")
+            raise ValueError(
+                f"{path}:{n} has {len(cells)} cells for {len(header)} columns; re-run the stage that wrote it"
+            )
         try:
             step = int(cells[0])
             values = [(col, float(cell)) for col, cell in zip(header[1:], cells[1:]) if cell]

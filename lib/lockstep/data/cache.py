@@ -106,8 +106,10 @@ def _check_pretrain_listing(meta: dict[str, Any], path: Path) -> None:
                                  "sha256: <hex digest>}; the shard list was edited or damaged, rebuild the cache")
         listed = sum(e["tokens"] for e in shards[split])
         if listed != meta[f"{split}_tokens"]:
-            raise CacheError(f"{path}: the {len(shards[split])} {split} shards listed hold {listed} tokens, but "
-                             f"{split}_tokens is {meta[f'{split}_tokens']}; the shard list was edited, rebuild the cache")
+            raise CacheError(
+                f"{path}: the {len(shards[split])} {split} shards listed hold {listed} tokens, but "
+                f"{split}_tokens is {meta[f'{split}_tokens']}; the shard list was edited, rebuild the cache"
+            )
 
 
 def _check_sft_listing(meta: dict[str, Any], path: Path) -> None:
@@ -148,8 +150,10 @@ def read_cache_meta(cache_dir: str | os.PathLike[str], *, kind: str | None = Non
     # The id bound the readers check token files against: it must be the one the dtype was chosen for.
     vocab = meta["vocab_size"]
     if not _is_count(vocab) or vocab == 0 or vocab > 2**32 or meta["token_dtype"] != dtype_name(token_dtype(vocab)):
-        raise CacheError(f"{path}: vocab_size={vocab!r} does not fit token_dtype={meta['token_dtype']!r} (uint16 up to "
-                         f"{_UINT16_MAX_VOCAB} ids, uint32 above); meta.json was edited, {rebuild_hint(Path(cache_dir))}")
+        raise CacheError(
+            f"{path}: vocab_size={vocab!r} does not fit token_dtype={meta['token_dtype']!r} (uint16 up to "
+            f"{_UINT16_MAX_VOCAB} ids, uint32 above); meta.json was edited, {rebuild_hint(Path(cache_dir))}"
+        )
     if meta["kind"] == "pretrain":
         _check_pretrain_listing(meta, path)
     else:
@@ -211,7 +215,9 @@ def open_token_file(path: Path, dtype: np.dtype, tokens: int, sha256: str | None
             "rebuild the cache"
         )
     if verify and sha256 is not None and sha256_file(path) != sha256:
-        raise CacheError(f"{path} fails its sha256 check against meta.json; it was modified or damaged, rebuild the cache")
+        raise CacheError(
+            f"{path} fails its sha256 check against meta.json; it was modified or damaged, rebuild the cache"
+        )
     if tokens == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r", shape=(tokens,))
@@ -317,7 +323,9 @@ def open_sft_split(
         raise CacheError(f"{idx_path} is unreadable ({e}); rebuild the cache") from None
     n_ex = int(meta[f"{split}_examples"])
     if offsets.dtype != np.int64 or offsets.shape != (n_ex,):
-        raise CacheError(f"{idx_path} holds {offsets.dtype} {offsets.shape}, expected int64 ({n_ex},); rebuild the cache")
+        raise CacheError(
+            f"{idx_path} holds {offsets.dtype} {offsets.shape}, expected int64 ({n_ex},); rebuild the cache"
+        )
     if n_ex and (offsets[0] != 0 or (np.diff(offsets) <= 0).any() or offsets[-1] >= n_tokens):
         raise CacheError(f"{idx_path}: offsets are not strictly increasing from 0 within {n_tokens} tokens; rebuild")
     return SFTSplit(tokens, mask, offsets, meta)
@@ -354,7 +362,9 @@ def find_cache(root: Path, name: str, *, key: str) -> tuple[str, Path]:
 def cache_summary(cache_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """Stats of a cache for people: kind, dtype, tokenizer, tokens/docs/shards per split."""
     meta = read_cache_meta(cache_dir)
-    out: dict[str, Any] = {k: meta.get(k) for k in ("kind", "dataset_name", "token_dtype", "vocab_size", "tokenizer_sha256", "seed")}
+    out: dict[str, Any] = {
+        k: meta.get(k) for k in ("kind", "dataset_name", "token_dtype", "vocab_size", "tokenizer_sha256", "seed")
+    }
     for split in SPLITS:
         s: dict[str, Any] = {"tokens": meta.get(f"{split}_tokens")}
         if meta["kind"] == "pretrain":

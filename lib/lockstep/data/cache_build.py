@@ -254,7 +254,13 @@ def _joined(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.
 
 
 def _encode_ahead(
-    batches: Iterable[list[str]], tokenizer: Tokenizer, num_threads: int, bos_id: int, vocab_size: int, dtype: np.dtype, where: str
+    batches: Iterable[list[str]],
+    tokenizer: Tokenizer,
+    num_threads: int,
+    bos_id: int,
+    vocab_size: int,
+    dtype: np.dtype,
+    where: str,
 ) -> Iterator[tuple[list[str], np.ndarray, np.ndarray]]:
     """(texts, BOS-joined tokens (N,) of `dtype`, document lengths counting BOS (D,)) per batch, in
     order. `num_threads` threads each encode small runs of documents and turn the id lists into
@@ -342,7 +348,9 @@ def build_pretrain_cache(
         raise CacheError(f"num_workers={num_workers!r} must be an integer >= 1 (1: encode in this process) and at most "
                          f"{MAX_ENCODE_PARALLELISM}, more CPUs than any machine has")
     if num_workers > 1 and tokenizer_dir is None:
-        raise CacheError(f"num_workers={num_workers} needs tokenizer_dir: worker processes load the tokenizer from its files")
+        raise CacheError(
+            f"num_workers={num_workers} needs tokenizer_dir: worker processes load the tokenizer from its files"
+        )
     num_workers = encode_workers(num_workers)
     bos_id = int(tokenizer.get_bos_token_id())
     meta: dict[str, Any] = {
@@ -522,7 +530,9 @@ def build_sft_cache(
                     if mask_arr.shape != ids_arr.shape or not np.isin(mask_arr, (0, 1)).all():
                         raise CacheError(f"{where}: render_conversation returned a mask that is not 0/1 per token")
                     if not mask_arr.any():
-                        raise CacheError(f"{where}: no supervised token; a conversation must end with an assistant turn")
+                        raise CacheError(
+                            f"{where}: no supervised token; a conversation must end with an assistant turn"
+                        )
                     offsets.append(n_tokens)
                     ft.write(ids_arr.tobytes())
                     fm.write(mask_arr.astype(np.uint8).tobytes())

@@ -76,7 +76,9 @@ def encode_join(
     parts = [part for a in arrays for part in (np.array([bos_id], dtype=np.uint32), a)]
     top = max(int(a.max()) for a in parts if a.size)
     if top >= vocab_size:
-        return to_token_array(np.concatenate(parts, dtype=np.int64), vocab_size, dtype, where), lengths  # raises, naming the id
+        return to_token_array(
+            np.concatenate(parts, dtype=np.int64), vocab_size, dtype, where
+        ), lengths  # raises, naming the id
     # every id is checked to fit, so the narrowing cast straight into the token dtype is exact
     return np.concatenate(parts, dtype=dtype, casting="unsafe"), lengths
 
@@ -129,7 +131,9 @@ class EncodePool:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise CacheError(f"num_workers={num_workers!r} must be an integer >= 1 (tokenizer worker processes)")
         if not Path(tokenizer_dir).is_dir():
-            raise FileNotFoundError(f"tokenizer folder {tokenizer_dir} does not exist; pass the folder the tokenizer was loaded from")
+            raise FileNotFoundError(
+                f"tokenizer folder {tokenizer_dir} does not exist; pass the folder the tokenizer was loaded from"
+            )
         on_disk = str(load_tokenizer(tokenizer_dir).sha256)
         if on_disk != str(tokenizer.sha256):
             raise CacheError(

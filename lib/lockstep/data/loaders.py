@@ -170,7 +170,9 @@ class ShardedTokenLoader:
                 )
         pos = int(state["position_tokens"])
         if pos < 0 or pos % self.span_tokens:
-            raise ValueError(f"loader state position_tokens={pos} is not a multiple of the step span {self.span_tokens}")
+            raise ValueError(
+                f"loader state position_tokens={pos} is not a multiple of the step span {self.span_tokens}"
+            )
         self.epoch, self.position_tokens = int(state["epoch"]), pos
 
 
@@ -278,7 +280,9 @@ class Mixture:
             raise ValueError("a mixture needs at least one (dataset, weight) pair")
         weights = [float(w) for _, w in parts]
         if any(w < 0 for w in weights) or sum(weights) <= 0:
-            raise ValueError(f"mixture weights {weights} must be >= 0 with a positive sum; fix the weights in params.yaml")
+            raise ValueError(
+                f"mixture weights {weights} must be >= 0 with a positive sum; fix the weights in params.yaml"
+            )
         self.datasets = [d for d, _ in parts]
         self.weights = torch.tensor(weights, dtype=torch.float64)
         self.names = list(names) if names is not None else [str(i) for i in range(len(parts))]
@@ -296,8 +300,10 @@ class Mixture:
             if out is None:
                 out = [torch.empty((B, *p.shape[1:]), dtype=p.dtype, device=p.device) for p in part]
             if len(part) != len(out) or part[0].shape[1:] != out[0].shape[1:]:
-                raise ValueError(f"mixture source {self.names[k]} yields {len(part)} tensors of shape {tuple(part[0].shape)}; "
-                                 "all sources need the same kind of batch and the same T")
+                raise ValueError(
+                    f"mixture source {self.names[k]} yields {len(part)} tensors of shape {tuple(part[0].shape)}; "
+                    "all sources need the same kind of batch and the same T"
+                )
             for o, p in zip(out, part):
                 o[where.to(o.device)] = p
             inner = getattr(ds, "last_rows", None) or [{} for _ in range(int(where.numel()))]

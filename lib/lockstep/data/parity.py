@@ -29,7 +29,15 @@ HASH_CHUNK_CHARS = 1 << 20
 # their canonical lines between "[" and "]".
 _TEXT_LINES = json.JSONEncoder(ensure_ascii=False, separators=('}\n{"text":', ":"))
 # What json.dumps(ensure_ascii=False) escapes in a str: backslash first, since the rest add one.
-_JSON_ESCAPES = ((b"\\", b"\\\\"), (b'"', b'\\"'), (b"\n", b"\\n"), (b"\r", b"\\r"), (b"\t", b"\\t"), (b"\b", b"\\b"), (b"\f", b"\\f"))
+_JSON_ESCAPES = (
+    (b"\\", b"\\\\"),
+    (b'"', b'\\"'),
+    (b"\n", b"\\n"),
+    (b"\r", b"\\r"),
+    (b"\t", b"\\t"),
+    (b"\b", b"\\b"),
+    (b"\f", b"\\f"),
+)
 _OTHER_CONTROL_BYTES = bytes(c for c in range(32) if c not in b"\n\r\t\b\f")
 _TEXT_SEP = "\x00"
 

@@ -98,7 +98,11 @@ def validate_conversation(messages: Any) -> None:
         if not isinstance(content, list) or not content:
             raise BadRecord(f"message {i} has no content parts")
         for part in content:
-            if not isinstance(part, dict) or part.get("type") not in PART_TYPES or not isinstance(part.get("text"), str):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") not in PART_TYPES
+                or not isinstance(part.get("text"), str)
+            ):
                 raise BadRecord(f"message {i} has a part that is not {{type in {PART_TYPES}, text: str}}")
             if part["type"] != "text" and m["role"] != "assistant":
                 raise BadRecord(f"message {i} ({m['role']}) carries a {part['type']} part; only assistants may")

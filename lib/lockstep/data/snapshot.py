@@ -189,7 +189,9 @@ def document_lines(table: pa.Table) -> bytes:
         valid = col.is_valid().to_numpy(zero_copy_only=False)
         literals.append([v if ok else b"null" for v, ok in zip(found, valid.tolist(), strict=True)])
     keys = [("{" if i == 0 else ",").encode() + json.dumps(name).encode() + b":" for i, name in enumerate(names)]
-    return b"".join(b"".join(k + v for k, v in zip(keys, row, strict=True)) + b"}\n" for row in zip(*literals, strict=True))
+    return b"".join(
+        b"".join(k + v for k, v in zip(keys, row, strict=True)) + b"}\n" for row in zip(*literals, strict=True)
+    )
 
 
 class SnapshotWriter:
@@ -227,7 +229,9 @@ class SnapshotWriter:
     def bad(self, where: str, reason: str) -> None:
         """Count one unusable record at `where` (e.g. `file.jsonl:17`); raise in strict mode."""
         if self.strict:
-            raise BadRecordError(f"{where}: {reason} (fix the record, or set strict: false to skip and count bad records)")
+            raise BadRecordError(
+                f"{where}: {reason} (fix the record, or set strict: false to skip and count bad records)"
+            )
         self.skipped += 1
         self.last_bad = f"{where}: {reason}"
         if len(self.bad_examples) < MAX_BAD_EXAMPLES:
@@ -263,9 +267,13 @@ class SnapshotWriter:
         if self.kind != "document" or not table.schema.equals(self.schema):
             raise ValueError(f"add_documents takes a table in the document schema {self.schema}, got {table.schema} "
                              f"for a {self.kind} snapshot")
-        taken = self.splits[split].add_table(table, pc.binary_length(table.column("text")).to_numpy(zero_copy_only=False))
+        taken = self.splits[split].add_table(
+            table, pc.binary_length(table.column("text")).to_numpy(zero_copy_only=False)
+        )
         done = table.slice(0, taken)
-        self.snapshot.add_lines(split, document_lines(done), done.slice(0, self.snapshot.wanted(split)).to_pylist(), taken)
+        self.snapshot.add_lines(
+            split, document_lines(done), done.slice(0, self.snapshot.wanted(split)).to_pylist(), taken
+        )
         return taken
 
     def count(self, split: str) -> int:
@@ -288,7 +296,12 @@ class SnapshotWriter:
         """Everything `restore` needs to carry on after the last finished part: per split the
         finished parts (name, sha256), counts and text bytes, and the bad-record tallies. Only
         valid between parts, when no split holds buffered rows or an open part file."""
-        out: dict[str, Any] = {"splits": {}, "skipped": self.skipped, "bad_examples": self.bad_examples, "last_bad": self.last_bad}
+        out: dict[str, Any] = {
+            "splits": {},
+            "skipped": self.skipped,
+            "bad_examples": self.bad_examples,
+            "last_bad": self.last_bad,
+        }
         for split, w in self.splits.items():
             assert w.writer is None and not w.buffered(), f"state() taken with {split} part {w.part_index} still open"
             out["splits"][split] = {

@@ -41,7 +41,9 @@ OASST1 = "oasst1"  # OpenAssistant/oasst1: data/<split>-00000-of-00001-<hash>.pa
 OASST1_TREES = "oasst1-trees"  # the same trees as the project's `*.trees.jsonl.gz` export, unsplit
 GSM8K = "gsm8k"  # openai/gsm8k: main/{train,test}-00000-of-00001.parquet
 DOLLY15K = "dolly15k"  # databricks/databricks-dolly-15k: databricks-dolly-15k.jsonl
-DCLM_CORE = "dclm-core"  # the DCLM eval bundle: eval_bundle.zip holding eval_bundle/{core.yaml, eval_meta_data.csv, eval_data/}
+DCLM_CORE = (
+    "dclm-core"  # the DCLM eval bundle: eval_bundle.zip holding eval_bundle/{core.yaml, eval_meta_data.csv, eval_data/}
+)
 FINEWEB_DUMP = "CC-MAIN-2024-10"
 WIKITEXT_CONFIG = "wikitext-103-raw-v1"
 
@@ -138,7 +140,16 @@ SENTENCES = (
 )
 HEADINGS = ("Why it matters", "A closer look", "Things to try", "A short history", "Common questions",
             "What to remember", "How it works")
-SITES = ("learnwell", "classnotes", "openlessons", "fieldguide", "brightpages", "homestudy", "wonderwiki", "kidsexplain")
+SITES = (
+    "learnwell",
+    "classnotes",
+    "openlessons",
+    "fieldguide",
+    "brightpages",
+    "homestudy",
+    "wonderwiki",
+    "kidsexplain",
+)
 
 
 def _sentence(d: _Draw, topic: str, nouns: Sequence[str]) -> str:
@@ -296,7 +307,9 @@ def oasst1_tree(split: str, i: int) -> dict[str, Any]:
     if i % 12 == 11:  # a prompt in another language: the whole tree is filtered out with lang: en
         lang, text = d.pick(OTHER_LANG_PROMPTS)
         root = message("prompter", text, None, lang=lang)
-        root["replies"].append(message("assistant", d.pick(OTHER_LANG_REPLIES)[1], root["message_id"], rank=0, lang=lang))
+        root["replies"].append(
+            message("assistant", d.pick(OTHER_LANG_REPLIES)[1], root["message_id"], rank=0, lang=lang)
+        )
         return root
     root = message("prompter", d.pick(QUESTIONS).format(t=topic, n=d.pick(nouns)), None)
     node, turns = root, d.int(1, 3)  # assistant turns along the best path
@@ -320,7 +333,9 @@ def oasst1_tree(split: str, i: int) -> dict[str, Any]:
         best["replies"].append(follow)
         node = follow
     if d.chance(0.25):  # a last prompt nobody answered: the conversation ends at the reply before it
-        best["replies"].append(message("prompter", "One more question: is there a good book on this?", best["message_id"]))
+        best["replies"].append(
+            message("prompter", "One more question: is there a good book on this?", best["message_id"])
+        )
     return root
 
 
@@ -497,8 +512,14 @@ def bundle_members() -> list[tuple[str, bytes]]:
     csv_lines = ["Eval Task,Task Category,Task Type,#shots,Random baseline"]
     data: list[tuple[str, bytes]] = []
     for label, category, kind, shots, baseline in BUNDLE_TASKS:
-        yaml_lines += ["-", f"  label: {label}", f"  dataset_uri: {category}/{label}.jsonl", f"  num_fewshot: [{shots}]",
-                       f"  icl_task_type: {kind}", "  continuation_delimiter: ' '"]
+        yaml_lines += [
+            "-",
+            f"  label: {label}",
+            f"  dataset_uri: {category}/{label}.jsonl",
+            f"  num_fewshot: [{shots}]",
+            f"  icl_task_type: {kind}",
+            "  continuation_delimiter: ' '",
+        ]
         csv_lines.append(f"{label},{category.replace('_', ' ')},{kind.replace('_', ' ')},{shots},{baseline}")
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in bundle_items(label))
         data.append((f"eval_bundle/eval_data/{category}/{label}.jsonl", text.encode("utf-8")))
@@ -522,7 +543,9 @@ class ZipFile:
         with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
             for name, data in self.members:
                 info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-                info.external_attr = ((0o40755 if name.endswith("/") else 0o100644) << 16) | (0x10 if name.endswith("/") else 0)
+                info.external_attr = ((0o40755 if name.endswith("/") else 0o100644) << 16) | (
+                    0x10 if name.endswith("/") else 0
+                )
                 zf.writestr(info, data)
         return buf.getvalue()
 

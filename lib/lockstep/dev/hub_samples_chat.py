@@ -64,10 +64,15 @@ def arc_rows(config: str, split: str) -> list[dict[str, Any]]:
 
 def mmlu_rows(split: str) -> list[dict[str, Any]]:
     """MMLU rows; the subject from the question (arithmetic or not), the answer an index."""
-    return [{"question": item["question"],
-             "subject": "elementary_mathematics" if any(c.isdigit() for c in item["question"]) else "conceptual_physics",
-             "choices": list(item["choices"]), "answer": "ABCD".index(item["answer"])}
-            for item in _slices()[(MMLU, split)]]
+    return [
+        {
+            "question": item["question"],
+            "subject": "elementary_mathematics" if any(c.isdigit() for c in item["question"]) else "conceptual_physics",
+            "choices": list(item["choices"]),
+            "answer": "ABCD".index(item["answer"]),
+        }
+        for item in _slices()[(MMLU, split)]
+    ]
 
 
 def humaneval_rows() -> list[dict[str, Any]]:
@@ -77,7 +82,11 @@ def humaneval_rows() -> list[dict[str, Any]]:
 def chat_sample_files() -> list[tuple[str, list[dict[str, Any]], pa.Schema]]:
     """(path under corpus/hub/, rows, parquet schema) of every chat benchmark sample."""
     return [
-        *((f"{ARC}/{c}/{s}-00000-of-00001.parquet", arc_rows(c, s), ARC_SCHEMA) for c in ARC_CONFIGS for s in ARC_SPLITS),
+        *(
+            (f"{ARC}/{c}/{s}-00000-of-00001.parquet", arc_rows(c, s), ARC_SCHEMA)
+            for c in ARC_CONFIGS
+            for s in ARC_SPLITS
+        ),
         *((f"{MMLU}/all/{s}-00000-of-00001.parquet", mmlu_rows(s), MMLU_SCHEMA) for s in MMLU_SPLITS),
         (f"{HUMANEVAL}/openai_humaneval/test-00000-of-00001.parquet", humaneval_rows(), HUMANEVAL_SCHEMA),
     ]

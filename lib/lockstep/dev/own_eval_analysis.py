@@ -88,7 +88,9 @@ def _span_nats(logits: torch.Tensor, ids: torch.Tensor, spans: Sequence[tuple[in
     return out
 
 
-def _forward(model: Model, rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(
+    model: Model, rows: Sequence[Sequence[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     T = max(len(r) for r in rows)
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
     for i, r in enumerate(rows):
@@ -122,7 +124,9 @@ def analyse_core_task(model: Model, task: core.CoreTask, *, encode: Callable[[st
             gold = 0
         else:
             picks = choice_picks(nats)
-            options = tuple(map(str, item["choices"] if task.task_type == "multiple_choice" else item["context_options"]))
+            options = tuple(
+                map(str, item["choices"] if task.task_type == "multiple_choice" else item["context_options"])
+            )
             gold = int(item["gold"])
         results.append(ItemResult(index, gold, options, tuple(nats), picks))
     return results
@@ -246,7 +250,9 @@ def render(analysis: Analysis, *, per_item: bool = False) -> str:
             picks = " | ".join(
                 f"{name}: " + " ".join(str(others[name][r.index].picks[rule]) for rule in analysis.rules)
                 for name in names if r.index in others[name])
-            lines.append(f"{r.index:5d} {r.gold:4d} | {picks} | {'/'.join(map(str, r.tokens))} | {r.options[r.gold][:60]}")
+            lines.append(
+                f"{r.index:5d} {r.gold:4d} | {picks} | {'/'.join(map(str, r.tokens))} | {r.options[r.gold][:60]}"
+            )
         lines.append("")
     summary = analysis.summary()
     n = len(trained)
@@ -255,7 +261,9 @@ def render(analysis: Analysis, *, per_item: bool = False) -> str:
     lines.append(f"{'':34s}" + "".join(f"{name:>{col}s}" for name in names))
     for rule in analysis.rules:
         official = {"mean": " (CORE)", "exact": " (CORE)", "letter": " (eval)"}.get(rule, "")
-        lines.append(f"{'accuracy ' + rule + official:34s}" + "".join(f"{_fmt_acc(summary[m][rule]):>{col}s}" for m in names))
+        lines.append(
+            f"{'accuracy ' + rule + official:34s}" + "".join(f"{_fmt_acc(summary[m][rule]):>{col}s}" for m in names)
+        )
     if analysis.kind != "language_modeling":
         for rule in analysis.rules:
             lines.append(f"{'picks by position, ' + rule:34s}"
@@ -271,7 +279,9 @@ def render(analysis: Analysis, *, per_item: bool = False) -> str:
         gold_tokens, other_tokens = gold_and_other_tokens(trained)
         lines.append(f"{'tokens, gold / other options':34s}{f'{gold_tokens:.2f} / {other_tokens:.2f}':>{col}s}")
     for name, counts in analysis.pairs.items():
-        lines.append(f"pairs asked both ways, {name}: " + ", ".join(f"{k} right: {counts.get(k, 0)}" for k in (0, 1, 2)))
+        lines.append(
+            f"pairs asked both ways, {name}: " + ", ".join(f"{k} right: {counts.get(k, 0)}" for k in (0, 1, 2))
+        )
     return "\n".join(lines) + "\n"
 
 

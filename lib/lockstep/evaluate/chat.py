@@ -150,7 +150,9 @@ def categorical_items(records: Iterable[dict[str, Any]]) -> list[CategoricalItem
         if isinstance(ans, str) and len(ans) == 1 and ans in LETTERS:
             ans = LETTERS.index(ans)
         if isinstance(ans, bool) or not isinstance(ans, int) or not 0 <= ans < len(choices):
-            raise ValueError(f"item {i}: `answer` must be a letter or index among {len(choices)} choices, got {r.get('answer')!r}")
+            raise ValueError(
+                f"item {i}: `answer` must be a letter or index among {len(choices)} choices, got {r.get('answer')!r}"
+            )
         items.append(CategoricalItem(str(r["question"]), tuple(map(str, choices)), ans))
     return items
 
@@ -341,7 +343,9 @@ def evaluate_categorical(
     for letter in LETTERS:
         ids = tokenizer.encode(letter)
         if len(ids) != 1:
-            raise ValueError(f"letter {letter!r} encodes to {len(ids)} tokens; categorical scoring needs one token per letter")
+            raise ValueError(
+                f"letter {letter!r} encodes to {len(ids)} tokens; categorical scoring needs one token per letter"
+            )
         letter_ids.append(ids[0])
     result = TaskResult()
     for index, item in _shard(items, rank, world_size):
@@ -400,7 +404,9 @@ def evaluate_reply_choice(
         logp = torch.log_softmax(model(ids.to(device)).float(), dim=-1)  # (C, T, V)
         mean_nats = []
         for j, r in enumerate(replies):
-            at = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(r), device=device)  # positions predicting the reply
+            at = torch.arange(
+                len(prompt) - 1, len(prompt) - 1 + len(r), device=device
+            )  # positions predicting the reply
             mean_nats.append(float(-logp[j, at, torch.tensor(r, device=device)].mean()))
         pick = min(range(len(replies)), key=lambda j: mean_nats[j])
         ok = pick == item.answer

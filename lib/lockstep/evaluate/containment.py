@@ -94,7 +94,9 @@ def root_entries(interpreter: str) -> tuple[tuple[str, str, str], ...]:
     return tuple(sorted(kept, key=lambda e: e[1]))
 
 
-def _build_root(root_dir: str, disk_bytes: int, owner: tuple[int, int], entries: tuple[tuple[str, str, str], ...]) -> None:
+def _build_root(
+    root_dir: str, disk_bytes: int, owner: tuple[int, int], entries: tuple[tuple[str, str, str], ...]
+) -> None:
     """Make `root_dir` this mount namespace's root: a small read-only tmpfs holding `entries` bound
     read-only, and at WORKDIR a tmpfs of `disk_bytes` owned by `owner`, the one writable place.
     The host's root is unmounted afterwards, so no path leads back to it."""

@@ -119,7 +119,9 @@ def load_core_tasks(bundle_dir: Path, *, max_items_per_task: int | None = None) 
         label = entry.get("label")
         task_type = entry.get("icl_task_type")
         if task_type not in TASK_TYPES:
-            raise ValueError(f"{spec_path}: task {label!r} has icl_task_type={task_type!r}; use one of {list(TASK_TYPES)}")
+            raise ValueError(
+                f"{spec_path}: task {label!r} has icl_task_type={task_type!r}; use one of {list(TASK_TYPES)}"
+            )
         if label not in baselines:
             raise ValueError(f"{meta_path} has no `Random baseline` row for task {label!r}; add one")
         shots = entry.get("num_fewshot", [0])
@@ -239,7 +241,15 @@ def option_losses(logits: torch.Tensor, ids: torch.Tensor, spans: Sequence[tuple
 
 
 @torch.no_grad()
-def score_item(model: Callable[[torch.Tensor], torch.Tensor], task: CoreTask, scored: Scored, gold: int, *, device: torch.device, pad_id: int) -> bool:
+def score_item(
+    model: Callable[[torch.Tensor], torch.Tensor],
+    task: CoreTask,
+    scored: Scored,
+    gold: int,
+    *,
+    device: torch.device,
+    pad_id: int,
+) -> bool:
     """Whether the model gets the item right. Multiple choice / schema: the option with the
     lowest mean loss over its span is the answer (ties to the lower index); language modelling:
     every continuation token is the argmax prediction (exact greedy match)."""

@@ -121,7 +121,7 @@ class SandboxLimits:
 
 @dataclasses.dataclass(frozen=True)
 class SandboxResult:
-    status: Status        # ok: exit 0; error: nonzero exit, killed by a limit or over disk_bytes; timeout: wall clock or CPU
+    status: Status  # ok: exit 0; error: nonzero exit, killed by a limit or over disk_bytes; timeout: wall clock or CPU
     returncode: int | None
     stdout: str
     stderr: str
@@ -145,7 +145,7 @@ class TestRunResult:
 
 @dataclasses.dataclass(frozen=True)
 class Containment:
-    namespaces: bool             # own PID, mount, network and IPC namespaces; a minimal root with a tmpfs working folder
+    namespaces: bool  # own PID, mount, network and IPC namespaces; a minimal root with a tmpfs working folder
     reason: str                  # why not, when not
     syscall_filter: bool = False  # the seccomp filter of lockstep.evaluate.containment
     filter_reason: str = ""      # why not, when not
@@ -464,7 +464,9 @@ def os_containment() -> Containment:
                                               dir_prefix=_WORKDIR_PREFIX + _owner_tag())
         result = Containment(not reason, reason, not filter_reason, filter_reason)
     if result.namespaces:
-        log.info("sandbox: own PID, mount, network and IPC namespaces; a minimal read-only root with a tmpfs working folder")
+        log.info(
+            "sandbox: own PID, mount, network and IPC namespaces; a minimal read-only root with a tmpfs working folder"
+        )
     else:
         log.warning("sandbox: no namespaces or minimal root, so host files and processes are reachable as far as "
                     "permissions allow, and only the uid drop, rlimits, Python-level guards and the syscall filter "
@@ -565,7 +567,9 @@ def _start(main: str, cfg: dict, files: dict[str, str], limits: SandboxLimits, *
             start_new_session=True,
             close_fds=True,
             pass_fds=pass_fds,
-            preexec_fn=lambda: _prepare_child(limits, str(workdir), payload, owner, found, running_as_root, harness_pid),
+            preexec_fn=lambda: _prepare_child(
+                limits, str(workdir), payload, owner, found, running_as_root, harness_pid
+            ),
         )
     except subprocess.SubprocessError as e:
         out_f.close()
@@ -616,7 +620,9 @@ def _tree_bytes(root: Path) -> int:
     return total
 
 
-def _collect(child: _Child, returncode: int | None, timed_out: bool, limits: SandboxLimits, duration_s: float) -> SandboxResult:
+def _collect(
+    child: _Child, returncode: int | None, timed_out: bool, limits: SandboxLimits, duration_s: float
+) -> SandboxResult:
     # The folder's random name would make identical runs print different tracebacks (and eval
     # predictions differ run to run): it reads as a fixed name instead.
     stdout = _read_capped(child.stdout, limits.output_bytes).replace(str(child.workdir), SANDBOX_DIR_NAME)
@@ -777,9 +783,17 @@ def run_tests(solution: str, tests: str, *, entry_point: str, setup: str = "",
         close(token_w)
         with _workdirs(2) as (solution_dir, tests_dir):
             t0 = time.monotonic()
-            children.append(_start(_CODEC + _SOLUTION_MAIN, {"call_fd": call_r, "reply_fd": reply_w, "entry_point": entry_point},
-                                   {"solution.py": solution}, limits, uid=solution_uid,
-                                   pass_fds=(call_r, reply_w), workdir=solution_dir))
+            children.append(
+                _start(
+                    _CODEC + _SOLUTION_MAIN,
+                    {"call_fd": call_r, "reply_fd": reply_w, "entry_point": entry_point},
+                    {"solution.py": solution},
+                    limits,
+                    uid=solution_uid,
+                    pass_fds=(call_r, reply_w),
+                    workdir=solution_dir,
+                )
+            )
             children.append(_start(_CODEC + _TESTS_MAIN,
                                    {"call_fd": call_w, "reply_fd": reply_r, "token_fd": token_r, "marker_fd": marker_w,
                                     "entry_point": entry_point},

@@ -29,7 +29,9 @@ RESULT_DECIMALS = 10
 # calls inside it at once could restore each other's list; parses take microseconds, so they queue.
 _PARSE_LOCK = threading.Lock()
 
-_ALLOWED_CHARS = frozenset("0123456789.+-*/() \t'\"_,abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ!?:;#&%$@=<>[]{}|~^`")
+_ALLOWED_CHARS = frozenset(
+    "0123456789.+-*/() \t'\"_,abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ!?:;#&%$@=<>[]{}|~^`"
+)
 
 
 class _Refused(Exception):
@@ -71,7 +73,16 @@ def evaluate(expr: str) -> str | None:
         if isinstance(value, str):
             return None
         return _format(value)
-    except (_Refused, SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError, OverflowError, SystemError):
+    except (
+        _Refused,
+        SyntaxError,
+        ValueError,
+        ZeroDivisionError,
+        RecursionError,
+        MemoryError,
+        OverflowError,
+        SystemError,
+    ):
         return None
 
 

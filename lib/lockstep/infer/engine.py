@@ -47,7 +47,9 @@ class KVCache:
     a row would pass `T_cap`, never beyond `max_len` (the model's context). Each row has its own
     position; rows that share one take the cheap path (slices, no mask)."""
 
-    def __init__(self, *, batch_size: int, n_layer: int, n_kv_head: int, head_dim: int, max_len: int, capacity_tokens: int = 0):
+    def __init__(
+        self, *, batch_size: int, n_layer: int, n_kv_head: int, head_dim: int, max_len: int, capacity_tokens: int = 0
+    ):
         if batch_size <= 0:
             raise ValueError(f"batch_size={batch_size} must be positive")
         self.batch_size = batch_size
@@ -80,7 +82,9 @@ class KVCache:
             return first
         return torch.tensor(self._pos, dtype=torch.long)
 
-    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def update(
+        self, layer_idx: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Store k, v (B, Hkv, T, D) at each row's next T positions; return this layer's keys and
         values so far (B, Hkv, Tk, D) and the attention mask (B or 1, 1, T, Tk) of bool, or None
         when all rows share a position and plain causal alignment holds (prefill from 0, or a
@@ -128,7 +132,9 @@ class KVCache:
 
     def _reserve(self, needed_tokens: int, like: torch.Tensor) -> None:
         if needed_tokens > self.max_len:
-            raise ValueError(f"a row would reach position {needed_tokens}, past the model's context of {self.max_len} tokens")
+            raise ValueError(
+                f"a row would reach position {needed_tokens}, past the model's context of {self.max_len} tokens"
+            )
         cap = max(self.capacity_tokens, needed_tokens)
         if self.kv is not None:
             # grow geometrically-ish so a long generation reallocates a handful of times
@@ -362,7 +368,9 @@ class Engine:
     def _device(self) -> torch.device:
         return self.model.rotary_cos.device
 
-    def _check(self, prompt_ids: Sequence[int], num_samples: int, max_tokens: int, temperature: float, top_k, top_p) -> None:
+    def _check(
+        self, prompt_ids: Sequence[int], num_samples: int, max_tokens: int, temperature: float, top_k, top_p
+    ) -> None:
         limit = self.model.config.sequence_len
         vocab = self.model.config.vocab_size
         if len(prompt_ids) == 0:
@@ -430,7 +438,9 @@ class Engine:
             rows = [_Row() for _ in range(num_samples)]
         for step in range(max_tokens):
             with torch.inference_mode():
-                sampled = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator).tolist()
+                sampled = sample_next(
+                    logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+                ).tolist()
             tokens, masks = [], []
             for row, tok in zip(rows, sampled):
                 if row.done:
@@ -524,7 +534,12 @@ class Engine:
             row.python_ids.append(tok)
 
     def generate_greedy(
-        self, prompts: Sequence[Sequence[int]], *, max_tokens: int | Sequence[int], batch_rows: int, use_tools: bool = True
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_tokens: int | Sequence[int],
+        batch_rows: int,
+        use_tools: bool = True,
     ) -> list[list[int]]:
         """Greedy completions of many different prompts, up to `batch_rows` of them decoding
         together: per prompt, the tokens `generate(prompt, max_tokens=m, temperature=0.0)` yields
@@ -559,7 +574,9 @@ class Engine:
         finished rows are dropped from the cache, so they stop costing work."""
         budgets = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
         if len(budgets) != len(prompts):
-            raise ValueError(f"max_tokens has {len(budgets)} budgets for {len(prompts)} prompts; pass one per prompt or one int")
+            raise ValueError(
+                f"max_tokens has {len(budgets)} budgets for {len(prompts)} prompts; pass one per prompt or one int"
+            )
         if batch_rows < 1:
             raise ValueError(f"batch_rows={batch_rows} must be >= 1")
         waiting: deque[tuple[int, list[int], int]] = deque()
@@ -585,7 +602,9 @@ class Engine:
             while rows:
                 col = torch.tensor([r.feed for r in rows], dtype=torch.long, device=device)[:, None]  # (B, 1)
                 logits = self.model(col, kv_cache=cache)[:, -1, :]  # (B, V)
-                picks = sample_next(logits, temperature=temperature, top_k=top_k, top_p=None, generator=generator).tolist()
+                picks = sample_next(
+                    logits, temperature=temperature, top_k=top_k, top_p=None, generator=generator
+                ).tolist()
                 for slot, (row, pick) in enumerate(zip(rows, picks)):
                     tok, m = self._emit(row, pick, use_tools)
                     row.ids.append(tok)

@@ -82,8 +82,12 @@ class ServerConfig:
         # FieldError names the field; `lockstep serve` names the option that set it.
         check_range("max_messages", self.max_messages, ge=1, why="messages per request")
         check_range("max_message_tokens", self.max_message_tokens, ge=1, why="tokens in one message's text")
-        check_range("max_message_chars", self.max_message_chars, ge=0,
-                    why=f"characters in one message's text; 0 = {MESSAGE_CHARS_PER_TOKEN} per token of max_message_tokens")
+        check_range(
+            "max_message_chars",
+            self.max_message_chars,
+            ge=0,
+            why=f"characters in one message's text; 0 = {MESSAGE_CHARS_PER_TOKEN} per token of max_message_tokens",
+        )
         check_range("max_conversation_tokens", self.max_conversation_tokens, ge=0,
                     why="rendered prompt tokens; 0 = the model's context minus one")
         check_range("max_reply_tokens", self.max_reply_tokens, ge=1, why="the largest max_tokens a request may ask for")
@@ -91,7 +95,9 @@ class ServerConfig:
                     why="max_tokens when a request does not say, at most max_reply_tokens")
         check_range("max_body_bytes", self.max_body_bytes, ge=1, why="larger request bodies are refused with 413")
         check_range("workers", self.workers, ge=1, why="generations running at once")
-        check_range("max_queued", self.max_queued, ge=0, why="requests waiting for a worker; 0 refuses all but the running ones")
+        check_range(
+            "max_queued", self.max_queued, ge=0, why="requests waiting for a worker; 0 refuses all but the running ones"
+        )
         check_range("queue_timeout_s", self.queue_timeout_s, ge=0, why="seconds a queued request waits for a worker")
         check_range("default_temperature", self.default_temperature, ge=0, le=MAX_TEMPERATURE, why="0 is greedy")
         check_range("default_top_k", self.default_top_k, ge=0, le=MAX_TOP_K, why="0 = no top-k cut")
@@ -704,11 +710,21 @@ def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> Fast
         created = int(time.time())
         start_s = time.perf_counter()
         # Sizes and timings only: message text never goes to the log.
-        log.info("%s start: %d messages, %d prompt tokens, max_tokens %d", request_id, len(messages), prompt_tokens, settings.max_tokens)
+        log.info(
+            "%s start: %d messages, %d prompt tokens, max_tokens %d",
+            request_id,
+            len(messages),
+            prompt_tokens,
+            settings.max_tokens,
+        )
 
         def done(completion_tokens: int, finish: str) -> None:
             log.info(
-                "%s %s: %d completion tokens in %.2fs", request_id, finish, completion_tokens, time.perf_counter() - start_s
+                "%s %s: %d completion tokens in %.2fs",
+                request_id,
+                finish,
+                completion_tokens,
+                time.perf_counter() - start_s,
             )
 
         if body.stream:
@@ -804,7 +820,9 @@ async def _stream_events(
             elif kind == "error":
                 outcome = "error"
                 message = str(item) if isinstance(item, ChatError) else "generation failed"
-                yield sse_event(_error_body(message, "invalid_request_error" if isinstance(item, ChatError) else "server_error"))
+                yield sse_event(
+                    _error_body(message, "invalid_request_error" if isinstance(item, ChatError) else "server_error")
+                )
                 # A stream always ends with [DONE], so a client that reads to it stops here too.
                 yield sse_event("[DONE]")
                 return

@@ -126,12 +126,18 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, str]:
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist; run the stage that writes it")
     if not (path / MANIFEST_FILE).is_file():
-        raise CheckpointError(f"checkpoint {path} has no {MANIFEST_FILE}: it is incomplete (interrupted save); delete it")
+        raise CheckpointError(
+            f"checkpoint {path} has no {MANIFEST_FILE}: it is incomplete (interrupted save); delete it"
+        )
     try:
         manifest = read_json(path / MANIFEST_FILE, what="checkpoint manifest")
     except ValueError as e:
         raise CheckpointError(str(e)) from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != FORMAT
+        or not isinstance(manifest.get("files"), dict)
+    ):
         raise CheckpointError(f"{path / MANIFEST_FILE} is not a {FORMAT} manifest; re-run the stage that wrote it")
     files: dict[str, str] = manifest["files"]
     present = {p.name for p in path.iterdir() if p.is_file() and p.name != MANIFEST_FILE}
@@ -167,7 +173,9 @@ class Checkpoint:
         p = self.path / optim_file(rank)
         if not p.is_file():
             world = len(list(self.path.glob("optim_rank*.pt")))
-            raise CheckpointError(f"{p} is missing: the checkpoint was written by {world} rank(s); resume with that many")
+            raise CheckpointError(
+                f"{p} is missing: the checkpoint was written by {world} rank(s); resume with that many"
+            )
         return torch.load(p, map_location="cpu", weights_only=True)
 
 

@@ -49,7 +49,9 @@ class TokenEmbedding(nn.Module):
     def set_token_structure(self, parents: Any, last_bytes: Any) -> None:
         """Which rows each id reads (StructuredEmbedding); a kind without structure refuses."""
         kind = type(self).__name__.removesuffix("Embedding").lower()
-        structured = [k for k, v in EMBEDDINGS.items() if v.set_token_structure is not TokenEmbedding.set_token_structure]
+        structured = [
+            k for k, v in EMBEDDINGS.items() if v.set_token_structure is not TokenEmbedding.set_token_structure
+        ]
         raise ValueError(f"a {kind} embedding has no token structure; set model.embedding to {' or '.join(structured)} "
                          "to use one")
 
@@ -112,8 +114,10 @@ class StructuredEmbedding(TokenEmbedding):
         last = torch.as_tensor(last_bytes, dtype=torch.long).cpu()
         V, P = self.vocab_size, self.padded_vocab_size
         if parents.shape not in ((V,), (P,)) or last.shape != parents.shape:
-            raise ValueError(f"token structure of shapes {tuple(parents.shape)} and {tuple(last.shape)} does not fit the "
-                             f"model's {V} ids; it must come from the tokenizer the model is trained with")
+            raise ValueError(
+                f"token structure of shapes {tuple(parents.shape)} and {tuple(last.shape)} does not fit the "
+                f"model's {V} ids; it must come from the tokenizer the model is trained with"
+            )
         n = parents.numel()
         ids = torch.arange(n)
         if ((parents < -1) | (parents >= n) | (parents == ids)).any() or ((last < -1) | (last > 255)).any():

@@ -42,12 +42,23 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         # FieldError names the field; from_dict prefixes `model.`, so a bad meta.json names its key.
-        for name in ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd", "vocab_multiple", "mlp_ratio"):
+        for name in (
+            "sequence_len",
+            "vocab_size",
+            "n_layer",
+            "n_head",
+            "n_kv_head",
+            "n_embd",
+            "vocab_multiple",
+            "mlp_ratio",
+        ):
             value = getattr(self, name)
             if value < 1:
                 raise FieldError(name, value, "must be a positive integer")
         if self.n_embd % self.n_head:
-            raise FieldError("n_embd", self.n_embd, f"must divide by n_head={self.n_head}; pick a head dim that divides n_embd")
+            raise FieldError(
+                "n_embd", self.n_embd, f"must divide by n_head={self.n_head}; pick a head dim that divides n_embd"
+            )
         if self.head_dim % 2:
             raise FieldError("n_head", self.n_head, f"gives the odd head dim n_embd/n_head={self.head_dim}; rotary "
                                                     "embeddings rotate channel pairs, so pick n_head for an even one")
@@ -89,7 +100,9 @@ class GPTConfig:
         width = "n_embd" if "n_embd" in overrides else "64 * depth"
         n_embd = overrides.pop("n_embd", depth * 64)
         if n_embd % head_dim:
-            raise FieldError("head_dim", head_dim, f"must divide the width {width} = {n_embd}; choose a head_dim dividing {n_embd}")
+            raise FieldError(
+                "head_dim", head_dim, f"must divide the width {width} = {n_embd}; choose a head_dim dividing {n_embd}"
+            )
         n_head = overrides.pop("n_head", n_embd // head_dim)
         fields = dict(
             sequence_len=sequence_len,
@@ -117,12 +130,16 @@ class KVCacheLike(Protocol):
 
     def positions(self) -> torch.Tensor | int: ...
 
-    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]: ...
+    def update(
+        self, layer_idx: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]: ...
 
     def advance(self, num_tokens: int) -> None: ...
 
 
-def rotary_tables(seq_len: int, head_dim: int, theta: float, device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_tables(
+    seq_len: int, head_dim: int, theta: float, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin tables, each (seq_len, head_dim // 2) fp32, for the half-split rotary layout."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim))
     t = torch.arange(seq_len, dtype=torch.float64, device=device)
@@ -162,7 +179,9 @@ class CausalSelfAttention(nn.Module):
         self.c_v = nn.Linear(C, config.n_kv_head * D, bias=False)
         self.c_proj = nn.Linear(config.n_head * D, C, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCacheLike | None, ops: Ops) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCacheLike | None, ops: Ops
+    ) -> torch.Tensor:
         B, T, C = x.shape
         D = self.head_dim
         q = self.c_q(x).view(B, T, self.n_head, D).transpose(1, 2)  # (B, H, T, D)
@@ -199,7 +218,9 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, layer_idx)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCacheLike | None, ops: Ops) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: KVCacheLike | None, ops: Ops
+    ) -> torch.Tensor:
         x = x + self.attn(ops.norm(x), cos, sin, kv_cache, ops)
         return x + self.mlp(ops.norm(x))
 

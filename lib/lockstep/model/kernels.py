@@ -135,7 +135,9 @@ class _HeadLoss(torch.autograd.Function):
             x_blk, S_blk = xc[i:i2], S[i:i2]
             E_blk = E[i:i2] if keep_grad else None
             z_buf = torch.empty(i2 - i, Vc, dtype=compute_dtype, device=dev)
-            t_buf = z_buf if compute_dtype == torch.float32 else torch.empty(i2 - i, Vc, dtype=torch.float32, device=dev)
+            t_buf = (
+                z_buf if compute_dtype == torch.float32 else torch.empty(i2 - i, Vc, dtype=torch.float32, device=dev)
+            )
             e_buf = torch.empty(i2 - i, Vc, dtype=torch.float32, device=dev)
             for j, j2, w_t in col_tiles:
                 if j2 - j == Vc:

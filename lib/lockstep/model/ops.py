@@ -183,8 +183,22 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     (IGNORE_INDEX) give 0 and send no gradient."""
 
     @staticmethod
-    def forward(ctx, x, weight, cols, coefs, counted, cap, vocab_size, chunk_rows, compute_dtype,  # type: ignore[override]
-                reduction, need_x, need_w, bodies):
+    def forward(
+        ctx,
+        x,
+        weight,
+        cols,
+        coefs,
+        counted,
+        cap,
+        vocab_size,
+        chunk_rows,
+        compute_dtype,  # type: ignore[override]
+        reduction,
+        need_x,
+        need_w,
+        bodies,
+    ):
         # x (N, C), weight (V_padded, C), cols (N, K) int64, coefs (N, K) fp32, counted (N,) bool
         N, C = x.shape
         grads_now = reduction != "none" and (need_x or need_w)
@@ -420,7 +434,9 @@ class Ops:
 
 
 REFERENCE_OPS = Ops(norm=rms_norm, head=F.linear, head_loss=head_loss)
-KERNEL_OPS = Ops(norm=functools.partial(kernels.rms_norm, eps=RMS_EPS), head=kernels.head_logits, head_loss=fused_head_loss)
+KERNEL_OPS = Ops(
+    norm=functools.partial(kernels.rms_norm, eps=RMS_EPS), head=kernels.head_logits, head_loss=fused_head_loss
+)
 # The reference's norm and decode head (torch.compile fuses the norm on a GPU; lockstep.model.kernels'
 # are tuned for CPU threads) with the chunked head loss.
 CUDA_OPS = Ops(norm=rms_norm, head=F.linear, head_loss=chunked_head_loss, smoothed_head_loss=chunked_smoothed_head_loss)

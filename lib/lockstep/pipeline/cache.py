@@ -39,7 +39,9 @@ def run_cache_stage(name: str, cfg: CacheConfig, *, raw: Path, tokenizer: Path, 
     common = dict(dataset_name=name, dataset_config=raw_meta.get("config"), artifact_records=cfg.artifact_records)
     if cfg.kind == "pretrain":
         if kind != "document":
-            raise CacheError(f"cache.{name}: kind pretrain needs a document snapshot, {raw} holds {kind}s; set kind: sft")
+            raise CacheError(
+                f"cache.{name}: kind pretrain needs a document snapshot, {raw} holds {kind}s; set kind: sft"
+            )
         # CacheConfig refused counts above any machine's; one above this machine's cores is capped.
         workers = encode_workers(cfg.num_workers, key=f"cache.{name}.num_workers")
         log.info("cache %s: encoding %s", name,

@@ -75,41 +75,66 @@ class EvalConfig:
     def __post_init__(self) -> None:
         # FieldError names the field; build_config prefixes `eval.`, and the stage's entry prints
         # the one `error:` line.
-        for name, why in (("bpb_max_tokens", "val tokens scored per cache"), ("bpb_batch_rows", "rows per forward pass"),
-                          ("max_new_tokens", "tokens per generated reply"),
-                          ("generate_batch", "chat replies decoded together; 1 = one at a time, the reference")):
+        for name, why in (
+            ("bpb_max_tokens", "val tokens scored per cache"),
+            ("bpb_batch_rows", "rows per forward pass"),
+            ("max_new_tokens", "tokens per generated reply"),
+            ("generate_batch", "chat replies decoded together; 1 = one at a time, the reference"),
+        ):
             check_range(name, getattr(self, name), ge=1, why=why)
         for name in ("core_max_items", "chat_max_items"):
             check_range(name, getattr(self, name), ge=0, why="items per task; 0 = all items")
         check_range("sandbox_timeout_s", self.sandbox_timeout_s, gt=0, le=3600, why="wall-clock seconds per code run")
         # Below 16 MiB of address space the interpreter itself does not start (measured: 8 fails,
         # 16 runs), and every code item would fail without saying why.
-        check_range("sandbox_memory_mb", self.sandbox_memory_mb, ge=16, le=10**6, why="MiB of address space per code run")
+        check_range(
+            "sandbox_memory_mb", self.sandbox_memory_mb, ge=16, le=10**6, why="MiB of address space per code run"
+        )
         for name in ("core_stages", "chat_stages"):
             bad = [s for s in getattr(self, name) if s not in STAGES]
             if bad:
-                raise FieldError(name, list(getattr(self, name)), f"names unknown stage(s) {bad}; use some of {list(STAGES)}")
+                raise FieldError(
+                    name, list(getattr(self, name)), f"names unknown stage(s) {bad}; use some of {list(STAGES)}"
+                )
         for name in ("math_sources", "conversation_sources"):
             for source in getattr(self, name):
                 if not source or PurePosixPath(source).name != source or source in (".", ".."):
-                    raise FieldError(name, list(getattr(self, name)),
-                                     f"must name raw snapshots (folders under --raw, e.g. synth_math); {source!r} is no folder name")
+                    raise FieldError(
+                        name,
+                        list(getattr(self, name)),
+                        f"must name raw snapshots (folders under --raw, e.g. synth_math); {source!r} is no folder name",
+                    )
         kind, _, where = self.core_tasks.partition(":")
-        if kind not in CORE_TASK_ROOTS or not where or PurePosixPath(where).is_absolute() or ".." in PurePosixPath(where).parts \
-                or (kind == "raw" and PurePosixPath(where).name != where):
-            raise FieldError("core_tasks", self.core_tasks, "must be `evalsets:<folder under --evalsets>` (e.g. evalsets:core) "
-                                                            "or `raw:<fetch name>` (e.g. raw:dclm_core)")
+        if (
+            kind not in CORE_TASK_ROOTS
+            or not where
+            or PurePosixPath(where).is_absolute()
+            or ".." in PurePosixPath(where).parts
+            or (kind == "raw" and PurePosixPath(where).name != where)
+        ):
+            raise FieldError(
+                "core_tasks",
+                self.core_tasks,
+                "must be `evalsets:<folder under --evalsets>` (e.g. evalsets:core) "
+                "or `raw:<fetch name>` (e.g. raw:dclm_core)",
+            )
         bad_tasks = sorted(set(self.chat_tasks) - set(BENCHMARKS))
         if bad_tasks:
             raise FieldError("chat_tasks", dict(self.chat_tasks),
                              f"names unknown task(s) {bad_tasks}; use some of {list(BENCHMARKS)}, each mapped to "
                              "the fetch name of its snapshot (e.g. arc_easy: arc_easy)")
-        own = {*self.math_sources, *self.conversation_sources,
-               *(PurePosixPath(rel).stem for rel in (*self.categorical_files, *self.reply_choice_files, *self.code_files))}
+        own = {
+            *self.math_sources,
+            *self.conversation_sources,
+            *(PurePosixPath(rel).stem for rel in (*self.categorical_files, *self.reply_choice_files, *self.code_files)),
+        }
         if own & set(self.chat_tasks):
-            raise FieldError("chat_tasks", dict(self.chat_tasks),
-                             f"repeats {sorted(own & set(self.chat_tasks))}, also evaluated as an own set (math_sources, "
-                             "conversation_sources, categorical_files, reply_choice_files or code_files); list each task once")
+            raise FieldError(
+                "chat_tasks",
+                dict(self.chat_tasks),
+                f"repeats {sorted(own & set(self.chat_tasks))}, also evaluated as an own set (math_sources, "
+                "conversation_sources, categorical_files, reply_choice_files or code_files); list each task once",
+            )
         for task, source in self.chat_tasks.items():
             if not source or PurePosixPath(source).name != source or source in (".", ".."):
                 raise FieldError("chat_tasks", dict(self.chat_tasks),
@@ -166,17 +191,23 @@ def check_inputs(stage: str, cfg: EvalConfig, raw: Path, evalsets: Path) -> None
     for key in ("math_sources", "conversation_sources"):
         for source in getattr(cfg, key):
             if not (raw / source).is_dir():
-                raise ConfigError(f"eval.{key} lists {source!r}, which has no snapshot at {raw / source}: add it under "
-                                  f"`fetch:` in params.yaml and run `dvc repro fetch@{source}`, or drop it from eval.{key}")
+                raise ConfigError(
+                    f"eval.{key} lists {source!r}, which has no snapshot at {raw / source}: add it under "
+                    f"`fetch:` in params.yaml and run `dvc repro fetch@{source}`, or drop it from eval.{key}"
+                )
     for task, source in cfg.chat_tasks.items():
         if not (raw / source).is_dir():
-            raise ConfigError(f"eval.chat_tasks.{task} names {source!r}, which has no snapshot at {raw / source}: add it "
-                              f"under `fetch:` in params.yaml and run `dvc repro fetch@{source}`, or drop {task} from eval.chat_tasks")
+            raise ConfigError(
+                f"eval.chat_tasks.{task} names {source!r}, which has no snapshot at {raw / source}: add it "
+                f"under `fetch:` in params.yaml and run `dvc repro fetch@{source}`, or drop {task} from eval.chat_tasks"
+            )
     for key in ("categorical_files", "reply_choice_files", "code_files"):
         for rel in getattr(cfg, key):
             if not (evalsets / rel).is_file():
-                raise ConfigError(f"eval.{key} lists {rel!r}, which is not a file under {evalsets}: fix the name, drop it "
-                                  f"from eval.{key}, or regenerate the shipped sets with `lockstep dev evalsets --write`")
+                raise ConfigError(
+                    f"eval.{key} lists {rel!r}, which is not a file under {evalsets}: fix the name, drop it "
+                    f"from eval.{key}, or regenerate the shipped sets with `lockstep dev evalsets --write`"
+                )
 
 
 class _Autocast:
@@ -283,9 +314,15 @@ def make_generate(engine: Any, *, stop_ids: set[int], max_new_tokens: int, conte
         return out
 
     def batched(prompts: list[list[int]]) -> list[list[int]]:
-        fits = [i for i, p in enumerate(prompts) if len(p) < context_tokens]  # a prompt filling the context gets no reply
-        replies = engine.generate_greedy([prompts[i] for i in fits], batch_rows=batch_rows, use_tools=True,
-                                         max_tokens=[min(max_new_tokens, context_tokens - len(prompts[i])) for i in fits])
+        fits = [
+            i for i, p in enumerate(prompts) if len(p) < context_tokens
+        ]  # a prompt filling the context gets no reply
+        replies = engine.generate_greedy(
+            [prompts[i] for i in fits],
+            batch_rows=batch_rows,
+            use_tools=True,
+            max_tokens=[min(max_new_tokens, context_tokens - len(prompts[i])) for i in fits],
+        )
         out: list[list[int]] = [[] for _ in prompts]
         for i, ids in zip(fits, replies):
             cut = next((k for k, t in enumerate(ids) if t in stop_ids), len(ids))
@@ -402,7 +439,9 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime
                 results[src] = (chat.evaluate_generative(items, tokenizer=tokenizer, generate=generate,
                                                          rank=rt.rank, world_size=rt.world_size), 0.0)
         for src in cfg.conversation_sources:
-            items = _cap(chat.conversation_items(iter_records(paths.raw / src, "val"), require_tool=True), cfg.chat_max_items)
+            items = _cap(
+                chat.conversation_items(iter_records(paths.raw / src, "val"), require_tool=True), cfg.chat_max_items
+            )
             with rt.autocast():
                 results[src] = (chat.evaluate_generative(items, tokenizer=tokenizer, generate=generate,
                                                          rank=rt.rank, world_size=rt.world_size), 0.0)

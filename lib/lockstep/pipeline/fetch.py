@@ -24,7 +24,9 @@ def run_fetch_stage(name: str, entry: Any, out: Path, *, data_seed: int, resume_
     the snapshot's meta.json as a dict."""
     log = logging.getLogger("lockstep.fetch")
     if not isinstance(entry, dict) or "source" not in entry:
-        raise ConfigError(f"params has no fetch.{name}.source; add an entry naming one of {', '.join(sorted(SOURCE_CONFIGS))}")
+        raise ConfigError(
+            f"params has no fetch.{name}.source; add an entry naming one of {', '.join(sorted(SOURCE_CONFIGS))}"
+        )
     source = entry["source"]
     if source not in SOURCE_CONFIGS:
         raise ConfigError(f"fetch.{name}.source={source!r} must be one of {', '.join(sorted(SOURCE_CONFIGS))}")

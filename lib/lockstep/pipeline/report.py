@@ -374,7 +374,9 @@ def _fmt(v: Any) -> str:
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(_fmt(c) if not isinstance(c, str) else c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    lines += [
+        "| " + " | ".join(_fmt(c) if not isinstance(c, str) else c.replace("|", "\\|") for c in r) + " |" for r in rows
+    ]
     return lines
 
 
@@ -399,7 +401,9 @@ def environment_info(repo_root: Path) -> dict[str, str]:
     }
 
 
-def intervals(metrics: Mapping[str, Mapping[str, Any]], predictions_dir: Path | None) -> dict[tuple[str, str], Interval]:
+def intervals(
+    metrics: Mapping[str, Mapping[str, Any]], predictions_dir: Path | None
+) -> dict[tuple[str, str], Interval]:
     """95% intervals by (file stem, metric). A rate with a count `<metric>.n` gets the Wilson
     interval; for a mean of per-item rates (pass@1 over k samples per problem) the same interval
     is conservative, since p(1-p)/n bounds the variance of any mean of n values in [0, 1]. An
@@ -416,7 +420,9 @@ def intervals(metrics: Mapping[str, Mapping[str, Any]], predictions_dir: Path | 
                 path = Path(predictions_dir) / stem.removeprefix("eval_") / f"{key.replace('.', '_')}.jsonl"
                 if path.is_file():
                     docs = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-                    lo, hi = bootstrap_ratio_interval([d["nats"] / math.log(2) for d in docs], [d["bytes"] for d in docs])
+                    lo, hi = bootstrap_ratio_interval(
+                        [d["nats"] / math.log(2) for d in docs], [d["bytes"] for d in docs]
+                    )
                     out[(stem, key)] = (lo, hi, len(docs))
     return out
 
@@ -428,7 +434,9 @@ def _with_interval(value: Any, iv: Interval | None) -> str:
 
 
 def _numeric(flat: Mapping[str, Any]) -> list[str]:
-    return [k for k, v in flat.items() if not isinstance(v, str) and not k.endswith(COUNT_SUFFIX) and k not in CORE_FACTS]
+    return [
+        k for k, v in flat.items() if not isinstance(v, str) and not k.endswith(COUNT_SUFFIX) and k not in CORE_FACTS
+    ]
 
 
 def core_label(flat: Mapping[str, Any]) -> str:
@@ -456,8 +464,13 @@ def _stage_table(title: str, stems: list[tuple[str, str]], source: Mapping[str, 
         return []
     keys = sorted({k for _, s in present for k in _numeric(source[s])}, key=lambda k: (k not in first, k))
     names = {"core": _core_row_name([s for _, s in present], source)}
-    rows = [[names.get(k, k), *[_with_interval(source[s].get(k), ivs.get((s, k))) if s in source else "-" for _, s in stems]]
-            for k in keys]
+    rows = [
+        [
+            names.get(k, k),
+            *[_with_interval(source[s].get(k), ivs.get((s, k))) if s in source else "-" for _, s in stems],
+        ]
+        for k in keys
+    ]
     return [f"## {title}", "", *_table(["metric", *[c for c, _ in stems]], rows), ""]
 
 
@@ -493,12 +506,18 @@ def composite_interval(flat: Mapping[str, Any], prefix: str, score: str) -> Inte
     centred value is (acc - b) / (1 - b), so its variance is acc(1-acc)/n / (1-b)^2, with
     1/(1-b) = (1-centered)/(1-acc); the mean's variance is their sum over K^2. None without tasks."""
     value = flat.get(score)
-    tasks = sorted({k[len(prefix): -len(".centered")] for k in flat if k.startswith(prefix) and k.endswith(".centered")})
+    tasks = sorted(
+        {k[len(prefix) : -len(".centered")] for k in flat if k.startswith(prefix) and k.endswith(".centered")}
+    )
     if not tasks or not isinstance(value, (int, float)):
         return None
     var, n_total = 0.0, 0
     for t in tasks:
-        acc, n, c = flat.get(f"{prefix}{t}.accuracy"), flat.get(f"{prefix}{t}.accuracy.n"), flat.get(f"{prefix}{t}.centered")
+        acc, n, c = (
+            flat.get(f"{prefix}{t}.accuracy"),
+            flat.get(f"{prefix}{t}.accuracy.n"),
+            flat.get(f"{prefix}{t}.centered"),
+        )
         if not isinstance(acc, (int, float)) or not isinstance(n, int) or n <= 0 or not isinstance(c, (int, float)):
             return None
         scale = (1 - c) / (1 - acc) if acc < 1 else 0.0  # acc = 1 has no variance to scale
@@ -601,7 +620,9 @@ def render_markdown(metrics: Mapping[str, Mapping[str, Any]], charts: Sequence[C
 
     if "tokenizer" in metrics:
         lines += ["## Tokenizer", ""]
-        lines += _table(["metric", "value"], [[k, metrics["tokenizer"][k]] for k in sorted(_numeric(metrics["tokenizer"]))]) + [""]
+        lines += _table(
+            ["metric", "value"], [[k, metrics["tokenizer"][k]] for k in sorted(_numeric(metrics["tokenizer"]))]
+        ) + [""]
 
     known = {"tokenizer"} | {st for _, st in STAGE_COLUMNS} | {s for _, s in eval_cols}
     for stem in sorted(set(metrics) - known):

@@ -72,9 +72,12 @@ class TokenizerConfig:
                 raise FieldError(e.key.removeprefix("tokenizer."), e.value, e.requirement) from None
             object.__setattr__(self, "options", options)
         if options.learns() and not self.train_sources:
-            raise FieldError("train_sources", list(self.train_sources),
-                             f"names no raw source; a {self.kind} tokenizer learns from the train split of at least one: "
-                             "list them, e.g. [wikitext]")
+            raise FieldError(
+                "train_sources",
+                list(self.train_sources),
+                f"names no raw source; a {self.kind} tokenizer learns from the train split of at least one: "
+                "list them, e.g. [wikitext]",
+            )
         # A billion ids is past any embedding table worth training and well inside the uint32 ids
         # of the token files.
         if options.MIN_VOCAB is not None and options.uses_vocab_size():
@@ -83,7 +86,12 @@ class TokenizerConfig:
         check_range("max_chars", self.max_chars, ge=1, why="characters of train text the tokenizer learns from")
         # More threads than any machine's cores only costs memory; a huge count fails to start them.
         check_range("encode_threads", self.encode_threads, ge=1, le=1024, why="threads counting val tokens")
-        check_range("artifact_records", self.artifact_records, ge=0, why="records per source in rendered_samples.json; 0 keeps none")
+        check_range(
+            "artifact_records",
+            self.artifact_records,
+            ge=0,
+            why="records per source in rendered_samples.json; 0 keeps none",
+        )
 
     @property
     def kind_options(self) -> KindOptions:
@@ -118,7 +126,9 @@ def _conversation(kind: str, record: Mapping[str, Any]) -> dict[str, Any]:
     return as_conversation(record, f"a {kind} record")
 
 
-def render_record(tokenizer: Tokenizer, kind: str, record: Mapping[str, Any]) -> tuple[list[int], list[int] | None, int]:
+def render_record(
+    tokenizer: Tokenizer, kind: str, record: Mapping[str, Any]
+) -> tuple[list[int], list[int] | None, int]:
     """(ids, loss mask or None, ids kept in the artifact) of one raw record as training sees it:
     a document is BOS + its text (its text alone for a tokenizer without special tokens); a
     conversation or problem goes through the chat template (NoSpecialTokensError without one).
@@ -141,7 +151,9 @@ class SampleRecords:
 
     @classmethod
     def read(cls, snapshots: Mapping[str, Path], n: int, *, split: str = "train") -> SampleRecords:
-        return cls(split, {name: (read_meta(path)["kind"], first_records(path, split, n)) for name, path in snapshots.items()})
+        return cls(
+            split, {name: (read_meta(path)["kind"], first_records(path, split, n)) for name, path in snapshots.items()}
+        )
 
 
 def rendered_samples(tokenizer: Tokenizer, samples: SampleRecords, n: int) -> dict[str, Any]:
@@ -241,13 +253,21 @@ def _train(cfg: TokenizerConfig, texts: Iterable[str], *, seed: int, root: Path)
     """cfg.train, with a kind's training error (known only once the text or a dictionary file is
     read: it says what does not fit) raised as a ConfigError naming the key to change."""
     if not cfg.kind_options.uses_vocab_size():
-        log.info("tokenizer.kind=%s fixes its own vocabulary here; tokenizer.vocab_size=%d is not used", cfg.kind, cfg.vocab_size)
+        log.info(
+            "tokenizer.kind=%s fixes its own vocabulary here; tokenizer.vocab_size=%d is not used",
+            cfg.kind,
+            cfg.vocab_size,
+        )
     try:
         return cfg.train(texts, seed=seed, root=root)
     except training_errors() as e:
         if str(e).startswith("tokenizer."):  # the message names its key already
             raise ConfigError(str(e)) from None
-        key = f"tokenizer.vocab_size={cfg.vocab_size}" if cfg.kind_options.uses_vocab_size() else f"tokenizer.options ({cfg.kind})"
+        key = (
+            f"tokenizer.vocab_size={cfg.vocab_size}"
+            if cfg.kind_options.uses_vocab_size()
+            else f"tokenizer.options ({cfg.kind})"
+        )
         raise ConfigError(f"{key} does not fit: {e}") from None
 
 
@@ -298,7 +318,9 @@ def run_tokenizer_stage(cfg: TokenizerConfig, raw_dir: Path, out_dir: Path, metr
     per_source = {name: bytes_per_token(tok, snapshot_texts(path, "val", verify=False), num_threads=cfg.encode_threads)
                   for name, path in metric_dirs.items()}
     for name, m in per_source.items():
-        log.info("bytes/token %-14s %.3f (%d bytes, %d unknown)", name, m["bytes_per_token"], m["bytes"], m["unknown_bytes"])
+        log.info(
+            "bytes/token %-14s %.3f (%d bytes, %d unknown)", name, m["bytes_per_token"], m["bytes"], m["unknown_bytes"]
+        )
         if m["unknown_bytes"]:
             log.warning("%s: %d of %d val bytes (%.2f%%) are outside the %s alphabet and encode to id 0, lost on "
                         "decode; raise tokenizer.options.max_alphabet or train on text that has them",

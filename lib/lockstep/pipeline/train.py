@@ -57,7 +57,14 @@ from lockstep.core.runtime import shutdown  # noqa: F401
 from lockstep.train.trainer import MidtrainConfig, SFTConfig  # noqa: F401
 
 # Errors whose message says what to fix: a training stage's entry point prints them as one line.
-ERRORS = (ConfigError, ckpt.CheckpointError, NonFiniteError, TokenizerFileError, resume.RunFolderInUseError, NoRoomError)
+ERRORS = (
+    ConfigError,
+    ckpt.CheckpointError,
+    NonFiniteError,
+    TokenizerFileError,
+    resume.RunFolderInUseError,
+    NoRoomError,
+)
 
 # Short prompts whose greedy continuations show, in the log and the metrics, what the model learnt.
 TEXT_PROMPTS = ("The", "To be, or not", "First Citizen:")
@@ -283,7 +290,9 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
         init_identity = sha256_file(paths.init / ckpt.MANIFEST_FILE)
     model.use_kernels(rt.kernels)
     if gcfg.vocab_size != tok.get_vocab_size():
-        raise ConfigError(f"model vocab {gcfg.vocab_size} != tokenizer vocab {tok.get_vocab_size()}; re-run the earlier stages")
+        raise ConfigError(
+            f"model vocab {gcfg.vocab_size} != tokenizer vocab {tok.get_vocab_size()}; re-run the earlier stages"
+        )
 
     seq_len = gcfg.sequence_len
     train_data, train_ids = build_mixture(paths.cache, cfg, split="train", seq_len=seq_len, device=rt.device, tok=tok,

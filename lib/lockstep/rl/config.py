@@ -121,7 +121,11 @@ class RLConfig(LRSchedule):
     def group_rows(self) -> int:
         """Completions per problem in a step's rollouts: the group, its greedy completion when
         that is a member, and the reference solution when it is rolled out."""
-        return self.group_size + GREEDY_ROLLOUTS[self.greedy_rollout].rows + REFERENCE_ROLLOUTS[self.reference_rollout].rows
+        return (
+            self.group_size
+            + GREEDY_ROLLOUTS[self.greedy_rollout].rows
+            + REFERENCE_ROLLOUTS[self.reference_rollout].rows
+        )
 
     @property
     def credit(self) -> str:

@@ -110,7 +110,9 @@ class _SharedPrompt:
     def positions(self) -> int:
         return self.length if self.rows else 0
 
-    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def update(
+        self, layer_idx: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         if not self.rows:
             self.keys.append((k, v))  # (1, Hkv, P, D) each
             return k, v, None
@@ -120,7 +122,9 @@ class _SharedPrompt:
         B, H, T, D = k.shape
         if self.mask is None:
             own = torch.ones(T, T, dtype=torch.bool, device=k.device).tril()  # (T, T)
-            self.mask = torch.cat((torch.ones(T, self.length, dtype=torch.bool, device=k.device), own), dim=1)[None, None]
+            self.mask = torch.cat((torch.ones(T, self.length, dtype=torch.bool, device=k.device), own), dim=1)[
+                None, None
+            ]
         return (torch.cat((pk.expand(B, H, self.length, D), k), dim=2),
                 torch.cat((pv.expand(B, H, self.length, D), v), dim=2), self.mask)
 
@@ -128,8 +132,16 @@ class _SharedPrompt:
         pass
 
 
-def anchor_loss_backward(model: nn.Module, anchor: Any, cfg: RLConfig, *, device: torch.device, generator: torch.Generator,
-                         autocast: Any = None, reference: nn.Module | None = None) -> float:
+def anchor_loss_backward(
+    model: nn.Module,
+    anchor: Any,
+    cfg: RLConfig,
+    *,
+    device: torch.device,
+    generator: torch.Generator,
+    autocast: Any = None,
+    reference: nn.Module | None = None,
+) -> float:
     """Accumulate gradients of anchor_weight x the anchor's loss on `cfg.anchor_rows` SFT
     conversations drawn from `anchor` (a loader whose get_batch gives x, y, y_masked), mean over
     the assistant's tokens, `device_batch_rows` conversations at a time. The loss is their
@@ -156,7 +168,9 @@ def anchor_loss_backward(model: nn.Module, anchor: Any, cfg: RLConfig, *, device
     return total
 
 
-def _kl_to_reference(model: nn.Module, reference: nn.Module, x: torch.Tensor, keep: torch.Tensor, ctx: Any) -> torch.Tensor:
+def _kl_to_reference(
+    model: nn.Module, reference: nn.Module, x: torch.Tensor, keep: torch.Tensor, ctx: Any
+) -> torch.Tensor:
     """Sum over the positions `keep` (b, T) of KL(reference || model) between the next-token
     distributions the two models give after x (b, T); the head reads only those positions."""
     with torch.no_grad(), ctx:

@@ -107,7 +107,9 @@ def tool_steps(completion: Sequence[int], engine: Engine, results: Counter[str])
     return steps
 
 
-def reference_completion(tokenizer: Tokenizer, problem: Mapping[str, Any], prompt: Sequence[int]) -> tuple[list[int], list[int]]:
+def reference_completion(
+    tokenizer: Tokenizer, problem: Mapping[str, Any], prompt: Sequence[int]
+) -> tuple[list[int], list[int]]:
     """The problem's reference solution as a completion of `prompt` (prompt_ids of its question):
     the assistant turn's ids after `<|assistant_start|>`, `<|assistant_end|>` included, and per
     id 1 where the model writes it, 0 on the calculator's output (forced, as in a rollout)."""

@@ -97,8 +97,14 @@ def _sample(engine: Engine, prompts: list[list[int]], budgets: list[int], *, k: 
             temperature: float, top_k: int | None, seed: int) -> tuple[list[list[int]], list[list[int]]]:
     """k completions of each prompt (tools on), all decoded together `batch_rows` at a time;
     completions of prompt i are rows i*k .. i*k+k-1."""
-    return engine.generate_many([p for p in prompts for _ in range(k)], max_tokens=[b for b in budgets for _ in range(k)],
-                                batch_rows=batch_rows, temperature=temperature, top_k=top_k, seed=seed)
+    return engine.generate_many(
+        [p for p in prompts for _ in range(k)],
+        max_tokens=[b for b in budgets for _ in range(k)],
+        batch_rows=batch_rows,
+        temperature=temperature,
+        top_k=top_k,
+        seed=seed,
+    )
 
 
 @torch.no_grad()
@@ -192,10 +198,22 @@ class RLTrainer:
     conversations (lockstep.data.loaders.Mixture), required exactly when cfg.anchor names caches.
     Progress goes to the `lockstep.rl` log."""
 
-    def __init__(self, model: nn.Module, tokenizer: Tokenizer, cfg: RLConfig, *, train_problems: Sequence[dict[str, Any]],
-                 val_problems: Sequence[dict[str, Any]], device: torch.device, seed: int, autocast: Any = None,
-                 on_step: Callable[[dict[str, float]], None] | None = None, decode: Mapping[str, Any] | None = None,
-                 mixture_problems: Mapping[str, Sequence[dict[str, Any]]] | None = None, anchor: Any = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Tokenizer,
+        cfg: RLConfig,
+        *,
+        train_problems: Sequence[dict[str, Any]],
+        val_problems: Sequence[dict[str, Any]],
+        device: torch.device,
+        seed: int,
+        autocast: Any = None,
+        on_step: Callable[[dict[str, float]], None] | None = None,
+        decode: Mapping[str, Any] | None = None,
+        mixture_problems: Mapping[str, Sequence[dict[str, Any]]] | None = None,
+        anchor: Any = None,
+    ) -> None:
         _check_inputs(cfg, train_problems, val_problems, dict(mixture_problems or {}), anchor)
         self.model, self.tokenizer, self.cfg, self.device, self.seed = model, tokenizer, cfg, device, seed
         self.autocast, self.on_step, self.anchor = autocast, on_step, anchor
@@ -225,14 +243,20 @@ class RLTrainer:
         countdown = Countdown("rollouts", len(problems), log.info, units="problems")
         out: list[Completion] = []
         for c, chunk in enumerate(_chunks(len(problems), max(1, cfg.generate_batch // k))):
-            part, ps, bs = problems[chunk.start:chunk.stop], prompts[chunk.start:chunk.stop], budgets[chunk.start:chunk.stop]
+            part, ps, bs = (
+                problems[chunk.start : chunk.stop],
+                prompts[chunk.start : chunk.stop],
+                budgets[chunk.start : chunk.stop],
+            )
             seqs, masks = _sample(engine, ps, bs, k=k, batch_rows=cfg.generate_batch, temperature=cfg.temperature,
                                   top_k=cfg.top_k, seed=_derived_seed(seed, c))
             greedy = self.greedy.complete(engine, part, ps, bs, cfg.generate_batch)
             references = self.reference.complete(engine, part, ps, bs, cfg.generate_batch)
             for j, problem in enumerate(part):
-                samples = [Completion(ps[j], seqs[g], masks[g], reward(self.tokenizer.decode(seqs[g]), problem["answer"]))
-                           for g in range(j * k, (j + 1) * k)]
+                samples = [
+                    Completion(ps[j], seqs[g], masks[g], reward(self.tokenizer.decode(seqs[g]), problem["answer"]))
+                    for g in range(j * k, (j + 1) * k)
+                ]
                 out += self._score(Group(problem, bs[j], samples), greedy[j], references[j])
             countdown.tick(len(chunk))
         return Rollouts(out)
@@ -262,8 +286,14 @@ class RLTrainer:
         for u, part in enumerate(ro.split(cfg.updates_per_step, cfg.group_rows)):
             for opt in self.optimizers:
                 opt.zero_grad(set_to_none=True)
-            part_loss, part_tokens = policy_loss_backward(model, part, device=self.device, rows_per_pass=cfg.device_batch_rows,
-                                                          autocast=self.autocast, prompt_once=cfg.prompt_once)
+            part_loss, part_tokens = policy_loss_backward(
+                model,
+                part,
+                device=self.device,
+                rows_per_pass=cfg.device_batch_rows,
+                autocast=self.autocast,
+                prompt_once=cfg.prompt_once,
+            )
             if part_tokens and self.anchor is not None:
                 g = torch.Generator().manual_seed(_derived_seed(self.seed, "anchor", step, u))
                 anchor_losses.append(anchor_loss_backward(model, self.anchor, cfg, device=self.device, generator=g,
@@ -314,7 +344,9 @@ class RLTrainer:
             fields.append(f"references {sum(1 for c in references if c.advantage)}")
         fields += [f"lr {stats.lr_mult:.2f}", f"tokens {stats.tokens}", f"len {ro.mean_length:.1f}", f"dt {dt:.1f}s"]
         total = self.cfg.num_steps
-        log.info("%s", progress_line(self.step_count, total, fields, eta=eta_text(self.step_times, total - self.step_count)))
+        log.info(
+            "%s", progress_line(self.step_count, total, fields, eta=eta_text(self.step_times, total - self.step_count))
+        )
 
     def _record(self, row: dict[str, float]) -> None:
         if self.on_step is not None:
@@ -327,8 +359,16 @@ class RLTrainer:
         self.model.eval()
         scores = pass_at_k(self.engine, self.tokenizer, self.held_out, k=cfg.pass_k, temperature=cfg.temperature,
                            max_new_tokens=cfg.max_new_tokens, seed=self.seed, batch_rows=cfg.generate_batch)
-        log.info("eval step %d | pass@1 %.3f | pass@%d %.3f | greedy %.3f | len %.1f | %d problems", step, scores["pass@1"],
-                 cfg.pass_k, scores[f"pass@{cfg.pass_k}"], scores["greedy"], scores["completion_len"], len(self.held_out))
+        log.info(
+            "eval step %d | pass@1 %.3f | pass@%d %.3f | greedy %.3f | len %.1f | %d problems",
+            step,
+            scores["pass@1"],
+            cfg.pass_k,
+            scores[f"pass@{cfg.pass_k}"],
+            scores["greedy"],
+            scores["completion_len"],
+            len(self.held_out),
+        )
         self._record({"step": step, **{f"val_{k}": v for k, v in scores.items()}})
         return scores
 
@@ -351,9 +391,16 @@ class RLTrainer:
         self.guard.check_weights(self.model, cfg.num_steps)  # the caller checkpoints these weights
         after = self.evaluate()
         self.model.eval()
-        return RLResult(steps=cfg.num_steps, before=before, after=after, mean_reward_first=self.rewards[0],
-                        mean_reward_last=self.rewards[-1], rollout_tokens=self.rollout_tokens, train_time_s=train_time_s,
-                        optimizer_state={"optimizers": self.state_dict()["optimizers"]})
+        return RLResult(
+            steps=cfg.num_steps,
+            before=before,
+            after=after,
+            mean_reward_first=self.rewards[0],
+            mean_reward_last=self.rewards[-1],
+            rollout_tokens=self.rollout_tokens,
+            train_time_s=train_time_s,
+            optimizer_state={"optimizers": self.state_dict()["optimizers"]},
+        )
 
 
 def _check_inputs(cfg: RLConfig, train_problems: Sequence[dict[str, Any]], val_problems: Sequence[dict[str, Any]],
@@ -362,7 +409,9 @@ def _check_inputs(cfg: RLConfig, train_problems: Sequence[dict[str, Any]], val_p
     if not train_problems:
         raise ValueError("no training problems: the problems snapshot's train split is empty")
     if set(mixture_problems) != set(cfg.mixture):
-        raise ValueError(f"rl.mixture names {sorted(cfg.mixture)} but train problems came for {sorted(mixture_problems)}")
+        raise ValueError(
+            f"rl.mixture names {sorted(cfg.mixture)} but train problems came for {sorted(mixture_problems)}"
+        )
     for name, problems in mixture_problems.items():
         if not problems:
             raise ValueError(f"no training problems for rl.mixture.{name}: its snapshot's train split is empty")

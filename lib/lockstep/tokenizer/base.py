@@ -116,7 +116,9 @@ class Tokenizer(ABC):
         missing = [name for name in SPECIAL_TOKENS if name not in special_ids]
         if missing and len(missing) < len(SPECIAL_TOKENS):
             raise TokenizerFileError(f"special token(s) {missing} have no id; retrain the tokenizer")
-        self._special_ids: dict[str, int] = {name: int(special_ids[name]) for name in SPECIAL_TOKENS if name in special_ids}
+        self._special_ids: dict[str, int] = {
+            name: int(special_ids[name]) for name in SPECIAL_TOKENS if name in special_ids
+        }
         self._id_to_special: dict[int, str] = {i: name for name, i in self._special_ids.items()}
         self._sha256: str | None = None
         self._token_bytes: np.ndarray | None = None
@@ -377,7 +379,9 @@ class Tokenizer(ABC):
 
     # ---- chat rendering -------------------------------------------------------------------
 
-    def render_conversation(self, conversation: Mapping[str, Any], max_tokens: int | None = None) -> tuple[list[int], list[int]]:
+    def render_conversation(
+        self, conversation: Mapping[str, Any], max_tokens: int | None = None
+    ) -> tuple[list[int], list[int]]:
         """(ids, mask) of a conversation record: one `<|bos|>`, then each turn. The mask is 1 on
         assistant text, python calls with their delimiters and `<|assistant_end|>`; 0 elsewhere,
         tool outputs included. Truncated to `max_tokens` when given."""
@@ -463,7 +467,9 @@ def _parts(message: Mapping[str, Any], index: int) -> list[dict[str, str]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if not _is_sequence(content):
-        raise ConversationError(f"message {index} content must be a string or a list of parts, got {type(content).__name__}")
+        raise ConversationError(
+            f"message {index} content must be a string or a list of parts, got {type(content).__name__}"
+        )
     parts = []
     for j, part in enumerate(content):
         if not _is_mapping(part) or not isinstance(part.get("text"), str):
@@ -535,7 +541,8 @@ def unregister_kind(kind: str) -> None:
 
 def _prefix_tree_kinds() -> str:
     """The kinds whose tokenizers have a prefix tree, in words."""
-    return f"a kind whose ids are byte strings (any but {', '.join(sorted(k for k, c in _KINDS.items() if not c.has_prefix_tree))})"
+    without = ", ".join(sorted(k for k, c in _KINDS.items() if not c.has_prefix_tree))
+    return f"a kind whose ids are byte strings (any but {without})"
 
 
 def tokenizer_class(kind: str) -> type[Tokenizer]:
@@ -561,7 +568,9 @@ def load_tokenizer(directory: str | os.PathLike[str]) -> Tokenizer:
     files: dict[str, str] = meta["files"]
     for name, digest in sorted(files.items()):
         if os.path.basename(name) != name or name in ("", ".", ".."):
-            raise TokenizerFileError(f"{directory / META_FILE} lists {name!r}, which is not a plain file name; {REBUILD}")
+            raise TokenizerFileError(
+                f"{directory / META_FILE} lists {name!r}, which is not a plain file name; {REBUILD}"
+            )
         path = directory / name
         if not path.is_file():
             state = "is not a regular file" if path.exists() else "is missing"
@@ -581,7 +590,9 @@ def load_tokenizer(directory: str | os.PathLike[str]) -> Tokenizer:
     try:
         tok = cls._from_files(directory, meta)
         if tok.get_special_tokens() != meta["special_token_ids"] or tok.get_vocab_size() != meta["vocab_size"]:
-            raise TokenizerFileError(f"{directory / META_FILE} special ids or vocab size disagree with the tokenizer files; {REBUILD}")
+            raise TokenizerFileError(
+                f"{directory / META_FILE} special ids or vocab size disagree with the tokenizer files; {REBUILD}"
+            )
         if TOKEN_BYTES_FILE in files:
             saved = np.load(directory / TOKEN_BYTES_FILE, allow_pickle=False)
             if saved.dtype != np.int32 or not np.array_equal(saved, tok.token_bytes()):
@@ -621,10 +632,13 @@ def _read_meta(directory: Path) -> dict[str, Any]:
     except OSError as e:
         raise TokenizerFileError(f"{path} cannot be read ({e.strerror}); {REBUILD}") from None
     except UnicodeDecodeError:
-        raise TokenizerFileError(f"{path} is not UTF-8 text, so no meta.json the tokenizer stage wrote; {REBUILD}") from None
+        raise TokenizerFileError(
+            f"{path} is not UTF-8 text, so no meta.json the tokenizer stage wrote; {REBUILD}"
+        ) from None
     except json.JSONDecodeError as e:  # a write cut short leaves a truncated file
-        raise TokenizerFileError(f"{path} is not valid JSON ({e.msg} at character {e.pos}): truncated or "
-                                 f"overwritten; {REBUILD}") from None
+        raise TokenizerFileError(
+            f"{path} is not valid JSON ({e.msg} at character {e.pos}): truncated or overwritten; {REBUILD}"
+        ) from None
     if not isinstance(meta, dict):
         raise TokenizerFileError(f"{path} holds {type(meta).__name__}, not a tokenizer meta object; {REBUILD}")
     if meta.get("format_version") != FORMAT_VERSION:
@@ -639,7 +653,9 @@ def _read_meta(directory: Path) -> dict[str, Any]:
     if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
         raise TokenizerFileError(f"{path} has no `files` map of file name -> sha256; {REBUILD}")
     specials = meta.get("special_token_ids")
-    if not isinstance(specials, dict) or not all(isinstance(v, int) and not isinstance(v, bool) for v in specials.values()):
+    if not isinstance(specials, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in specials.values()
+    ):
         raise TokenizerFileError(f"{path} has no `special_token_ids` map of name -> id; {REBUILD}")
     for key in ("vocab_size", "sha256"):
         if not isinstance(meta.get(key), int if key == "vocab_size" else str):

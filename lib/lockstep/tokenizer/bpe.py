@@ -29,7 +29,9 @@ SPLIT_PATTERN = (
 def ranks_to_bytes(ranks: dict[bytes, int]) -> bytes:
     """tiktoken's ranks format: `base64(token) rank` per line, in rank order."""
     b64 = binascii.b2a_base64
-    return b"".join([b64(token, newline=False) + b" %d\n" % rank for token, rank in sorted(ranks.items(), key=lambda kv: kv[1])])
+    return b"".join(
+        [b64(token, newline=False) + b" %d\n" % rank for token, rank in sorted(ranks.items(), key=lambda kv: kv[1])]
+    )
 
 
 def ranks_from_bytes(data: bytes, where: Path) -> dict[bytes, int]:
@@ -100,14 +102,23 @@ class BPETokenizer(Tokenizer):
             raise TokenizerFileError(f"{directory / CONFIG_FILE} has no split pattern; re-run the tokenizer stage")
         tok = cls(ranks_from_bytes((directory / RANKS_FILE).read_bytes(), directory / RANKS_FILE), config["pattern"])
         if config.get("special_token_ids") != tok.get_special_tokens():
-            raise TokenizerFileError(f"{directory / CONFIG_FILE} special ids disagree with {RANKS_FILE}; re-run the tokenizer stage")
+            raise TokenizerFileError(
+                f"{directory / CONFIG_FILE} special ids disagree with {RANKS_FILE}; re-run the tokenizer stage"
+            )
         return tok
 
     def _files(self) -> dict[str, bytes]:
-        config = {"kind": self.kind, "pattern": self.pattern, "n_ranks": len(self._ranks), "special_token_ids": self.get_special_tokens()}
+        config = {
+            "kind": self.kind,
+            "pattern": self.pattern,
+            "n_ranks": len(self._ranks),
+            "special_token_ids": self.get_special_tokens(),
+        }
         return {
             RANKS_FILE: ranks_to_bytes(self._ranks),
-            CONFIG_FILE: (json.dumps(config, ensure_ascii=False, sort_keys=True, separators=(",", ":")) + "\n").encode("utf-8"),
+            CONFIG_FILE: (json.dumps(config, ensure_ascii=False, sort_keys=True, separators=(",", ":")) + "\n").encode(
+                "utf-8"
+            ),
         }
 
     def get_vocab_size(self) -> int:

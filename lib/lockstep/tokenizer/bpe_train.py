@@ -33,7 +33,9 @@ def train(
         raise ValueError(f"unknown bpe tokenizer option(s) {sorted(options)}; the only option is pattern")
     min_vocab = N_BYTES + len(SPECIAL_TOKENS)
     if vocab_size is None or vocab_size < min_vocab:
-        raise ValueError(f"bpe vocab_size={vocab_size} must be at least {min_vocab} (256 byte tokens + 9 special tokens)")
+        raise ValueError(
+            f"bpe vocab_size={vocab_size} must be at least {min_vocab} (256 byte tokens + 9 special tokens)"
+        )
     trainer = rustbpe.Tokenizer()
     # The special tokens are appended after the learned ranks, so learn vocab_size - 9.
     trainer.train_from_iterator(

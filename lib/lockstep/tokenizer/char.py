@@ -75,7 +75,9 @@ class CharTokenizer(Tokenizer):
             raise TokenizerFileError(f"{path} has no special_token_ids mapping; re-run the tokenizer stage")
         tok = cls(stored["alphabet"], order=stored["order"], specials=bool(special_ids))
         if tok.get_special_tokens() != special_ids:
-            raise TokenizerFileError(f"{path} lists special ids that do not follow its alphabet; re-run the tokenizer stage")
+            raise TokenizerFileError(
+                f"{path} lists special ids that do not follow its alphabet; re-run the tokenizer stage"
+            )
         return tok
 
     def _files(self) -> dict[str, bytes]:

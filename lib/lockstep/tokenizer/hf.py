@@ -59,7 +59,9 @@ def from_byte_level(token: str, where: Path) -> bytes:
     try:
         return bytes(CHAR_TO_BYTE[c] for c in token)
     except KeyError as e:
-        raise TokenizerFileError(f"{where}: token {token!r} has {e.args[0]!r}, outside the ByteLevel alphabet; re-run the tokenizer stage") from None
+        raise TokenizerFileError(
+            f"{where}: token {token!r} has {e.args[0]!r}, outside the ByteLevel alphabet; re-run the tokenizer stage"
+        ) from None
 
 
 def _hf() -> Any:
@@ -73,17 +75,25 @@ def _hf() -> Any:
 class HFTokenizer(Tokenizer):
     kind = "hf"
 
-    def __init__(self, ranks: dict[bytes, int], merges: Sequence[tuple[bytes, bytes]], pattern: str = SPLIT_PATTERN) -> None:
+    def __init__(
+        self, ranks: dict[bytes, int], merges: Sequence[tuple[bytes, bytes]], pattern: str = SPLIT_PATTERN
+    ) -> None:
         """`ranks`: token bytes -> id, ids 0..n-1 with every single byte among them; `merges`: the
         learned pairs in the order they were learned, each part and its concatenation in `ranks`."""
         missing = [b for b in range(N_BYTES) if bytes([b]) not in ranks]
         if missing:
-            raise TokenizerFileError(f"hf vocabulary lacks single-byte token(s) {missing[:5]}; text could not be encoded")
+            raise TokenizerFileError(
+                f"hf vocabulary lacks single-byte token(s) {missing[:5]}; text could not be encoded"
+            )
         if sorted(ranks.values()) != list(range(len(ranks))):
-            raise TokenizerFileError(f"hf vocabulary ids are not 0..{len(ranks) - 1} without gaps; re-run the tokenizer stage")
+            raise TokenizerFileError(
+                f"hf vocabulary ids are not 0..{len(ranks) - 1} without gaps; re-run the tokenizer stage"
+            )
         for a, b in merges:
             if a not in ranks or b not in ranks or a + b not in ranks:
-                raise TokenizerFileError(f"hf merge {a!r} + {b!r} uses or makes a token outside the vocabulary; re-run the tokenizer stage")
+                raise TokenizerFileError(
+                    f"hf merge {a!r} + {b!r} uses or makes a token outside the vocabulary; re-run the tokenizer stage"
+                )
         n_ranks = len(ranks)
         super().__init__({name: n_ranks + i for i, name in enumerate(SPECIAL_TOKENS)})
         self.pattern = pattern
@@ -108,7 +118,10 @@ class HFTokenizer(Tokenizer):
         )
         tok = hf.Tokenizer(model)
         tok.pre_tokenizer = pre.Sequence(
-            [pre.Split(hf.Regex(self.pattern), behavior="isolated"), pre.ByteLevel(add_prefix_space=False, use_regex=False)]
+            [
+                pre.Split(hf.Regex(self.pattern), behavior="isolated"),
+                pre.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
         )
         tok.decoder = hf.decoders.ByteLevel()
         tok.add_special_tokens([hf.AddedToken(name, special=True, normalized=False) for name in SPECIAL_TOKENS])
@@ -129,7 +142,12 @@ class HFTokenizer(Tokenizer):
             split = doc["pre_tokenizer"]["pretokenizers"][0]
             pattern = split["pattern"]["Regex"]
             vocab, merges = model["vocab"], model["merges"]
-            if model["type"] != "BPE" or split["type"] != "Split" or not isinstance(vocab, dict) or not isinstance(merges, list):
+            if (
+                model["type"] != "BPE"
+                or split["type"] != "Split"
+                or not isinstance(vocab, dict)
+                or not isinstance(merges, list)
+            ):
                 raise TypeError
         except (ValueError, KeyError, IndexError, TypeError):
             raise TokenizerFileError(
@@ -166,7 +184,9 @@ class HFTokenizer(Tokenizer):
         try:
             encodings = self._hf.encode_batch_fast(texts, add_special_tokens=False)
         except TypeError:
-            encodings = self._hf.encode_batch_fast([without_lone_surrogates(t) for t in texts], add_special_tokens=False)
+            encodings = self._hf.encode_batch_fast(
+                [without_lone_surrogates(t) for t in texts], add_special_tokens=False
+            )
         return [e.ids for e in encodings]
 
     def decode(self, ids: Iterable[int]) -> str:

@@ -36,7 +36,9 @@ def train(
         raise ValueError(f"unknown hf tokenizer option(s) {sorted(options)}; the only option is pattern")
     min_vocab = N_BYTES + len(SPECIAL_TOKENS)
     if vocab_size is None or vocab_size < min_vocab:
-        raise ValueError(f"hf vocab_size={vocab_size} must be at least {min_vocab} (256 byte tokens + 9 special tokens)")
+        raise ValueError(
+            f"hf vocab_size={vocab_size} must be at least {min_vocab} (256 byte tokens + 9 special tokens)"
+        )
     hf = _hf()
     splitter = hf.pre_tokenizers.Split(hf.Regex(pattern), behavior="isolated")
     alphabet = [chr(b) for b in range(N_BYTES)]
@@ -53,7 +55,9 @@ def train(
     trainer_tok.train_from_iterator(_latin1_chunks(texts, splitter), trainer=trainer)
     learned = json.loads(trainer_tok.to_str())["model"]
     # The trainer numbered its alphabet by code point, which is byte order here.
-    assert all(learned["vocab"][c] == b for b, c in enumerate(alphabet)), "tokenizers numbered the alphabet out of byte order"
+    assert all(learned["vocab"][c] == b for b, c in enumerate(alphabet)), (
+        "tokenizers numbered the alphabet out of byte order"
+    )
     ranks = {t.encode("latin-1"): i for t, i in learned["vocab"].items()}
     merges = [(a.encode("latin-1"), b.encode("latin-1")) for a, b in learned["merges"]]
     return HFTokenizer(ranks, merges, pattern)

@@ -35,7 +35,9 @@ KINDS: dict[str, TokenizerKind] = {
     "bpe": TokenizerKind(bpe_train.BPEOptions, bpe_train.train),
     "hf": TokenizerKind(hf_train.HFOptions, hf_train.train),
     "lz78": TokenizerKind(lz78_train.LZ78Options, lz78_train.train, (LZ78VocabError, LZ78DictionaryError)),
-    "sentencepiece": TokenizerKind(spm_train.SentencePieceOptions, spm_train.train, (spm_train.SentencePieceTrainingError,)),
+    "sentencepiece": TokenizerKind(
+        spm_train.SentencePieceOptions, spm_train.train, (spm_train.SentencePieceTrainingError,)
+    ),
     "char": TokenizerKind(char_train.CharOptions, char_train.train),
     "byte": TokenizerKind(byte_train.ByteOptions, byte_train.train),
 }

@@ -57,7 +57,9 @@ def prefix_tree(pieces: Sequence[bytes | None]) -> PrefixTree:
         if not piece:
             raise ValueError(f"token {i} has an empty byte string; give None for ids that stand for no bytes")
         if piece in ids:
-            raise ValueError(f"tokens {ids[piece]} and {i} have the same bytes {piece!r}; a vocabulary maps bytes to one id")
+            raise ValueError(
+                f"tokens {ids[piece]} and {i} have the same bytes {piece!r}; a vocabulary maps bytes to one id"
+            )
         ids[piece] = i
     V = len(pieces)
     chains: list[list[int]] = []

@@ -35,7 +35,9 @@ class SentencePieceTrainingError(ValueError):
 class SentencePieceOptions(KindOptions):
     """`tokenizer.options:` of kind sentencepiece."""
 
-    MIN_VOCAB: ClassVar[int | None] = 1 + len(SPECIAL_TOKENS) + 256 + 1  # <unk>, specials, byte pieces, one learned piece
+    MIN_VOCAB: ClassVar[int | None] = (
+        1 + len(SPECIAL_TOKENS) + 256 + 1
+    )  # <unk>, specials, byte pieces, one learned piece
     FORMER_KEYS: ClassVar[dict[str, str]] = {"spm_model_type": "model_type"}
 
     model_type: Literal["bpe", "unigram"] = "bpe"  # SentencePiece's model: bpe or unigram

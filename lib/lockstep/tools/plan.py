@@ -234,12 +234,21 @@ def model_figures(gcfg: GPTConfig) -> dict[str, Any]:
     groups = split_params(model)
     total = model.num_params()
     embedding = sum(p.numel() for p in model.embedding_weights())  # lookup tables; a tuple projection is a matmul
-    return {"n_layer": gcfg.n_layer, "n_embd": gcfg.n_embd, "n_head": gcfg.n_head, "n_kv_head": gcfg.n_kv_head,
-            "sequence_len": gcfg.sequence_len, "vocab_size": gcfg.vocab_size, "padded_vocab_size": gcfg.padded_vocab_size,
-            "params_total": total, "params_embedding": embedding, "params_non_embedding": total - embedding,
-            "params_muon": sum(p.numel() for _, p in groups["matrix"]),
-            "params_adamw": sum(p.numel() for role in ("embed", "unembed", "scalar") for _, p in groups[role]),
-            "flops_per_token": model.flops_per_token()}
+    return {
+        "n_layer": gcfg.n_layer,
+        "n_embd": gcfg.n_embd,
+        "n_head": gcfg.n_head,
+        "n_kv_head": gcfg.n_kv_head,
+        "sequence_len": gcfg.sequence_len,
+        "vocab_size": gcfg.vocab_size,
+        "padded_vocab_size": gcfg.padded_vocab_size,
+        "params_total": total,
+        "params_embedding": embedding,
+        "params_non_embedding": total - embedding,
+        "params_muon": sum(p.numel() for _, p in groups["matrix"]),
+        "params_adamw": sum(p.numel() for role in ("embed", "unembed", "scalar") for _, p in groups[role]),
+        "flops_per_token": model.flops_per_token(),
+    }
 
 
 def head_path(device: str, runtime: RuntimeConfig) -> str:
@@ -266,7 +275,9 @@ HEAD_BASIS = {
 }
 
 
-def memory_per_device(m: dict[str, Any], *, rows: int, gpus: int, bf16: bool, head: str = "compiled") -> dict[str, float]:
+def memory_per_device(
+    m: dict[str, Any], *, rows: int, gpus: int, bf16: bool, head: str = "compiled"
+) -> dict[str, float]:
     """Peak bytes per device while training, by part. fp32 master weights and gradients (4 + 4
     bytes per parameter); AdamW's two fp32 moments for the embedding and head (8 bytes / gpus)
     and Muon's fp32 momentum for the block matrices (4 bytes / gpus), sharded over the ranks
@@ -331,9 +342,17 @@ def throughput(device: str, *, gpus: int, flops_per_token: int, runtime: Runtime
         bf16, memory = True, float(spec.memory_bytes or 0)
     u = spec.mfu if mfu is None else mfu
     if calibration is not None:
-        return Throughput(device, gpus, None, None, calibration.tok_per_s,
-                          f"calibrated: median of {len(calibration.timed_step_s)} timed training steps on this machine, "
-                          f"{calibration.ran()}", memory, bf16)
+        return Throughput(
+            device,
+            gpus,
+            None,
+            None,
+            calibration.tok_per_s,
+            f"calibrated: median of {len(calibration.timed_step_s)} timed training steps on this machine, "
+            f"{calibration.ran()}",
+            memory,
+            bf16,
+        )
     if tok_per_s is not None:
         return Throughput(device, gpus, None, None, tok_per_s, "calibrated: timed training steps on this machine",
                           memory, bf16)
@@ -508,19 +527,46 @@ def plan_stage(stage: str, params: dict[str, Any], m: dict[str, Any], tp: Throug
     bad = {c.name for c in over_limit(comps, cfg.max_epochs)}
     mem = memory_per_device(m, rows=cfg.device_batch_rows, gpus=tp.gpus, bf16=tp.bf16, head=head)
     return {
-        "stage": stage, "steps": steps, "horizon": why, "batch_tokens": cfg.batch_tokens, "tokens": tokens,
-        "flops": float(tokens) * m["flops_per_token"], "time_s": tokens / (tp.tok_per_s * tp.gpus),
+        "stage": stage,
+        "steps": steps,
+        "horizon": why,
+        "batch_tokens": cfg.batch_tokens,
+        "tokens": tokens,
+        "flops": float(tokens) * m["flops_per_token"],
+        "time_s": tokens / (tp.tok_per_s * tp.gpus),
         "max_epochs": cfg.max_epochs,
-        "epochs": [{"name": c.name, "weight": c.weight, "epochs": c.epochs if math.isfinite(c.epochs) else None,
-                    "drawn_tokens": c.drawn_tokens,
-                    "drawn_rows": c.drawn_rows, "train_tokens": c.holding.tokens, "train_examples": c.holding.examples,
-                    "origin": c.holding.origin, "over_limit": c.name in bad} for c in comps]
-                  + [{"name": n, "weight": cfg.mixture[n] / sum(cfg.mixture.values()), "epochs": None, "drawn_tokens": None,
-                      "drawn_rows": None, "train_tokens": None, "train_examples": None,
-                      "origin": "unknown: no estimate for this source; build its cache", "over_limit": False}
-                     for n in sorted(unknown)],
+        "epochs": [
+            {
+                "name": c.name,
+                "weight": c.weight,
+                "epochs": c.epochs if math.isfinite(c.epochs) else None,
+                "drawn_tokens": c.drawn_tokens,
+                "drawn_rows": c.drawn_rows,
+                "train_tokens": c.holding.tokens,
+                "train_examples": c.holding.examples,
+                "origin": c.holding.origin,
+                "over_limit": c.name in bad,
+            }
+            for c in comps
+        ]
+        + [
+            {
+                "name": n,
+                "weight": cfg.mixture[n] / sum(cfg.mixture.values()),
+                "epochs": None,
+                "drawn_tokens": None,
+                "drawn_rows": None,
+                "train_tokens": None,
+                "train_examples": None,
+                "origin": "unknown: no estimate for this source; build its cache",
+                "over_limit": False,
+            }
+            for n in sorted(unknown)
+        ],
         "device_batch_rows": cfg.device_batch_rows,
-        "memory_bytes": mem, "memory_over": mem["total"] > tp.memory_bytes, "memory_head": head,
+        "memory_bytes": mem,
+        "memory_over": mem["total"] > tp.memory_bytes,
+        "memory_head": head,
     }
 
 
@@ -548,7 +594,9 @@ def _decode(tp: Throughput, path: str) -> dict[str, Any]:
             "basis": rate.basis if rate else f"no decode rate for {tp.device} ({path} path): FLOP bound only"}
 
 
-def plan_rl(params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, decode: str = "reference") -> dict[str, Any] | None:
+def plan_rl(
+    params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, decode: str = "reference"
+) -> dict[str, Any] | None:
     """RL, which runs in one process on one device: tokens generated by the rollouts (an upper
     bound: every completion runs to max_new_tokens) and by the held-out evaluations (before the
     first update, every eval_every_steps and after the last: eval_problems x (one greedy reply +
@@ -572,7 +620,9 @@ def plan_rl(params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, decode
     trained = cfg.num_steps * cfg.problems_per_step * per_problem
     evals = 2 + ((cfg.num_steps - 1) // cfg.eval_every_steps if cfg.eval_every_steps else 0)
     eval_generated = evals * cfg.eval_problems * (1 + cfg.pass_k) * cfg.max_new_tokens
-    flops = (generated + eval_generated) * m["flops_per_token"] / 3 + trained * m["flops_per_token"]  # forward = 1/3 of fwd+bwd
+    flops = (generated + eval_generated) * m["flops_per_token"] / 3 + trained * m[
+        "flops_per_token"
+    ]  # forward = 1/3 of fwd+bwd
     tok_equiv = flops / m["flops_per_token"]
     d = _decode(tp, decode)
     rate = DECODE_RATES.get((tp.device, decode))
@@ -588,10 +638,21 @@ def plan_rl(params: dict[str, Any], m: dict[str, Any], tp: Throughput, *, decode
                                             (cfg.group_size,))
         eval_s = evals * calls_s(cfg.eval_problems, max(1, cfg.generate_batch // (cfg.pass_k + 1)), (1, cfg.pass_k))
         time_s = rollout_s + eval_s + train_s
-    return {"steps": cfg.num_steps, "completions": completions, "generated_tokens": generated, "trained_tokens": trained,
-            "evaluations": evals, "eval_generated_tokens": eval_generated, "flops": flops,
-            "time_s_lower_bound": tok_equiv / tp.tok_per_s, "decode": d, "rollout_s": rollout_s, "eval_s": eval_s,
-            "train_s": train_s, "time_s": time_s}
+    return {
+        "steps": cfg.num_steps,
+        "completions": completions,
+        "generated_tokens": generated,
+        "trained_tokens": trained,
+        "evaluations": evals,
+        "eval_generated_tokens": eval_generated,
+        "flops": flops,
+        "time_s_lower_bound": tok_equiv / tp.tok_per_s,
+        "decode": d,
+        "rollout_s": rollout_s,
+        "eval_s": eval_s,
+        "train_s": train_s,
+        "time_s": time_s,
+    }
 
 
 def _core_folder(cfg: EvalConfig, params: dict[str, Any], *, root: Path, raw_root: Path | None,
@@ -819,10 +880,18 @@ def make_plan(params: dict[str, Any], *, device: str = "h100", gpus: int = 1, mf
     built = built_from(params, raw_root, cache_root)
     stages = [plan_stage(s, params, m, tp, cache_root=cache_root, built=built, root=root, head=head)
               for s in STAGE_CONFIGS if s in params]
-    flags = [f"{s['stage']}: {c['name']} read {c['epochs']:.3g} times, above {s['stage']}.max_epochs={s['max_epochs']:g}"
-             for s in stages for c in s["epochs"] if c["over_limit"]]
-    flags += [f"{s['stage']}: ~{s['memory_bytes']['total'] / 1e9:.1f} GB per device, above the device's "
-              f"{tp.memory_bytes / 1e9:.0f} GB; lower {s['stage']}.device_batch_rows" for s in stages if s["memory_over"]]
+    flags = [
+        f"{s['stage']}: {c['name']} read {c['epochs']:.3g} times, above {s['stage']}.max_epochs={s['max_epochs']:g}"
+        for s in stages
+        for c in s["epochs"]
+        if c["over_limit"]
+    ]
+    flags += [
+        f"{s['stage']}: ~{s['memory_bytes']['total'] / 1e9:.1f} GB per device, above the device's "
+        f"{tp.memory_bytes / 1e9:.0f} GB; lower {s['stage']}.device_batch_rows"
+        for s in stages
+        if s["memory_over"]
+    ]
     if calibration is not None and calibration.timed_graphs:
         flags.append(f"calibration: the timed steps still compiled {calibration.timed_graphs} graph(s) after "
                      f"{calibration.warmup_steps} warm-up steps, so its rate includes compiling; something recompiles "
@@ -967,9 +1036,12 @@ def render_text(plan: dict[str, Any]) -> str:
     rates = (f"{d['b1_tok_s']:,.0f} tok/s at batch 1, {d['b8_tok_s']:,.0f} at batch 8, "
              if d["b1_tok_s"] is not None else "")
     out.append(f"decode  {d['path']} engine: {rates}{d['basis']}")
-    out += ["", f"assumes {a['chars_per_token']:g} chars/token, raw parquet {a['raw_bytes_per_text_byte']:g} B per text byte, "
-                f"{a['activation_bytes_per_token_channel_16bit']} B/token/channel/layer of activations at 16-bit; "
-                f"{a['time']}"]
+    out += [
+        "",
+        f"assumes {a['chars_per_token']:g} chars/token, raw parquet {a['raw_bytes_per_text_byte']:g} B per text byte, "
+        f"{a['activation_bytes_per_token_channel_16bit']} B/token/channel/layer of activations at 16-bit; "
+        f"{a['time']}",
+    ]
     for f in plan["flags"]:
         out.append(f"{FLAG} {f}")
     return "\n".join(out) + "\n"

@@ -30,7 +30,9 @@ class AncestorTableError(ValueError):
     """An ancestor table does not fit the vocabulary or breaks the layout in the module docstring."""
 
 
-def check_ancestor_table(ancestors: torch.Tensor, depths: torch.Tensor, vocab_size: int, *, where: str = "ancestor table") -> None:
+def check_ancestor_table(
+    ancestors: torch.Tensor, depths: torch.Tensor, vocab_size: int, *, where: str = "ancestor table"
+) -> None:
     """Raise AncestorTableError unless `ancestors` (vocab_size, D) and `depths` (vocab_size,) are
     integer tensors, every depth lies in [0, D], and every entry within a row's depth is an id in
     [0, vocab_size) other than the row's own. Reads every entry (a host sync on a GPU), so call it
@@ -150,7 +152,9 @@ def prefix_smooth_loss(
     check_reduction(reduction)
     V = logits.size(-1)
     if targets.shape != logits.shape[:-1]:
-        raise ValueError(f"targets shape {tuple(targets.shape)} must equal the logits' leading shape {tuple(logits.shape[:-1])}")
+        raise ValueError(
+            f"targets shape {tuple(targets.shape)} must equal the logits' leading shape {tuple(logits.shape[:-1])}"
+        )
     if ancestors.ndim != 2 or ancestors.size(0) != V or depths.shape != (V,):
         raise AncestorTableError(f"ancestor table of shape {tuple(ancestors.shape)} with depths {tuple(depths.shape)} "
                                  f"does not fit logits over {V} ids; it must be (V, max_depth) and (V,)")

@@ -34,7 +34,9 @@ _REFERENCE_WIDTH = 768
 SHARD_ALIGN = 64
 
 
-def orthogonalize(g: torch.Tensor, steps: int = 5, *, dtype: torch.dtype = torch.float32, eps: float = 1e-7) -> torch.Tensor:
+def orthogonalize(
+    g: torch.Tensor, steps: int = 5, *, dtype: torch.dtype = torch.float32, eps: float = 1e-7
+) -> torch.Tensor:
     """Approximate U V^T of g = U S V^T by a quintic Newton-Schulz iteration. g: (rows, cols), or
     a stack (..., rows, cols) of same-shape matrices, each orthogonalised on its own in one batched
     pass. `dtype` is the iteration's matmul dtype: bf16 where matmuls are fast in bf16 (CUDA sm80+,
@@ -70,15 +72,19 @@ class AdamW(torch.optim.AdamW):
         # `not x >= 0` rather than `x < 0`, so NaN is refused too
         if (not 0 <= lr < math.inf or not 0 <= eps < math.inf or not 0 <= weight_decay < math.inf
                 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1)):
-            raise ValueError(f"AdamW needs finite lr >= 0, eps >= 0, weight_decay >= 0 and betas in [0, 1); got lr={lr}, "
-                             f"betas={betas}, eps={eps}, weight_decay={weight_decay}")
+            raise ValueError(
+                f"AdamW needs finite lr >= 0, eps >= 0, weight_decay >= 0 and betas in [0, 1); got lr={lr}, "
+                f"betas={betas}, eps={eps}, weight_decay={weight_decay}"
+            )
         super().__init__(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=True)
 
 
 def _check_matrices(tensors: Iterable[torch.Tensor]) -> None:
     for p in tensors:
         if p.ndim != 2:
-            raise ValueError(f"Muon only takes 2-D matrices, got a parameter of shape {tuple(p.shape)}; give it to AdamW")
+            raise ValueError(
+                f"Muon only takes 2-D matrices, got a parameter of shape {tuple(p.shape)}; give it to AdamW"
+            )
 
 
 def _as_groups(params: Iterable) -> list[dict[str, Any]]:
@@ -114,7 +120,9 @@ class Muon(torch.optim.Optimizer):
         if not 0 <= momentum < 1:
             raise ValueError(f"Muon momentum={momentum} must be in [0, 1)")
         if not 0 <= lr < math.inf or not 0 <= weight_decay < math.inf:
-            raise ValueError(f"Muon needs finite lr >= 0 and weight_decay >= 0; got lr={lr}, weight_decay={weight_decay}")
+            raise ValueError(
+                f"Muon needs finite lr >= 0 and weight_decay >= 0; got lr={lr}, weight_decay={weight_decay}"
+            )
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
         self.rank, self.world_size, self.ns_dtype, self.compiled = rank, world_size, ns_dtype, compiled
@@ -280,8 +288,10 @@ class _Shards:
     def __init__(self, params: list[torch.Tensor], parts: list[list[tuple[int, int, int]]], rank: int) -> None:
         kinds = {(p.dtype, p.device) for p in params}
         if len(kinds) > 1:
-            raise ValueError(f"sharded optimizer state needs its parameters in one dtype on one device, got {kinds}; keep "
-                             "fp32 master weights on the run's device")
+            raise ValueError(
+                f"sharded optimizer state needs its parameters in one dtype on one device, got {kinds}; keep "
+                "fp32 master weights on the run's device"
+            )
         if not 0 <= rank < len(parts):
             raise ValueError(f"rank={rank} must be in [0, world_size={len(parts)})")
         assert all(p.is_contiguous() for p in params)
@@ -308,9 +318,14 @@ class _Shards:
 
     def grads(self) -> list[torch.Tensor]:
         """This rank's parts of the summed gradients (views into `grad`), in `weights()` order."""
-        return [self.grad[o:o + hi - lo] for o, (_, lo, hi) in zip(self.offsets[self.rank], self.parts[self.rank], strict=True)]
+        return [
+            self.grad[o : o + hi - lo]
+            for o, (_, lo, hi) in zip(self.offsets[self.rank], self.parts[self.rank], strict=True)
+        ]
 
-    def _segments(self, buf: torch.Tensor, ranks: Iterable[int]) -> tuple[list[torch.Tensor], list[tuple[int, int, int]]]:
+    def _segments(
+        self, buf: torch.Tensor, ranks: Iterable[int]
+    ) -> tuple[list[torch.Tensor], list[tuple[int, int, int]]]:
         views, parts = [], []
         for r in ranks:
             for o, (i, lo, hi) in zip(self.offsets[r], self.parts[r], strict=True):
@@ -323,7 +338,9 @@ class _Shards:
     def reduce(self) -> None:
         """Sum the local gradients over ranks into `grad`, then drop the local full gradients
         (ZeRO-2: only this rank's parts stay). A missing gradient counts as zeros."""
-        send = torch.zeros(self.world_size * self.numel, dtype=self.grad.dtype, device=self.grad.device)  # (world * numel,)
+        send = torch.zeros(
+            self.world_size * self.numel, dtype=self.grad.dtype, device=self.grad.device
+        )  # (world * numel,)
         views, parts = self._segments(send, range(self.world_size))
         dst, src = [], []
         for view, (i, lo, hi) in zip(views, parts, strict=True):
@@ -346,8 +363,11 @@ class _Shards:
         if self.world_size == 1:
             return
         mine = torch.zeros(self.numel, dtype=self.grad.dtype, device=self.grad.device)  # (numel,)
-        dst = [mine[o:o + hi - lo] for o, (_, lo, hi) in zip(self.offsets[self.rank], self.parts[self.rank], strict=True)
-               if hi > lo]
+        dst = [
+            mine[o : o + hi - lo]
+            for o, (_, lo, hi) in zip(self.offsets[self.rank], self.parts[self.rank], strict=True)
+            if hi > lo
+        ]
         if dst:
             torch._foreach_copy_(dst, [self._flat(i, lo, hi) for i, lo, hi in self.parts[self.rank] if hi > lo])
         everyone = torch.empty(self.world_size * self.numel, dtype=mine.dtype, device=mine.device)  # (world * numel,)
@@ -454,7 +474,9 @@ class OptimConfig:
         # A NaN, infinite or negative setting does not fail by itself: it trains to NaN weights.
         for name in ("matrix_lr", "embed_lr", "unembed_lr", "scalar_lr"):
             check_range(name, getattr(self, name), ge=0, why="a learning rate (0 freezes that group)")
-        check_range("weight_decay", self.weight_decay, ge=0, why="decoupled decay per unit of learning rate; 0 disables")
+        check_range(
+            "weight_decay", self.weight_decay, ge=0, why="decoupled decay per unit of learning rate; 0 disables"
+        )
         for name in ("adam_beta1", "adam_beta2", "muon_momentum_start", "muon_momentum_end"):
             check_range(name, getattr(self, name), ge=0, lt=1,
                         why="a moving-average decay; at 1 or above the average stops following the gradient")
@@ -470,8 +492,15 @@ def split_params(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
     if hasattr(model, "param_groups"):
         names = {id(p): n for n, p in model.named_parameters()}
         own = model.param_groups()
-        return {role: [(names[id(p)], p) for p in own.get(key, [])]
-                for role, key in (("embed", "embedding"), ("unembed", "lm_head"), ("matrix", "matrix"), ("scalar", "scalar"))}
+        return {
+            role: [(names[id(p)], p) for p in own.get(key, [])]
+            for role, key in (
+                ("embed", "embedding"),
+                ("unembed", "lm_head"),
+                ("matrix", "matrix"),
+                ("scalar", "scalar"),
+            )
+        }
     groups: dict[str, list[tuple[str, nn.Parameter]]] = {"embed": [], "unembed": [], "matrix": [], "scalar": []}
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -646,8 +675,10 @@ class StateLayout:
             expected = self.group_sizes if not (self.optimizer == "muon" and self.sharded) else None
             if len(sizes) != len(self.group_sizes) or (expected is not None and tuple(sizes) != expected) \
                     or sum(sizes) != len(self.local_params(rank)):
-                raise ValueError(f"the {self.optimizer} state of rank {rank} has param groups of {sizes} parameters, this "
-                                 f"run's optimizer {list(self.group_sizes)}")
+                raise ValueError(
+                    f"the {self.optimizer} state of rank {rank} has param groups of {sizes} parameters, this "
+                    f"run's optimizer {list(self.group_sizes)}"
+                )
 
     def full(self, states: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """The single-process state dict from every rank's state dict in this layout."""
@@ -663,8 +694,10 @@ class StateLayout:
                 if slices[0] is None:
                     continue
                 # moments are flat slices (1-D), concatenated in rank order; `step` is the same everywhere
-                state[i] = {k: torch.cat([s[k] for s in slices]).view(shape) if torch.is_tensor(v) and v.ndim == 1 else v
-                            for k, v in slices[0].items()}
+                state[i] = {
+                    k: torch.cat([s[k] for s in slices]).view(shape) if torch.is_tensor(v) and v.ndim == 1 else v
+                    for k, v in slices[0].items()
+                }
         else:
             for rank in range(self.world_size) if self.optimizer == "muon" else [0]:
                 local = self.local_params(rank)
@@ -684,7 +717,9 @@ class StateLayout:
                 continue
             if self.optimizer == "adamw" and self.sharded:
                 lo, hi = slice_ranges(math.prod(self.shapes[i]), self.world_size)[rank]
-                st = {k: v.reshape(-1)[lo:hi].clone() if torch.is_tensor(v) and v.ndim > 0 else v for k, v in st.items()}
+                st = {
+                    k: v.reshape(-1)[lo:hi].clone() if torch.is_tensor(v) and v.ndim > 0 else v for k, v in st.items()
+                }
             state[position[i]] = st
         return {"state": state, "param_groups": groups}
 

@@ -159,12 +159,20 @@ def save(model: nn.Module, optimizers: list[torch.optim.Optimizer], rt: Runtime,
     if rt.is_main:
         # The global RNG is unused by the loop (batches come from per-step generators) but is
         # stored so code that draws from it (dropout, say) resumes exactly too.
-        ckpt.finish_checkpoint(ckpt.partial_dir(final), final, model_state=model.state_dict(),
-                               meta={**meta, "step": step, "world_size": rt.world_size,
-                                     "optimizer_state": optimizer_state_kind(optimizers),
-                                     # Data order is stateless (per-step generators): the next step is all a loader needs.
-                                     "loader": {"kind": "per-step generators", "next_step": step}},
-                               rng_states={"torch_cpu": torch.get_rng_state()})
+        ckpt.finish_checkpoint(
+            ckpt.partial_dir(final),
+            final,
+            model_state=model.state_dict(),
+            meta={
+                **meta,
+                "step": step,
+                "world_size": rt.world_size,
+                "optimizer_state": optimizer_state_kind(optimizers),
+                # Data order is stateless (per-step generators): the next step is all a loader needs.
+                "loader": {"kind": "per-step generators", "next_step": step},
+            },
+            rng_states={"torch_cpu": torch.get_rng_state()},
+        )
         ckpt.prune_checkpoints(run_dir, keep_last)
     barrier(rt)
     return final

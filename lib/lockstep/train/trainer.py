@@ -29,8 +29,15 @@ from lockstep.model.gpt import GPT, IGNORE_INDEX, GPTConfig
 from lockstep.train import resume
 from lockstep.train.bpb import measure_bpb
 from lockstep.train.objectives import Objective, cross_entropy_objective
-from lockstep.train.optim import (OptimConfig, build_optimizers, compiled_step, global_grad_norm, muon_momentum, reduce_grads,
-                                  set_lr)
+from lockstep.train.optim import (
+    OptimConfig,
+    build_optimizers,
+    compiled_step,
+    global_grad_norm,
+    muon_momentum,
+    reduce_grads,
+    set_lr,
+)
 
 log = logging.getLogger("lockstep.train")
 _ETA_STEPS = 8  # the progress line's ETA is the mean of this many recent step times
@@ -82,8 +89,12 @@ class LRSchedule:
 
     def __post_init__(self) -> None:
         check_range("warmup_steps", self.warmup_steps, ge=0)
-        check_range("warmdown_frac", self.warmdown_frac, ge=0, le=1, why="the fraction of steps that decay the learning rate")
-        check_range("final_lr_frac", self.final_lr_frac, ge=0, le=1, why="the end of the decay, as a fraction of the peak")
+        check_range(
+            "warmdown_frac", self.warmdown_frac, ge=0, le=1, why="the fraction of steps that decay the learning rate"
+        )
+        check_range(
+            "final_lr_frac", self.final_lr_frac, ge=0, le=1, why="the end of the decay, as a fraction of the peak"
+        )
 
     def lr_multiplier(self, step: int, total_steps: int) -> float:
         """The peak-LR multiplier of step `step` (0-based) of `total_steps`."""
@@ -138,12 +149,18 @@ class TrainConfig(LRSchedule):
             check_range(name, getattr(self, name), ge=0)
         for name in ("target_flops", "tokens_params_ratio"):
             check_range(name, getattr(self, name), ge=0, why="0 leaves this horizon unset")
-        check_range("peak_flops", self.peak_flops, ge=0, why="FLOP/s per device; 0 takes the datasheet or a measured peak")
+        check_range(
+            "peak_flops", self.peak_flops, ge=0, why="FLOP/s per device; 0 takes the datasheet or a measured peak"
+        )
         check_range("eval_tokens", self.eval_tokens, ge=1, why="val tokens per evaluation; the final one always runs")
-        check_range("prefix_weight", self.prefix_weight, ge=0, why="weight of each ancestor in the target (0 = cross-entropy)")
+        check_range(
+            "prefix_weight", self.prefix_weight, ge=0, why="weight of each ancestor in the target (0 = cross-entropy)"
+        )
         check_range("keep_last", self.keep_last, ge=2, why="so a crash mid-save still leaves a complete checkpoint")
         if self.max_epochs is not None:
-            check_range("max_epochs", self.max_epochs, gt=0, why="passes over a component's train data; null = no limit")
+            check_range(
+                "max_epochs", self.max_epochs, gt=0, why="passes over a component's train data; null = no limit"
+            )
 
 
 @dataclass(frozen=True)
@@ -196,8 +213,10 @@ class NonFiniteGuard:
         self.streak += 1
         what = f"step {step}/{total_steps}: loss {loss:.4g}, gradient norm {grad_norm:.4g}"
         if self.streak > self.patience:
-            raise NonFiniteError(f"{what}; {self.streak} non-finite step(s) in a row, more than {self.keys}nonfinite_patience="
-                                 f"{self.patience}: stopped before applying the update, so no checkpoint holds it; {self.hint()}")
+            raise NonFiniteError(
+                f"{what}; {self.streak} non-finite step(s) in a row, more than {self.keys}nonfinite_patience="
+                f"{self.patience}: stopped before applying the update, so no checkpoint holds it; {self.hint()}"
+            )
         if self.announce:
             log.warning("%s: update skipped (%d of %d tolerated in a row)", what, self.streak, self.patience)
         return False
@@ -209,8 +228,10 @@ class NonFiniteGuard:
         finite = torch.stack([torch.isfinite(p).all() for _, p in named]).tolist()
         bad = [name for (name, _), ok in zip(named, finite, strict=True) if not ok]
         if bad:
-            raise NonFiniteError(f"step {step}: weights {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} are not finite "
-                                 f"after the update; no checkpoint written; {self.hint()}")
+            raise NonFiniteError(
+                f"step {step}: weights {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} are not finite "
+                f"after the update; no checkpoint written; {self.hint()}"
+            )
 
 
 class BatchSource(Protocol):
@@ -239,7 +260,9 @@ def horizon_key(cfg: TrainConfig) -> str:
     return "num_steps"
 
 
-def lr_multiplier(step: int, total_steps: int, *, warmup_steps: int, warmdown_frac: float, final_lr_frac: float) -> float:
+def lr_multiplier(
+    step: int, total_steps: int, *, warmup_steps: int, warmdown_frac: float, final_lr_frac: float
+) -> float:
     """Warmup (linear from 1/warmup), constant, then linear warmdown to `final_lr_frac`."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
@@ -543,7 +566,9 @@ class Trainer:
         micro = []
         for i in range(self.accum):
             batch = self.data.get_batch(B=rows, generator=batch_generator(self.seed, step, rt.rank * self.accum + i))
-            micro.append((host_to_device(batch[0], rt.device), host_to_device(_targets(batch, self.cfg.loss), rt.device)))
+            micro.append(
+                (host_to_device(batch[0], rt.device), host_to_device(_targets(batch, self.cfg.loss), rt.device))
+            )
         return micro
 
     def _backward(self, micro: MicroBatches, denom: torch.Tensor) -> torch.Tensor:
@@ -588,7 +613,9 @@ class Trainer:
         lr_now = self.optimizers[-1].param_groups[0]["lr"]
         fields = [f"loss {train_loss:.4f}", f"lr {lr_now:.3g}", f"dt {dt * 1e3:.0f}ms", f"tok/s {_fmt_count(tok_s)}",
                   f"mfu {100 * mfu:.1f}%"]
-        log.info("%s", progress_line(step, self.total_steps, fields, eta=eta_text(self.dts or [dt], self.total_steps - step)))
+        log.info(
+            "%s", progress_line(step, self.total_steps, fields, eta=eta_text(self.dts or [dt], self.total_steps - step))
+        )
         self._record({"step": step, "train_loss": train_loss, "lr_mult": mult})
         self.rates.append((step, tok_s))
 
@@ -617,7 +644,9 @@ class Trainer:
             return []
         out = []
         for prompt in self.samples.prompts:
-            text = self.samples.decode(list(prompt) + greedy_sample(self.model, prompt, self.cfg.sample_tokens, self.rt))
+            text = self.samples.decode(
+                list(prompt) + greedy_sample(self.model, prompt, self.cfg.sample_tokens, self.rt)
+            )
             log.info("sample: %r", text)
             out.append(text)
         return out
@@ -659,7 +688,9 @@ class Trainer:
         config, stage config, tokenizer sha256, code revision, ...) goes into every checkpoint.
         `stop_at_step` ends early after that step, as a kill would (tests)."""
         if not meta.get("code_revision"):
-            raise ValueError("meta must carry the stage's code_revision (lockstep.core.codeid.code_revision of its entry module)")
+            raise ValueError(
+                "meta must carry the stage's code_revision (lockstep.core.codeid.code_revision of its entry module)"
+            )
         run_dir, cfg, total = Path(run_dir), self.cfg, self.total_steps
         meta = {**meta, "total_steps": total}
         checkpoint = self._open(run_dir)

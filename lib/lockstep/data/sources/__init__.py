@@ -175,8 +175,13 @@ def _no_room_is_a_snapshot_error(out_dir: Path, resume_dir: Path | None) -> cont
     carries on from)."""
     kept = (f"; the parts finished so far stay in {resume_dir}, and the rerun carries on from them"
             if resume_dir is not None else "")
-    return no_room_is(SnapshotError, doing=f"fetch {out_dir}", folder=resume_dir if resume_dir is not None else out_dir.parent,
-                      outcome="nothing was published", rerun=f"run the fetch stage again{kept}")
+    return no_room_is(
+        SnapshotError,
+        doing=f"fetch {out_dir}",
+        folder=resume_dir if resume_dir is not None else out_dir.parent,
+        outcome="nothing was published",
+        rerun=f"run the fetch stage again{kept}",
+    )
 
 
 def _fetch(name: str, cfg: Any, mod: Any, out_dir: Path, *, seed: int, part_bytes: int, config: dict[str, Any],
@@ -186,8 +191,17 @@ def _fetch(name: str, cfg: Any, mod: Any, out_dir: Path, *, seed: int, part_byte
             return mod.publish(cfg, tmp, name=name, config=config, seed=seed)
     if resume_dir is not None:
         decisive = {k: v for k, v in config.items() if k not in RESUME_IGNORED_FIELDS}
-        resume = ResumeFolder(resume_dir, base_fields={"snapshot_format": FORMAT_VERSION, "name": name, "source": cfg.source,
-                                                       "config": decisive, "seed": seed, "part_bytes": part_bytes})
+        resume = ResumeFolder(
+            resume_dir,
+            base_fields={
+                "snapshot_format": FORMAT_VERSION,
+                "name": name,
+                "source": cfg.source,
+                "config": decisive,
+                "seed": seed,
+                "part_bytes": part_bytes,
+            },
+        )
         meta = _write(name, cfg, mod, resume.work, seed=seed, part_bytes=part_bytes, config=config, resume=resume,
                       arrow_batches=arrow_batches)
         resume.publish(out_dir)
@@ -218,7 +232,9 @@ def _write(name: str, cfg: Any, mod: Any, root: Path, *, seed: int, part_bytes: 
     return sink.close(name=name, source=cfg.source, config=config, seed=seed, **fields)
 
 
-def _nothing_usable(name: str, source: str, expected: str, sink: SnapshotWriter, extra: dict[str, Any]) -> SourceFormatError:
+def _nothing_usable(
+    name: str, source: str, expected: str, sink: SnapshotWriter, extra: dict[str, Any]
+) -> SourceFormatError:
     """The error for a source that read its input and kept no record: an empty snapshot would
     pass for data downstream, so the fetch fails instead, saying what it found."""
     inputs = sorted(extra.get("input_sha256") or [])

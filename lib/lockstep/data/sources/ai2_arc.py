@@ -40,7 +40,11 @@ class Ai2ArcConfig(HubFields):
 def convert_row(row: dict[str, Any]) -> dict[str, Any] | str:
     """An ARC row as an eval item, or why it is not one."""
     choices = row.get("choices")
-    if not isinstance(choices, dict) or not isinstance(choices.get("text"), list) or not isinstance(choices.get("label"), list):
+    if (
+        not isinstance(choices, dict)
+        or not isinstance(choices.get("text"), list)
+        or not isinstance(choices.get("label"), list)
+    ):
         return "`choices` must be {text: [...], label: [...]}"
     texts, labels = list(choices["text"]), [str(x) for x in choices["label"]]
     if len(texts) != len(labels):

@@ -90,4 +90,9 @@ def choice_record(question: Any, choices: Any, answer: int, **extra: str) -> dic
         return "a choice is empty or not a string"
     if not 0 <= answer < len(choices):
         return f"answer index {answer} outside the {len(choices)} choices"
-    return {"text": question, "choices": json.dumps(list(choices), ensure_ascii=False), "answer": LETTERS[answer], **extra}
+    return {
+        "text": question,
+        "choices": json.dumps(list(choices), ensure_ascii=False),
+        "answer": LETTERS[answer],
+        **extra,
+    }

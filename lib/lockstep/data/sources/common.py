@@ -88,10 +88,15 @@ def local_files(path: str | Path, suffixes: Sequence[str], *, what: str) -> list
     if p.is_file():
         return [p]
     if not p.is_dir():
-        raise FileNotFoundError(f"{what}: {p} does not exist; point `path` at a file or a folder of {'/'.join(suffixes)} files")
+        raise FileNotFoundError(
+            f"{what}: {p} does not exist; point `path` at a file or a folder of {'/'.join(suffixes)} files"
+        )
     files = sorted(
-        f for f in p.rglob("*")
-        if f.is_file() and f.name.endswith(tuple(suffixes)) and not any(part.startswith(".") for part in f.relative_to(p).parts)
+        f
+        for f in p.rglob("*")
+        if f.is_file()
+        and f.name.endswith(tuple(suffixes))
+        and not any(part.startswith(".") for part in f.relative_to(p).parts)
     )
     if not files:
         raise FileNotFoundError(f"{what}: no {'/'.join(suffixes)} files under {p}")
@@ -142,7 +147,9 @@ def _gzip_checked(lines: Iterable[bytes], path: Path) -> Iterator[bytes]:
     try:
         yield from lines
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
-        raise SourceFormatError(f"{path}: not a readable gzip file ({e}); download it again or unpack it to .jsonl") from None
+        raise SourceFormatError(
+            f"{path}: not a readable gzip file ({e}); download it again or unpack it to .jsonl"
+        ) from None
 
 
 def read_text(path: Path, sink: SnapshotWriter) -> str | None:
@@ -161,7 +168,11 @@ def _retryable() -> tuple[type[BaseException], ...]:
     try:
         import requests
 
-        kinds += [requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.ChunkedEncodingError]
+        kinds += [
+            requests.exceptions.ConnectionError,
+            requests.exceptions.Timeout,
+            requests.exceptions.ChunkedEncodingError,
+        ]
     except ImportError:
         pass
     try:
@@ -232,7 +243,9 @@ def retrying_stream(
                 ) from e
             wait_s = backoff_s * 2**failures
             failures += 1
-            log.warning("%s: %s at item %d; reopening (retry %d/%d) in %.1fs", what, e, yielded, failures, max_retries, wait_s)
+            log.warning(
+                "%s: %s at item %d; reopening (retry %d/%d) in %.1fs", what, e, yielded, failures, max_retries, wait_s
+            )
             sleep(wait_s)
 
 
@@ -272,7 +285,11 @@ def dataset_rows(
             ds = load_dataset(hub_id, hub_config, split=hub_split, revision=revision, streaming=True)
         return _rows_by_batch(ds)
 
-    what = f"{'/'.join(str(f) for f in files[:1]) + ('...' if len(files) > 1 else '')}" if files else f"hub {hub_id}@{revision} {hub_split}"
+    what = (
+        f"{'/'.join(str(f) for f in files[:1]) + ('...' if len(files) > 1 else '')}"
+        if files
+        else f"hub {hub_id}@{revision} {hub_split}"
+    )
     return retrying_stream(open_stream, what=what, max_retries=max_retries, backoff_s=backoff_s)
 
 

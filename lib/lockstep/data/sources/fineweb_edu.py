@@ -93,7 +93,9 @@ def _configured_dump(files: list[Path], root: Path, config: str) -> list[Path]:
     return chosen
 
 
-def hub_data_files(dataset: str, config: str, revision: str, *, max_retries: int, backoff_s: float) -> list[tuple[str, str]]:
+def hub_data_files(
+    dataset: str, config: str, revision: str, *, max_retries: int, backoff_s: float
+) -> list[tuple[str, str]]:
     """(name in the repo, `hf://` address) of each parquet data file of `config`'s train split at
     the commit `revision`, sorted by name: the shards that `load_dataset(dataset, config)` would
     stream, each then read through the same `load_dataset("parquet", data_files=[...])` call as a
@@ -136,7 +138,9 @@ def _read_shard_tables(
     Returns True when the train budget was reached."""
     tables = parquet_tables([ref], max_retries=cfg.max_retries, backoff_s=cfg.backoff_s)
     emitted = 0
-    for row_index, table in window_shuffle_tables(tables, cfg.shuffle_buffer, generator(seed, stream=_SHARD_STREAM + shard_index)):
+    for row_index, table in window_shuffle_tables(
+        tables, cfg.shuffle_buffer, generator(seed, stream=_SHARD_STREAM + shard_index)
+    ):
         if emitted + table.num_rows <= skip:
             emitted += table.num_rows
             continue
@@ -144,7 +148,9 @@ def _read_shard_tables(
             row_index, table, emitted = row_index[skip - emitted :], table.slice(skip - emitted), skip
         if emitted == skip:
             _check_columns(table.schema.names, name)
-        if _take_window(cfg, sink, resume, progress, tally, table, row_index, budget=budget, name=name, k=k, emitted=emitted):
+        if _take_window(
+            cfg, sink, resume, progress, tally, table, row_index, budget=budget, name=name, k=k, emitted=emitted
+        ):
             return True
         emitted += table.num_rows
     return False
@@ -172,7 +178,9 @@ def _take_window(
     if cfg.min_int_score is None:
         scored = np.ones(n, dtype=bool)
     else:
-        scored = pc.fill_null(pc.greater_equal(table.column("int_score"), cfg.min_int_score), False).to_numpy(zero_copy_only=False)
+        scored = pc.fill_null(pc.greater_equal(table.column("int_score"), cfg.min_int_score), False).to_numpy(
+            zero_copy_only=False
+        )
     good = scored & documents_ok(table)
     for j in np.flatnonzero(scored & ~good):  # blank, missing, non-ASCII or non-string text: the record rules decide
         try:
@@ -215,7 +223,12 @@ def _take_window(
 
 
 def produce(
-    cfg: FinewebEduConfig, sink: SnapshotWriter, *, seed: int, resume: ResumeFolder | None = None, arrow_batches: bool = False
+    cfg: FinewebEduConfig,
+    sink: SnapshotWriter,
+    *,
+    seed: int,
+    resume: ResumeFolder | None = None,
+    arrow_batches: bool = False,
 ) -> dict[str, Any]:
     """Fetch into `sink`. The record path (the reference) turns each row into a dict and adds it;
     `arrow_batches` validates and writes each shuffle window as Arrow tables instead, for the
@@ -247,8 +260,13 @@ def produce(
     pos = saved or {"shard": 0, "emitted": 0, "chars": {"train": 0, "val": 0}, "consumed": 0, "below_score": 0}
     chars, consumed, below_score = dict(pos["chars"]), int(pos["consumed"]), int(pos["below_score"])
     budget = {"train": cfg.max_train_chars, "val": cfg.max_val_chars}
-    progress = Progress(f"fetch fineweb_edu{' (resumed)' if saved else ''}", log, budget=budget["train"] + budget["val"],
-                        already_done=chars["train"] + chars["val"], interval_s=PROGRESS_INTERVAL_S)
+    progress = Progress(
+        f"fetch fineweb_edu{' (resumed)' if saved else ''}",
+        log,
+        budget=budget["train"] + budget["val"],
+        already_done=chars["train"] + chars["val"],
+        interval_s=PROGRESS_INTERVAL_S,
+    )
     text_bytes = sink.text_bytes("train") + sink.text_bytes("val")
     if budget["val"] == 0:
         sink.finish_split("val")
@@ -290,17 +308,32 @@ def produce(
                 progress.update(items=1, text_bytes=now_bytes - text_bytes, done=len(row["text"]))
                 text_bytes = now_bytes
             if resume is not None and sink.parts_closed() != parts_before:
-                resume.save(sink, {"shard": k, "emitted": emitted, "chars": chars, "consumed": consumed, "below_score": below_score})
+                resume.save(
+                    sink,
+                    {"shard": k, "emitted": emitted, "chars": chars, "consumed": consumed, "below_score": below_score},
+                )
             if chars["train"] >= budget["train"]:
                 exhausted = False
                 break
         k += 1
     progress.finish()
-    return {**meta, "streamed": True, "shuffle_seed": seed, "shuffle_buffer": cfg.shuffle_buffer,
-            "shuffle": _SHUFFLE_RULE, "shards_total": len(shards), "shards_read": k,
-            "chars": chars, "rows_consumed": consumed, "rows_below_min_int_score": below_score, "stream_exhausted": exhausted}
+    return {
+        **meta,
+        "streamed": True,
+        "shuffle_seed": seed,
+        "shuffle_buffer": cfg.shuffle_buffer,
+        "shuffle": _SHUFFLE_RULE,
+        "shards_total": len(shards),
+        "shards_read": k,
+        "chars": chars,
+        "rows_consumed": consumed,
+        "rows_below_min_int_score": below_score,
+        "stream_exhausted": exhausted,
+    }
 
 
 def size(cfg: FinewebEduConfig, *, name: str, root: Path) -> SourceSize:
     """Its fetch budget: `max_train_chars` and `max_val_chars`."""
-    return SourceSize(train_chars=cfg.max_train_chars, val_chars=cfg.max_val_chars, basis=f"fetch.{name}.max_train_chars")
+    return SourceSize(
+        train_chars=cfg.max_train_chars, val_chars=cfg.max_val_chars, basis=f"fetch.{name}.max_train_chars"
+    )

@@ -75,4 +75,6 @@ def produce(cfg: Gsm8kConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, A
 
 def size(cfg: Gsm8kConfig, *, name: str, root: Path) -> SourceSize:
     """GSM8K's published train and test sizes."""
-    return published_examples("gsm8k", examples=7_473, val_examples=1_319, tokens_per_example=180, val_frac=cfg.val_frac)
+    return published_examples(
+        "gsm8k", examples=7_473, val_examples=1_319, tokens_per_example=180, val_frac=cfg.val_frac
+    )

@@ -76,7 +76,12 @@ def produce(cfg: GutenbergConfig, sink: SnapshotWriter, *, seed: int) -> dict[st
             items.append((str(f), clean))
     write_split(sink, items, cfg.val_frac, seed)
     revision, per_file = files_revision(files)
-    return {"source_id": f"local:{Path(cfg.path).as_posix()}", "revision": revision, "input_sha256": per_file, "streamed": False}
+    return {
+        "source_id": f"local:{Path(cfg.path).as_posix()}",
+        "revision": revision,
+        "input_sha256": per_file,
+        "streamed": False,
+    }
 
 
 def size(cfg: GutenbergConfig, *, name: str, root: Path) -> SourceSize | None:

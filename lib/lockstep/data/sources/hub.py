@@ -32,7 +32,14 @@ log = logging.getLogger("lockstep.sources")
 # (`<config>/<split>-00000-of-00001.parquet`, sometimes with a `-<hash>` after the shard
 # count), the datasets' original files (`train.jsonl`, `test.jsonl`, WikiText's `wiki.valid.raw`)
 # and split folders (`train/`, `validation/`). `valid`, `val` and `dev` spell `validation`.
-_SPLIT_NAMES = {"train": "train", "test": "test", "validation": "validation", "valid": "validation", "val": "validation", "dev": "validation"}
+_SPLIT_NAMES = {
+    "train": "train",
+    "test": "test",
+    "validation": "validation",
+    "valid": "validation",
+    "val": "validation",
+    "dev": "validation",
+}
 _SPLIT_STEM = re.compile(r"(?:wiki\.)?(train|test|validation|valid|val|dev)(?:-\d{5}-of-\d{5}(?:-[0-9a-f]+)?)?")
 _LISTED_FILES = 8  # file names quoted in an error; the rest are counted
 
@@ -251,8 +258,14 @@ def require_usable(f: Path, *, rows: int, usable: int, bad_before: int, sink: Sn
         )
 
 
-def usable_rows(f: Path, cfg: HubFields, sink: SnapshotWriter, convert: Callable[[str, dict[str, Any]], dict[str, Any] | None],
-                *, expected: str) -> Iterator[tuple[str, dict[str, Any]]]:
+def usable_rows(
+    f: Path,
+    cfg: HubFields,
+    sink: SnapshotWriter,
+    convert: Callable[[str, dict[str, Any]], dict[str, Any] | None],
+    *,
+    expected: str,
+) -> Iterator[tuple[str, dict[str, Any]]]:
     """The rows of local file `f` that `convert` turns into records (None after reporting a bad
     row to `sink`) and `sink` accepts, as (where, record); once the file is read, require_usable
     refuses a file with rows but none usable (a wrong format), naming `expected`."""

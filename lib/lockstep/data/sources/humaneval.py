@@ -36,8 +36,13 @@ def convert_row(row: dict[str, Any]) -> dict[str, Any] | str:
             return f"missing or empty {key!r}"
     if "def check(" not in row["test"]:
         return "`test` defines no check(candidate)"
-    return {"text": row["prompt"], "task_id": row["task_id"], "test": row["test"], "entry_point": row["entry_point"],
-            "canonical_solution": row.get("canonical_solution") if isinstance(row.get("canonical_solution"), str) else None}
+    return {
+        "text": row["prompt"],
+        "task_id": row["task_id"],
+        "test": row["test"],
+        "entry_point": row["entry_point"],
+        "canonical_solution": row.get("canonical_solution") if isinstance(row.get("canonical_solution"), str) else None,
+    }
 
 
 def produce(cfg: HumanevalConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, Any]:

@@ -41,7 +41,9 @@ def _rank_key(msg: dict[str, Any]) -> tuple[bool, float, str]:
     return (missing, 0.0 if missing else float(rank), str(msg.get("message_id")))
 
 
-def trees_from_flat(rows: Iterable[tuple[str, dict[str, Any]]], sink: SnapshotWriter) -> list[tuple[str, dict[str, Any]]]:
+def trees_from_flat(
+    rows: Iterable[tuple[str, dict[str, Any]]], sink: SnapshotWriter
+) -> list[tuple[str, dict[str, Any]]]:
     """Nested trees (the export layout: each message with `replies`) from flat rows linked by
     `parent_id`. Duplicate ids, missing parents and parent cycles are reported as bad records."""
     by_id: dict[str, dict[str, Any]] = {}
@@ -94,7 +96,12 @@ def tree_to_conversation(root: dict[str, Any], lang: str) -> dict[str, Any] | st
     `lang` (filtered, not bad); a reason string when the tree is malformed."""
 
     def usable(m: dict[str, Any]) -> bool:
-        return not m.get("deleted") and m.get("lang") == lang and isinstance(m.get("text"), str) and bool(m["text"].strip())
+        return (
+            not m.get("deleted")
+            and m.get("lang") == lang
+            and isinstance(m.get("text"), str)
+            and bool(m["text"].strip())
+        )
 
     if not usable(root):
         return None
@@ -126,7 +133,9 @@ def tree_to_conversation(root: dict[str, Any], lang: str) -> dict[str, Any] | st
     return {"messages": messages}
 
 
-def conversations(trees: Iterable[tuple[str, dict[str, Any]]], lang: str, sink: SnapshotWriter) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+def conversations(
+    trees: Iterable[tuple[str, dict[str, Any]]], lang: str, sink: SnapshotWriter
+) -> tuple[list[tuple[str, dict[str, Any]]], int]:
     """(validated conversations, number of trees filtered out for language or lack of replies)."""
     out, filtered = [], 0
     for where, root in trees:
@@ -174,14 +183,18 @@ def _local_rows(f: Path, cfg: Oasst1Config, sink: SnapshotWriter) -> list[tuple[
     rows = list(file_rows(f, cfg, sink))
     if (rows or sink.skipped > bad_before) and not any(_layout(row) for _, row in rows):
         first = f"first row {rows[0][0]} has fields {_fields(rows[0][1])}" if rows else f"last problem: {sink.last_bad}"
-        raise SourceFormatError(f"{f}: not one row is an OpenAssistant message tree or message ({first}); expected {EXPECTED}")
+        raise SourceFormatError(
+            f"{f}: not one row is an OpenAssistant message tree or message ({first}); expected {EXPECTED}"
+        )
     return rows
 
 
 def produce(cfg: Oasst1Config, sink: SnapshotWriter, *, seed: int) -> dict[str, Any]:
     filtered = 0
     if cfg.path is not None:
-        plan = local_splits(cfg, dataset=cfg.dataset, hub_splits=HUB_SPLITS, suffixes=(".jsonl", ".jsonl.gz", ".parquet"))
+        plan = local_splits(
+            cfg, dataset=cfg.dataset, hub_splits=HUB_SPLITS, suffixes=(".jsonl", ".jsonl.gz", ".parquet")
+        )
         for split, files in plan.files.items():
             # Trees are built per split, as on the hub: a reply never links across splits.
             rows = [r for f in files for r in _local_rows(f, cfg, sink)]

@@ -42,10 +42,15 @@ class RoamConfig(CheckedFields):
 
 def note_files(root: Path, suffixes: tuple[str, ...]) -> list[Path]:
     if not root.is_dir():
-        raise FileNotFoundError(f"roam: notes folder {root} does not exist; set fetch.<name>.path to a folder of markdown notes")
+        raise FileNotFoundError(
+            f"roam: notes folder {root} does not exist; set fetch.<name>.path to a folder of markdown notes"
+        )
     files = sorted(
-        p for p in root.rglob("*")
-        if p.is_file() and p.suffix.lower() in suffixes and not any(part.startswith(".") for part in p.relative_to(root).parts)
+        p
+        for p in root.rglob("*")
+        if p.is_file()
+        and p.suffix.lower() in suffixes
+        and not any(part.startswith(".") for part in p.relative_to(root).parts)
     )
     if not files:
         raise FileNotFoundError(f"roam: no {'/'.join(suffixes)} notes under {root}")

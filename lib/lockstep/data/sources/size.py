@@ -27,8 +27,12 @@ def published_examples(source: str, *, examples: int, tokens_per_example: float,
     """A conversation or problem source of a published size: `val_examples` held out when the
     source has a val split of its own, else `val_frac` of the examples."""
     vf = val_frac or 0.0
-    return SourceSize(train_examples=examples * (1 - vf), val_examples=examples * vf if val_examples is None else val_examples,
-                      tokens_per_example=tokens_per_example, basis=f"{source}'s published size")
+    return SourceSize(
+        train_examples=examples * (1 - vf),
+        val_examples=examples * vf if val_examples is None else val_examples,
+        tokens_per_example=tokens_per_example,
+        basis=f"{source}'s published size",
+    )
 
 
 def eval_split_examples(source: str, config: str, *, by_config: Mapping[str, int],

@@ -85,8 +85,10 @@ def read_words(path: str | Path) -> tuple[str, ...]:
     left out. Refuses a file with no word."""
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"spelling_bee: words_path {p} is not a file; point it at a word list (one word a line) "
-                                "or remove it for the built-in list")
+        raise FileNotFoundError(
+            f"spelling_bee: words_path {p} is not a file; point it at a word list (one word a line) "
+            "or remove it for the built-in list"
+        )
     words = tuple(sorted({w for line in p.read_text(encoding="utf-8", errors="replace").splitlines()
                           if (w := line.strip().lower()) and all(c in ALPHABET for c in w)}))
     if not words:

@@ -396,4 +396,6 @@ TOKENS_PER_EXAMPLE = {"basic": 105, "multistep": 196}
 
 def size(cfg: SynthMathConfig, *, name: str, root: Path) -> SourceSize:
     """The problems its params ask for."""
-    return generated_examples(name, n_train=cfg.n_train, n_val=cfg.n_val, tokens_per_example=TOKENS_PER_EXAMPLE[cfg.family])
+    return generated_examples(
+        name, n_train=cfg.n_train, n_val=cfg.n_val, tokens_per_example=TOKENS_PER_EXAMPLE[cfg.family]
+    )

@@ -84,14 +84,22 @@ def produce(cfg: WikitextConfig, sink: SnapshotWriter, *, seed: int) -> dict[str
             # One line stream per split, as the hub serves it: an article may cross a shard boundary.
             lines = (line for f in files for line in _local_lines(f, cfg))
             label = str(files[0]) if len(files) == 1 else f"{plan.root}[{split}]"
-            plan.write(sink, split, [(f"{label} article {i}", a) for i, a in enumerate(articles_from_lines(lines))], seed)
+            plan.write(
+                sink, split, [(f"{label} article {i}", a) for i, a in enumerate(articles_from_lines(lines))], seed
+            )
         return {"source_id": f"local:{Path(cfg.path).as_posix()}", "source_format": cfg.dataset, **plan.meta()}
     sha = hub_revision(cfg.dataset, cfg.revision, max_retries=cfg.max_retries, backoff_s=cfg.backoff_s)
     for ours, theirs in HUB_SPLITS.items():
         rows = (row["text"] for _, row in hub_rows(cfg, cfg.dataset, cfg.config, theirs, sha))
         for i, art in enumerate(articles_from_lines(rows)):
             sink.add(ours, art, f"{cfg.dataset}[{theirs}] article {i}")
-    return {"source_id": cfg.dataset, "hub_config": cfg.config, "hub_splits": HUB_SPLITS, "revision": sha, "streamed": True}
+    return {
+        "source_id": cfg.dataset,
+        "hub_config": cfg.config,
+        "hub_splits": HUB_SPLITS,
+        "revision": sha,
+        "streamed": True,
+    }
 
 
 # WikiText-103 raw: ~540 MB of train text (~120M tokens at 4.5 chars/token), ~1.1 MB val.

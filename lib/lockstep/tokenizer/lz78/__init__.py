@@ -147,8 +147,10 @@ class LZ78Tokenizer(Tokenizer):
             if (hier_parent.shape != (n + 1,) or hier_parent[0] != 0
                     or np.any((hier_parent[1:] < 0) | (hier_parent[1:] > n) | (hier_parent[1:] == codes[1:]))
                     or node_depths(hier_parent) is None):
-                raise TokenizerFileError(f"hierarchical parents must give each of the {n} codes another code (0 = none), "
-                                         "every chain ending at 0")
+                raise TokenizerFileError(
+                    f"hierarchical parents must give each of the {n} codes another code (0 = none), "
+                    "every chain ending at 0"
+                )
             hier = np.zeros(v, np.int32)
             hier[: n + 1] = hier_parent
             hier.setflags(write=False)
@@ -184,22 +186,32 @@ class LZ78Tokenizer(Tokenizer):
     def _from_files(cls, directory: Path, meta: dict[str, Any]) -> LZ78Tokenizer:
         where = directory / CONFIG_FILE
         config = json.loads(where.read_text(encoding="utf-8"))
-        if not isinstance(config, dict) or not isinstance(config.get("n_codes"), int) or not isinstance(config.get("chunking"), bool):
+        if (
+            not isinstance(config, dict)
+            or not isinstance(config.get("n_codes"), int)
+            or not isinstance(config.get("chunking"), bool)
+        ):
             raise TokenizerFileError(f"{where} lacks n_codes or chunking; re-run the tokenizer stage")
         if config["chunking"] and config.get("pattern") != SPLIT_PATTERN:
-            raise TokenizerFileError(f"{where} was chunked with a split pattern this code does not use; re-run the tokenizer stage")
+            raise TokenizerFileError(
+                f"{where} was chunked with a split pattern this code does not use; re-run the tokenizer stage"
+            )
         parents = _load_ids(directory / PARENT_FILE)
         last = _load_ids(directory / LAST_BYTE_FILE)
         n = config["n_codes"]
         v = n + N_RESERVED
         if parents.shape != (v,) or last.shape != (v,):
-            raise TokenizerFileError(f"{directory}: {PARENT_FILE} {parents.shape} and {LAST_BYTE_FILE} {last.shape} must "
-                                     f"both have {v} entries (n_codes={n} + {N_RESERVED}); re-run the tokenizer stage")
+            raise TokenizerFileError(
+                f"{directory}: {PARENT_FILE} {parents.shape} and {LAST_BYTE_FILE} {last.shape} must "
+                f"both have {v} entries (n_codes={n} + {N_RESERVED}); re-run the tokenizer stage"
+            )
         want_last = np.full(v - n - 1, NO_BYTE, np.int32)
         want_last[:N_BYTES] = np.arange(N_BYTES)
         if parents[n + 1 :].any() or not np.array_equal(last[n + 1 :], want_last) or last[0] != NO_BYTE:
-            raise TokenizerFileError(f"{directory}: the fallback and special rows of {PARENT_FILE}/{LAST_BYTE_FILE} do not "
-                                     "follow the lz78 layout; re-run the tokenizer stage")
+            raise TokenizerFileError(
+                f"{directory}: the fallback and special rows of {PARENT_FILE}/{LAST_BYTE_FILE} do not "
+                "follow the lz78 layout; re-run the tokenizer stage"
+            )
         if ((last[1 : n + 1] < 0) | (last[1 : n + 1] >= N_BYTES)).any():
             raise TokenizerFileError(f"{directory / LAST_BYTE_FILE}: a dictionary code's last byte is outside 0..255; "
                                      "re-run the tokenizer stage")
@@ -215,7 +227,9 @@ class LZ78Tokenizer(Tokenizer):
                 trie = LZ78Trie(parents[: n + 1], trie_last)
         except LZ78TrieError as e:
             raise TokenizerFileError(f"{directory}: {e}; re-run the tokenizer stage") from None
-        same = np.array_equal(trie.code_parents(), parents[: n + 1]) and np.array_equal(trie.last_byte[1 : n + 1], last[1 : n + 1])
+        same = np.array_equal(trie.code_parents(), parents[: n + 1]) and np.array_equal(
+            trie.last_byte[1 : n + 1], last[1 : n + 1]
+        )
         if not same:
             raise TokenizerFileError(f"{directory}: {PARENT_FILE}/{LAST_BYTE_FILE} disagree with the trie; re-run the "
                                      "tokenizer stage")
@@ -236,7 +250,9 @@ class LZ78Tokenizer(Tokenizer):
 
     def _encode_arrays(self, texts: Sequence[str], num_threads: int) -> list[np.ndarray]:
         if self._split is None:
-            codes = lz78_trie.encode_batch(self.trie, [_utf8(t) for t in texts], num_threads=num_threads, fast=self.fast)
+            codes = lz78_trie.encode_batch(
+                self.trie, [_utf8(t) for t in texts], num_threads=num_threads, fast=self.fast
+            )
             return [self._codes_to_ids(c) for c in codes]
         # Chunks are matched as separate documents, then joined back per text.
         chunks = [self._split.findall(t) for t in texts]
@@ -356,8 +372,10 @@ class LZ78Tokenizer(Tokenizer):
         """int64 (V,): each id's hierarchical parent (NO_TOKEN where it has none). Only for a
         tokenizer read from a `compressed` dictionary; LZ78VocabError otherwise."""
         if self._hier is None:
-            raise LZ78VocabError("hierarchical parents exist only for a dictionary read from the `compressed` TSV layout "
-                                 "(tokenizer.options.dictionary); use model.embedding: structured for this tokenizer")
+            raise LZ78VocabError(
+                "hierarchical parents exist only for a dictionary read from the `compressed` TSV layout "
+                "(tokenizer.options.dictionary); use model.embedding: structured for this tokenizer"
+            )
         return np.where(self._hier > 0, self._hier, NO_TOKEN).astype(np.int64)
 
     def structure_clash(self) -> str | None:
@@ -375,9 +393,11 @@ class LZ78Tokenizer(Tokenizer):
         if not same.size:
             return None
         a, b = (int(order[same[0]]) + 1, int(order[same[0] + 1]) + 1)
-        return (f"codes {a} ({self._piece(a)!r}) and {b} ({self._piece(b)!r}) both have parent {int(self._parents[a])} and "
-                f"last byte {int(self._last_bytes[a])}, so a structured embedding reads the same rows for both: read the "
-                "dictionary with tokenizer.options.prefixes: closed (every code is then its parent plus one byte)")
+        return (
+            f"codes {a} ({self._piece(a)!r}) and {b} ({self._piece(b)!r}) both have parent {int(self._parents[a])} and "
+            f"last byte {int(self._last_bytes[a])}, so a structured embedding reads the same rows for both: read the "
+            "dictionary with tokenizer.options.prefixes: closed (every code is then its parent plus one byte)"
+        )
 
     def ancestor_chains(self) -> tuple[np.ndarray, np.ndarray]:
         """(chains, depths) over the whole vocab: row i of the int32 (V, D) matrix is i, its parent,
@@ -413,5 +433,7 @@ def _load_ids(path: Path) -> np.ndarray:
     except ValueError as e:
         raise TokenizerFileError(f"{path} is not a plain .npy array ({e}); re-run the tokenizer stage") from None
     if array.dtype != np.int32 or array.ndim != 1:
-        raise TokenizerFileError(f"{path} holds {array.dtype} {array.shape}, expected a 1-d int32 array; re-run the tokenizer stage")
+        raise TokenizerFileError(
+            f"{path} holds {array.dtype} {array.shape}, expected a 1-d int32 array; re-run the tokenizer stage"
+        )
     return array

@@ -40,7 +40,9 @@ def _slot(keys: np.ndarray, bits: int, key: int) -> int:
 
 
 @njit(nogil=True)
-def _fill_table(parent: np.ndarray, last_byte: np.ndarray, n: int, keys: np.ndarray, vals: np.ndarray, bits: int) -> None:
+def _fill_table(
+    parent: np.ndarray, last_byte: np.ndarray, n: int, keys: np.ndarray, vals: np.ndarray, bits: int
+) -> None:
     keys[:] = EMPTY_KEY
     for c in range(1, n):
         key = np.int64(parent[c]) * 256 + last_byte[c]

@@ -106,7 +106,9 @@ def prune(trie: LZ78Trie, uses: np.ndarray, max_codes: int) -> LZ78Trie:
     Survivors keep their relative order. O(N log N) with a heap; no byte loop, so one version
     serves both paths."""
     if not trie.is_prefix_closed:
-        raise LZ78TrieError("prune keeps a trie prefix-closed and needs one to start from; close it first (LZ78Trie.closed)")
+        raise LZ78TrieError(
+            "prune keeps a trie prefix-closed and needs one to start from; close it first (LZ78Trie.closed)"
+        )
     n = trie.n_codes
     if n <= max_codes:
         return trie
@@ -210,10 +212,13 @@ class LZ78Options(KindOptions):
         if self.dictionary is not None:
             path = PurePosixPath(self.dictionary)
             if path.is_absolute() or ".." in path.parts or path.parts[:2] != DICTIONARY_DIR.parts:
-                raise FieldError("dictionary", self.dictionary,
-                                 f"must be a relative path under {DICTIONARY_DIR}/ (the folder the tokenizer stage depends "
-                                 f"on, so a changed dictionary reruns it): copy the file there and name it as "
-                                 f"{DICTIONARY_DIR}/<file>")
+                raise FieldError(
+                    "dictionary",
+                    self.dictionary,
+                    f"must be a relative path under {DICTIONARY_DIR}/ (the folder the tokenizer stage depends "
+                    f"on, so a changed dictionary reruns it): copy the file there and name it as "
+                    f"{DICTIONARY_DIR}/<file>",
+                )
         elif self.prefixes != "file":
             raise FieldError("prefixes", self.prefixes,
                              "applies to a dictionary read from tokenizer.options.dictionary (a trained one has every "
@@ -239,8 +244,17 @@ class LZ78Options(KindOptions):
 TRAINING_OPTIONS = ("strategy", "gate_period_phrases", "gate_min_count", "round_factor")
 
 
-def train(texts: Iterable[str], *, vocab_size: int | None = None, chunking: bool = False, fast: bool = True,
-          dictionary: str | None = None, prefixes: str = "file", root: str | Path = ".", **options: Any) -> LZ78Tokenizer:
+def train(
+    texts: Iterable[str],
+    *,
+    vocab_size: int | None = None,
+    chunking: bool = False,
+    fast: bool = True,
+    dictionary: str | None = None,
+    prefixes: str = "file",
+    root: str | Path = ".",
+    **options: Any,
+) -> LZ78Tokenizer:
     """Learn the dictionary from the UTF-8 bytes of `texts` (each text, or each chunk when
     `chunking`, is one document: the parse restarts at its start). `vocab_size` is the total,
     so the dictionary gets vocab_size - 266 codes. Options: `strategy` ("standard",
@@ -285,7 +299,9 @@ def train(texts: Iterable[str], *, vocab_size: int | None = None, chunking: bool
     return LZ78Tokenizer(trained.trie, chunking=chunking, fast=fast, training=training)
 
 
-def from_dictionary(path: str | Path, *, chunking: bool = False, fast: bool = True, prefixes: str = "file") -> LZ78Tokenizer:
+def from_dictionary(
+    path: str | Path, *, chunking: bool = False, fast: bool = True, prefixes: str = "file"
+) -> LZ78Tokenizer:
     """A tokenizer over a dictionary trained elsewhere, in either TSV layout of
     lockstep.tokenizer.lz78.tsv (told apart by their column count): codes 1..N are the file's
     tokens, its codes in ascending order. `prefixes` says what becomes of the byte prefixes of
@@ -333,9 +349,11 @@ def project_dictionary(root: str | Path, name: str) -> Path:
         raise LZ78DictionaryError(f"{path}: cannot resolve the path ({e}); copy the dictionary into {DICTIONARY_DIR}/ "
                                   "as a plain file") from None
     if not real.is_relative_to(folder):
-        raise LZ78DictionaryError(f"{path} resolves to {real} (through a link), outside {DICTIONARY_DIR}/; copy the file "
-                                  f"into {DICTIONARY_DIR}/ instead of linking to it (the tokenizer stage tracks that folder "
-                                  "only)")
+        raise LZ78DictionaryError(
+            f"{path} resolves to {real} (through a link), outside {DICTIONARY_DIR}/; copy the file "
+            f"into {DICTIONARY_DIR}/ instead of linking to it (the tokenizer stage tracks that folder "
+            "only)"
+        )
     if not real.is_file():
         raise LZ78DictionaryError(f"{path} is {'a folder' if real.is_dir() else 'not a regular file'}; name a TSV "
                                   f"dictionary file in {DICTIONARY_DIR}/")

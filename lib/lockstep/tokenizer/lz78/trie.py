@@ -89,8 +89,10 @@ class LZ78Trie:
         object.__setattr__(self, "parent", parent)
         object.__setattr__(self, "last_byte", last_byte)
         if parent.ndim != 1 or parent.shape != last_byte.shape or parent.shape[0] < 1:
-            raise LZ78TrieError(f"parent {parent.shape} and last_byte {last_byte.shape} must be equal-length 1-d arrays "
-                                "with the root at index 0")
+            raise LZ78TrieError(
+                f"parent {parent.shape} and last_byte {last_byte.shape} must be equal-length 1-d arrays "
+                "with the root at index 0"
+            )
         m = parent.shape[0] - 1
         n = m if self.n_codes is None else int(self.n_codes)
         object.__setattr__(self, "n_codes", n)
@@ -118,8 +120,10 @@ class LZ78Trie:
             n_children = np.bincount(parent[1:], minlength=m + 1)
             leaf = np.flatnonzero(n_children[n + 1:] == 0)
             if leaf.size:
-                raise LZ78TrieError(f"node {n + 1 + int(leaf[0])} is no code and has no children; a node past the codes "
-                                    "must be a prefix of some code")
+                raise LZ78TrieError(
+                    f"node {n + 1 + int(leaf[0])} is no code and has no children; a node past the codes "
+                    "must be a prefix of some code"
+                )
         depth.setflags(write=False)
         self._tables["depth"] = depth
 
@@ -248,7 +252,9 @@ def _groups(offsets: np.ndarray, n_groups: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def encode_batch(trie: LZ78Trie, docs: Sequence[bytes], *, num_threads: int = 1, fast: bool = False) -> list[np.ndarray]:
+def encode_batch(
+    trie: LZ78Trie, docs: Sequence[bytes], *, num_threads: int = 1, fast: bool = False
+) -> list[np.ndarray]:
     """Each document's greedy longest-match codes as an int32 array (fallback bytes as -1 - b).
     The compiled path runs on `num_threads` threads (its kernels release the GIL)."""
     docs = _check_docs(docs)
@@ -300,7 +306,9 @@ def ancestor_chains(parent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if bad.size:
         raise LZ78TrieError(f"id {int(bad[0])} has parent {int(parent[bad[0]])}; a parent must be another id")
     if node_depths(parent) is None:
-        raise LZ78TrieError(f"id {_cycle_node(parent)} is on a parent cycle or below one; every chain must end at the root")
+        raise LZ78TrieError(
+            f"id {_cycle_node(parent)} is on a parent cycle or below one; every chain must end at the root"
+        )
     return chain_matrix(parent)
 
 

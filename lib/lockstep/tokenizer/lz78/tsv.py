@@ -127,8 +127,10 @@ def unescape_field(field: str) -> bytes:
             out.append(int(field[j + 2:j + 4], 16))
             i = j + 4
         else:
-            raise ValueError(f"bad escape {field[j:j + 4]!r} in {field!r}; below `{ESCAPED_MARKER}` use \\\\, \\t, \\n, "
-                             "\\r or \\xHH (a backslash is \\\\)")
+            raise ValueError(
+                f"bad escape {field[j : j + 4]!r} in {field!r}; below `{ESCAPED_MARKER}` use \\\\, \\t, \\n, "
+                "\\r or \\xHH (a backslash is \\\\)"
+            )
     return bytes(out)
 
 
@@ -190,8 +192,10 @@ def _records(path: Path, columns: tuple[str, ...]) -> Iterator[_Record]:
         try:
             raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise LZ78DictionaryError(f"{path}:{n}: not UTF-8 at byte {e.start}; a line is UTF-8 text: write other bytes "
-                                      f"as \\xHH on a line below `{ESCAPED_MARKER}`") from None
+            raise LZ78DictionaryError(
+                f"{path}:{n}: not UTF-8 at byte {e.start}; a line is UTF-8 text: write other bytes "
+                f"as \\xHH on a line below `{ESCAPED_MARKER}`"
+            ) from None
         if b"\r" in raw:
             at = raw.index(b"\r")
             raise LZ78DictionaryError(f"{path}:{n}: a carriage return inside the line (byte {at}), where readers "
@@ -251,7 +255,9 @@ def _topological(keys: Sequence[int], parent_of: dict[int, int], root: int) -> l
     return order
 
 
-def _cycle_error(path: Path, kind: str, left_out: set[int], parent_of: dict[int, int], line_of: dict[int, int]) -> LZ78DictionaryError:
+def _cycle_error(
+    path: Path, kind: str, left_out: set[int], parent_of: dict[int, int], line_of: dict[int, int]
+) -> LZ78DictionaryError:
     """The error for keys whose parent chain loops: walk up from the smallest until a key repeats."""
     seen: list[int] = []
     k = min(left_out)
@@ -640,9 +646,11 @@ def read_compressed_tsv(path: str | os.PathLike[str]) -> CompressedDictionary:
                                       f"{rows[idx][0].line}); each node appears on one line")
         if parent in (-1, idx):
             if label or pattern:
-                raise LZ78DictionaryError(f"{path}:{rec.line}: node {idx} has parent_idx {parent}, which only the root "
-                                          "may have, and it spells bytes; the root has an empty edge_label and pattern: "
-                                          "give this node its parent's node_idx")
+                raise LZ78DictionaryError(
+                    f"{path}:{rec.line}: node {idx} has parent_idx {parent}, which only the root "
+                    "may have, and it spells bytes; the root has an empty edge_label and pattern: "
+                    "give this node its parent's node_idx"
+                )
             if root is not None:
                 raise LZ78DictionaryError(f"{path}:{rec.line}: a second root (parent_idx {parent}; the first is node "
                                           f"{root}); only the root has no parent: keep one root line")
@@ -666,7 +674,9 @@ def read_compressed_tsv(path: str | os.PathLike[str]) -> CompressedDictionary:
     parent_of = {i: row[2] for i, row in rows.items() if i != root}
     order = _topological(sorted(parent_of), parent_of, root)
     if len(order) < len(parent_of):
-        raise _cycle_error(path, "node", set(parent_of) - set(order), parent_of, {i: r[0].line for i, r in rows.items()})
+        raise _cycle_error(
+            path, "node", set(parent_of) - set(order), parent_of, {i: r[0].line for i, r in rows.items()}
+        )
 
     codes: dict[int, int] = {}  # file output code -> node_idx
     node_of_pattern: dict[bytes, int] = {b"": root}
