@@ -177,20 +177,6 @@ def test_training_stage_asked_for_cuda_on_a_machine_without_it(tmp_path):
     assert "runtime.device=cuda but torch sees no CUDA device" in line and "set runtime.device: cpu or auto" in line
 
 
-def test_stage_under_a_python_without_the_environment_says_how_to_activate_it():
-    # -S: no site-packages, so neither torch nor lockstep is importable, as under a system python;
-    # -E: no PYTHONPATH either.
-    proc = subprocess.run([sys.executable, "-E", "-S", "-m", "stages.fetch", "shakespeare", "--out", "unused"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0
-    assert proc.stderr.count("\n") == 1, proc.stderr
-    line = the_error_line(proc.stderr)
-    assert sys.executable in line and "environment is not active" in line
-    assert "source .venv/bin/activate" in line and "make repro" in line
-    assert "ModuleNotFoundError" not in proc.stderr
-
-
-
 def test_fetch_stage_with_a_source_file_in_the_wrong_format_says_so_in_one_line(tmp_path):
     prompts = tmp_path / "prompts.jsonl"  # OASST prompt lists, not the message trees oasst1 reads
     prompts.write_text('{"prompt": "Write a haiku"}\n{"prompt": "Explain DVC"}\n', encoding="utf-8")

@@ -1,0 +1,66 @@
+"""A stage run by a `python` that is not the project's: `.venv/bin/dvc repro` from a shell without
+the venv active runs dvc.yaml's `python -m stages.X` on the first `python` on PATH. stages/__init__.py
+runs the stage again with the project's .venv/bin/python, the same arguments; without one (or with
+one that lacks the packages too) it ends with one error line that says what to activate."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> Path:
+    """A venv with the standard library only: neither torch nor lockstep imports, as under a system python."""
+    where = tmp_path_factory.mktemp("bare") / "venv"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(where)
+    return where / "bin" / "python"
+
+
+def _project(tmp_path: Path, dot_venv: Path | None) -> Path:
+    """A project folder with this checkout's stages/ and, when given, `.venv` linked to `dot_venv`."""
+    shutil.copytree(ROOT / "stages", tmp_path / "stages", ignore=shutil.ignore_patterns("__pycache__"))
+    if dot_venv is not None:
+        (tmp_path / ".venv").symlink_to(dot_venv, target_is_directory=True)
+    return tmp_path
+
+
+def _run(python: Path, project: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{python.parent}{os.pathsep}/usr/bin{os.pathsep}/bin"}
+    env.pop("LOCKSTEP_STAGE_RERUN", None)
+    return subprocess.run([str(python), "-m", "stages.report", "--help"], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_stage_under_another_python_runs_with_the_projects(tmp_path, bare_python):
+    project = _project(tmp_path, Path(sys.prefix))
+    proc = _run(bare_python, project)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m stages.report")
+    note = proc.stderr.strip().splitlines()
+    assert len(note) == 1 and note[0].startswith(f"note: {bare_python} (first `python` on PATH) cannot import")
+    assert str(project / ".venv" / "bin" / "python") in note[0]
+
+
+def test_without_a_project_python_the_stage_says_how_to_activate_it(tmp_path, bare_python):
+    proc = _run(bare_python, _project(tmp_path, None))
+    assert proc.returncode == 1 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: {bare_python} cannot import") and "torch:" in lines[0]
+    assert "source .venv/bin/activate" in lines[0] and "make repro" in lines[0]
+
+
+def test_a_project_python_without_the_packages_ends_instead_of_looping(tmp_path, bare_python):
+    proc = _run(bare_python, _project(tmp_path, bare_python.parent.parent))
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("note: ") and lines[1].startswith("error: "), proc.stderr
