@@ -188,3 +188,48 @@ def test_browser_sends_a_message_and_sees_the_streamed_reply(tmp_path):
             assert asked["text"] == expected([{"role": "user", "content": first_example}], seed=0)
         finally:
             browser.close()
+
+
+@pytest.mark.slow
+def test_browser_chat_runs_past_the_context_with_one_notice_and_marks_a_cut_reply(tmp_path):
+    from test_chat import ScriptedEngine, byte_tokenizer, script_for
+    from test_chat_context import ANSWER, QUESTION
+
+    from lockstep.data.records import text_message
+    from lockstep.infer.chat import EngineBackend
+
+    tok = byte_tokenizer()
+    engine = ScriptedEngine(script_for(tok, ANSWER))
+    # As in test_chat_context: the latest question and one earlier exchange fit, two do not.
+    backend = EngineBackend(engine, tok, model_id="scripted", context_tokens=256)
+    count_done = ("document.querySelectorAll('.msg.assistant[data-state=done]').length === {} && "
+                  "!document.querySelector('.msg.assistant[data-state=streaming]')")
+    with live_server(create_app(backend)) as url:
+        browser = PipeBrowser(tmp_path / "profile")
+        try:
+            page = Page(browser, url + "/")
+            page.wait_for("location.protocol === 'http:' && document.readyState === 'complete'")
+            for i in range(1, 5):
+                page.eval(f"document.getElementById('input').value = {json.dumps(QUESTION.format(i))}; "
+                          "document.getElementById('send').click(); 1")
+                page.wait_for(count_done.format(i))
+            notices = page.eval("[...document.querySelectorAll('.notice')].map((n) => n.textContent)")
+            assert notices == ["the 2 oldest exchanges no longer fit the model's 256-token context and are left out"]
+            assert page.eval("document.querySelectorAll('.msg.left-out').length") == 4
+            assert page.eval("document.querySelectorAll('.msg.left-out button').length") == 0
+            # The page sends only what the context holds: the last request asked about exchange 3 and 4.
+            kept = [text_message("user", QUESTION.format(3)), text_message("assistant", ANSWER),
+                    text_message("user", QUESTION.format(4))]
+            assert engine.calls[-1]["prompt_ids"] == tok.render_for_completion({"messages": kept})
+            assert page.eval("document.querySelectorAll('.msg .cut').length") == 0
+
+            page.eval("document.getElementById('max_tokens').value = '5'; "
+                      f"document.getElementById('input').value = {json.dumps(QUESTION.format(5))}; "
+                      "document.getElementById('send').click(); 1")
+            page.wait_for(count_done.format(5))
+            cut = page.eval(LAST_ASSISTANT)
+            assert cut["finish"] == "length" and cut["text"] == ANSWER[:5]
+            assert page.eval("document.querySelectorAll('.msg .cut').length") == 1
+            assert page.eval("document.querySelectorAll('.notice').length") == 1
+        finally:
+            browser.close()

@@ -59,7 +59,7 @@ def test_chat_prompt_longer_than_the_context(random_ckpt):
     r = chat(*random_ckpt, "-p", "x" * 100)
     assert r.exit_code == 2, r.output
     line = the_error_line(r.output)
-    assert "104 tokens" in line and "context is 64" in line and "shorten it" in line
+    assert "104 tokens" in line and "64-token context" in line and "shorten the prompt" in line
 
 
 def test_chat_at_a_tiny_temperature_answers_like_temperature_zero(random_ckpt):

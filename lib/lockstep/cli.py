@@ -426,7 +426,9 @@ def chat(
                 return
 
     try:
-        run_chat(backend, settings, lines=typed_lines(), out=sys.stdout, prompt=prompt)
+        # A one-shot reply alone on stdout; its notes (turns left out, a cut reply) on stderr.
+        run_chat(backend, settings, lines=typed_lines(), out=sys.stdout, prompt=prompt,
+                 notes=sys.stderr if prompt is not None else None)
     except ChatError as e:  # the one-shot prompt's; the interactive loop reports its own and goes on
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

@@ -1,5 +1,6 @@
 """Chat sessions over a model: the text-streaming backend seam, incremental UTF-8 decoding and the
-terminal chat loop. Not the HTTP server (lockstep.infer.server) and not sampling (lockstep.infer.engine)."""
+terminal chat loop. Not the HTTP server (lockstep.infer.server), not sampling (lockstep.infer.engine) and
+not which turns fit the context (lockstep.infer.context)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 from lockstep.core.runtime import choose_device_dtype, device_from_name
 from lockstep.data.records import text_message
+from lockstep.infer.context import ContextFullError, dropped_notice, fit_conversation, min_reply_tokens
 from lockstep.infer.engine import Engine, decode_settings
 from lockstep.infer.sampling import (
     DEFAULT_MAX_TOKENS,
@@ -321,17 +323,65 @@ def _set_setting(settings: SamplingSettings, command: str, arg: str) -> Sampling
     return dataclasses.replace(settings, **{setting: value})
 
 
-def reply(backend: ChatBackend, messages: list[dict], settings: SamplingSettings, out: TextIO) -> str:
-    """Stream one reply to `out` as it is sampled; return its full text."""
+@dataclass(frozen=True)
+class Reply:
+    """A reply as it was streamed: its text, why it ended and the most tokens it was allowed."""
+
+    text: str
+    finish_reason: str | None  # "stop" | "length"
+    max_tokens: int
+
+
+def reply(backend: ChatBackend, messages: list[dict], settings: SamplingSettings, out: TextIO) -> Reply:
+    """Stream one reply to `out` as it is sampled."""
     parts: list[str] = []
+    finish = None
     for delta in backend.stream(messages, settings):
         if delta.text:
             out.write(delta.text)
             out.flush()
             parts.append(delta.text)
+        finish = delta.finish_reason or finish
     out.write("\n")
     out.flush()
-    return "".join(parts)
+    return Reply("".join(parts), finish, settings.max_tokens)
+
+
+def context_full_message(e: ContextFullError) -> str:
+    """The terminal chat's words for a message too long to answer. Earlier exchanges are left out
+    already by then, so starting afresh would not make room either."""
+    return f"{e.sizes()}: shorten your message (earlier exchanges are already left out, so /clear would not help)"
+
+
+def cut_notice(answer: Reply, context_tokens: int, settings: SamplingSettings) -> str:
+    """The line saying a reply was cut: at the model's context or at the reply's own limit."""
+    if answer.max_tokens < settings.max_tokens:
+        return (f"the reply was cut off at {answer.max_tokens} tokens, where it filled the model's "
+                f"{context_tokens}-token context")
+    return f"the reply was cut off at its {answer.max_tokens}-token limit (--max-tokens)"
+
+
+def answer_turn(
+    backend: ChatBackend, messages: list[dict], settings: SamplingSettings, out: TextIO, notes: TextIO,
+    *, lead: str = "",
+) -> list[dict]:
+    """Fit `messages` (ending with the user's message) into the backend's context, with a `note:`
+    line on `notes` when the oldest exchanges are left out; then write `lead` and stream the reply
+    to `out`, with a `note:` line when it was cut. Returns the conversation kept, reply included.
+    Raises ContextFullError, before writing anything, when the latest message alone does not fit."""
+    context_tokens = backend.context_tokens
+    fitted = fit_conversation(messages, prompt_tokens=backend.prompt_tokens, context_tokens=context_tokens,
+                              reply_tokens=min_reply_tokens(context_tokens, settings.max_tokens))
+    if fitted.dropped_turns:
+        notes.write(f"note: {dropped_notice(fitted.dropped_turns, context_tokens)}\n")
+        notes.flush()
+    out.write(lead)
+    turn_settings = dataclasses.replace(settings, max_tokens=min(settings.max_tokens, fitted.room_tokens))
+    answer = reply(backend, fitted.messages, turn_settings, out)
+    if answer.finish_reason == "length":
+        notes.write(f"note: {cut_notice(answer, context_tokens, settings)}\n")
+        notes.flush()
+    return [*fitted.messages, text_message("assistant", answer.text)]
 
 
 def run_chat(
@@ -342,16 +392,22 @@ def run_chat(
     out: TextIO,
     prompt: str | None = None,
     show_prompt: Callable[[str], None] | None = None,
+    notes: TextIO | None = None,
 ) -> list[dict]:
     """The terminal chat loop. `lines` yields the user's input lines (stdin in use, a list in
     tests); with `prompt`, answer it once and return. Each reply gets its own seed (the base seed
-    plus the turn number) so a session replays exactly. Returns the final conversation."""
+    plus the turn number) so a session replays exactly. The conversation keeps the latest turns
+    that fit the model's context (lockstep.infer.context), one `note:` line saying when the oldest
+    are left out and one when a reply is cut; notes go to `notes` (`out` when None). Returns the
+    final conversation."""
+    notes = out if notes is None else notes
     messages: list[dict] = []
     if prompt is not None:
-        messages.append(text_message("user", prompt))
-        messages.append(text_message("assistant", reply(backend, messages, settings, out)))
-        return messages
-    out.write(f"lockstep chat with {backend.model_id}; /help for commands\n")
+        try:
+            return answer_turn(backend, [text_message("user", prompt)], settings, out, notes)
+        except ContextFullError as e:
+            raise ChatError(f"{e.sizes()}: shorten the prompt") from None
+    out.write(f"lockstep chat with {backend.model_id} ({backend.context_tokens}-token context); /help for commands\n")
     turn = 0
     line_iter = iter(lines)
     while True:
@@ -389,15 +445,16 @@ def run_chat(
                 out.write(f"unknown command {command!r}; /help lists the commands\n")
             out.flush()
             continue
-        messages.append(text_message("user", text))
-        out.write("assistant> ")
         turn_settings = dataclasses.replace(settings, seed=settings.seed + turn)
         try:
-            answer = reply(backend, messages, turn_settings, out)
-        except ChatError as e:
-            messages.pop()
-            out.write(f"\nerror: {e}\n")
+            # The turns left out stay out: the next turn is fitted from what this one kept.
+            messages = answer_turn(backend, [*messages, text_message("user", text)], turn_settings, out, notes,
+                                   lead="assistant> ")
+        except ContextFullError as e:
+            out.write(f"error: {context_full_message(e)}\n")
             continue
-        messages.append(text_message("assistant", answer))
+        except ChatError as e:
+            out.write(f"error: {e}\n")
+            continue
         turn += 1
     return messages

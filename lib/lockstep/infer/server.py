@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from lockstep.core.config import FieldError, check_range
 from lockstep.data.records import text_message
 from lockstep.infer.chat import ChatBackend, ChatError, Delta, SamplingSettings, check_messages
+from lockstep.infer.context import ContextFullError, FittedConversation, fit_conversation, min_reply_tokens
 from lockstep.infer.sampling import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_SEED,
@@ -55,6 +56,11 @@ CSP = ("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src '
 # large vocabularies about 4 on English), so 16 leaves room for long tokens while bounding what
 # one message costs to tokenize.
 MESSAGE_CHARS_PER_TOKEN = 16
+# Response headers of a completion: how many of the oldest user+assistant pairs were left out to fit
+# the model's context (0 when none), and that context's size. Headers, so OpenAI clients, which
+# read the body only, are untouched by them.
+DROPPED_TURNS_HEADER = "x-lockstep-dropped-turns"
+CONTEXT_TOKENS_HEADER = "x-lockstep-context-tokens"
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,9 @@ class ServerConfig:
     # Characters in one message's text, refused before any token is counted; 0 = 16 per token of
     # max_message_tokens (MESSAGE_CHARS_PER_TOKEN).
     max_message_chars: int = 0
-    max_conversation_tokens: int = 0  # rendered prompt tokens; 0 = the model's context minus one
+    # Rendered prompt tokens at most, the oldest turns left out to fit; 0 = what the model's context
+    # leaves after the reply's room (lockstep.infer.context).
+    max_conversation_tokens: int = 0
     max_reply_tokens: int = 1024  # the largest max_tokens a request may ask for
     default_max_tokens: int = DEFAULT_MAX_TOKENS  # max_tokens when a request does not say
     max_body_bytes: int = 1 << 20  # larger request bodies are refused with 413
@@ -89,7 +97,7 @@ class ServerConfig:
             why=f"characters in one message's text; 0 = {MESSAGE_CHARS_PER_TOKEN} per token of max_message_tokens",
         )
         check_range("max_conversation_tokens", self.max_conversation_tokens, ge=0,
-                    why="rendered prompt tokens; 0 = the model's context minus one")
+                    why="rendered prompt tokens, the oldest turns left out to fit; 0 = what the context leaves")
         check_range("max_reply_tokens", self.max_reply_tokens, ge=1, why="the largest max_tokens a request may ask for")
         check_range("default_max_tokens", self.default_max_tokens, ge=1, le=self.max_reply_tokens,
                     why="max_tokens when a request does not say, at most max_reply_tokens")
@@ -114,11 +122,14 @@ class ServerConfig:
 
 class RequestLimitError(ValueError):
     """A request over a limit that takes token counts to check; `param` names where
-    (`messages.0.content`, `max_tokens`), as in a 422 from the schema."""
+    (`messages.0.content`, `max_tokens`), as in a 422 from the schema. A conversation the context
+    cannot hold is a 400 with code `context_length_exceeded`, as OpenAI answers it."""
 
-    def __init__(self, param: str, message: str):
+    def __init__(self, param: str, message: str, *, status: int = 422, code: str | None = None):
         super().__init__(message)
         self.param = param
+        self.status = status
+        self.code = code
 
 
 class Busy(Exception):
@@ -262,8 +273,8 @@ async def _send_error(send: Send, status: int, message: str, kind: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def _error_body(message: str, kind: str, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+def _error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 # ---- reading the request body ---------------------------------------------------------------
@@ -461,9 +472,9 @@ def build_request_model(config: ServerConfig, backend: ChatBackend) -> type[Base
     """The request schema for POST /v1/chat/completions with this server's limits in it. The
     validators check shape, ranges, role order and a character cap per message, all cheap enough
     for the event loop; the token limits, which need the tokenizer, are checked by
-    `count_prompt_tokens` and `settings`, which raise RequestLimitError."""
+    `fit`, which raises RequestLimitError."""
     context_tokens = backend.context_tokens
-    conversation_limit = min(config.max_conversation_tokens or context_tokens, context_tokens - 1)
+    conversation_limit = config.max_conversation_tokens or None
     char_limit = config.message_char_limit
 
     class TextPart(BaseModel):
@@ -497,14 +508,16 @@ def build_request_model(config: ServerConfig, backend: ChatBackend) -> type[Base
         messages: list[ChatMessage] = Field(
             min_length=1,
             max_length=config.max_messages,
-            description=f"optional system message, then user/assistant alternating, ending with user; "
-            f"at most {conversation_limit} tokens rendered",
+            description="optional system message, then user/assistant alternating, ending with user; the oldest "
+            f"user/assistant pairs that do not fit the model's {context_tokens}-token context are left out "
+            f"(response header {DROPPED_TURNS_HEADER})",
         )
         stream: bool = Field(default=False, strict=True)
         stream_options: StreamOptions | None = None
         max_tokens: int | None = Field(
             default=None, ge=1, le=config.max_reply_tokens, strict=True,
-            description="at most the context's room after the prompt; refused, not clipped, beyond it",
+            description="room the reply is given: the oldest turns are left out to make it; refused, not "
+            "clipped, when the latest user message alone leaves less",
         )
         max_completion_tokens: int | None = Field(default=None, ge=1, le=config.max_reply_tokens, strict=True,
                                                   description="as max_tokens, which it overrides")
@@ -526,10 +539,13 @@ def build_request_model(config: ServerConfig, backend: ChatBackend) -> type[Base
         def conversation(self) -> list[dict]:
             return _as_conversation(self.messages)
 
-        def count_prompt_tokens(self) -> int:
-            """Check the token limits of each message and of the rendered conversation; return the
-            prompt's length in tokens. Tokenizing is the costly part of a request's checks: call
-            this off the event loop."""
+        def fit(self) -> tuple[FittedConversation, SamplingSettings]:
+            """Check the token limit of each message, fit the conversation into the context
+            (lockstep.infer.context: the oldest whole turns left out) and return it with the
+            sampling settings. A max_tokens the request sets is room it asks for, so turns are left
+            out until the reply has all of it (prompt plus max_tokens within the context, as OpenAI
+            counts); the server's default asks min_reply_tokens and is fitted into what is left.
+            Tokenizing is the costly part of a request's checks: call this off the event loop."""
             for i, m in enumerate(self.messages):
                 n_tokens = backend.count_tokens(_message_text(m.content))
                 if n_tokens > config.max_message_tokens:
@@ -537,35 +553,30 @@ def build_request_model(config: ServerConfig, backend: ChatBackend) -> type[Base
                         f"messages.{i}.content",
                         f"message is {n_tokens} tokens, the limit is {config.max_message_tokens}: shorten it",
                     )
-            n_tokens = backend.prompt_tokens(self.conversation())
-            if n_tokens > conversation_limit:
-                raise RequestLimitError(
-                    "messages",
-                    f"conversation is {n_tokens} tokens, the limit is {conversation_limit}: "
-                    "drop early messages or start a new conversation",
-                )
-            return n_tokens
-
-        def settings(self, prompt_tokens: int) -> SamplingSettings:
-            """The sampling settings for a prompt of `prompt_tokens`. A max_tokens the request set
-            beyond the room the context leaves is refused; the server's default is fitted into it."""
-            room_tokens = context_tokens - prompt_tokens
             param = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
             asked = getattr(self, param)
-            if asked is not None and asked > room_tokens:
-                raise RequestLimitError(
-                    param,
-                    f"{param}={asked} does not fit: the conversation is {prompt_tokens} tokens, which leaves "
-                    f"{room_tokens} of the model's {context_tokens}-token context for the reply; ask for at most "
-                    f"{room_tokens} or shorten the conversation",
-                )
-            return SamplingSettings(
+            reply_tokens = asked if asked is not None else min_reply_tokens(context_tokens, config.default_max_tokens)
+            try:
+                fitted = fit_conversation(self.conversation(), prompt_tokens=backend.prompt_tokens,
+                                          context_tokens=context_tokens, reply_tokens=reply_tokens,
+                                          max_prompt_tokens=conversation_limit)
+            except ContextFullError as e:
+                room_tokens = context_tokens - e.prompt_tokens
+                if asked is not None and room_tokens >= 1:
+                    message = (f"{param}={asked} does not fit: {e.sizes()}; ask for at most {room_tokens}, or "
+                               "start a new conversation with a shorter message")
+                else:
+                    message = f"{e.sizes()}: shorten it and start a new conversation"
+                raise RequestLimitError(param if asked is not None else "messages", message, status=400,
+                                        code="context_length_exceeded") from None
+            settings = SamplingSettings(
                 temperature=config.default_temperature if self.temperature is None else self.temperature,
                 top_k=config.default_top_k if self.top_k is None else self.top_k,
                 top_p=DEFAULT_TOP_P if self.top_p is None else self.top_p,
-                max_tokens=asked if asked is not None else min(config.default_max_tokens, room_tokens),
+                max_tokens=asked if asked is not None else min(config.default_max_tokens, fitted.room_tokens),
                 seed=config.default_seed if self.seed is None else self.seed,
             )
+            return fitted, settings
 
     return ChatCompletionRequest
 
@@ -627,6 +638,7 @@ def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> Fast
     config = config or ServerConfig()
     pool = WorkerPool(config.workers, config.max_queued, config.queue_timeout_s)
     RequestModel = build_request_model(config, backend)
+    context_tokens = backend.context_tokens
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -647,6 +659,7 @@ def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> Fast
             allow_credentials=False,
             allow_methods=["GET", "POST"],
             allow_headers=["content-type", "authorization"],
+            expose_headers=[DROPPED_TURNS_HEADER, CONTEXT_TOKENS_HEADER],
         )
 
     @app.exception_handler(RequestValidationError)
@@ -681,17 +694,19 @@ def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> Fast
 
     @app.post(
         "/v1/chat/completions",
-        responses={413: {"description": "request body too large"}, 503: {"description": "all workers busy"}},
+        responses={400: {"description": "the latest user message does not fit the model's context"},
+                   413: {"description": "request body too large"}, 503: {"description": "all workers busy"}},
     )
     async def chat_completions(body: RequestModel, request: Request) -> Any:  # type: ignore[valid-type]
-        messages = body.conversation()
         try:
             # On a worker thread: tokenizing up to max_body_bytes of text would stall every other
             # request, /health included, if it ran on the event loop.
-            prompt_tokens = await run_in_threadpool(body.count_prompt_tokens)
-            settings = body.settings(prompt_tokens)
+            fitted, settings = await run_in_threadpool(body.fit)
         except RequestLimitError as e:
-            return JSONResponse(_error_body(f"{e.param}: {e}", "invalid_request_error", e.param), status_code=422)
+            return JSONResponse(_error_body(f"{e.param}: {e}", "invalid_request_error", e.param, e.code),
+                                status_code=e.status)
+        messages, prompt_tokens = fitted.messages, fitted.prompt_tokens
+        fit_headers = {DROPPED_TURNS_HEADER: str(fitted.dropped_turns), CONTEXT_TOKENS_HEADER: str(context_tokens)}
         request_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         try:
             await pool.acquire()
@@ -711,9 +726,10 @@ def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> Fast
         start_s = time.perf_counter()
         # Sizes and timings only: message text never goes to the log.
         log.info(
-            "%s start: %d messages, %d prompt tokens, max_tokens %d",
+            "%s start: %d messages (%d oldest turns left out), %d prompt tokens, max_tokens %d",
             request_id,
             len(messages),
+            fitted.dropped_turns,
             prompt_tokens,
             settings.max_tokens,
         )
@@ -732,7 +748,7 @@ def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> Fast
             return StreamingResponse(
                 _stream_events(gen, request, request_id, created, backend.model_id, prompt_tokens, include_usage, done),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **fit_headers},
             )
 
         parts: list[str] = []
@@ -762,7 +778,7 @@ def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> Fast
             gen.cancel.set()
             watcher.cancel()
         done(completion_tokens, finish)
-        return {
+        return JSONResponse({
             "id": request_id,
             "object": "chat.completion",
             "created": created,
@@ -775,7 +791,7 @@ def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> Fast
                 "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens,
             },
-        }
+        }, headers=fit_headers)
 
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:

@@ -3,7 +3,9 @@
 "use strict";
 
 const state = {
-  messages: [],       // [{role, content}] as sent to the API
+  messages: [],       // [{role, content, finish?}]; role and content are sent to the API
+  leftOut: 0,         // leading messages the model's context no longer holds: shown, not sent
+  contextTokens: 0,   // the model's context, from the x-lockstep-context-tokens header
   controller: null,   // AbortController of the reply being streamed
   regenerations: 0,   // each regenerate asks with a new seed, so it can differ
 };
@@ -40,8 +42,23 @@ function render() {
   const box = $("messages");
   box.textContent = "";
   if (!state.messages.length) box.appendChild(examplesElement());
-  state.messages.forEach((m, i) => box.appendChild(messageElement(m, i)));
+  state.messages.forEach((m, i) => {
+    box.appendChild(messageElement(m, i));
+    if (i === state.leftOut - 1) box.appendChild(noticeElement(state.leftOut / 2));
+  });
   box.scrollTop = box.scrollHeight;
+}
+
+// The one notice of what the context no longer holds, under the exchanges left out. Worded as
+// lockstep.infer.context.dropped_notice words it for the terminal chat.
+function noticeElement(exchanges) {
+  const el = document.createElement("div");
+  el.className = "notice muted";
+  const context = state.contextTokens ? ` ${state.contextTokens}-token` : "";
+  el.textContent = exchanges === 1
+    ? `the oldest exchange no longer fits the model's${context} context and is left out`
+    : `the ${exchanges} oldest exchanges no longer fit the model's${context} context and are left out`;
+  return el;
 }
 
 // What the empty page offers: prompts phrased as the synthetic chats every preset trains on
@@ -58,15 +75,27 @@ function examplesElement() {
 
 function messageElement(m, index) {
   const el = document.createElement("div");
-  el.className = "msg " + m.role;
+  el.className = "msg " + m.role + (index < state.leftOut ? " left-out" : "");
   el.dataset.index = String(index);
   el.dataset.state = "done";
+  if (m.finish) el.dataset.finish = m.finish;
   const body = document.createElement("div");
   body.className = "body";
   body.textContent = m.content;
   el.appendChild(body);
+  if (m.finish === "length") {
+    const cut = document.createElement("div");
+    cut.className = "cut";
+    cut.textContent = "cut off: the reply reached its token limit (max tokens, or the room the context had left)";
+    el.appendChild(cut);
+  }
   const actions = document.createElement("div");
   actions.className = "actions";
+  // A message left out of the context has no buttons: editing it could not change what the model is asked.
+  if (index < state.leftOut) {
+    el.appendChild(actions);
+    return el;
+  }
   if (m.role === "user") {
     actions.appendChild(button("edit", "edit", () => startEdit(el, index)));
   } else if (index === state.messages.length - 1) {
@@ -172,7 +201,7 @@ async function ask() {
       method: "POST",
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({
-        messages: state.messages,
+        messages: state.messages.slice(state.leftOut).map((m) => ({ role: m.role, content: m.content })),
         stream: true,
         seed: state.regenerations,
         ...settings(),
@@ -183,6 +212,15 @@ async function ask() {
       let message = res.status + " " + res.statusText;
       try { message = (await res.json()).error.message || message; } catch (e) { /* keep the status line */ }
       throw new Error(message);
+    }
+    // The server leaves out the oldest exchanges that no longer fit; so does the page from now on,
+    // showing them dimmed above one notice.
+    const dropped = Number(res.headers.get("x-lockstep-dropped-turns") || 0);
+    if (dropped > 0) {
+      state.leftOut += 2 * dropped;
+      state.contextTokens = Number(res.headers.get("x-lockstep-context-tokens") || 0);
+      render();
+      $("messages").appendChild(el);
     }
     const parser = sseParser((data) => {
       if (data === "[DONE]") return;
@@ -218,12 +256,12 @@ async function ask() {
     setBusy(false);
     return;
   }
+  assistant.finish = finish || "stopped";
   state.messages.push(assistant);
   render();
   const last = $("messages").lastElementChild;
-  last.dataset.finish = finish || "stopped";
   last.dataset.chunks = el.dataset.chunks;
-  setStatus(finish === "length" ? "reply cut at max tokens" : "");
+  setStatus(finish === "length" ? "the reply was cut off at its token limit" : "");
   setBusy(false);
 }
 
@@ -246,6 +284,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("new").addEventListener("click", () => {
     if (state.controller) state.controller.abort();
     state.messages = [];
+    state.leftOut = 0;
     state.regenerations = 0;
     render();
     setStatus("");
