@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from _exp_toy import DVC, exp_run, make_project, toy_env
@@ -31,6 +32,7 @@ from lockstep.tools.exp_summary import (
     summary_json,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "exp_show"
 SWEEP = FIXTURES / "sweep.json"
 NO_BASELINE = FIXTURES / "no_baseline_metrics.json"
@@ -135,10 +137,79 @@ def test_text_splits_groups_that_do_not_fit_the_width(sweep):
     s = summarize(data)
     assert len(s.groups) == 4
     text = render_text(s, width=80)
-    assert all(len(line) <= 80 for line in text.splitlines() if not line.startswith(("  ", "skipped")))
+    assert max(len(line) for line in text.splitlines()) <= 80
     headers = [line.split() for line in text.splitlines() if line.startswith("metric")]
     assert len(headers) > 1 and all(h[:2] == ["metric", "items"] for h in headers)
     assert [c for h in headers for c in h[2:]] == ["A", "B", "B-A", "C", "C-A", "D", "D-A"]
+
+
+def _preset_state(name: str, rev: str, preset: str, seed: int, items: int | None = None) -> dict:
+    """A run as `dvc exp show --json` lists it: the params of presets/PRESET.yaml and the committed
+    tiny run's metrics files, with every item count set to `items` where given."""
+    params = yaml.safe_load((ROOT / "presets" / f"{preset}.yaml").read_text()) | {"seed": seed}
+    metrics = {}
+    for path in sorted((ROOT / "data" / "metrics").glob("*.json")):
+        values = json.loads(path.read_text())
+        if items is not None:
+            values = {k: items if k.endswith(".n") else v for k, v in values.items()}
+        metrics[f"data/metrics/{path.name}"] = {"data": values}
+    return {"rev": rev, "name": name, "error": None, "experiments": None,
+            "data": {"rev": rev, "timestamp": f"2026-12-01T00:00:{seed % 60:02d}", "metrics": metrics,
+                     "params": {"params.yaml": {"data": params}}}}
+
+
+@pytest.fixture
+def presets() -> list:
+    """The committed tiny run as the baseline and two seeds of the smoke preset (3 items per eval
+    task) as its experiments: hundreds of params, dozens of them different."""
+    base = _preset_state("main", "a" * 40, "tiny", 1337)
+    runs = [_preset_state(f"smoke-{seed}", c * 40, "smoke", seed, items=3) for seed, c in ((1337, "b"), (43, "c"))]
+    base["experiments"] = [{"revs": [r], "executor": None, "name": r["name"]} for r in runs]
+    return [base]
+
+
+def test_text_of_two_presets_names_them_and_keeps_within_the_width(presets):
+    s = summarize(presets)
+    params = [dict(_flatten(yaml.safe_load((ROOT / "presets" / f"{p}.yaml").read_text()))) for p in ("tiny", "smoke")]
+    keys = (params[0].keys() | params[1].keys()) - {"seed"}
+    differing = {k for k in keys if params[0].get(k, "unset") != params[1].get(k, "unset")}
+    assert set(s.groups[0].params) == differing and s.equal_params == len(keys) - len(differing) > 0
+    for width in (80, 100, 140):
+        text = render_text(s, width=width)
+        lines = text.splitlines()
+        assert max(map(len, lines)) <= width, width
+        head = " ".join(text.split("  A  ")[0].split())
+        assert head.endswith(f"(seed left out of the grouping); {len(differing)} params differ, {s.equal_params} equal")
+        assert "  A  preset tiny, 1 run: main (seed 1337)" in lines
+        assert "  B  preset smoke, 2 runs: smoke-1337 (seed 1337), smoke-43 (seed 43)" in lines
+        # A few lines of the params each configuration differs in, then how many more.
+        blocks = [[line for line in lines[i + 1:] if line.startswith("     ")] for i, line in enumerate(lines)
+                  if line.startswith(("  A  ", "  B  "))]
+        assert len(blocks) == 2 and all(len(b) >= 5 and b[4].startswith("     ... and ") for b in blocks)
+        row = next(line for line in lines if line.startswith("eval_midtrain.chat.arc_own.accuracy "))
+        assert row.split()[1:4] == ["238", "/", "3"]
+        assert "  A / B  items: each configuration's count, where they differ" in lines
+    assert "model.depth=4" in render_text(s, width=1000) and "model.depth=2" in render_text(s, width=1000)
+    assert summary_json(s)["groups"][1]["params"]["model.depth"] == 2
+
+
+def _flatten(data, prefix=""):
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def test_items_one_count_where_all_agree_and_a_range_where_seeds_differ(presets):
+    s = summarize(presets, ["smoke-1337", "smoke-43"])
+    assert _row(s, "eval_midtrain.chat.arc_own.accuracy").cells[0].items == (3,)
+    assert "each configuration's count" not in render_text(s)
+    presets[0]["experiments"][1]["revs"][0]["data"]["metrics"]["data/metrics/eval_midtrain.json"]["data"][
+        "chat.arc_own.accuracy.n"] = 5
+    row = next(line for line in render_text(summarize(presets, ["smoke-1337", "smoke-43", "main"])).splitlines()
+               if line.startswith("eval_midtrain.chat.arc_own.accuracy "))
+    assert row.split()[1:4] == ["3..5", "/", "238"]
 
 
 def test_markdown_escapes_the_tilde_and_keeps_the_columns(sweep):
@@ -317,6 +388,6 @@ def test_summary_of_a_real_seed_sweep(tmp_path, monkeypatch):
     done = CliRunner().invoke(app, ["exp", "summary", "--metric", "eval.chat.*"])
     assert done.exit_code == 0, done.output
     print(done.output)
-    assert "A  train.lr=0.01  3 runs:" in done.output and "B  train.lr=0.02  1 run: lr2 (seed 42)" in done.output
+    assert "  A  3 runs:" in done.output and "  B  1 run: lr2 (seed 42)\n     train.lr=0.02\n" in done.output
     acc = [line for line in done.output.splitlines() if line.startswith("eval.chat.synth_math.accuracy")]
     assert len(acc) == 1 and acc[0].split()[1] == "50" and acc[0].endswith("?")

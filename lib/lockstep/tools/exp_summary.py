@@ -15,9 +15,12 @@ marked `~` when it is smaller than the seed-to-seed spread (lockstep.core.stats.
   (`eval_sft.chat.synth_math.accuracy`; the file's path without its suffix where two files share
   a stem). A key ending in `.n` is the item count of the metric beside it
   (`eval_sft.chat.synth_math.accuracy.n` counts `eval_sft.chat.synth_math.accuracy`) and is shown
-  in the metric's `items` column, not summarised.
+  in the metric's `items` column, not summarised: one count where every configuration has the
+  same, else each configuration's in order (`3 / 238`).
+- Configurations: each named by its `preset` param where runs have one, then only the params in
+  which the configurations differ (long values cut), and how many params they share.
 - Output: a plain-text table (one row per metric, split into several tables sharing the metric
-  column when the groups do not fit the terminal), markdown, or JSON.
+  column when the groups do not fit the terminal; every line within the width), markdown, or JSON.
 
 Knows nothing about lockstep's stages: any DVC project's experiments work. Not a significance
 test: the spread rule is a screen for differences that seed noise alone produces. Over 400 lines
@@ -32,6 +35,7 @@ import shutil
 import string
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -47,6 +51,10 @@ PENDING_STATES = ("queued", "running")
 UNSET = "(unset)"  # a param one configuration has and another lacks
 WITHIN_SPREAD = "within seed noise: |difference| < seed-to-seed spread (the larger std of the two groups)"
 SPREAD_UNKNOWN = "spread unknown: a group has fewer than 2 seeds"
+ITEMS_APART = "items: each configuration's count, where they differ"
+PRESET_KEY = "preset"  # lockstep's params.yaml names the preset it was written from: it names a configuration
+VALUE_CHARS = 40  # a param value longer than this is cut in the text header (--json has it whole)
+PARAM_LINES = 4  # lines of differing params per configuration in the text header; --json lists them all
 
 
 class ExpSummaryError(ValueError):
@@ -129,6 +137,7 @@ class Summary:
     rows: tuple[Row, ...]
     skipped: tuple[Skipped, ...]
     notes: tuple[str, ...]
+    equal_params: int  # params (seed left out) that every configuration sets alike
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,10 +326,11 @@ def _labels() -> Iterator[str]:
         n += 1
 
 
-def _group(runs: Sequence[Run], seed_key: str, reference: Mapping[str, Any]) -> tuple[list[Group], list[Skipped]]:
+def _group(runs: Sequence[Run], seed_key: str,
+           reference: Mapping[str, Any]) -> tuple[list[Group], list[Skipped], int]:
     """Runs with equal params (seed left out) in groups: the `reference` params' group first, the
-    others in order of first appearance. A second run of a group's seed is skipped, since counting
-    it twice would shrink the spread."""
+    others in order of first appearance; plus the number of params all groups set alike. A second
+    run of a group's seed is skipped, since counting it twice would shrink the spread."""
     members: dict[str, list[Run]] = {_canonical(reference): []}
     skipped: list[Skipped] = []
     for run in runs:
@@ -336,7 +346,7 @@ def _group(runs: Sequence[Run], seed_key: str, reference: Mapping[str, Any]) -> 
     differing = [k for k in keys if len({_canonical(p[k]) if k in p else None for p in firsts}) > 1]
     groups = [Group(label, {k: g[0].params.get(k, UNSET) for k in differing}, tuple(g))
               for label, g in zip(_labels(), members.values())]
-    return groups, skipped
+    return groups, skipped, len(keys) - len(differing)
 
 
 def summarize(exp_show: Sequence[Mapping[str, Any]], names: Sequence[str] = (), metric_globs: Sequence[str] = (),
@@ -366,7 +376,7 @@ def summarize(exp_show: Sequence[Mapping[str, Any]], names: Sequence[str] = (), 
         notes.append(f"no param {seed_key!r} in any run: runs are grouped by all their params "
                      "(name the seed param with --seed-key)")
     reference = {k: v for k, v in _params_of(selected[0]).items() if k != seed_key}
-    groups, twins = _group(runs, seed_key, reference)
+    groups, twins, equal_params = _group(runs, seed_key, reference)
     if dict(groups[0].runs[0].params) != reference:
         notes.append(f"no run of {selected[0].name}'s configuration has metrics: differences are to the first "
                      "configuration found")
@@ -384,7 +394,7 @@ def summarize(exp_show: Sequence[Mapping[str, Any]], names: Sequence[str] = (), 
                       for g, v in zip(groups, values))
         differences = tuple(Difference(*seed_difference(values[0], v)) for v in values[1:])
         rows.append(Row(metric, cells, differences))
-    return Summary(seed_key, tuple(groups), tuple(rows), tuple(skipped), tuple(notes))
+    return Summary(seed_key, tuple(groups), tuple(rows), tuple(skipped), tuple(notes), equal_params)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,8 +405,26 @@ def _count(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
+def _counts(items: Sequence[float]) -> str:
+    """One cell's item counts: its runs' one count, or their range where seeds differ."""
+    if not items:
+        return ""
+    return _count(items[0]) if len(items) == 1 else f"{_count(min(items))}..{_count(max(items))}"
+
+
 def _items(cells: Sequence[Cell]) -> str:
-    return ",".join(_count(x) for x in sorted({x for c in cells for x in c.items}))
+    """A row's `items`: one count where every configuration that has one has the same, else each
+    configuration's in group order (`3 / 238`), `-` for one without."""
+    if len({c.items for c in cells if c.items}) <= 1:
+        return _counts(next((c.items for c in cells if c.items), ()))
+    return " / ".join(_counts(c.items) or "-" for c in cells)
+
+
+def _items_legend(summary: Summary) -> str:
+    """The legend of per-configuration item counts (`A / B  items: ...`), empty where no row has them."""
+    if not any(" / " in _items(r.cells) for r in summary.rows):
+        return ""
+    return f"{' / '.join(g.label for g in summary.groups)}  {ITEMS_APART}"
 
 
 def _cell(c: Cell) -> str:
@@ -418,8 +446,44 @@ def _difference(d: Difference, tilde: str = "~") -> str:
     return f"{number} {_mark(d).replace('~', tilde)}".rstrip()
 
 
+def _value(v: Any) -> str:
+    return v if isinstance(v, str) else _canonical(v)
+
+
 def _param_text(params: Mapping[str, Any]) -> str:
-    return " ".join(f"{k}={v if isinstance(v, str) else _canonical(v)}" for k, v in params.items())
+    return " ".join(f"{k}={_value(v)}" for k, v in params.items())
+
+
+def _short(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:chars - 1] + "…"
+
+
+def _packed(pieces: Sequence[str], width: int, indent: str, max_lines: int) -> list[str]:
+    """`pieces` two spaces apart on lines of at most `width` columns, each line after `indent`, a
+    piece wider than a line cut; past `max_lines` lines, one line says how many pieces are left."""
+    room = max(width - len(indent), 1)
+    lines: list[str] = []
+    placed = 0
+    for piece in (_short(p, room) for p in pieces):
+        if lines and len(lines[-1]) + 2 + len(piece) <= room:
+            lines[-1] += "  " + piece
+        elif len(lines) < max_lines:
+            lines.append(piece)
+        else:
+            break
+        placed += 1
+    if placed < len(pieces):
+        lines.append(_short(f"... and {len(pieces) - placed} more (--json lists them all)", room))
+    return [indent + line for line in lines]
+
+
+def _wrapped(text: str, width: int, indent: str = "", more: str = "    ") -> list[str]:
+    return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=more, break_on_hyphens=False)
+
+
+def _preset(group: Group) -> str:
+    value = group.runs[0].params.get(PRESET_KEY)
+    return "" if value is None else f"{PRESET_KEY} {_value(value)}, "
 
 
 def _runs_text(group: Group, seed_key: str) -> str:
@@ -441,17 +505,35 @@ def _columns(summary: Summary, tilde: str = "~") -> tuple[list[list[str]], list[
     return shared, blocks
 
 
-def _header(summary: Summary) -> list[str]:
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def _params_line(summary: Summary) -> str:
+    differing = len(summary.groups[0].params)
+    if not differing:
+        return _plural(summary.equal_params, "param")
+    return f"{_plural(differing, 'param')} differ{'s' if differing == 1 else ''}, {summary.equal_params} equal"
+
+
+def _shown_params(group: Group) -> dict[str, Any]:
+    """The params a group differs in, less the preset (named on the group's line)."""
+    return {k: v for k, v in group.params.items() if k != PRESET_KEY}
+
+
+def _header(summary: Summary, width: int) -> list[str]:
+    """The configurations, each on its lines: preset and runs, then the params it differs in."""
     n_runs = sum(len(g.runs) for g in summary.groups)
-    n_groups = len(summary.groups)
-    lines = [f"{n_runs} run{'s' if n_runs != 1 else ''} in {n_groups} configuration{'s' if n_groups != 1 else ''} "
-             f"({summary.seed_key} left out of the grouping)"]
+    lines = _wrapped(f"{_plural(n_runs, 'run')} in {_plural(len(summary.groups), 'configuration')} "
+                     f"({summary.seed_key} left out of the grouping); {_params_line(summary)}", width)
     for g in summary.groups:
-        params = _param_text(g.params) or "(one configuration)"
-        lines.append(f"  {g.label}  {params}  {_runs_text(g, summary.seed_key)}")
+        lines += _wrapped(f"{g.label}  {_preset(g)}{_runs_text(g, summary.seed_key)}", width, "  ", "     ")
+        params = [f"{k}={_short(_value(v), VALUE_CHARS)}" for k, v in _shown_params(g).items()]
+        lines += _packed(params, width, "     ", PARAM_LINES)
     if summary.skipped:
-        lines.append("skipped: " + "; ".join(f"{s.name} ({s.reason})" for s in summary.skipped))
-    lines += [f"note: {n}" for n in summary.notes]
+        lines += _wrapped("skipped: " + "; ".join(f"{s.name} ({s.reason})" for s in summary.skipped), width)
+    for n in summary.notes:
+        lines += _wrapped(f"note: {n}", width)
     return lines
 
 
@@ -473,7 +555,7 @@ def render_text(summary: Summary, width: int = 100) -> str:
             used = fixed
         chunks[-1] += block
         used += need
-    out = _header(summary)
+    out = _header(summary, width)
     for chunk in chunks:
         cols = shared + chunk
         w = _widths(cols)
@@ -482,8 +564,10 @@ def render_text(summary: Summary, width: int = 100) -> str:
             cells = [cols[0][i].ljust(w[0])] + [col[i].rjust(wc) for col, wc in zip(cols[1:], w[1:])]
             out.append("  ".join(cells).rstrip())
     if len(summary.groups) > 1:
-        out += ["", f"differences are to {summary.groups[0].label}", f"  ~  {WITHIN_SPREAD}",
-                f"  ?  {SPREAD_UNKNOWN}"]
+        out += ["", f"differences are to {summary.groups[0].label}"]
+        out += [line for text in (f"~  {WITHIN_SPREAD}", f"?  {SPREAD_UNKNOWN}")
+                for line in _wrapped(text, width, "  ", "     ")]
+    out += _wrapped(_items_legend(summary), width, "  ", "     ")
     return "\n".join(out) + "\n"
 
 
@@ -496,10 +580,10 @@ def render_markdown(summary: Summary) -> str:
     # A single `~` pair in a row would read as strikethrough in GitHub markdown.
     shared, blocks = _columns(summary, tilde="\\~")
     cols = shared + [col for block in blocks for col in block]
-    lines = [f"Runs by configuration ({summary.seed_key} left out of the grouping):", ""]
+    lines = [f"Runs by configuration ({summary.seed_key} left out of the grouping; {_params_line(summary)}):", ""]
     for g in summary.groups:
-        params = f" `{_param_text(g.params)}`" if g.params else ""
-        lines.append(f"- **{g.label}**{params}: {_md(_runs_text(g, summary.seed_key))}")
+        params = f" `{_param_text(_shown_params(g))}`" if _shown_params(g) else ""
+        lines.append(f"- **{g.label}**{params}: {_md(_preset(g) + _runs_text(g, summary.seed_key))}")
     lines += [f"- skipped: {_md(s.name)} ({_md(s.reason)})" for s in summary.skipped]
     lines += [f"- note: {_md(n)}" for n in summary.notes]
     lines += ["", "| " + " | ".join(_md(c[0]) for c in cols) + " |", "|---|" + "--:|" * (len(cols) - 1)]
@@ -507,6 +591,8 @@ def render_markdown(summary: Summary) -> str:
         lines.append(f"| `{_md(cols[0][i])}` | " + " | ".join(_md(c[i]) for c in cols[1:]) + " |")
     if len(summary.groups) > 1:
         lines += ["", f"Differences are to {summary.groups[0].label}; `~` {WITHIN_SPREAD}; `?` {SPREAD_UNKNOWN}."]
+    if _items_legend(summary):
+        lines += ["", f"{_md(_items_legend(summary))}."]
     return "\n".join(lines) + "\n"
 
 
@@ -519,6 +605,7 @@ def summary_json(summary: Summary) -> dict[str, Any]:
     first = summary.groups[0].label
     return {
         "seed_key": summary.seed_key,
+        "equal_params": summary.equal_params,
         "groups": [{"label": g.label, "params": dict(g.params),
                     "runs": [{"name": r.name, "rev": r.rev, "seed": r.seed} for r in g.runs]} for g in summary.groups],
         "metrics": [{
