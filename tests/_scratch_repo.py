@@ -1,5 +1,6 @@
 """Scratch copies of the checkout for the end-to-end tests: the tracked and not-ignored files
-(no `data/`), and a runner for commands inside such a copy that imports the copy's library."""
+(no `data/`), a runner for commands inside such a copy that imports the copy's library, and
+the progress lines a long pipeline test shows while it runs."""
 
 from __future__ import annotations
 
@@ -7,25 +8,70 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def run_in(cmd: list[str], cwd: Path, timeout_s: int) -> subprocess.CompletedProcess[str]:
+def run_in(cmd: list[str], cwd: Path, timeout_s: int,
+           progress: Callable[[str], None] | None = None) -> subprocess.CompletedProcess[str]:
     """Run `cmd` in the copy at `cwd` with the virtualenv's scripts on PATH; AssertionError with
-    the output's tails when it fails."""
+    the output's tails when it fails. `progress`, where given, sees each stdout line as it comes."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "DVC_"))}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(cwd / "lib")  # the copy's library runs, not the installed checkout's
     env.pop("OMP_NUM_THREADS", None)  # the stages set their own thread count from params
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if progress is None:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+    else:
+        proc = _streamed(cmd, cwd, env, timeout_s, progress)
     if proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
         )
     return proc
+
+
+def _streamed(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: int,
+              progress: Callable[[str], None]) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run` with stdout read line by line as the command writes it (unbuffered, so a
+    line arrives when it is printed); TimeoutExpired after `timeout_s`, as `run` raises."""
+    killed: list[bool] = []
+    with tempfile.TemporaryFile("w+") as err, subprocess.Popen(
+        cmd, cwd=cwd, env=env | {"PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=err, text=True,
+    ) as child:
+        timer = threading.Timer(timeout_s, lambda: (killed.append(True), child.kill()))
+        timer.start()
+        lines = []
+        try:
+            for line in child.stdout:
+                lines.append(line)
+                progress(line)
+            child.wait()
+        finally:
+            timer.cancel()
+        if killed:
+            raise subprocess.TimeoutExpired(cmd, timeout_s, output="".join(lines))
+        err.seek(0)
+        return subprocess.CompletedProcess(cmd, child.returncode, "".join(lines), err.read())
+
+
+def stage_progress(capsys: pytest.CaptureFixture[str], label: str) -> Callable[[str], None]:
+    """A `run_in` progress callback that puts each stage DVC starts on the terminal, past pytest's
+    output capture (`-q` included): a pipeline test of many minutes shows it moves, and says
+    nothing else."""
+    def show(line: str) -> None:
+        if line.startswith("Running stage"):
+            with capsys.disabled():
+                sys.stdout.write(f"\n  {label}: {line.strip()}")
+                sys.stdout.flush()
+    return show
 
 
 def checkout_copy(dst: Path) -> None:

@@ -15,20 +15,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from _scratch_repo import BIN, git_commit_all, preset_copy, run_in
+from _scratch_repo import BIN, git_commit_all, preset_copy, run_in, stage_progress
 from lockstep.pipeline.report import read_series
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_smoke_pipeline_end_to_end(tmp_path: Path) -> None:
+def test_smoke_pipeline_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    progress = stage_progress(capsys, "e2e smoke")
     work = tmp_path / "repo"
     work.mkdir()
     preset_copy(work, "smoke")
     git_commit_all(work)  # a first commit, as a user's clone has (the training metrics record it)
     git = ["git", "-c", "user.name=lockstep-test", "-c", "user.email=test@lockstep.invalid"]
 
-    run_in([str(BIN / "dvc"), "repro"], work, 1500)
+    run_in([str(BIN / "dvc"), "repro"], work, 1500, progress)
 
     lock = yaml.safe_load((work / "dvc.lock").read_text())
     for stage, entry in lock["stages"].items():
@@ -90,7 +91,7 @@ def test_smoke_pipeline_end_to_end(tmp_path: Path) -> None:
     first_results = {n: results(n) for n in ("pretrain", "midtrain", "sft", "rl")}
     for folder in ("data", "runs", ".dvc/cache", ".dvc/tmp"):
         shutil.rmtree(work / folder, ignore_errors=True)
-    run_in([dvc, "repro"], work, 1500)
+    run_in([dvc, "repro"], work, 1500, progress)
     second = outputs()
     differ = sorted(p for p in first.keys() | second.keys() if first.get(p) != second.get(p))
     assert not differ, f"a rerun from scratch changed these outputs: {differ}"
@@ -108,7 +109,7 @@ def test_smoke_pipeline_end_to_end(tmp_path: Path) -> None:
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     stale = set(json.loads(run_in([dvc, "status", "--json"], work, 120).stdout))
     assert not {s for s in stale if s.startswith(("fetch", "tokenizer", "cache"))}, sorted(stale)
-    reseeded = run_in([dvc, "repro"], work, 1500)
+    reseeded = run_in([dvc, "repro"], work, 1500, progress)
     ran = re.findall(r"Running stage '([^']+)'", reseeded.stdout)
     assert ran[0] == "pretrain" and not [s for s in ran if s.startswith(("fetch", "tokenizer", "cache"))], ran
     assert before and val_bytes() == before

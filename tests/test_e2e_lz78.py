@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from _scratch_repo import BIN, git_commit_all, preset_copy, run_in
+from _scratch_repo import BIN, git_commit_all, preset_copy, run_in, stage_progress
 from lockstep.infer.engine import Engine
 from lockstep.model import checkpoint as ckpt
 from lockstep.tokenizer import load_tokenizer
@@ -22,7 +22,8 @@ from lockstep.tokenizer import load_tokenizer
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_smoke_pipeline_with_lz78_structured_and_prefix_smooth(tmp_path: Path) -> None:
+def test_smoke_pipeline_with_lz78_structured_and_prefix_smooth(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     work = tmp_path / "repo"
     work.mkdir()
     preset_copy(work, "smoke")
@@ -36,7 +37,7 @@ def test_smoke_pipeline_with_lz78_structured_and_prefix_smooth(tmp_path: Path) -
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     git_commit_all(work)
 
-    run_in([str(BIN / "dvc"), "repro"], work, 1500)
+    run_in([str(BIN / "dvc"), "repro"], work, 1500, stage_progress(capsys, "e2e lz78"))
 
     data = work / "data"
     tok = load_tokenizer(data / "tokenizer")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from _scratch_repo import BIN, git_commit_all, preset_copy, run_in
+from _scratch_repo import BIN, git_commit_all, preset_copy, run_in, stage_progress
 from lockstep.data.records import as_conversation
 from lockstep.data.snapshot import iter_records
 from lockstep.evaluate.chatcore import BENCHMARKS
@@ -54,12 +54,12 @@ def _assistant_runs(mask: list[int]) -> int:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_rehearsal_pipeline_end_to_end(tmp_path: Path) -> None:
+def test_rehearsal_pipeline_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     work = tmp_path / "repo"
     work.mkdir()
     preset_copy(work, "rehearsal")
     git_commit_all(work)
-    run_in([str(BIN / "dvc"), "repro"], work, 900)
+    run_in([str(BIN / "dvc"), "repro"], work, 900, stage_progress(capsys, "rehearsal"))
     check_rehearsal_run(work)
 
 

@@ -309,7 +309,7 @@ def materialize_rev(rev: str, out_dir: Path, *, repo: str | os.PathLike[str] = "
             except FileNotFoundError:
                 if not facts:
                     raise
-                continue  # run facts not in the local cache: `dvc pull` brings them
+                continue  # run facts not in the local cache: `dvc pull` from a DVC remote brings them
             n += 1 if parts[-1] in names else 0
     if n == 0:
         raise FileNotFoundError(f"revision {rev!r} holds no parity artifacts ({', '.join(ARTIFACT_ORDER)})")
