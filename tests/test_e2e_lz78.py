@@ -70,7 +70,8 @@ def test_smoke_pipeline_with_lz78_structured_and_prefix_smooth(tmp_path: Path,
     sft_eval = json.loads((data / "metrics" / "eval_sft.json").read_text())
     assert {"chat.synth_math.accuracy", "chat.synth_chat.accuracy"} <= set(sft_eval)
     card = (data / "report" / "report.md").read_text()
-    setup = card.splitlines()[2]
+    setup = next(line for line in card.splitlines() if line.startswith("**Tokenizer** "))
+    assert card.splitlines()[2].startswith("**micro run"), card[:300]  # smoke: a micro run, and it says so
     assert "lz78 (" in setup and "structured" in setup, setup
     assert "pretrain prefix_smooth w=0.2" in setup and "midtrain prefix_smooth w=0.2" in setup and "sft ce" in setup, (
         setup

@@ -13,11 +13,14 @@ import pytest
 from lockstep.core.series import SeriesWriter
 from lockstep.pipeline.report import (
     FEW_POINTS,
+    MICRO_ITEMS,
+    MICRO_RUN,
     QUANTITIES,
     build_report,
     describe_data,
     flatten,
     load_metrics,
+    micro_run_line,
     plan_charts,
     read_series,
     render_markdown,
@@ -366,3 +369,35 @@ def test_dvc_plots_show_one_question_per_plot(repo_root: Path) -> None:
         declared = series_columns(RLConfig(pass_k=2)) if stage == "rl" else SERIES_COLUMNS
         for f, cols in spec["y"].items():
             assert set([cols] if isinstance(cols, str) else cols) <= set(declared[Path(f).stem]), (name, f)
+
+
+def _committed_metrics() -> dict[str, dict]:
+    """The committed tiny run's metrics (data/metrics/*.json), as the report stage loads them."""
+    return load_metrics(Path(__file__).resolve().parents[1] / "data" / "metrics")
+
+
+def _with_counts(metrics: dict[str, dict], count) -> dict[str, dict]:
+    return {stem: {k: count(k, v) if k.endswith(".n") else v for k, v in flat.items()}
+            for stem, flat in metrics.items()}
+
+
+def test_a_micro_run_says_so_at_the_top_and_the_tiny_run_does_not() -> None:
+    tiny = _committed_metrics()
+    assert min(v for flat in tiny.values() for k, v in flat.items() if k.endswith(".n")) >= 200
+    card = render_markdown(tiny, [], ENV)
+    assert MICRO_RUN not in card and micro_run_line(tiny) is None
+    # The smoke preset's shape: 3 items per eval task, 4 RL problems.
+    smoke = _with_counts(tiny, lambda k, v: 4 if k.startswith(("pass@", "greedy_acc")) else 3)
+    lines = render_markdown(smoke, [], ENV).splitlines()
+    assert lines[0] == "# lockstep report card" and lines[2].startswith(f"**{MICRO_RUN}**")
+    assert "fewer than 30 items (at most 4)" in lines[2] and sum(MICRO_RUN in line for line in lines) == 1
+
+
+def test_the_micro_run_rule_is_every_count_below_the_threshold() -> None:
+    tiny = _committed_metrics()
+    assert micro_run_line(_with_counts(tiny, lambda k, v: MICRO_ITEMS - 1)) is not None
+    assert micro_run_line(_with_counts(tiny, lambda k, v: MICRO_ITEMS)) is None
+    # One small task in a real run does not make it a micro run.
+    assert micro_run_line(_with_counts(tiny, lambda k, v: 3 if k.startswith("chat.arc_own") else v)) is None
+    # Without item counts there is nothing to judge by.
+    assert micro_run_line({"pretrain": {"val_bpb": 1.9}}) is None

@@ -4,7 +4,8 @@ the run facts JSON (lockstep.core.runinfo), the eval stages' per-item records an
 
 Every result that has items behind it is shown with a 95% interval (lockstep.core.stats): a Wilson
 interval for a rate written with its item count `<metric>.n`, a bootstrap over documents for an
-eval's bits per byte (`bpb_<cache>.jsonl` in the predictions folder)."""
+eval's bits per byte (`bpb_<cache>.jsonl` in the predictions folder). A card whose every item count
+is below MICRO_ITEMS opens with one line saying it is a micro run, a check and not a result."""
 
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ COUNT_SUFFIX = ".n"  # `<metric>.n`: the number of items a rate is over
 # label, not shown as rows of their own.
 CORE_FACTS = ("core_source", "core_tasks", "core_items")
 Interval = tuple[float, float, int]  # low, high, items
+# A run whose every item count is below MICRO_ITEMS is a micro run (the smoke and rehearsal presets
+# score 3 to 8 items per task): even at 30 items, 15 right reads [0.332, 0.668] as a 95% Wilson
+# interval, so no number on such a card is a result. A real run with one small task is not one.
+MICRO_ITEMS = 30
+MICRO_RUN = "micro run: a check that the pipeline runs, not a result"
 
 
 def flatten(obj: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -586,6 +592,17 @@ def setup_line(metrics: Mapping[str, Mapping[str, Any]], runinfo: Mapping[str, M
     return f"**Tokenizer** {kind} · **embedding** {embedding} · **loss** {', '.join(losses) or '-'}"
 
 
+def micro_run_line(metrics: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The card's warning line where every item count (`<metric>.n`) in the metrics is below
+    MICRO_ITEMS; None where one reaches it, or where the metrics hold no counts to judge by."""
+    counts = [v for flat in metrics.values() for k, v in flat.items()
+              if k.endswith(COUNT_SUFFIX) and isinstance(v, int | float) and not isinstance(v, bool)]
+    if not counts or max(counts) >= MICRO_ITEMS:
+        return None
+    return (f"**{MICRO_RUN}**: every task has fewer than {MICRO_ITEMS} items (at most {max(counts):g}), "
+            "too few for any interval to mean something.")
+
+
 def _per_part_path(key: str) -> bool:
     """A fast path's own `path` or `results` fact (fast_paths.<part>.path): `numerics.fast_paths`
     already names every part's path in one line, and `fast_paths.<part>.fell_back` the reason."""
@@ -598,7 +615,11 @@ def render_markdown(metrics: Mapping[str, Mapping[str, Any]], charts: Sequence[C
     """The report card text: results (with 95% intervals where items stand behind them), then
     the run facts, then the charts."""
     runinfo, ivs = runinfo or {}, ivs or {}
-    lines = ["# lockstep report card", "", setup_line(metrics, runinfo), ""]
+    lines = ["# lockstep report card", ""]
+    micro = micro_run_line(metrics)
+    if micro:
+        lines += [micro, ""]
+    lines += [setup_line(metrics, runinfo), ""]
     lines += ["Rebuilt from `data/metrics` (results), `data/runinfo` (run facts), the eval records in `data/eval` "
               "and `data/plots` by the `report` stage. Intervals are 95%: Wilson for rates over n items, a "
               "bootstrap over n documents for bits per byte.", ""]
