@@ -1,5 +1,5 @@
-"""Terminal chat and the chat backend seam: incremental UTF-8 decoding, the engine-backed backend
-(with a scripted engine standing in for sampling) and the command loop."""
+"""Terminal chat and the chat backend seam: incremental UTF-8 decoding, stop strings, the
+engine-backed backend (with a scripted engine standing in for sampling) and the command loop."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 from lockstep.data.records import text_message
 from lockstep.infer.chat import (
     ChatError,
+    Delta,
     EngineBackend,
     IncrementalDecoder,
     SamplingSettings,
     check_messages,
+    cut_at_stop_strings,
     run_chat,
 )
 from lockstep.tokenizer.kinds import train_tokenizer
@@ -111,6 +113,41 @@ def test_decoder_gives_up_on_invalid_bytes_and_moves_on():
     out = [decoder.push(i) for i in (0xF0, 0x9F, 0x99, 0x41)]  # a cut 4-byte sequence, then "A"
     assert out[:3] == ["", "", ""]
     assert out[3].endswith("A") and "\ufffd" in out[3]
+
+
+# ---- stop strings ----------------------------------------------------------------------------
+
+
+def pieces(*texts: str, finish: str = "length"):
+    """Deltas of one token each, the last with `finish`; records whether it was closed."""
+    closed = []
+
+    def gen():
+        try:
+            for i, text in enumerate(texts):
+                yield Delta(text, 1, finish if i == len(texts) - 1 else None)
+        finally:
+            closed.append(True)
+
+    return gen(), closed
+
+
+@pytest.mark.parametrize("texts, stops, want, finish, tokens", [
+    (("Hel", "lo ", "wor", "ld"), ("o w",), ["Hel", "l", ""], "stop", 3),  # split across three deltas
+    (("ab", "c", "d"), ("cx", "bcd"), ["a", "", ""], "stop", 3),  # "b", then "bc", held for "bcd"
+    (("ab", "c", "d"), ("cx",), ["ab", "", "cd"], "length", 3),  # a held prefix that never completes
+    (("stop here",), ("stop",), [""], "stop", 1),
+    (("a", "b"), (), ["a", "b"], "length", 2),
+])
+def test_stop_strings_cut_the_reply_and_close_the_generation(texts, stops, want, finish, tokens):
+    deltas, closed = pieces(*texts)
+    out = list(cut_at_stop_strings(deltas, stops))
+    assert [d.text for d in out] == want
+    assert out[-1].finish_reason == finish and sum(d.tokens for d in out) == tokens
+    assert closed == [True]
+    joined = "".join(texts)
+    cuts = [joined.find(s) for s in stops if s in joined]
+    assert "".join(want) == (joined[: min(cuts)] if cuts else joined)
 
 
 # ---- the engine-backed backend ----------------------------------------------------------------

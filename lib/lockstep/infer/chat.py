@@ -1,6 +1,6 @@
-"""Chat sessions over a model: the text-streaming backend seam, incremental UTF-8 decoding and the
-terminal chat loop. Not the HTTP server (lockstep.infer.server), not sampling (lockstep.infer.engine) and
-not which turns fit the context (lockstep.infer.context)."""
+"""Chat sessions over a model: the text-streaming backend seam, incremental UTF-8 decoding, stop
+strings and the terminal chat loop. Not the HTTP server (lockstep.infer.server), not sampling
+(lockstep.infer.engine) and not which turns fit the context (lockstep.infer.context)."""
 
 from __future__ import annotations
 
@@ -156,6 +156,37 @@ class IncrementalDecoder:
 
     def reset(self) -> None:
         self._ids, self._prefix_start, self._read_start = [], 0, 0
+
+
+def cut_at_stop_strings(deltas: Iterator[Delta], stops: tuple[str, ...]) -> Iterator[Delta]:
+    """`deltas` cut where the first of `stops` (non-empty strings) appears in the reply's text: the
+    text before it is the last delta, with finish_reason "stop", and `deltas` is closed, which ends
+    the generation. Text that could be the start of a stop string is held back until the next delta
+    tells, so a stop string split across tokens is cut all the same and never reaches the client."""
+    if not stops:
+        yield from deltas
+        return
+    held = ""
+    try:
+        for delta in deltas:
+            text = held + delta.text
+            found = [at for at in (text.find(stop) for stop in stops) if at >= 0]
+            if found:
+                yield Delta(text[: min(found)], delta.tokens, "stop")
+                return
+            if delta.finish_reason:
+                yield Delta(text, delta.tokens, delta.finish_reason)
+                return
+            keep = next((k for k in range(min(len(text), max(map(len, stops)) - 1), 0, -1)
+                         if any(stop.startswith(text[-k:]) for stop in stops)), 0)
+            held = text[len(text) - keep :]
+            yield Delta(text[: len(text) - keep], delta.tokens)
+        if held:
+            yield Delta(held, 0)
+    finally:
+        close = getattr(deltas, "close", None)
+        if close is not None:
+            close()
 
 
 class EngineBackend:

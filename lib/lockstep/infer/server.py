@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
@@ -32,7 +32,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lockstep.core.config import FieldError, check_range
 from lockstep.data.records import text_message
-from lockstep.infer.chat import ChatBackend, ChatError, Delta, SamplingSettings, check_messages
+from lockstep.infer.chat import (
+    ChatBackend,
+    ChatError,
+    Delta,
+    SamplingSettings,
+    check_messages,
+    check_person_setting,
+    cut_at_stop_strings,
+)
 from lockstep.infer.context import ContextFullError, FittedConversation, fit_conversation, min_reply_tokens
 from lockstep.infer.sampling import (
     DEFAULT_MAX_TOKENS,
@@ -61,6 +69,10 @@ MESSAGE_CHARS_PER_TOKEN = 16
 # read the body only, are untouched by them.
 DROPPED_TURNS_HEADER = "x-lockstep-dropped-turns"
 CONTEXT_TOKENS_HEADER = "x-lockstep-context-tokens"
+# Stop strings a request may give, as OpenAI documents ("up to 4 sequences"), and the characters of
+# each: the text that may begin one is held back from the stream, so its length bounds that delay.
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -419,11 +431,29 @@ _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a num
                bool: "true or false", type(None): "null"}
 # The union `str | list[TextPart]` reports one error per branch, its loc naming the branch.
 _UNION_BRANCHES = frozenset({"str", "list[TextPart]"})
+_RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
 
 
-def validation_error_body(errors: list[dict]) -> dict:
+def _out_of_range(param: str, value: Any, max_reply_tokens: int) -> str | None:
+    """The words for a setting out of its range, as `lockstep chat` says them for the same setting;
+    None for a field the schema's own words fit."""
+    if param in ("temperature", "top_k", "top_p"):
+        try:
+            check_person_setting(param, value, name=param)
+        except ChatError as e:
+            return str(e)
+    if param in ("max_tokens", "max_completion_tokens"):
+        return f"{param} must be from 1 to {max_reply_tokens} (the longest reply this server gives), got {value}"
+    if param == "n":
+        return (f"n={value}: this server samples one choice per request; send {value} requests, each with its "
+                "own seed, for more")
+    return None
+
+
+def validation_error_body(errors: list[dict], *, max_reply_tokens: int) -> dict:
     """The 422 body for schema errors: one error, with `param` naming where and a message saying
-    what is wrong, never echoing the input (it may be a long message body)."""
+    what is wrong, never echoing the input (it may be a long message body). A number out of range
+    is said in lockstep's words (`temperature must be from 0 to 2 (0 is greedy), got 2.5`)."""
     if not errors:
         return _error_body("invalid request", "invalid_request_error", "body")
     # Of a union's branch errors the deepest is from the branch the input was meant for (a list of
@@ -446,6 +476,10 @@ def validation_error_body(errors: list[dict]) -> dict:
             message = ("the request body must be a JSON object with a messages list, got "
                        f"{_JSON_TYPES.get(type(given), 'another value')}")
         return _error_body(message, "invalid_request_error", param)
+    if first.get("type") in _RANGE_ERRORS:
+        words = _out_of_range(param, given, max_reply_tokens)
+        if words is not None:
+            return _error_body(words, "invalid_request_error", param)
     return _error_body(f"{param}: {message}", "invalid_request_error", param)
 
 
@@ -497,6 +531,8 @@ def build_request_model(config: ServerConfig, backend: ChatBackend) -> type[Base
                 raise ValueError(f"message is {n_chars} characters, the limit is {char_limit}: shorten it")
             return content
 
+    StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+
     class StreamOptions(BaseModel):
         include_usage: bool = Field(default=False, strict=True)
 
@@ -526,6 +562,16 @@ def build_request_model(config: ServerConfig, backend: ChatBackend) -> type[Base
         top_p: float | None = Field(default=None, gt=0.0, le=1.0, strict=True, allow_inf_nan=False)
         seed: int | None = Field(default=None, ge=0, le=MAX_SEED, strict=True)
         n: int | None = Field(default=None, ge=1, le=1, strict=True, description="only one choice per request")
+        stop: list[StopString] | None = Field(
+            default=None, max_length=MAX_STOP_STRINGS,
+            description="a string or a list of them; the reply ends before the first that appears in its text "
+            "(finish_reason stop), which is left out",
+        )
+
+        @field_validator("stop", mode="before")
+        @classmethod
+        def _one_stop(cls, stop: Any) -> Any:
+            return [stop] if isinstance(stop, str) else stop
 
         @field_validator("messages")
         @classmethod
@@ -567,8 +613,9 @@ def build_request_model(config: ServerConfig, backend: ChatBackend) -> type[Base
                                "start a new conversation with a shorter message")
                 else:
                     message = f"{e.sizes()}: shorten it and start a new conversation"
-                raise RequestLimitError(param if asked is not None else "messages", message, status=400,
-                                        code="context_length_exceeded") from None
+                # The parameter at fault: the max_tokens asked for when less would fit, else the messages.
+                at_fault = param if asked is not None and room_tokens >= 1 else "messages"
+                raise RequestLimitError(at_fault, message, status=400, code="context_length_exceeded") from None
             settings = SamplingSettings(
                 temperature=config.default_temperature if self.temperature is None else self.temperature,
                 top_k=config.default_top_k if self.top_k is None else self.top_k,
@@ -664,7 +711,8 @@ def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> Fast
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(validation_error_body(list(exc.errors())), status_code=422)
+        return JSONResponse(validation_error_body(list(exc.errors()), max_reply_tokens=config.max_reply_tokens),
+                            status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -718,7 +766,7 @@ def create_app(backend: ChatBackend, config: ServerConfig | None = None) -> Fast
                 headers={"Retry-After": "1"},
             )
         try:
-            gen = _Generation(pool, backend.stream(messages, settings))
+            gen = _Generation(pool, cut_at_stop_strings(backend.stream(messages, settings), tuple(body.stop or ())))
         except BaseException:
             pool.release()
             raise
