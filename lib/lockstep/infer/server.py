@@ -607,14 +607,14 @@ def build_request_model(config: ServerConfig, backend: ChatBackend) -> type[Base
                                           context_tokens=context_tokens, reply_tokens=reply_tokens,
                                           max_prompt_tokens=conversation_limit)
             except ContextFullError as e:
+                # The parameter at fault: the max_tokens asked for when less would fit, else the messages.
                 room_tokens = context_tokens - e.prompt_tokens
                 if asked is not None and room_tokens >= 1:
+                    at_fault = param
                     message = (f"{param}={asked} does not fit: {e.sizes()}; ask for at most {room_tokens}, or "
                                "start a new conversation with a shorter message")
                 else:
-                    message = f"{e.sizes()}: shorten it and start a new conversation"
-                # The parameter at fault: the max_tokens asked for when less would fit, else the messages.
-                at_fault = param if asked is not None and room_tokens >= 1 else "messages"
+                    at_fault, message = "messages", f"{e.sizes()}: shorten it and start a new conversation"
                 raise RequestLimitError(at_fault, message, status=400, code="context_length_exceeded") from None
             settings = SamplingSettings(
                 temperature=config.default_temperature if self.temperature is None else self.temperature,
