@@ -1,5 +1,5 @@
 """The `lockstep` command line: presets, the cost plan of a params file, data inspection, parity
-checks, seed-sweep summaries of DVC experiments, chat, serving and the dev tools. Each command
+checks, seed-sweep summaries of DVC experiments, chat, serving, export and the dev tools. Each command
 imports the library modules it needs when it runs: together they bring torch, dvc, FastAPI and
 uvicorn, about 4 s of imports against 0.3 s for `lockstep --help` (measured on a 2-core CPU),
 which help, completion and the light commands should not pay."""
@@ -432,6 +432,33 @@ def chat(
     except ChatError as e:  # the one-shot prompt's; the interactive loop reports its own and goes on
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+
+
+EXPORT_FORMATS = ("hf",)
+
+
+@app.command()
+def export(
+    to: str = typer.Option(..., "--to", help="the format: hf, a Hugging Face model folder (transformers)"),
+    ckpt: Path = typer.Option(..., "--ckpt", help="checkpoint directory, e.g. data/ckpt/sft"),
+    tokenizer: Path = typer.Option(
+        Path("data/tokenizer"), "--tokenizer", help="the tokenizer the checkpoint was trained with"
+    ),
+    out: Path = typer.Option(..., "--out", help="the folder to write (new, empty, or an earlier export)"),
+) -> None:
+    """Write a checkpoint and its tokenizer in another format: `--to hf` for transformers and the Hub."""
+    if to not in EXPORT_FORMATS:
+        typer.echo(f"error: --to {to}: the formats lockstep exports to are: {', '.join(EXPORT_FORMATS)}", err=True)
+        raise typer.Exit(2)
+    from lockstep.tools.export_hf import export_hf
+
+    try:
+        export_hf(ckpt, tokenizer, out)
+    except (OSError, ValueError) as e:  # ExportError, CheckpointError, TokenizerFileError; a folder it cannot write
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"wrote {out}: load it with transformers' "
+               f"AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)")
 
 
 @app.command()
