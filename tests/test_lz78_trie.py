@@ -113,14 +113,20 @@ def test_reference_parse_is_textbook_lz78(docs, max_codes):
 @given(docs=documents, max_codes=st.integers(1, 40), strategy=st.sampled_from(STRATEGIES),
        period=st.integers(1, 12), min_count=st.integers(1, 4))
 def test_compiled_training_equals_reference(docs, max_codes, strategy, period, min_count):
-    kwargs = dict(strategy=strategy, gate_period_phrases=period, gate_min_count=min_count)
+    ref = compiled_and_reference_training(docs, max_codes, strategy=strategy, gate_period_phrases=period,
+                                          gate_min_count=min_count)
+    assert ref.uses.sum() == sum(map(len, encode_batch(ref.trie, docs)))
+
+
+def compiled_and_reference_training(docs, max_codes, **kwargs):
+    """The reference's training, after checking that the compiled path gives the same arrays."""
     ref = train_lz78(docs, max_codes, **kwargs)
     fast = train_lz78(docs, max_codes, fast=True, **kwargs)
     assert ref.trie.n_codes <= max_codes
     np.testing.assert_array_equal(fast.trie.parent, ref.trie.parent)
     np.testing.assert_array_equal(fast.trie.last_byte, ref.trie.last_byte)
     np.testing.assert_array_equal(fast.uses, ref.uses)
-    assert ref.uses.sum() == sum(map(len, encode_batch(ref.trie, docs)))
+    return ref
 
 
 @settings(max_examples=150, deadline=None)
@@ -249,3 +255,54 @@ def test_any_token_set_encodes_by_longest_match(vocab, text):
     closed = trie.closed()
     assert tokens(closed)[: len(vocab)] == vocab
     assert encode(closed, text, fast=True).tolist() == brute_force_encode(tokens(closed), text)
+
+
+# --- the parse by whole characters (portable) ----------------------------------------------------
+
+# Characters of one to four bytes, and the three bytes a portable code never holds.
+portable_text = st.text(alphabet="ab é©漢🙂\t\n\r", max_size=60).map(str.encode)
+portable_documents = st.lists(st.one_of(portable_text, st.binary(max_size=30)), max_size=8)
+
+
+def textbook_portable(docs: list[bytes], max_codes: int) -> list[bytes]:
+    """LZ78 phrases over characters by string lookup: each document cut at tab, \\n, \\r and every
+    byte outside valid UTF-8, each piece parsed as textbook LZ78 over its characters."""
+    phrases: dict[str, int] = {}
+    for doc in docs:
+        text = doc.decode("utf-8", "surrogateescape")
+        for piece in "".join("\0" if ch in "\t\n\r" or "\udc80" <= ch <= "\udcff" else ch for ch in text).split("\0"):
+            w = ""
+            for ch in piece:
+                w += ch
+                if w not in phrases:
+                    if len(phrases) == max_codes:
+                        return [p.encode() for p in phrases]
+                    phrases[w] = len(phrases) + 1
+                    w = ""
+    return [p.encode() for p in phrases]
+
+
+@settings(max_examples=150, deadline=None)
+@given(docs=portable_documents, max_codes=st.integers(1, 40))
+def test_portable_parse_is_textbook_lz78_over_characters(docs, max_codes):
+    docs = [d.replace(b"\0", b"") for d in docs]  # NUL is the textbook's cut mark
+    trie = train_lz78(docs, max_codes, portable=True).trie
+    assert tokens(trie) == textbook_portable(docs, max_codes)
+    for token in tokens(trie):
+        token.decode("utf-8")  # whole characters, none cut
+        assert not any(b in token for b in b"\t\n\r")
+
+
+@settings(max_examples=150, deadline=None)
+@given(docs=portable_documents, max_codes=st.integers(1, 40), strategy=st.sampled_from(STRATEGIES),
+       period=st.integers(1, 12), min_count=st.integers(1, 4), text=portable_text)
+def test_compiled_portable_training_equals_reference(docs, max_codes, strategy, period, min_count, text):
+    ref = compiled_and_reference_training(docs, max_codes, strategy=strategy, gate_period_phrases=period,
+                                          gate_min_count=min_count, portable=True)
+    assert encode(ref.trie, text, fast=True).tolist() == encode(ref.trie, text).tolist()
+    for token in tokens(ref.trie):
+        token.decode("utf-8")
+        assert not any(b in token for b in b"\t\n\r")
+    # Tabs, line breaks and bytes outside UTF-8 fall back to single bytes.
+    codes = encode(ref.trie, b"\t\xff\r\n\xc3", fast=True).tolist()
+    assert codes == [-1 - b for b in b"\t\xff\r\n\xc3"]

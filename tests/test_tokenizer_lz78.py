@@ -391,3 +391,49 @@ def test_fast_decoder_edges() -> None:
     for bad in ([VOCAB], np.array([3, -1]), [2**70]):
         with pytest.raises(ValueError, match="outside the vocabulary"):
             tok.decode(bad)
+
+
+def test_portable_option_trains_whole_characters_and_saves(tmp_path) -> None:
+    from pathlib import Path
+
+    from lockstep.core.config import FieldError
+    from lockstep.tokenizer.lz78.train import LZ78Options
+
+    # Off by default and then absent from the trainer's arguments, so a dictionary trained before
+    # the option existed is trained and recorded as it was.
+    assert "portable" not in LZ78Options().train_kwargs(seed=0, root=Path("."))
+    assert LZ78Options(portable=True).train_kwargs(seed=0, root=Path("."))["portable"] is True
+    with pytest.raises(FieldError, match="portable.*applies to training"):
+        LZ78Options(dictionary="corpus/dictionaries/d.tsv", portable=True)
+    text = "naïve café\tété\r\ncœur 漢字 🙂 " * 30
+    tok = train_lz78_tokenizer([text] + CORPUS, vocab_size=VOCAB, portable=True)
+    byte_level = train_lz78_tokenizer([text] + CORPUS, vocab_size=VOCAB)
+    assert tok.training == {"strategy": "standard", "portable": True}
+    codes = tok.token_pieces()[1 : tok.n_codes + 1]
+    assert all(p.decode("utf-8") and not any(b in p for b in b"\t\n\r") for p in codes)
+    assert any(b"\n" in p for p in byte_level.token_pieces()[1 : byte_level.n_codes + 1])  # what portable avoids
+    for fast in (False, True):
+        again = train_lz78_tokenizer([text] + CORPUS, vocab_size=VOCAB, portable=True, fast=fast)
+        assert again.encode(text) == tok.encode(text) and np.array_equal(again.trie.parent, tok.trie.parent)
+    tok.save(tmp_path / "tok")
+    loaded = load_tokenizer(tmp_path / "tok")
+    assert loaded.sha256 == tok.sha256 and loaded.encode(text) == tok.encode(text)
+    assert loaded.decode(tok.encode(text)) == text
+
+
+def test_structured_embeddings_refuse_portable_codes_they_cannot_tell_apart() -> None:
+    from lockstep.core.config import ConfigError
+    from lockstep.pipeline.train import token_structure
+
+    # é and © both become codes under the root, ending in byte 0xa9: their rows would be the same.
+    tok = train_lz78_tokenizer(["é © a b " * 40] + CORPUS, vocab_size=VOCAB, portable=True)
+    assert "tokenizer.options.portable" in tok.structure_clash()
+    for embedding in ("structured", "tuple"):
+        with pytest.raises(ConfigError, match=f"model.embedding={embedding}: .*portable.*model.embedding: flat"):
+            token_structure(tok, embedding)
+    # Without such a pair a portable dictionary feeds them: every code reads its own rows.
+    ascii_only = train_lz78_tokenizer(CORPUS, vocab_size=VOCAB, portable=True)
+    assert ascii_only.structure_clash() is None
+    parents, last = token_structure(ascii_only, "structured")
+    n = ascii_only.n_codes
+    assert len({(int(p), int(b)) for p, b in zip(parents[1 : n + 1], last[1 : n + 1])}) == n

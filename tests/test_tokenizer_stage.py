@@ -257,6 +257,10 @@ def test_stage_reads_a_brought_lz78_dictionary(tmp_path: Path) -> None:
             TokenizerConfig(kind="lz78", options={"dictionary": bad})
     with pytest.raises(ConfigError, match="options.round_factor=0"):
         TokenizerConfig(kind="lz78", train_sources=("notes",), options={"round_factor": 0})
+    with pytest.raises(ConfigError, match="options.portable=True applies to training"):
+        TokenizerConfig(kind="lz78", options={"dictionary": "corpus/dictionaries/notes.tsv", "portable": True})
+    with pytest.raises(ConfigError, match="tokenizer.options.portable"):
+        TokenizerConfig(kind="lz78", train_sources=("notes",), options={"portable": "yes"})
 
 
 def test_stage_reports_the_bytes_a_char_alphabet_loses(tmp_path: Path) -> None:

@@ -382,8 +382,9 @@ class LZ78Tokenizer(Tokenizer):
         """Why a structured embedding (a code's parent row plus its last byte's row) cannot tell
         two codes apart, or None when it can. Every code is its parent plus one byte when every
         prefix is a code, so (parent, last byte) names one code; with a dictionary file's prefixes
-        left out (`prefixes="file"`) a code may add several bytes to its parent, and two codes
-        (`é` and `©` under the root, both ending in byte 0xa9) may then read the same rows."""
+        left out (`prefixes="file"`), or in a dictionary trained `portable` (by whole characters),
+        a code may add several bytes to its parent, and two codes (`é` and `©` under the root,
+        both ending in byte 0xa9) may then read the same rows."""
         if self.trie.is_prefix_closed:
             return None
         n = self.n_codes
@@ -393,10 +394,17 @@ class LZ78Tokenizer(Tokenizer):
         if not same.size:
             return None
         a, b = (int(order[same[0]]) + 1, int(order[same[0] + 1]) + 1)
+        if self.training is not None and self.training.get("portable"):
+            # A trained dictionary has no file to close: its codes add whole characters by design.
+            fix = ("it was trained with tokenizer.options.portable, whose codes add a whole character to their "
+                   "parent: use model.embedding: flat, or train without portable (every code is then its parent "
+                   "plus one byte)")
+        else:
+            fix = ("read the dictionary with tokenizer.options.prefixes: closed (every code is then its parent plus "
+                   "one byte)")
         return (
             f"codes {a} ({self._piece(a)!r}) and {b} ({self._piece(b)!r}) both have parent {int(self._parents[a])} and "
-            f"last byte {int(self._last_bytes[a])}, so a structured embedding reads the same rows for both: read the "
-            "dictionary with tokenizer.options.prefixes: closed (every code is then its parent plus one byte)"
+            f"last byte {int(self._last_bytes[a])}, so a structured embedding reads the same rows for both: {fix}"
         )
 
     def ancestor_chains(self) -> tuple[np.ndarray, np.ndarray]:

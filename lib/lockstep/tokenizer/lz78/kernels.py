@@ -41,11 +41,13 @@ def _slot(keys: np.ndarray, bits: int, key: int) -> int:
 
 @njit(nogil=True)
 def _fill_table(
-    parent: np.ndarray, last_byte: np.ndarray, n: int, keys: np.ndarray, vals: np.ndarray, bits: int
+    parent: np.ndarray, last_byte: np.ndarray, n: int, keys: np.ndarray, vals: np.ndarray, bits: int, radix: int
 ) -> None:
+    """Keys `parent * radix + symbol` of codes 1..n-1: `radix` is 256 over bytes (every caller
+    but the parse by characters, which keys code points)."""
     keys[:] = EMPTY_KEY
     for c in range(1, n):
-        key = np.int64(parent[c]) * 256 + last_byte[c]
+        key = np.int64(parent[c]) * radix + last_byte[c]
         s = _slot(keys, bits, key)
         keys[s] = key
         vals[s] = c
@@ -59,7 +61,7 @@ def build_table(parent: np.ndarray, last_byte: np.ndarray) -> tuple[np.ndarray, 
     bits = table_bits(n)
     keys = np.empty(1 << bits, np.int64)
     vals = np.zeros(1 << bits, np.int32)
-    _fill_table(parent, last_byte, n, keys, vals, bits)
+    _fill_table(parent, last_byte, n, keys, vals, bits, 256)
     root_child = np.zeros(256, np.int32)
     for c in range(1, n):
         if parent[c] == 0:

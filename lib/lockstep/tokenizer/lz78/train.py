@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -25,7 +26,13 @@ from lockstep.tokenizer.base import SPECIAL_TOKENS
 from lockstep.tokenizer.bpe import N_BYTES, SPLIT_PATTERN
 from lockstep.tokenizer.lz78 import DICTIONARY_DIR, N_RESERVED, PREFIX_MODES, LZ78Tokenizer, LZ78VocabError, _utf8
 from lockstep.tokenizer.lz78.trie import LZ78Trie, LZ78TrieError, _check_docs, _pack, encode_batch
-from lockstep.tokenizer.lz78.tsv import LZ78DictionaryError, dictionary_layout, read_compressed_tsv, read_lz78_tsv
+from lockstep.tokenizer.lz78.tsv import (
+    LZ78DictionaryError,
+    dictionary_layout,
+    read_compressed_tsv,
+    read_lz78_tsv,
+    trie_from_tokens,
+)
 from lockstep.tokenizer.options import KindOptions
 
 log = logging.getLogger("lockstep.tokenizer")
@@ -38,6 +45,13 @@ GATE_PERIOD_PHRASES = 4096
 GATE_MIN_COUNT = 2
 # multi_round trains this many times the budget before pruning.
 ROUND_FACTOR = 4
+# Symbols of the parse: bytes, or code points for the parse by whole characters (`portable`).
+BYTE_RADIX = 256
+CHAR_RADIX = 0x110000
+# Where the parse by characters cuts a document: at the bytes the reference's tab- and
+# line-based format cannot hold inside a token, and (as surrogateescape decodes them) at every
+# byte outside valid UTF-8.
+_CUT = re.compile("[\t\n\r\udc80-\udcff]+")
 
 @dataclass(frozen=True, eq=False)
 class LZ78Training:
@@ -49,12 +63,14 @@ class LZ78Training:
     uses: np.ndarray
 
 
-def _parse_reference(docs: list[bytes], max_codes: int, gated: bool, period: int, min_count: int) -> LZ78Trie:
-    """The LZ78 parse: walk the trie from the root along a document's bytes; at the first byte with
-    no child, add the code (current node, byte), emit it and restart at the root on the next byte.
-    A document ends mid-walk without adding anything.
+def _parse_reference(docs: Sequence[Sequence[int]], max_codes: int, gated: bool, period: int, min_count: int,
+                     radix: int) -> tuple[np.ndarray, np.ndarray]:
+    """The LZ78 parse: walk the trie from the root along a document's symbols (bytes, or code
+    points below `radix` for the parse by characters); at the first symbol with no child, add the
+    code (current node, symbol), emit it and restart at the root on the next symbol. A document
+    ends mid-walk without adding anything. Returns (parent, last symbol) over codes 0..N.
 
-    `standard` (not gated) stops at max_codes codes. `frequency_gated` reads every byte: count[c]
+    `standard` (not gated) stops at max_codes codes. `frequency_gated` reads every symbol: count[c]
     is the number of phrases whose walk reached c (1 at creation), a phrase that finds the
     dictionary full adds nothing, and every `period` phrases, if the dictionary is full, the
     leaves with count < min_count are evicted (survivors keep their order and counts)."""
@@ -64,18 +80,18 @@ def _parse_reference(docs: list[bytes], max_codes: int, gated: bool, period: int
     for doc in docs:
         node = 0
         for b in doc:
-            nxt = children.get(node * 256 + b)
+            nxt = children.get(node * radix + b)
             if nxt is not None:
                 node = nxt
                 count[node] += 1
                 continue
             if len(parent) <= max_codes:
-                children[node * 256 + b] = len(parent)
+                children[node * radix + b] = len(parent)
                 parent.append(node)
                 last_byte.append(b)
                 count.append(1)
                 if len(parent) > max_codes and not gated:
-                    return LZ78Trie(np.array(parent), np.array(last_byte))
+                    return np.array(parent), np.array(last_byte)
             node = 0
             phrases += 1
             if gated and len(parent) > max_codes and phrases % period == 0:
@@ -86,33 +102,63 @@ def _parse_reference(docs: list[bytes], max_codes: int, gated: bool, period: int
                 parent = [0] + [new_code[parent[c]] for c in keep]
                 last_byte = [0] + [last_byte[c] for c in keep]
                 count = [0] + [count[c] for c in keep]
-                children = {p * 256 + b: c for c, (p, b) in enumerate(zip(parent, last_byte)) if c}
-    return LZ78Trie(np.array(parent), np.array(last_byte))
+                children = {p * radix + b: c for c, (p, b) in enumerate(zip(parent, last_byte)) if c}
+    return np.array(parent), np.array(last_byte)
 
 
 def _parse(docs: list[bytes], max_codes: int, gated: bool, period: int, min_count: int, fast: bool) -> LZ78Trie:
+    """The parse over bytes, as a trie."""
     if not fast:
-        return _parse_reference(docs, max_codes, gated, period, min_count)
+        return LZ78Trie(*_parse_reference(docs, max_codes, gated, period, min_count, BYTE_RADIX))
     # numba: imported and compiled on first use, like the encoding kernels.
     from lockstep.tokenizer.lz78 import train_kernels
 
     buf, offsets = _pack(docs)
-    return LZ78Trie(*train_kernels.parse(buf, offsets, max_codes, gated, period, min_count))
+    return LZ78Trie(*train_kernels.parse(buf, offsets, max_codes, gated, period, min_count, BYTE_RADIX))
 
 
-def prune(trie: LZ78Trie, uses: np.ndarray, max_codes: int) -> LZ78Trie:
-    """The trie cut to `max_codes` codes, still prefix-closed: repeatedly drop the leaf with the
-    fewest uses (ties: the newest code first), so a code goes only after all its extensions.
-    Survivors keep their relative order. O(N log N) with a heap; no byte loop, so one version
-    serves both paths."""
-    if not trie.is_prefix_closed:
-        raise LZ78TrieError(
-            "prune keeps a trie prefix-closed and needs one to start from; close it first (LZ78Trie.closed)"
-        )
-    n = trie.n_codes
-    if n <= max_codes:
-        return trie
-    parent = trie.parent
+def portable_pieces(docs: Sequence[bytes]) -> list[np.ndarray]:
+    """What the parse by characters reads of `docs`: each document cut at every tab, `\\n`, `\\r`
+    and byte outside valid UTF-8 (those bytes left out, so no code holds one and encoding falls
+    back to their single-byte ids), the pieces as int32 arrays of code points."""
+    pieces = []
+    for doc in docs:
+        # surrogateescape turns each byte outside valid UTF-8 into one of U+DC80..U+DCFF, which _CUT cuts at.
+        for piece in _CUT.split(doc.decode("utf-8", "surrogateescape")):
+            if piece:
+                pieces.append(np.frombuffer(piece.encode("utf-32-le"), np.int32))
+    return pieces
+
+
+def _parse_characters(pieces: list[np.ndarray], max_codes: int, gated: bool, period: int, min_count: int,
+                      fast: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The parse over code points: (parent, code point) of codes 0..N, each code its parent plus
+    one character."""
+    if not fast:
+        return _parse_reference([p.tolist() for p in pieces], max_codes, gated, period, min_count, CHAR_RADIX)
+    from lockstep.tokenizer.lz78 import train_kernels
+
+    offsets = np.zeros(len(pieces) + 1, np.int64)
+    offsets[1:] = np.cumsum([p.shape[0] for p in pieces])
+    buf = np.concatenate([np.zeros(0, np.int32), *pieces])
+    return train_kernels.parse(buf, offsets, max_codes, gated, period, min_count, CHAR_RADIX)
+
+
+def character_trie(parent: np.ndarray, code_points: np.ndarray) -> LZ78Trie:
+    """The byte trie of codes 1..N that each add the character `code_points[c]` to code
+    `parent[c]` (a smaller code): the codes keep their numbers, and the leading bytes of a
+    character that are no code become nodes past them (see `lz78.tsv.trie_from_tokens`)."""
+    tokens = [b""]
+    for p, cp in zip(parent[1:].tolist(), code_points[1:].tolist()):
+        tokens.append(tokens[p] + chr(cp).encode("utf-8"))
+    return trie_from_tokens(tokens[1:])
+
+
+def _prune_codes(parent: np.ndarray, uses: np.ndarray, max_codes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kept codes, root first; their parents renumbered) of a prefix-closed parent array cut to
+    `max_codes` codes: repeatedly drop the leaf with the fewest uses (ties: the newest code
+    first), so a code goes only after all its extensions. Survivors keep their relative order."""
+    n = parent.shape[0] - 1
     n_children = np.bincount(parent[1:], minlength=n + 1)
     heap = [(int(uses[c]), -c) for c in range(1, n + 1) if n_children[c] == 0]
     heapq.heapify(heap)
@@ -128,7 +174,20 @@ def prune(trie: LZ78Trie, uses: np.ndarray, max_codes: int) -> LZ78Trie:
     keep = np.flatnonzero(alive)  # includes the root at 0
     new_code = np.zeros(n + 1, np.int32)
     new_code[keep] = np.arange(keep.size, dtype=np.int32)
-    return LZ78Trie(new_code[parent[keep]], trie.last_byte[keep])
+    return keep, new_code[parent[keep]]
+
+
+def prune(trie: LZ78Trie, uses: np.ndarray, max_codes: int) -> LZ78Trie:
+    """The trie cut to `max_codes` codes, still prefix-closed (see `_prune_codes`). O(N log N)
+    with a heap; no byte loop, so one version serves both paths."""
+    if not trie.is_prefix_closed:
+        raise LZ78TrieError(
+            "prune keeps a trie prefix-closed and needs one to start from; close it first (LZ78Trie.closed)"
+        )
+    if trie.n_codes <= max_codes:
+        return trie
+    keep, parent = _prune_codes(trie.parent, uses, max_codes)
+    return LZ78Trie(parent, trie.last_byte[keep])
 
 
 def train_lz78(
@@ -139,6 +198,7 @@ def train_lz78(
     gate_period_phrases: int = GATE_PERIOD_PHRASES,
     gate_min_count: int = GATE_MIN_COUNT,
     round_factor: int = ROUND_FACTOR,
+    portable: bool = False,
     fast: bool = False,
 ) -> LZ78Training:
     """An LZ78 dictionary of at most `max_codes` codes learned from `docs` (the parse restarts at
@@ -151,6 +211,11 @@ def train_lz78(
     - `multi_round`: the standard parse to `round_factor` x max_codes codes, use counts by greedy
       encoding of `docs`, `prune` to max_codes, counts re-taken.
 
+    `portable` parses by whole UTF-8 characters instead of bytes, over `portable_pieces(docs)`:
+    every code is valid UTF-8 with no tab, `\\n` or `\\r`, so the reference's TSV format carries
+    it exactly, and those bytes (and any byte outside valid UTF-8) encode as their fallback ids.
+    The trie then has nodes past the codes for the leading bytes of multi-byte characters.
+
     Deterministic: the same docs and arguments give identical arrays, on either path."""
     if strategy not in STRATEGIES:
         raise ValueError(f"LZ78 strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
@@ -161,10 +226,20 @@ def train_lz78(
     docs = _check_docs(docs)
     gated = strategy == "frequency_gated"
     budget = max_codes * round_factor if strategy == "multi_round" else max_codes
-    trie = _parse(docs, budget, gated, gate_period_phrases, gate_min_count, fast)
+    if not portable:
+        trie = _parse(docs, budget, gated, gate_period_phrases, gate_min_count, fast)
+        uses = count_uses(trie, docs, fast=fast)
+        if strategy == "multi_round" and trie.n_codes > max_codes:
+            trie = prune(trie, uses, max_codes)
+            uses = count_uses(trie, docs, fast=fast)
+        return LZ78Training(trie, uses)
+    parent, code_points = _parse_characters(portable_pieces(docs), budget, gated, gate_period_phrases,
+                                            gate_min_count, fast)
+    trie = character_trie(parent, code_points)
     uses = count_uses(trie, docs, fast=fast)
     if strategy == "multi_round" and trie.n_codes > max_codes:
-        trie = prune(trie, uses, max_codes)
+        keep, parent = _prune_codes(parent, uses, max_codes)
+        trie = character_trie(parent, code_points[keep])
         uses = count_uses(trie, docs, fast=fast)
     return LZ78Training(trie, uses)
 
@@ -205,6 +280,9 @@ class LZ78Options(KindOptions):
     # and longest-match splits as the reference LZ78 tokenizer gives them) or become extra codes
     # after the file's ("closed": every code is its parent plus one byte)
     prefixes: Literal["file", "closed"] = "file"
+    # train by whole UTF-8 characters, cutting documents at tabs and line breaks, so that every
+    # code is one the reference's TSV format carries exactly (see lz78.train.train_lz78)
+    portable: bool = False
 
     def __post_init__(self) -> None:
         for name in ("gate_period_phrases", "gate_min_count", "round_factor"):
@@ -219,6 +297,10 @@ class LZ78Options(KindOptions):
                     f"on, so a changed dictionary reruns it): copy the file there and name it as "
                     f"{DICTIONARY_DIR}/<file>",
                 )
+            if self.portable:
+                raise FieldError("portable", self.portable,
+                                 "applies to training (a dictionary file's codes are what the file holds): leave "
+                                 "portable out, or drop dictionary to train one")
         elif self.prefixes != "file":
             raise FieldError("prefixes", self.prefixes,
                              "applies to a dictionary read from tokenizer.options.dictionary (a trained one has every "
@@ -238,10 +320,12 @@ class LZ78Options(KindOptions):
             kwargs.update(gate_period_phrases=self.gate_period_phrases, gate_min_count=self.gate_min_count)
         elif self.strategy == "multi_round":
             kwargs["round_factor"] = self.round_factor
+        if self.portable:  # only when set, so that a dictionary trained without it records what it did before
+            kwargs["portable"] = True
         return kwargs
 
 
-TRAINING_OPTIONS = ("strategy", "gate_period_phrases", "gate_min_count", "round_factor")
+TRAINING_OPTIONS = ("strategy", "gate_period_phrases", "gate_min_count", "round_factor", "portable")
 
 
 def train(
@@ -258,7 +342,7 @@ def train(
     """Learn the dictionary from the UTF-8 bytes of `texts` (each text, or each chunk when
     `chunking`, is one document: the parse restarts at its start). `vocab_size` is the total,
     so the dictionary gets vocab_size - 266 codes. Options: `strategy` ("standard",
-    "frequency_gated", "multi_round") and its parameters, see `train_lz78`.
+    "frequency_gated", "multi_round") and its parameters, and `portable`, see `train_lz78`.
 
     With `dictionary` (the `tokenizer.options.dictionary` path, relative to the project `root`)
     the tokenizer is read from that file instead (`from_dictionary`, with `prefixes`); `texts` and
