@@ -15,7 +15,13 @@ import pytest
 from lockstep.tokenizer.lz78 import LZ78Tokenizer
 from lockstep.tokenizer.lz78.train import from_dictionary, train_lz78
 from lockstep.tokenizer.lz78.train import train as train_lz78_tokenizer
-from lockstep.tokenizer.lz78.tsv import CompressedDictionary, read_lz78_tsv, write_compressed_tsv, write_lz78_tsv
+from lockstep.tokenizer.lz78.tsv import (
+    CompressedDictionary,
+    LZ78ExportError,
+    read_lz78_tsv,
+    write_compressed_tsv,
+    write_lz78_tsv,
+)
 
 # The documented comment line below which byte fields use escapes (docs/tokenizers.md, "LZ78").
 ESCAPED_MARKER = "# escaped:"
@@ -234,3 +240,97 @@ def test_round_trip_on_tiny_shakespeare(tmp_path: Path, shared_fixtures: Path) -
     same = placed(ours, lambda i: whole.trie.token_bytes(i) if i <= 3830 else fallback[i]) & placed(
         theirs, lambda i: tokens.get(i) or fallback[i])
     assert len(ours) == 409_598 and round(100 * len(same) / len(ours), 1) == 86.3
+
+
+# --- portable dictionaries: every code travels, both ways ------------------------------------------
+
+# Training text: prose in several scripts, code indented with tabs, CRLF lines. Held-out text of
+# the same kinds, with characters the training text lacks.
+PORTABLE_TRAIN = [
+    "The quick brown fox jumps over the lazy dog; the dog sleeps on.\r\nAnd then the fox runs home.\n",
+    "Le cœur a ses raisons que la raison ne connaît point. Été, hiver, café crème à côté.\n",
+    "Über allen Gipfeln ist Ruh, in allen Wipfeln spürest du kaum einen Hauch.\n",
+    "Мороз и солнце; день чудесный! Ещё ты дремлешь, друг прелестный.\n",
+    "春眠不觉晓，处处闻啼鸟。夜来风雨声，花落知多少。吾輩は猫である。名前はまだ無い。\n",
+    "def main(argv):\n\tfor arg in argv:\n\t\tif arg:\n\t\t\tprint(arg)\t# echo\n\treturn 0\n",
+    "name\tvalue\tnote\r\nalpha\t1\t©\r\nbeta\t2\t🙂\r\n",
+] * 6
+HELD_OUT = [
+    "The lazy fox sleeps; the quick dog runs over the brown hill.\r\nThen home again.\r\n",
+    "La raison du cœur, un café à côté de l'été; naïve façade.\n",
+    "Kaum ein Hauch über den Gipfeln; spürest du Ruh?\n",
+    "Солнце и мороз, чудесный день, друг.\n",
+    "夜来风雨声，春眠不觉晓。猫である。한국어 텍스트.\n",
+    "class Fox:\n\tdef run(self):\n\t\treturn 'home'\t# 🦊\n",
+    "gamma\t3\t®\r\ndelta\t4\t🙂🙂\r\n\tlead tab\\t and a backslash\\n\n",
+]
+PORTABLE_VOCAB = 266 + 400
+
+
+def reference_write_lz78(path: Path, tokens: dict[int, bytes]) -> Path:
+    """A dictionary written the reference's way: one raw line per code, `code, parent_code, char,
+    pattern`, the parent being the longest proper prefix that is a code and `char` the rest."""
+    code_of = {token: code for code, token in tokens.items()}
+    lines = []
+    for code, token in tokens.items():
+        text = token.decode("utf-8")
+        parent = next((code_of[p.encode()] for k in range(len(text) - 1, 0, -1) if (p := text[:k]).encode() in code_of),
+                      0)
+        char = text[len(tokens[parent].decode("utf-8")):] if parent else text
+        lines.append(f"{code}\t{parent}\t{char}\t{text}\n")
+    path.write_text("# written the reference's way\n" + "".join(lines), encoding="utf-8")
+    return path
+
+
+def test_a_portable_dictionary_travels_exactly_both_ways(tmp_path: Path) -> None:
+    tok = train_lz78_tokenizer(PORTABLE_TRAIN, vocab_size=PORTABLE_VOCAB, portable=True)
+    ours = {c: tok.trie.token_bytes(c) for c in range(1, tok.n_codes + 1)}
+    assert any(len(t.decode()) < len(t) for t in ours.values())  # multi-byte characters in codes
+    texts = HELD_OUT + PORTABLE_TRAIN[:7]
+    pieces = tok.token_pieces()
+    for text in texts:  # tabs and line breaks only ever come as their fallback byte ids
+        spelled = [pieces[i] for i in tok.encode(text)]
+        assert sum(p in (b"\t", b"\n", b"\r") for p in spelled) == sum(text.count(c) for c in "\t\n\r")
+    # lockstep's exports, exact: the reference's rules read every code's bytes and give lockstep's ids.
+    write_lz78_tsv(tmp_path / "d.tsv", tok.trie, exact=True)
+    write_compressed_tsv(tmp_path / "c.tsv", CompressedDictionary.from_trie(tok.trie, whole_characters=True),
+                         exact=True)
+    for name, layout in (("d.tsv", "lz78"), ("c.tsv", "compressed")):
+        assert ESCAPED_MARKER not in (tmp_path / name).read_text(encoding="utf-8")
+        theirs = reference_tokens(tmp_path / name, layout)
+        assert theirs == ours, name
+        for fast in (False, True):
+            again = from_dictionary(tmp_path / name, fast=fast)
+            for text in texts:
+                want = reference_encode(theirs, text.encode("utf-8"))
+                assert tok.encode(text) == want and again.encode(text) == want, (name, text)
+    # A file written the reference's way from those codes: lockstep's importer reads the same ids.
+    path = reference_write_lz78(tmp_path / "theirs.tsv", ours)
+    assert reference_tokens(path, "lz78") == ours
+    for fast in (False, True):
+        imported = from_dictionary(path, fast=fast)
+        assert all(imported.encode(text) == tok.encode(text) for text in texts)
+
+
+def test_inexact_exports_are_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Byte-level on the same text, the dictionary holds tabs, line breaks and cut characters.
+    byte_level = train_lz78_tokenizer(PORTABLE_TRAIN, vocab_size=PORTABLE_VOCAB)
+    with pytest.raises(LZ78ExportError, match=r"line\(s\) go below .*a tab.*tokenizer.options.portable: true"):
+        write_lz78_tsv(tmp_path / "d.tsv", byte_level.trie, exact=True)
+    assert not (tmp_path / "d.tsv").exists()
+    with caplog.at_level("WARNING", logger="lockstep.tokenizer"):
+        write_lz78_tsv(tmp_path / "d.tsv", byte_level.trie)
+    lines = (tmp_path / "d.tsv").read_text(encoding="utf-8").split("\n")
+    below = lines[lines.index(next(x for x in lines if x.startswith(ESCAPED_MARKER))) + 1:]
+    theirs = reference_tokens(tmp_path / "d.tsv", "lz78")
+    misread = sum(theirs[c] != byte_level.trie.token_bytes(c) for c in theirs)
+    assert f"{len([x for x in below if x])} lz78 line(s) go below `{ESCAPED_MARKER}`" in caplog.text
+    assert f"the reference reads {misread} token(s) with other bytes" in caplog.text and misread > 0
+    # A portable dictionary in a tree over bytes: the tokens travel, an edge label splits a character.
+    portable = train_lz78_tokenizer(PORTABLE_TRAIN, vocab_size=PORTABLE_VOCAB, portable=True)
+    with pytest.raises(LZ78ExportError, match=r"edge label splits a character.*whole_characters=True"):
+        write_compressed_tsv(tmp_path / "c.tsv", CompressedDictionary.from_trie(portable.trie), exact=True)
+    with pytest.raises(LZ78ExportError, match="tokenizer.options.portable"):
+        write_compressed_tsv(tmp_path / "c.tsv", CompressedDictionary.from_trie(byte_level.trie), exact=True)
+    with pytest.raises(ValueError, match="not whole UTF-8 characters.*portable"):
+        CompressedDictionary.from_trie(byte_level.trie, whole_characters=True)

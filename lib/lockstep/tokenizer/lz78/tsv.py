@@ -61,6 +61,7 @@ read a dictionary file."""
 from __future__ import annotations
 
 import heapq
+import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -84,10 +85,19 @@ WRITE_BATCH_LINES = 65536
 _ESCAPE_CHAR = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
 _UNESCAPE = {"\\": b"\\", "t": b"\t", "n": b"\n", "r": b"\r"}
 _NUMBER = re.compile(rb"-?[0-9]+")
+# What makes a byte-level dictionary's codes all travel: the option that trains them so.
+PORTABLE_FIX = "train the dictionary with tokenizer.options.portable: true (lz78.train.train_lz78(portable=True))"
+
+log = logging.getLogger("lockstep.tokenizer")
 
 
 class LZ78DictionaryError(ValueError):
     """A malformed TSV dictionary; the message names the file (and line) and the fix."""
+
+
+class LZ78ExportError(ValueError):
+    """An `exact` export of a dictionary the reference's format cannot carry; the message names
+    the first line that would be misread and the fix."""
 
 
 def escape_bytes(data: bytes) -> str:
@@ -134,16 +144,18 @@ def unescape_field(field: str) -> bytes:
     return bytes(out)
 
 
-def raw_writable(data: bytes) -> bool:
-    """Whether `data` can be a raw field: UTF-8 without tab, newline or carriage return (a
-    line-based UTF-8 reader, such as the reference, reads it back exactly)."""
-    if b"\t" in data or b"\n" in data or b"\r" in data:
-        return False
+def _is_utf8(data: bytes) -> bool:
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:
         return False
     return True
+
+
+def raw_writable(data: bytes) -> bool:
+    """Whether `data` can be a raw field: UTF-8 without tab, newline or carriage return (a
+    line-based UTF-8 reader, such as the reference, reads it back exactly)."""
+    return not (b"\t" in data or b"\n" in data or b"\r" in data) and _is_utf8(data)
 
 
 def _one_symbol(data: bytes) -> bool:
@@ -497,12 +509,34 @@ def _needs_escape(fields: Sequence[bytes]) -> bool:
     return not all(raw_writable(b) for b in fields)
 
 
-def write_lz78_tsv(path: str | os.PathLike[str], trie: LZ78Trie) -> None:
+def _misread(pattern: bytes) -> bool:
+    """Whether the reference, which reads escapes literally, gets other bytes for an escaped line's pattern."""
+    return escape_bytes(pattern).encode("utf-8") != pattern
+
+
+def _check_exact(path: str | os.PathLike[str], layout: str, n_escaped: int, n_misread: int, first: str,
+                 exact: bool, fix: str) -> None:
+    """Refuse (`exact`) or warn about an export with `n_escaped` lines that need escapes, the
+    reference reading `n_misread` of their tokens with other bytes."""
+    if not n_escaped:
+        return
+    what = (f"{n_escaped} {layout} line(s) go below `{ESCAPED_MARKER}`: their fields hold a tab, a line break or "
+            f"bytes that are not whole UTF-8 characters (the first: {first}), which the reference's format cannot "
+            "carry")
+    if exact:
+        raise LZ78ExportError(f"{path}: {what}, so the file would not interchange exactly; {fix}")
+    log.warning("%s: %s, and the reference reads %d token(s) with other bytes; for a file that interchanges "
+                "exactly, %s", path, what, n_misread, fix)
+
+
+def write_lz78_tsv(path: str | os.PathLike[str], trie: LZ78Trie, *, exact: bool = False) -> None:
     """`trie`'s codes 1..N in the `lz78` layout, as they are numbered, each with its nearest
     ancestor code as parent; written atomically. Raw UTF-8 fields, except the lines that cannot be
-    (see the module docstring), which go last below `# escaped:`. ValueError for a code that adds
-    more than one character to its parent code (a prefix-open trie from a compressed dictionary):
-    write that one with `write_compressed_tsv`, or close it first."""
+    (see the module docstring), which go last below `# escaped:` with a warning that the
+    reference misreads them; `exact` refuses those with LZ78ExportError instead (a portable
+    dictionary has none). ValueError for a code that adds more than one character to its parent
+    code (a prefix-open trie from a compressed dictionary): write that one with
+    `write_compressed_tsv`, or close it first."""
     flat, offsets = trie.spell(fast=True)
     data = flat.tobytes()
     parents = trie.code_parents().tolist()
@@ -520,7 +554,11 @@ def write_lz78_tsv(path: str | os.PathLike[str], trie: LZ78Trie) -> None:
             yield c, p, char, pattern
 
     # Two passes, the first to count for the header, so that no line is held beyond a batch.
-    n_escaped = sum(_needs_escape((char, pattern)) for _, _, char, pattern in lines())
+    escaped = [(c, pattern) for c, _, char, pattern in lines() if _needs_escape((char, pattern))]
+    n_escaped = len(escaped)
+    if escaped:
+        _check_exact(path, "lz78", n_escaped, sum(_misread(pattern) for _, pattern in escaped),
+                     f"code {escaped[0][0]}, {_show(escaped[0][1])}", exact, PORTABLE_FIX)
     with atomic_open(path) as f:
         f.write(_header("lz78", LZ78_COLUMNS, trie.n_codes, n_escaped))
         out = _LineWriter(f)
@@ -537,6 +575,15 @@ def _common_prefix(a: bytes, b: bytes) -> bytes:
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return a[:n]
+
+
+def _common_character_prefix(a: bytes, b: bytes) -> bytes:
+    """The longest common prefix of two UTF-8 strings that ends between characters."""
+    n = len(_common_prefix(a, b))
+    while 0 < n < len(a) and 0x80 <= a[n] < 0xC0:  # a[n] continues the character before it
+        n -= 1
+    return a[:n]
+
 
 
 @dataclass(frozen=True, eq=False)
@@ -558,16 +605,25 @@ class CompressedDictionary:
         return len(self.tokens)
 
     @classmethod
-    def from_tokens(cls, tokens: Sequence[bytes]) -> CompressedDictionary:
+    def from_tokens(cls, tokens: Sequence[bytes], *, whole_characters: bool = False) -> CompressedDictionary:
         """The canonical Patricia trie of distinct non-empty byte strings, code c = tokens[c - 1].
         Its nodes are the root, the tokens, and the branching points, which are exactly the
         longest common prefixes of neighbours in sorted order; a node's parent is the longest
-        other node that is a prefix of it."""
+        other node that is a prefix of it. With `whole_characters` the tokens must be UTF-8 and
+        the tree branches over characters instead of bytes (each common prefix cut back to a
+        character boundary), so no label or pattern ends inside a character: the tree of a
+        portable dictionary, which the reference's format carries exactly."""
         tokens = tuple(bytes(t) for t in tokens)
         if any(not t for t in tokens) or len(set(tokens)) != len(tokens):
             raise ValueError("a dictionary's tokens must be distinct and non-empty")
+        if whole_characters:
+            bad = next((c for c, t in enumerate(tokens, 1) if not _is_utf8(t)), None)
+            if bad is not None:
+                raise ValueError(f"token {bad} ({_show(tokens[bad - 1])}) is not whole UTF-8 characters, so no tree "
+                                 f"over characters holds it; {PORTABLE_FIX}, or build the tree over bytes")
         ordered = sorted(tokens)
-        patterns = sorted({b"", *tokens, *(_common_prefix(a, b) for a, b in zip(ordered, ordered[1:]))})
+        common = _common_character_prefix if whole_characters else _common_prefix
+        patterns = sorted({b"", *tokens, *(common(a, b) for a, b in zip(ordered, ordered[1:]))})
         node_of = {p: i for i, p in enumerate(patterns)}  # sorted, so a prefix comes before its extensions
         parent = [-1] + [next(node_of[p[:k]] for k in range(len(p) - 1, -1, -1) if p[:k] in node_of)
                          for p in patterns[1:]]
@@ -578,11 +634,13 @@ class CompressedDictionary:
                    np.arange(len(tokens) + 1, dtype=np.int64))
 
     @classmethod
-    def from_trie(cls, trie: LZ78Trie) -> CompressedDictionary:
-        """A trie's codes 1..N as tokens, codes unchanged, in their canonical Patricia trie."""
+    def from_trie(cls, trie: LZ78Trie, *, whole_characters: bool = False) -> CompressedDictionary:
+        """A trie's codes 1..N as tokens, codes unchanged, in their canonical Patricia trie (over
+        characters with `whole_characters`, see `from_tokens`)."""
         flat, offsets = trie.spell(fast=True)
         data, bounds = flat.tobytes(), offsets.tolist()
-        return cls.from_tokens([data[bounds[c]:bounds[c + 1]] for c in range(1, trie.n_codes + 1)])
+        return cls.from_tokens([data[bounds[c]:bounds[c + 1]] for c in range(1, trie.n_codes + 1)],
+                               whole_characters=whole_characters)
 
     def parent(self) -> np.ndarray:
         """int32 over codes 0..N: the code of each token's longest proper prefix that is a token, or 0."""
@@ -713,18 +771,32 @@ def read_compressed_tsv(path: str | os.PathLike[str]) -> CompressedDictionary:
     )
 
 
-def write_compressed_tsv(path: str | os.PathLike[str], dictionary: CompressedDictionary) -> None:
+def write_compressed_tsv(path: str | os.PathLike[str], dictionary: CompressedDictionary, *,
+                         exact: bool = False) -> None:
     """`dictionary` in the `compressed` layout: its nodes and codes as they are (-1 for no code);
-    written atomically. Raw UTF-8 fields, except the lines that cannot be (a label that splits a
-    character, say), which go last below `# escaped:`."""
+    written atomically. Raw UTF-8 fields, except the lines that cannot be (a token or a label
+    that splits a character, say), which go last below `# escaped:` with a warning; `exact`
+    refuses those with LZ78ExportError instead. A portable dictionary in the tree
+    `CompressedDictionary.from_trie(trie, whole_characters=True)` has none."""
     rows: list[tuple[int, int, int, bytes, bytes]] = []
     spelled: list[bytes] = []
-    n_escaped = 0
+    escaped: list[int] = []
     for i, (p, label, code) in enumerate(zip(dictionary.node_parent.tolist(), dictionary.node_label,
                                              dictionary.node_code.tolist())):
         spelled.append(spelled[p] + label if p >= 0 else b"")
-        n_escaped += _needs_escape((label, spelled[i]))
+        if _needs_escape((label, spelled[i])):
+            escaped.append(i)
         rows.append((i, p, code or NO_CODE, label, spelled[i]))
+    n_escaped = len(escaped)
+    if escaped:
+        # Tokens whose own bytes cannot be raw; other lines only have a label that splits a character.
+        bad_tokens = [i for i in escaped if rows[i][2] != NO_CODE and not raw_writable(spelled[i])]
+        first = bad_tokens[0] if bad_tokens else escaped[0]
+        fix = PORTABLE_FIX if bad_tokens else (
+            "every token can be written raw, but a node's edge label splits a character: build the tree with "
+            "CompressedDictionary.from_trie(trie, whole_characters=True)")
+        _check_exact(path, "compressed", n_escaped, sum(_misread(spelled[i]) for i in bad_tokens),
+                     f"node {first}, {_show(spelled[first])}", exact, fix)
     with atomic_open(path) as f:
         f.write(_header("compressed", COMPRESSED_COLUMNS, dictionary.n_codes, n_escaped))
         out = _LineWriter(f)
