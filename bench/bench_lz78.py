@@ -1,8 +1,9 @@
 """Benchmark: the compiled LZ78 core against the BPE pair it competes with, and the dictionary
-reader and decoder at scale. Not a test. Two modes:
+reader and decoder at scale, and what portable dictionaries cost. Not a test. Three modes:
 
     .venv/bin/python bench/bench_lz78.py train-encode --raw data/raw --tokenizer data/tokenizer --repeats 5
     .venv/bin/python bench/bench_lz78.py scale --lines 10000000 --baseline-lines 1000000 --decode-mb 50
+    .venv/bin/python bench/bench_lz78.py portable --train A.txt B.txt --held-out C.txt D.txt
 
 `train-encode` (the default), on the tiny preset's tokenizer training text (the train splits of
 the shakespeare and roam snapshots, read only):
@@ -30,12 +31,21 @@ process after numba has compiled on a tiny file:
   resident size it adds per output byte (targets: >= 50 MB/s, O(output) memory); the baseline
   is the plain decoder (`fast=False`) on the same ids in the same process. The text is --text
   repeated (default: tiny Shakespeare beside the checkout, else generated words).
+
+`portable` trains byte-level and portable (`portable=True`: whole characters, documents cut at
+tabs and line breaks) dictionaries at --vocab-size on the --train files, each file split into
+paragraphs (blank lines) as documents, for every strategy, and prints the tokens per byte of
+greedy encoding on each --held-out file (read whole, as one document), and how many lines of
+each dictionary's `lz78` export go below `# escaped:` and how many tokens the reference reads
+with other bytes. Defaults: English prose beside the checkout (tiny Shakespeare and News from
+Nowhere to train; Alice in Wonderland and the WikiText-2 test text held out).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import subprocess
 import sys
@@ -51,6 +61,7 @@ from lockstep.tokenizer.bpe import SPLIT_PATTERN
 from lockstep.tokenizer.bpe_train import TRAIN_BUFFER_TEXTS
 from lockstep.tokenizer.lz78.train import STRATEGIES, train_lz78
 from lockstep.tokenizer.lz78.trie import encode_batch
+from lockstep.tokenizer.lz78.tsv import ESCAPED_MARKER, unescape_field, write_lz78_tsv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -351,8 +362,59 @@ def scale(argv: list[str]) -> None:
               f"ratio fast/plain {dec['plain_s'] / dec['fast_s']:.1f}x speed")
 
 
+# --- portable: what whole-character dictionaries cost in compression ---------------------------------
+
+FIXTURES = ROOT.parent / "shared" / "fixtures"
+
+
+def export_misreads(trie: object, folder: Path) -> tuple[int, int]:
+    """(lines of the trie's `lz78` export below `# escaped:`, tokens the reference reads with other
+    bytes): it reads the escaped pattern field literally, so a pattern misreads when its escaped
+    form is not its bytes."""
+    path = folder / "export.tsv"
+    write_lz78_tsv(path, trie)
+    lines = path.read_bytes().split(b"\n")
+    marker = next((i for i, line in enumerate(lines) if line.startswith(ESCAPED_MARKER.encode())), len(lines))
+    below = [line.split(b"\t")[-1] for line in lines[marker + 1:] if line]
+    return len(below), sum(unescape_field(field.decode("utf-8")) != field for field in below)
+
+
+def portable(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="bench_lz78.py portable", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--train", type=Path, nargs="+", default=[
+        FIXTURES / "tinyshakespeare" / "input.txt", FIXTURES / "gutenberg" / "pg3261_news_from_nowhere.txt"])
+    ap.add_argument("--held-out", type=Path, nargs="+", default=[
+        FIXTURES / "gutenberg" / "pg11_alice.txt", FIXTURES / "wikitext-2-raw" / "wiki.test.raw"])
+    ap.add_argument("--vocab-size", type=int, default=4096, help="total vocabulary, as tokenizer.vocab_size")
+    args = ap.parse_args(argv)
+
+    docs = [p.encode("utf-8") for path in args.train for p in path.read_text(encoding="utf-8").split("\n\n") if p]
+    held = {path.name: path.read_bytes() for path in args.held_out}
+    max_codes = args.vocab_size - 1 - 256 - len(SPECIAL_TOKENS)
+    print(f"train: {sum(map(len, docs)):,} bytes in {len(docs):,} paragraphs of "
+          f"{', '.join(p.name for p in args.train)}; vocab {args.vocab_size} ({max_codes} codes)")
+    print(f"held out: {', '.join(f'{name} ({len(data):,} bytes)' for name, data in held.items())}")
+    print("strategy         dictionary  " + "  ".join(f"{name[:18]:>18}" for name in held)
+          + "  escaped lines  misread tokens")
+    logging.getLogger("lockstep.tokenizer").setLevel(logging.ERROR)  # the export's warning: counted below instead
+    with tempfile.TemporaryDirectory(prefix="bench_lz78_") as tmp:
+        for strategy in STRATEGIES:
+            per = {}
+            for is_portable in (False, True):
+                trie = train_lz78(docs, max_codes, strategy=strategy, portable=is_portable, fast=True).trie
+                tpb = {name: sum(map(len, encode_batch(trie, [data], fast=True))) / len(data)
+                       for name, data in held.items()}
+                per[is_portable] = tpb
+                escaped, misread = export_misreads(trie, Path(tmp))
+                print(f"{strategy:16} {'portable' if is_portable else 'bytes':10}  "
+                      + "  ".join(f"{tpb[name]:18.4f}" for name in held) + f"  {escaped:13,}  {misread:14,}")
+            print(f"{'':16} {'ratio':10}  " + "  ".join(f"{per[True][n] / per[False][n]:17.3f}x" for n in held))
+    print(f"(tokens per byte of greedy encoding, lower is better; escaped: lines below `{ESCAPED_MARKER}`)")
+
+
 def main() -> None:
-    modes = {"train-encode": train_encode, "scale": scale}
+    modes = {"train-encode": train_encode, "scale": scale, "portable": portable}
     argv = sys.argv[1:]
     if argv[:1] == ["_child"]:
         run_child(argv[1], argv[2:])
