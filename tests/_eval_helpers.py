@@ -1,4 +1,5 @@
-"""Tiny planted models and a character tokenizer for the evaluation tests (no trained weights)."""
+"""Tiny planted models, a character tokenizer and a word tokenizer for the evaluation tests (no
+trained weights)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,27 @@ class BigramModel(torch.nn.Module):
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1, reduction="none")
         loss = loss.view(targets.shape)  # (B, T)
         return loss if loss_reduction == "none" else loss[targets >= 0].mean()
+
+
+class WordTokenizer:
+    """Longest match over `words`, else one id per printable character or newline; id 0 is BOS.
+    Words that start with a space take the delimiter's space into them, as a BPE's would."""
+
+    def __init__(self, words: tuple[str, ...]) -> None:
+        self.words = sorted(words, key=len, reverse=True)
+        self.vocab = ["<bos>", *(chr(c) for c in range(32, 127)), "\n", *words]
+        self.ids = {t: i for i, t in enumerate(self.vocab)}
+
+    def get_bos_token_id(self) -> int:
+        return 0
+
+    def encode(self, text: str) -> list[int]:
+        out, i = [], 0
+        while i < len(text):
+            word = next((w for w in self.words if text.startswith(w, i)), text[i])
+            out.append(self.ids[word])
+            i += len(word)
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.vocab[i] for i in ids if i)

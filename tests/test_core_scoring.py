@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from _eval_helpers import WordTokenizer as _Words
 from _tiny_model import tiny_gpt
 from lockstep.core.runtime import RuntimeConfig, init_runtime
 from lockstep.data.cache_build import build_pretrain_cache
-from lockstep.evaluate.core import CoreItemError, Scored, evaluate_task, fewshot_indices, load_core_tasks, render_item
+from lockstep.evaluate.core import (CoreItemError, CoreTask, Scored, evaluate_task, fewshot_indices, load_core_tasks,
+                                    render_item)
 from lockstep.model.checkpoint import save_checkpoint
 from lockstep.pipeline.eval import EvalConfig, EvalPaths, run_eval_stage
 from lockstep.tokenizer.kinds import train_tokenizer
@@ -26,23 +28,11 @@ from lockstep.tokenizer.kinds import train_tokenizer
 WORDS = (" the", " cat", " dog", " sat")  # whole-word tokens: a leading space merges into them
 
 
-class WordTokenizer:
+class WordTokenizer(_Words):
     """Longest match over WORDS, else one id per printable character or newline; id 0 is BOS."""
 
     def __init__(self) -> None:
-        self.vocab = ["<bos>", *(chr(c) for c in range(32, 127)), "\n", *WORDS]
-        self.ids = {t: i for i, t in enumerate(self.vocab)}
-
-    def encode(self, text: str) -> list[int]:
-        out, i = [], 0
-        while i < len(text):
-            word = next((w for w in sorted(WORDS, key=len, reverse=True) if text.startswith(w, i)), text[i])
-            out.append(self.ids[word])
-            i += len(word)
-        return out
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(self.vocab[i] for i in ids if i)
+        super().__init__(WORDS)
 
 
 class LookupModel:
@@ -65,9 +55,10 @@ LONG = " ".join(["cat"] * 8)  # eight " cat" tokens: with the one before them, 9
 MAX_SEQ_LEN = 8
 
 MC = [
-    # Both choices start with " the" (the delimiter's space merged into it): that token is scored.
+    # Both choices start with " the" (the delimiter's space merged into it): that token is not scored.
     {"id": "shared", "query": "Q", "choices": ["the cat", "the dog sat"], "gold": 0},
-    # " the" is a token-prefix of " the dog": its span is " the", not empty (the reference: NaN).
+    # " the" is a token-prefix of " the dog": its span is empty, its mean NaN, and in the first
+    # place it wins (the reference's min); " the dog" is scored on " dog".
     {"id": "prefix", "query": "P", "choices": ["the", "the dog"], "gold": 0},
     {"id": "too_long", "query": "Q", "choices": [LONG, "dog"], "gold": 0},
     # 15 tokens: cropped from the left to 8, the answer kept whole.
@@ -75,7 +66,7 @@ MC = [
 ]
 SCHEMA = [
     {"id": "dog", "context_options": ["A cat", "A dog"], "continuation": "sat", "gold": 1},
-    # The contexts end alike (" the"): the span is the continuation " dog" only, never " the".
+    # The contexts end alike (" the"): the span is the rows' common ending, " the dog".
     {"id": "tail", "context_options": ["Q the", "P the"], "continuation": "dog", "gold": 0},
 ]
 LM = [
@@ -83,7 +74,7 @@ LM = [
     {"id": "hit", "context": "A dog", "continuation": "sat"},
     {"id": "trimmed", "context": "A dog  ", "continuation": "sat"},  # trailing spaces trimmed, as the reference
     {"id": "too_long", "context": "L", "continuation": LONG},
-    {"id": "empty", "context": "A dog", "continuation": ""},  # nothing to score
+    {"id": "empty", "context": "A dog", "continuation": ""},  # the delimiter's space alone is scored
 ]
 
 
@@ -115,26 +106,26 @@ def _model(tok: WordTokenizer) -> LookupModel:
 # Decisions worked out by hand from the planted losses (a = 50, b = 20, u = ln 102 = 4.62, ~0 = 0):
 EXPECTED = {
     "mc": {
-        # (" the" a + " cat" 0)/2 = 25 vs (" the" a + " dog" b + " sat" 0)/3 = 23.3: choice 1, wrong.
-        # (Scoring from the common prefix of the choices, " cat" 0 vs (" dog" b + " sat" 0)/2 = 10,
-        # would have picked choice 0.)
-        "shared": ([" the cat", " the dog sat"], False),
-        # " the" u = 4.62 vs (u + " dog" b)/2 = 12.3: choice 0, right.
-        "prefix": ([" the", " the dog"], True),
-        # " the dog sat" 23.3 vs " the cat" 25: choice 0, right; z...z cropped away.
-        "cropped": ([" the dog sat", " the cat"], True),
+        # after the shared " the": " cat" 0 vs (" dog" b + " sat" 0)/2 = 10: choice 0, right. (Scoring
+        # " the" too, (a + 0)/2 = 25 vs (a + b + 0)/3 = 23.3, would have picked choice 1.)
+        "shared": ([" cat", " dog sat"], True),
+        # choice 0's span is empty: NaN, in the first place, wins: right.
+        "prefix": (["", " dog"], True),
+        # " dog sat" 10 vs " cat" 0: choice 1, wrong; z...z cropped away.
+        "cropped": ([" dog sat", " cat"], False),
     },
     "schema": {
         "dog": ([" sat", " sat"], True),  # " sat" after " cat": u; after " dog": 0
-        "tail": ([" dog", " dog"], True),  # b after " the" in both: equal, ties go to the lower index
+        "tail": ([" the dog", " the dog"], False),  # (a + b)/2 = 35 after Q, (u + b)/2 = 12.3 after P
     },
     "lm": {
         "miss": ([" the cat"], False),  # Q's argmax is "x", not " the"
         "hit": ([" sat"], True),
         "trimmed": ([" sat"], True),
+        "empty": ([" "], False),  # " dog"'s argmax is " sat"
     },
 }
-SKIPPED = {"mc": {"too_long"}, "schema": set(), "lm": {"too_long", "empty"}}
+SKIPPED = {"mc": {"too_long"}, "schema": set(), "lm": {"too_long"}}
 
 
 def test_bundle_decisions_by_hand(tmp_path: Path) -> None:
@@ -163,34 +154,47 @@ def test_bundle_decisions_by_hand(tmp_path: Path) -> None:
         assert all(len(r) <= MAX_SEQ_LEN for k, s in rows.items() if k not in SKIPPED[task.label] for r in s.rows)
         reasons.update({f"{task.label}.{k}": v[2] for k, v in seen.items()})
     assert "answer of 8 tokens does not fit max_seq_len=8" in str(reasons["mc.too_long"])
-    assert "does not fit" in str(reasons["lm.too_long"]) and "no answer tokens" in str(reasons["lm.empty"])
+    assert "does not fit" in str(reasons["lm.too_long"])
 
 
-def test_the_shared_first_token_is_in_the_span(tmp_path: Path) -> None:
-    # The span starts at " the", where the choices' rows still agree (the common-prefix rule began after it).
+def test_a_shared_first_token_is_not_scored(tmp_path: Path) -> None:
+    # The span starts after " the", the last token where the choices' rows agree (the reference's rule).
     tok = WordTokenizer()
     task = load_core_tasks(_write_bundle(tmp_path))[0]
     index = next(i for i, it in enumerate(task.items) if it["id"] == "shared")
     scored = render_item(task, index, tok.encode, 0)
-    assert scored.rows[0][scored.spans[0][0]] == scored.rows[1][scored.spans[1][0]] == tok.ids[" the"]
+    (s0, _), (s1, _) = scored.spans
+    assert scored.rows[0][s0 - 1] == scored.rows[1][s1 - 1] == tok.ids[" the"]
+    assert [scored.rows[0][s0], scored.rows[1][s1]] == [tok.ids[" cat"], tok.ids[" dog"]]
 
 
-def test_a_nan_loss_never_wins_and_empty_options_cannot_win(tmp_path: Path) -> None:
+def test_a_nan_mean_wins_in_the_first_place_only(tmp_path: Path) -> None:
+    # The reference's choice over NaN means: an empty span (a choice that is a token-prefix of
+    # another) or a NaN loss wins in the first place and never later; all NaN: the first.
     tok = WordTokenizer()
-    model = _model(tok)
-    nan_row = LookupModel(tok)
-    nan_row.table.copy_(model.table)
+    nan_row = _model(tok)
     nan_row.table[tok.ids["P"], tok.ids[" the"]] = math.nan  # every loss after P is NaN
-    task = next(t for t in load_core_tasks(_write_bundle(tmp_path)) if t.label == "mc")
+    items = ({"id": "empty_first", "query": "Q", "choices": ["the", "the dog"], "gold": 1},
+             {"id": "empty_later", "query": "Q", "choices": ["the dog", "the"], "gold": 0},
+             {"id": "all_nan", "query": "P", "choices": ["cat", "dog"], "gold": 1},
+             {"id": "delimiter_only", "query": "Q", "choices": ["", "dog"], "gold": 1})
+    task = CoreTask("mc", "multiple_choice", 0, " ", 0.25, items)
     picks = {}
-    prefix_item = next(i for i, it in enumerate(task.items) if it["id"] == "prefix")
-    sub = type(task)(task.label, task.task_type, 0, " ", task.random_baseline,
-                     (task.items[prefix_item], {"id": "empty", "query": "Q", "choices": ["", "dog"], "gold": 0}))
-    evaluate_task(nan_row, sub, encode=tok.encode, bos_id=0, max_seq_len=MAX_SEQ_LEN, device=torch.device("cpu"),
-                  on_item=lambda i, s, ok, skip: picks.__setitem__(sub.items[i]["id"], ok))
-    # "prefix": both options NaN -> both +inf -> choice 0 by the tie rule (gold 0): a decision, no NaN.
-    # "empty": choice "" has no token -> +inf; " dog" after Q costs ~50 but is finite: choice 1, wrong.
-    assert picks == {"prefix": True, "empty": False}
+    res = evaluate_task(nan_row, task, encode=tok.encode, bos_id=0, max_seq_len=MAX_SEQ_LEN, device=torch.device("cpu"),
+                        on_item=lambda i, s, ok, skip: picks.__setitem__(items[i]["id"], ok))
+    # "delimiter_only": " " and " dog" both cost a after Q: a tie, the first wins.
+    assert picks == {"empty_first": False, "empty_later": True, "all_nan": False, "delimiter_only": False}
+    assert res["items"] == 4 and res["skipped"] == 0
+
+
+def test_a_continuation_with_no_token_is_skipped() -> None:
+    # Nothing to score (no delimiter, no continuation): the reference stops on its assertion.
+    tok = WordTokenizer()
+    task = CoreTask("lm", "language_modeling", 0, "", 0.0, ({"context": "A dog", "continuation": ""},))
+    reasons = []
+    res = evaluate_task(_model(tok), task, encode=tok.encode, bos_id=0, max_seq_len=MAX_SEQ_LEN,
+                        device=torch.device("cpu"), on_item=lambda i, s, ok, skip: reasons.append(skip))
+    assert res["skipped"] == 1 and res["items"] == 0 and "no continuation tokens" in str(reasons[0])
 
 
 def test_items_and_shots_follow_the_reference_order(tmp_path: Path) -> None:
@@ -232,7 +236,7 @@ def test_an_error_names_task_and_item(tmp_path: Path) -> None:
 def test_every_item_skipped_gives_nan_not_an_abort(tmp_path: Path) -> None:
     tok = WordTokenizer()
     task = next(t for t in load_core_tasks(_write_bundle(tmp_path)) if t.label == "mc")
-    res = evaluate_task(_model(tok), task, encode=tok.encode, bos_id=0, max_seq_len=2, device=torch.device("cpu"))
+    res = evaluate_task(_model(tok), task, encode=tok.encode, bos_id=0, max_seq_len=1, device=torch.device("cpu"))
     assert res["items"] == 0 and res["skipped"] == len(MC) and math.isnan(res["accuracy"])
 
 

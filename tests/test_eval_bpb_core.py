@@ -80,10 +80,8 @@ def test_multiple_choice_planted(shots: int) -> None:
 
 
 def test_schema_planted() -> None:
-    # The span is the continuation's tokens only. With a " " delimiter (a token of its own here) the
-    # space belongs to the context, and a bigram model predicts "b" from " " alike after both
-    # contexts; the old shared-suffix span scored that space too and this test relied on it. The
-    # continuation carries its own leading space instead, so "g"/"t" -> " " is inside the span.
+    # The span is the rows' common token suffix (the reference's rule): here " barked.", since the
+    # rows differ at "t"/"g", so the bigram "g"/"t" -> " " is scored and decides.
     tok = CharTokenizer()
     items = [{"context_options": ["The cat", "The dog"], "continuation": " barked.", "gold": 1}]
     model = BigramModel()
@@ -107,9 +105,14 @@ def test_render_spans_cover_only_the_continuation() -> None:
     tok = CharTokenizer()
     task = _task("multiple_choice", [{"query": "Is it", "choices": ["yes", "no"], "gold": 0}])
     scored = render_item(task, 0, tok.encode, 0)
-    # Each choice's own tokens: the delimiter is a token of its own here (one id per character), so
-    # it belongs to the context and is not scored.
+    # After the choices' common prefix: the delimiter is a token of its own here (one id per
+    # character) that every choice starts with, so it is not scored.
     assert [tok.decode(row[s:e]) for row, (s, e) in zip(scored.rows, scored.spans)] == ["yes", "no"]
+    # Language modelling: the span starts after the stripped context, so that space is scored.
+    lm = _task("language_modeling", [{"context": "Is it", "continuation": "yes"}])
+    cloze = render_item(lm, 0, tok.encode, 0)
+    ((s, e),) = cloze.spans
+    assert tok.decode(cloze.rows[0][s:e]) == " yes"
 
 
 def test_fewshot_follows_the_reference_seed_rule() -> None:

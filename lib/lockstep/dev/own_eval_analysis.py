@@ -69,12 +69,17 @@ def _pick(scores: Sequence[float]) -> int:
     return min(range(len(scores)), key=lambda j: (scores[j], j))
 
 
-def choice_picks(nats: Sequence[Sequence[float]], *, prefix: str = "") -> dict[str, int]:
+def choice_picks(nats: Sequence[Sequence[float]], *, prefix: str = "", core_rule: bool = False) -> dict[str, int]:
     """The option each rule chooses from per-token losses: `mean` (CORE's) and `sum`. An option
-    with no scored token cannot win under either (its scores are +inf)."""
-    means = [sum(n) / len(n) if n else math.inf for n in nats]
+    with no scored token cannot win under either (its scores are +inf), except with `core_rule`,
+    where `mean` is the CORE eval's own decision (core.choose_option: an empty option's mean is
+    NaN, and wins in the first place)."""
     sums = [sum(n) if n else math.inf for n in nats]
-    return {f"{prefix}mean": _pick(means), f"{prefix}sum": _pick(sums)}
+    if core_rule:
+        mean = core.choose_option([sum(n) / len(n) if n else math.nan for n in nats])
+    else:
+        mean = _pick([sum(n) / len(n) if n else math.inf for n in nats])
+    return {f"{prefix}mean": mean, f"{prefix}sum": _pick(sums)}
 
 
 def _span_nats(logits: torch.Tensor, ids: torch.Tensor, spans: Sequence[tuple[int, int]]) -> list[tuple[float, ...]]:
@@ -111,7 +116,7 @@ def analyse_core_task(model: Model, task: core.CoreTask, *, encode: Callable[[st
         item = task.items[index]
         rendered = core.render_item(task, index, encode, bos_id)
         scored = core.crop(rendered, max_seq_len)
-        if scored is None or not rendered.scorable():
+        if scored is None or (task.task_type == "language_modeling" and not rendered.scorable()):
             continue
         logits, ids = _forward(model, scored.rows, bos_id, device)
         nats = _span_nats(logits, ids, scored.spans)
@@ -123,7 +128,7 @@ def analyse_core_task(model: Model, task: core.CoreTask, *, encode: Callable[[st
             options: tuple[str, ...] = (str(item["continuation"]),)
             gold = 0
         else:
-            picks = choice_picks(nats)
+            picks = choice_picks(nats, core_rule=True)
             options = tuple(
                 map(str, item["choices"] if task.task_type == "multiple_choice" else item["context_options"])
             )

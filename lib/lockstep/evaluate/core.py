@@ -2,9 +2,9 @@
 eval-bundle layout, few-shot prompts, the three task types scored from a model's logits, and
 accuracy centred on each task's random baseline. Does not generate text; see evaluate.chat.
 
-Item order and few-shot draws follow the reference implementation (nanochat's core_eval), so one
-item's result can be compared with its result there; the span rules are ours and stated in
-docs/evaluation.md ("Scoring rules")."""
+Item order, few-shot draws, scored spans and the choice between options follow the reference
+implementation (nanochat's core_eval), so one item's result can be compared with its result there;
+the rules are stated in docs/evaluation.md ("Scoring rules")."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class CoreTask:
 @dataclasses.dataclass(frozen=True)
 class Scored:
     """One item's rendering: token rows (one per option) and the [start, end) span scored in each.
-    A span may be empty (an option that adds no token to its context); such an option cannot win."""
+    A span may be empty (a choice whose row is a token-prefix of another's); see choose_option."""
 
     rows: list[list[int]]
     spans: list[tuple[int, int]]
@@ -179,14 +179,31 @@ def _diverge(context: Sequence[int], full: Sequence[int]) -> int:
     return next((i for i in range(n) if context[i] != full[i]), n)
 
 
+def common_prefix(rows: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every row shares."""
+    n = min(len(r) for r in rows)
+    return next((i for i in range(n) if any(r[i] != rows[0][i] for r in rows)), n)
+
+
+def common_suffix(rows: Sequence[Sequence[int]]) -> int:
+    """How many trailing tokens every row shares."""
+    n = min(len(r) for r in rows)
+    return next((i for i in range(n) if any(r[-1 - i] != rows[0][-1 - i] for r in rows)), n)
+
+
 def render_item(task: CoreTask, index: int, encode: Callable[[str], list[int]], bos_id: int) -> Scored:
     """Token rows for item `index` with its few-shot prefix, and the span of each row that is
-    scored: the answer's tokens. Each row renders `context + delimiter + answer` as one string
-    (as the model read text in training) next to `context + delimiter` alone, and its span runs from
-    the first token where the two differ to the end: the choice (multiple choice), the shared
-    continuation after that row's context (schema), the continuation (language modelling). A
-    delimiter space that the tokenizer merges into the answer's first word is scored with it; a
-    delimiter that stands as its own token is not."""
+    scored, by the reference's rules. Each option is one string, `BOS + prefix + context +
+    delimiter + answer`, tokenized whole (as the model read text in training).
+
+    - Multiple choice: every row's span starts after the tokens all the rows share, so a token
+      every choice begins with (` the` of `the cat` / `the dog`) is not scored, and a choice whose
+      row is a token-prefix of another's has an empty span.
+    - Schema: every row's span is the tokens all the rows end with: the continuation, and any
+      ending the contexts share (empty when the rows are identical, or end on different tokens).
+    - Language modelling: the span starts where the row stops repeating `BOS + (prefix + context
+      + delimiter).strip()`, so a delimiter space that stands as a token of its own is scored
+      with the continuation."""
     item = task.items[index]
     shots = fewshot_indices(len(task.items), index, task.num_fewshot)
     prefix = "".join(_shot_text(task, task.items[i]) + FEWSHOT_SEP for i in shots)
@@ -196,20 +213,20 @@ def render_item(task: CoreTask, index: int, encode: Callable[[str], list[int]], 
         return [bos_id, *encode(text)]
 
     if task.task_type == "multiple_choice":
-        pairs = [(prefix + item["query"] + d, c) for c in item["choices"]]
-    elif task.task_type == "schema":
-        pairs = [(prefix + ctx + d, item["continuation"]) for ctx in item["context_options"]]
-    else:
-        pairs = [(prefix + _lm_context(item) + d, item["continuation"])]
-    rows, spans = [], []
-    context_tokens: dict[str, list[int]] = {}
-    for context, answer in pairs:
-        if context not in context_tokens:  # multiple choice: one context for every choice
-            context_tokens[context] = tok(context)
-        full = tok(context + answer)
-        rows.append(full)
-        spans.append((_diverge(context_tokens[context], full), len(full)))
-    return Scored(rows, spans)
+        rows = [tok(prefix + item["query"] + d + c) for c in item["choices"]]
+        start = common_prefix(rows)
+        return Scored(rows, [(start, len(r)) for r in rows])
+    if task.task_type == "schema":
+        rows = [tok(prefix + ctx + d + item["continuation"]) for ctx in item["context_options"]]
+        shared = common_suffix(rows)
+        # All of a row shared means identical rows: nothing tells the options apart, and the
+        # reference's span, from position 0, reads no loss there. Empty spans: the first option.
+        return Scored(rows, [(len(r) - shared, len(r)) if shared < len(r) else (len(r), len(r)) for r in rows])
+    context = prefix + _lm_context(item) + d
+    full = tok(context + item["continuation"])
+    # The reference asserts that the stripped context's tokens are a prefix of the row; where a
+    # tokenizer merges across that boundary, the span starts at the first token that differs.
+    return Scored([full], [(_diverge(tok(context.strip()), full), len(full))])
 
 
 def crop(scored: Scored, max_seq_len: int) -> Scored | None:
@@ -227,17 +244,26 @@ def crop(scored: Scored, max_seq_len: int) -> Scored | None:
 
 
 def option_losses(logits: torch.Tensor, ids: torch.Tensor, spans: Sequence[tuple[int, int]]) -> list[float]:
-    """Mean cross-entropy (nats per token) of each option over its span. An empty span, or a
-    non-finite loss, is +inf: an option with nothing scored cannot win (the reference takes the
-    mean of an empty span, a NaN, when one choice is a token-prefix of another)."""
+    """Mean cross-entropy (nats per token) of each option over its span; NaN for an empty span
+    (the mean of nothing, as the reference computes it)."""
     out = []
     for i, (s, e) in enumerate(spans):
         if e <= s:
-            out.append(math.inf)
+            out.append(math.nan)
             continue
-        loss = F.cross_entropy(logits[i, s - 1 : e - 1], ids[i, s:e], reduction="mean").item()
-        out.append(loss if math.isfinite(loss) else math.inf)
+        out.append(F.cross_entropy(logits[i, s - 1 : e - 1], ids[i, s:e], reduction="mean").item())
     return out
+
+
+def choose_option(losses: Sequence[float]) -> int:
+    """The reference's choice: scanning in order, an option replaces the current pick only when its
+    loss is strictly lower. So ties go to the lower index, a NaN (an empty span) after the first
+    place never wins, and a NaN in the first place always does (nothing compares below it)."""
+    best = 0
+    for j in range(1, len(losses)):
+        if losses[j] < losses[best]:
+            best = j
+    return best
 
 
 @torch.no_grad()
@@ -251,8 +277,8 @@ def score_item(
     pad_id: int,
 ) -> bool:
     """Whether the model gets the item right. Multiple choice / schema: the option with the
-    lowest mean loss over its span is the answer (ties to the lower index); language modelling:
-    every continuation token is the argmax prediction (exact greedy match)."""
+    lowest mean loss over its span is the answer (choose_option); language modelling: every
+    continuation token is the argmax prediction (exact greedy match)."""
     T = max(len(r) for r in scored.rows)
     ids = torch.full((len(scored.rows), T), pad_id, dtype=torch.long)
     for i, r in enumerate(scored.rows):
@@ -263,9 +289,7 @@ def score_item(
         s, e = scored.spans[0]
         pred = logits[0, s - 1 : e - 1].argmax(dim=-1)  # (e - s,) predictions of targets s..e-1
         return bool(torch.equal(pred, ids[0, s:e]))
-    losses = option_losses(logits, ids, scored.spans)
-    best = min(range(len(losses)), key=lambda j: (losses[j], j))
-    return best == gold
+    return choose_option(option_losses(logits, ids, scored.spans)) == gold
 
 
 def evaluate_task(
@@ -283,9 +307,11 @@ def evaluate_task(
     """Accuracy of `model` on `task` over the items it could score, items split round-robin
     across ranks and summed with all_reduce when a process group is up. An item is skipped, and
     counted, when its answer does not fit `max_seq_len` even with the context cropped away, or when
-    no option has a token to score. `on_item(index, scored, correct, skip_reason)` sees each item
-    this rank handled (`correct` None for a skipped item). A failure names the task and item
-    (CoreItemError). The accuracy is NaN when every item was skipped."""
+    a language-modelling item has no token to score (the reference stops there; a multiple-choice
+    or schema item with nothing scored goes to its first option, as in the reference).
+    `on_item(index, scored, correct, skip_reason)` sees each item this rank handled (`correct` None
+    for a skipped item). A failure names the task and item (CoreItemError). The accuracy is NaN
+    when every item was skipped."""
     if not task.items:
         raise ValueError(f"task {task.label!r} has no items; check its data file")
     counts = torch.zeros(3, dtype=torch.float64)  # (n_correct, n_scored, n_skipped)
@@ -294,8 +320,8 @@ def evaluate_task(
             rendered = render_item(task, index, encode, bos_id)
             scored = crop(rendered, max_seq_len)
             skip = None
-            if not rendered.scorable():
-                skip = "no answer tokens: every option adds nothing to its context after tokenizing"
+            if task.task_type == "language_modeling" and not rendered.scorable():
+                skip = "no continuation tokens: the continuation adds nothing to its context after tokenizing"
             elif scored is None:
                 longest = max(e - s for s, e in rendered.spans)
                 skip = f"answer of {longest} tokens does not fit max_seq_len={max_seq_len} with a token of context"
