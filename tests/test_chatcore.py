@@ -52,6 +52,7 @@ def test_arc_reads_the_test_split_of_its_config_and_letters_choices_by_position(
     key = rows[numeric]["answerKey"]
     assert got[numeric]["answer"] == "ABCD"[rows[numeric]["choices"]["label"].index(key)]
     assert json.loads(got[numeric]["choices"]) == rows[numeric]["choices"]["text"]
+    assert [json.loads(g["labels"]) for g in got] == [r["choices"]["label"] for r in rows]  # ARC's own, 1-4 too
     assert all(u.startswith("ARC-") for u in read_meta(tmp_path / "e")["unused_files"])
     fetch_source("arc_c", Ai2ArcConfig(path=str(HUB / "ai2_arc"), config="ARC-Challenge"), tmp_path / "c", seed=1)
     assert {g["text"] for g in _val(tmp_path / "c")}.isdisjoint(g["text"] for g in got)

@@ -1,7 +1,8 @@
 """ARC (`allenai/ai2_arc`, config `ARC-Easy` or `ARC-Challenge`): the test split's multiple-choice
-science questions as eval items (snapshot documents: the question, its choices as a JSON list and
-the answer letter). The choices are lettered by position, A first, whatever labels ARC gives them
-(some items label them 1-4). Does not score: see lockstep.evaluate.chat."""
+science questions as eval items (snapshot documents: the question, its choices as a JSON list, the
+answer's letter by position, A first, and the choices' own labels as a JSON list: ARC labels most
+items A-D and some 1-4, and ChatCORE prompts with those labels, as nanochat does). Does not score:
+see lockstep.evaluate.chat."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from lockstep.data.sources.hub import HubFields
 from lockstep.data.sources.size import SourceSize, eval_split_examples
 
 KIND = "document"
-EXTRA_FIELDS: tuple[str, ...] = ("choices", "answer", "id")
+EXTRA_FIELDS: tuple[str, ...] = ("choices", "answer", "labels", "id")
 EXPECTED = (
     "ARC rows: `question` (string), `choices` {`text`: [strings], `label`: [strings]} and `answerKey` "
     "(one of the labels), as allenai/ai2_arc's <config>/test-*.parquet"
@@ -52,7 +53,8 @@ def convert_row(row: dict[str, Any]) -> dict[str, Any] | str:
     key = row.get("answerKey")
     if str(key) not in labels:
         return f"answerKey {key!r} is none of the labels {labels}"
-    return choice_record(row.get("question"), texts, labels.index(str(key)), id=str(row.get("id") or ""))
+    return choice_record(row.get("question"), texts, labels.index(str(key)), labels=labels,
+                         id=str(row.get("id") or ""))
 
 
 def produce(cfg: Ai2ArcConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, Any]:

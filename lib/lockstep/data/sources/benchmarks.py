@@ -8,7 +8,7 @@ its own `convert`."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,9 +79,12 @@ def read_eval_split(
     return {"source_id": dataset, "hub_config": config, "hub_splits": {"val": split}, "revision": sha, "streamed": True}
 
 
-def choice_record(question: Any, choices: Any, answer: int, **extra: str) -> dict[str, Any] | str:
+def choice_record(
+    question: Any, choices: Any, answer: int, *, labels: Sequence[str] | None = None, **extra: str
+) -> dict[str, Any] | str:
     """A multiple-choice item as a snapshot document (`text` the question, `choices` a JSON list,
-    `answer` a letter), or why it is not one."""
+    `answer` the right choice's letter by position and, when given, `labels` the choices' own
+    labels as a JSON list), or why it is not one."""
     if not isinstance(question, str) or not question.strip():
         return "missing or empty `question`"
     if not isinstance(choices, (list, tuple)) or not 2 <= len(choices) <= len(LETTERS):
@@ -90,9 +93,11 @@ def choice_record(question: Any, choices: Any, answer: int, **extra: str) -> dic
         return "a choice is empty or not a string"
     if not 0 <= answer < len(choices):
         return f"answer index {answer} outside the {len(choices)} choices"
-    return {
-        "text": question,
-        "choices": json.dumps(list(choices), ensure_ascii=False),
-        "answer": LETTERS[answer],
-        **extra,
-    }
+    record = {"text": question, "choices": json.dumps(list(choices), ensure_ascii=False), "answer": LETTERS[answer]}
+    if labels is not None:
+        if len(labels) != len(choices) or len(set(labels)) != len(labels):
+            return f"labels {list(labels)} must be {len(choices)} distinct labels, one per choice"
+        if not all(isinstance(x, str) and x and x.strip() == x for x in labels):
+            return f"labels {list(labels)} must be non-empty strings without surrounding spaces"
+        record["labels"] = json.dumps(list(labels), ensure_ascii=False)
+    return {**record, **extra}
