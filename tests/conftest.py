@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_FIXTURES = ROOT.parent / "shared" / "fixtures"
+SHARED_NANOCHAT = ROOT.parent / "shared" / "nanochat"  # nanochat's checkout at 92d63d4, a yardstick
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +26,19 @@ def shared_fixtures() -> Path:
     if not SHARED_FIXTURES.is_dir():
         pytest.skip(f"real-format samples not found at {SHARED_FIXTURES} (only present beside the dev checkout)")
     return SHARED_FIXTURES
+
+
+@pytest.fixture(scope="session")
+def nanochat_root() -> Iterator[Path]:
+    """`../shared/nanochat`, nanochat's own code put on sys.path (its `nanochat` and `tasks`
+    packages) to compare against; tests using it skip when it is absent, as in a user's clone."""
+    if not (SHARED_NANOCHAT / "tasks").is_dir():
+        pytest.skip(f"nanochat's checkout not found at {SHARED_NANOCHAT} (only present beside the dev checkout)")
+    sys.path.insert(0, str(SHARED_NANOCHAT))
+    try:
+        yield SHARED_NANOCHAT
+    finally:
+        sys.path.remove(str(SHARED_NANOCHAT))
 
 
 @pytest.fixture(scope="session")

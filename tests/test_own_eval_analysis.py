@@ -96,10 +96,14 @@ def test_core_rules_match_the_eval_stage_item_by_item(tmp_path: Path, tok, model
             assert all(math.isfinite(x) and x >= 0 for n in r.nats for x in n)
 
 
-def test_letter_rule_matches_the_eval_stage(tok, model) -> None:
+@pytest.mark.parametrize("prompt", chat.CATEGORICAL_PROMPTS)
+def test_letter_rule_matches_the_eval_stage(tok, prompt) -> None:
+    torch.manual_seed(0)  # a context that holds nanochat's longer prompt (~140 byte tokens)
+    model = randomize(tiny_gpt(sequence_len=256, vocab_size=tok.get_vocab_size()), seed=3).eval()
     items = chat.categorical_items(ARC)
-    official = chat.evaluate_categorical(model, items, tokenizer=tok, device=CPU, max_seq_len=512)
-    mine = analyse_categorical(model, items, tokenizer=tok, device=CPU, max_seq_len=512)
+    official = chat.evaluate_categorical(model, items, tokenizer=tok, device=CPU, max_seq_len=256, prompt=prompt)
+    mine = analyse_categorical(model, items, tokenizer=tok, device=CPU, max_seq_len=256, prompt=prompt)
+    assert official.total == len(items)
     assert [r.picks["letter"] for r in mine] == ["ABCD".index(rec["predicted"]) for rec in official.records]
     # The cloze reading scores each choice's text as the reply: its span is the choice's bytes.
     assert [r.tokens for r in mine] == [tuple(len(c.encode()) for c in it.choices) for it in items]

@@ -61,6 +61,7 @@ def test_same_sources_caches_mixtures_tokenizer_rl_and_evals_as_d12() -> None:
         "math_sources",
         "conversation_sources",
         "categorical_files",
+        "categorical_prompt",
         "code_files",
         "core_stages",
         "chat_stages",

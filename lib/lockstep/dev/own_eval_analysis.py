@@ -138,19 +138,21 @@ def analyse_core_task(model: Model, task: core.CoreTask, *, encode: Callable[[st
 
 
 def analyse_categorical(model: Model, items: Sequence[chat.CategoricalItem], *, tokenizer: Any, device: torch.device,
-                        max_seq_len: int, max_items: int | None = None) -> list[ItemResult]:
+                        max_seq_len: int, max_items: int | None = None,
+                        prompt: chat.CategoricalPrompt = "nanochat") -> list[ItemResult]:
     """Categorical chat items scored by `letter` (the eval stage's rule: chat.evaluate_categorical's
-    prompt and argmax over the valid letters) and by the cloze rules (the question alone as the
-    user turn, each choice's text as the reply, its tokens scored). Items whose prompt does not
-    fit `max_seq_len` are left out, as the eval stage skips them."""
-    letter_ids = [tokenizer.encode(letter)[0] for letter in chat.LETTERS]
+    prompt in style `prompt` and argmax over the labels it shows) and by the cloze rules (the
+    question alone as the user turn, each choice's text as the reply, its tokens scored). Items
+    whose prompt does not fit `max_seq_len` are left out, as the eval stage skips them."""
+    known: dict[str, int] = {}
     results = []
     for index, item in enumerate(items[:max_items] if max_items else items):
-        prompt = tokenizer.render_for_completion(chat.categorical_prompt(item))
-        if len(prompt) > max_seq_len:
+        labels = chat.prompt_labels(item, prompt)
+        ids = tokenizer.render_for_completion(chat.categorical_prompt(item, prompt))
+        if len(ids) > max_seq_len:
             continue
-        logits, _ = _forward(model, [prompt], 0, device)
-        allowed = torch.tensor(letter_ids[: len(item.choices)], device=logits.device)
+        logits, _ = _forward(model, [ids], 0, device)
+        allowed = torch.tensor(chat.label_token_ids(tokenizer, labels, known), device=logits.device)
         letter = int(logits[0, -1, allowed].argmax().item())
         question = tokenizer.render_for_completion({"messages": [text_message("user", item.question),
                                                                  text_message("assistant", "")]})

@@ -1,5 +1,5 @@
 """Chat-model evaluations: GSM8K-format problems (generated with tools, exact final number),
-ARC/MMLU-style categorical multiple choice (argmax over the answer letters' logits), letter
+ARC/MMLU-style categorical multiple choice (argmax over the answer labels' logits), letter
 counting/spelling conversations, HumanEval-style code run in the sandbox, and the ChatCORE
 aggregate; `Benchmark`, what a ChatCORE benchmark module declares (lockstep.evaluate.benchmarks.*,
 registered in lockstep.evaluate.chatcore). Generation is passed in as a function; this module never
@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import typing
 from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal, Protocol
@@ -132,50 +133,112 @@ def conversation_items(conversations: Iterable[dict[str, Any]], *, require_tool:
     return items
 
 
+# How a categorical item's user turn is worded (`eval.categorical_prompt`). "nanochat": nanochat's
+# tasks' rendering, `Multiple Choice question: <question>`, one `- <choice>=<label>` line per choice
+# (the label after the choice, no space before it: the reply is that label's one token), a blank
+# line and `Respond only with the letter of the correct answer.`; the labels are the dataset's own
+# (ARC labels some items 1-4). "letter_first": the project's older wording, the question, a blank
+# line, `A. <choice>` lines lettered by position, a blank line and `Answer with the letter only.`
+CategoricalPrompt = Literal["nanochat", "letter_first"]
+CATEGORICAL_PROMPTS: tuple[str, ...] = typing.get_args(CategoricalPrompt)
+
+
 @dataclasses.dataclass(frozen=True)
 class CategoricalItem:
     question: str
     choices: tuple[str, ...]
     answer: int  # index into choices
+    # Each choice's label as its dataset gives it (ARC: A-D, or 1-4 on some items); left empty,
+    # the choices are lettered by position, A first (MMLU's labels).
+    labels: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.labels:
+            object.__setattr__(self, "labels", tuple(LETTERS[: len(self.choices)]))
+            return
+        labels = self.labels
+        one_each = len(labels) == len(self.choices) and len(set(labels)) == len(labels)
+        if not one_each or not all(isinstance(x, str) and x and x.strip() == x for x in labels):
+            raise ValueError(
+                f"labels {list(labels)!r} must be one distinct non-empty label (no surrounding spaces) per choice, "
+                f"{len(self.choices)} of them; leave them out to letter the choices by position"
+            )
 
 
 def categorical_items(records: Iterable[dict[str, Any]]) -> list[CategoricalItem]:
-    """ARC/MMLU-style records: `question`, `choices` (list of strings), `answer` (index or letter)."""
+    """ARC/MMLU-style records: `question`, `choices` (list of strings), `answer` (index, or letter by
+    position) and optionally `labels`, the choices' own labels (then a string `answer` is one of
+    them)."""
     items = []
     for i, r in enumerate(records):
         choices = r.get("choices")
         if not isinstance(choices, list) or not 2 <= len(choices) <= len(LETTERS):
             raise ValueError(f"item {i}: `choices` must be a list of 2..{len(LETTERS)} strings")
+        labels = r.get("labels")
+        if labels is not None and (not isinstance(labels, list) or not all(isinstance(x, str) for x in labels)):
+            raise ValueError(f"item {i}: `labels` must be a list of strings, one per choice, got {labels!r}")
+        named = tuple(labels) if labels else tuple(LETTERS[: len(choices)])
         ans = r.get("answer")
-        if isinstance(ans, str) and len(ans) == 1 and ans in LETTERS:
-            ans = LETTERS.index(ans)
+        if isinstance(ans, str) and ans in named:
+            ans = named.index(ans)
         if isinstance(ans, bool) or not isinstance(ans, int) or not 0 <= ans < len(choices):
             raise ValueError(
-                f"item {i}: `answer` must be a letter or index among {len(choices)} choices, got {r.get('answer')!r}"
+                f"item {i}: `answer` must be one of the labels {list(named)} or an index among {len(choices)} "
+                f"choices, got {r.get('answer')!r}"
             )
-        items.append(CategoricalItem(str(r["question"]), tuple(map(str, choices)), ans))
+        try:
+            items.append(CategoricalItem(str(r["question"]), tuple(map(str, choices)), ans, tuple(labels or ())))
+        except ValueError as e:
+            raise ValueError(f"item {i}: {e}") from None
     return items
 
 
 def benchmark_categorical_items(records: Iterable[dict[str, Any]]) -> list[CategoricalItem]:
     """Multiple-choice items from a benchmark snapshot (lockstep.data.sources.ai2_arc, .mmlu): documents
-    whose `text` is the question, `choices` a JSON list and `answer` a letter."""
+    whose `text` is the question, `choices` a JSON list, `answer` the right choice's letter by
+    position and, where the source keeps them (ARC), `labels` the choices' own labels as a JSON
+    list. A snapshot without `labels` letters its choices by position."""
     out = []
     for i, r in enumerate(records):
         try:
             choices = json.loads(r.get("choices") or "")
+            labels = json.loads(r["labels"]) if r.get("labels") else None
         except json.JSONDecodeError:
-            raise ValueError(f"benchmark item {i}: `choices` is not a JSON list; refetch the snapshot") from None
-        out.extend(categorical_items([{"question": r.get("text"), "choices": choices, "answer": r.get("answer")}]))
+            raise ValueError(
+                f"benchmark item {i}: `choices` or `labels` is not a JSON list; refetch the snapshot"
+            ) from None
+        answer = r.get("answer")
+        if isinstance(answer, str) and len(answer) == 1 and answer in LETTERS:
+            answer = LETTERS.index(answer)  # the snapshot's answer is by position, whatever the labels
+        record = {"question": r.get("text"), "choices": choices, "answer": answer}
+        out.extend(categorical_items([record if labels is None else {**record, "labels": labels}]))
     return out
 
 
-def categorical_prompt(item: CategoricalItem) -> dict[str, Any]:
-    """The user turn for a categorical item; the reply is one letter."""
-    lines = [item.question, ""]
-    lines += [f"{LETTERS[j]}. {c}" for j, c in enumerate(item.choices)]
-    lines += ["", "Answer with the letter only."]
-    return {"messages": [text_message("user", "\n".join(lines)), text_message("assistant", LETTERS[item.answer])]}
+def prompt_labels(item: CategoricalItem, style: CategoricalPrompt = "nanochat") -> tuple[str, ...]:
+    """The labels a categorical prompt of `style` shows and scores: the item's own ("nanochat"),
+    or letters by position ("letter_first")."""
+    if style == "nanochat":
+        return item.labels
+    if style == "letter_first":
+        return tuple(LETTERS[: len(item.choices)])
+    raise ValueError(f"categorical prompt {style!r} must be one of {list(CATEGORICAL_PROMPTS)}")
+
+
+def categorical_prompt(item: CategoricalItem, style: CategoricalPrompt = "nanochat") -> dict[str, Any]:
+    """The conversation for a categorical item in `style` (see `CategoricalPrompt`): the user turn,
+    then the reply, the right choice's label."""
+    labels = prompt_labels(item, style)
+    if style == "nanochat":
+        lines = [f"Multiple Choice question: {item.question}"]
+        lines += [f"- {choice}={label}" for label, choice in zip(labels, item.choices)]
+        lines += ["", "Respond only with the letter of the correct answer."]
+    else:
+        lines = [item.question, ""]
+        lines += [f"{label}. {choice}" for label, choice in zip(labels, item.choices)]
+        lines += ["", "Answer with the letter only."]
+    user = "\n".join(lines)
+    return {"messages": [text_message("user", user), text_message("assistant", labels[item.answer])]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,8 +295,9 @@ def code_context(item: CodeItem) -> str:
 
 
 def letter_is_answer(item: CategoricalItem, letter: str) -> bool:
-    """A categorical item's answer check: the letter the model preferred is the answer's."""
-    return letter == LETTERS[item.answer]
+    """A categorical item's answer check: the label the model preferred is the answer's. `item` is
+    as prompted (`evaluate_categorical` passes it with the labels its prompt showed)."""
+    return letter == item.labels[item.answer]
 
 
 def reply_is_answer(item: GenerativeItem, reply: str) -> bool:
@@ -249,8 +313,9 @@ def passes_tests(item: CodeItem, reply: str, limits: SandboxLimits) -> TestRunRe
                      setup=code_context(item), limits=limits)
 
 
-# The answer checks the evaluate functions take, one per kind of item: (item, the preferred letter),
-# (item, the decoded reply), (item, the decoded reply, the sandbox's limits).
+# The answer checks the evaluate functions take, one per kind of item: (item as prompted, with the
+# labels its prompt showed; the preferred label), (item, the decoded reply), (item, the decoded
+# reply, the sandbox's limits).
 CategoricalCheck = Callable[[CategoricalItem, str], bool]
 GenerativeCheck = Callable[[GenerativeItem, str], bool]
 CodeCheck = Callable[[CodeItem, str, SandboxLimits], TestRunResult]
@@ -323,6 +388,21 @@ def evaluate_generative(
     return result
 
 
+def label_token_ids(tokenizer: ChatTokenizer, labels: Sequence[str], known: dict[str, int] | None = None) -> list[int]:
+    """The one token id of each label, the reply a categorical prompt asks for (`known`: a cache
+    of labels already encoded). A label that is not one token is refused."""
+    known = {} if known is None else known
+    for label in labels:
+        if label not in known:
+            ids = tokenizer.encode(label)
+            if len(ids) != 1:
+                raise ValueError(
+                    f"label {label!r} encodes to {len(ids)} tokens; categorical scoring needs one token per label"
+                )
+            known[label] = ids[0]
+    return [known[label] for label in labels]
+
+
 @torch.no_grad()
 def evaluate_categorical(
     model: Callable[[torch.Tensor], torch.Tensor],
@@ -334,34 +414,34 @@ def evaluate_categorical(
     rank: int = 0,
     world_size: int = 1,
     check: CategoricalCheck = letter_is_answer,
+    prompt: CategoricalPrompt = "nanochat",
 ) -> TaskResult:
-    """Argmax over the logits of the valid answer letters at the first reply position: the letter
-    the model prefers among the item's choices' letters (A.. for as many choices as it has), the
-    rule of nanochat's categorical tasks, judged by `check`. An item whose prompt does not fit in
-    `max_seq_len` is skipped and counted in `skipped`, never scored and never fatal."""
-    letter_ids = []
-    for letter in LETTERS:
-        ids = tokenizer.encode(letter)
-        if len(ids) != 1:
-            raise ValueError(
-                f"letter {letter!r} encodes to {len(ids)} tokens; categorical scoring needs one token per letter"
-            )
-        letter_ids.append(ids[0])
+    """Argmax over the logits of the item's labels at the first reply position: the label the
+    model prefers among those its `prompt` style shows (the dataset's own for "nanochat", A.. by
+    position for "letter_first"), the rule of nanochat's categorical tasks, judged by `check` on
+    the item as prompted. An item whose prompt does not fit in `max_seq_len` is skipped and counted
+    in `skipped`, never scored and never fatal."""
+    if prompt not in CATEGORICAL_PROMPTS:
+        raise ValueError(f"categorical prompt {prompt!r} must be one of {list(CATEGORICAL_PROMPTS)}")
+    known: dict[str, int] = {}
     result = TaskResult()
     for index, item in _shard(items, rank, world_size):
-        prompt = tokenizer.render_for_completion(categorical_prompt(item))
-        if len(prompt) > max_seq_len:
+        shown = dataclasses.replace(item, labels=prompt_labels(item, prompt))
+        ids = tokenizer.render_for_completion(categorical_prompt(shown, prompt))
+        allowed = label_token_ids(tokenizer, shown.labels, known)
+        if len(ids) > max_seq_len:
             result.skipped += 1
             continue
-        logits = model(torch.tensor([prompt], dtype=torch.long, device=device))  # (1, T, V)
-        allowed = torch.tensor(letter_ids[: len(item.choices)], device=device)
-        pick = int(logits[0, -1, allowed].float().argmax().item())
-        ok = check(item, LETTERS[pick])
+        logits = model(torch.tensor([ids], dtype=torch.long, device=device))  # (1, T, V)
+        pick = int(logits[0, -1, torch.tensor(allowed, device=device)].float().argmax().item())
+        predicted = shown.labels[pick]
+        ok = check(shown, predicted)
         result.correct += int(ok)
         result.total += 1
         result.records.append({
             "index": index, "question": item.question, "choices": list(item.choices),
-            "reference": LETTERS[item.answer], "predicted": LETTERS[pick], "correct": ok,
+            "labels": list(shown.labels), "reference": shown.labels[item.answer], "predicted": predicted,
+            "correct": ok,
         })
     return result
 

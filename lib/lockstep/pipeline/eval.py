@@ -24,6 +24,7 @@ from lockstep.data.cache import CacheError, CacheTooSmallError, list_caches, ope
 from lockstep.data.loaders import ShardedTokenLoader, open_sft_dataset
 from lockstep.data.snapshot import SnapshotError, iter_records, open_bundle
 from lockstep.evaluate import chat, core
+from lockstep.evaluate.chat import CategoricalPrompt
 from lockstep.evaluate.chatcore import BENCHMARKS, chatcore_of
 from lockstep.evaluate.sandbox import SandboxLimits
 from lockstep.infer.engine import Engine, decode_settings
@@ -60,6 +61,9 @@ class EvalConfig:
     math_sources: tuple[str, ...] = ("synth_math",)  # problem snapshots under --raw (val split)
     conversation_sources: tuple[str, ...] = ("synth_chat",)  # tool-use conversations under --raw (val split)
     categorical_files: tuple[str, ...] = ("chat/arc_own.jsonl",)  # under --evalsets, answered with a letter
+    # How lettered items (categorical_files, categorical chat_tasks) are worded: nanochat's prompt
+    # with the dataset's own labels, or letter_first, the project's older one (chat.CategoricalPrompt).
+    categorical_prompt: CategoricalPrompt = "nanochat"
     # Under --evalsets, the same format scored without letters: each choice as the whole reply
     # (chat.evaluate_reply_choice).
     reply_choice_files: tuple[str, ...] = ()
@@ -345,7 +349,8 @@ def run_chat_tasks(cfg: EvalConfig, fwd: Callable[[torch.Tensor], torch.Tensor],
         items = _cap(bench.read(iter_records(raw / source, "val")), cfg.chat_max_items)
         if bench.kind == "categorical":
             res = chat.evaluate_categorical(fwd, items, tokenizer=tokenizer, device=device, max_seq_len=max_seq_len,
-                                            rank=rt.rank, world_size=rt.world_size, check=bench.check)
+                                            rank=rt.rank, world_size=rt.world_size, check=bench.check,
+                                            prompt=cfg.categorical_prompt)
         elif bench.kind == "code":
             with rt.autocast():
                 res = chat.evaluate_code(items, tokenizer=tokenizer, generate=generate, limits=limits,
@@ -448,7 +453,7 @@ def run_eval_stage(stage: str, cfg: EvalConfig, paths: EvalPaths, *, rt: Runtime
         for rel in cfg.categorical_files:
             items = _cap(chat.categorical_items(_read_jsonl(paths.evalsets / rel)), cfg.chat_max_items)
             res = chat.evaluate_categorical(fwd, items, tokenizer=tokenizer, device=rt.device, max_seq_len=T,
-                                            rank=rt.rank, world_size=rt.world_size)
+                                            rank=rt.rank, world_size=rt.world_size, prompt=cfg.categorical_prompt)
             results[Path(rel).stem] = (res, chat.random_baseline_categorical(items))
         for rel in cfg.reply_choice_files:
             items = _cap(chat.categorical_items(_read_jsonl(paths.evalsets / rel)), cfg.chat_max_items)
