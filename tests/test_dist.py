@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -45,17 +46,17 @@ def test_device_dtype_choice_says_why(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     import lockstep.core.runtime as runtime_mod
 
-    monkeypatch.setattr(runtime_mod, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(runtime_mod, "cpu_bf16_features", lambda: ["avx512_bf16"])
     dev, dt, why = choose_device_dtype("auto", "auto")
     assert dev.type == "cpu" and dt == torch.bfloat16 and "native" in why
-    monkeypatch.setattr(runtime_mod, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(runtime_mod, "cpu_bf16_features", lambda: [])
     dev, dt, why = choose_device_dtype("auto", "auto")
     assert dev.type == "cpu" and dt == torch.float32 and "no native bf16" in why
     dev, dt, why = choose_device_dtype("cpu", "fp32")
     assert dt == torch.float32 and "requested" in why
     dev, dt, why = choose_device_dtype("cpu", "bf16")
     assert dt == torch.bfloat16 and "bf16 autocast on CPU" in why
-    import pytest
+
 
     with pytest.raises(ValueError, match="runtime.device=cuda but torch sees no CUDA device"):
         choose_device_dtype("cuda", "auto")
@@ -70,3 +71,21 @@ def test_device_dtype_choice_says_why(monkeypatch) -> None:
         "--out",
         "x",
     ]
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    ("fpu sse avx512f avx512_bf16", "native avx512_bf16"),  # AMD Zen 4: no AMX
+    ("fpu avx512_bf16 amx_bf16 amx_tile", "native amx_bf16 and avx512_bf16"),  # Sapphire Rapids
+])
+def test_the_reason_names_the_bf16_features_the_cpu_has(monkeypatch, tmp_path, flags: str, named: str) -> None:
+    """The log says which native bf16 the CPU has, not "avx512_bf16/amx" on a CPU without AMX."""
+    import lockstep.core.runtime as runtime_mod
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    features = runtime_mod.cpu_bf16_features(cpuinfo)
+    monkeypatch.setattr(runtime_mod, "cpu_bf16_features", lambda: features)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _, dtype, why = runtime_mod.choose_device_dtype("cpu", "auto")
+    assert dtype == torch.bfloat16 and f"{named};" in why and "/amx" not in why
+    assert runtime_mod.choose_device_dtype("cpu", "bf16")[2].endswith(f"(requested; {named})")

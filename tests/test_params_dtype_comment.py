@@ -22,7 +22,7 @@ def _dtype_comment(path: Path) -> str:
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_on_cpu_matches_the_comment(monkeypatch, native: bool) -> None:
     monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(runtime, "cpu_bf16_features", lambda: ["avx512_bf16"] if native else [])
     _, dtype, _ = runtime.choose_device_dtype("auto", "auto")
     assert dtype == (torch.bfloat16 if native else torch.float32)
     comment = _dtype_comment(ROOT / "params.yaml")
