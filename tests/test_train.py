@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import ast
 import copy
+import logging
+import math
+import re
 from pathlib import Path
 from unittest import mock
 
@@ -402,11 +405,38 @@ def test_throughput_is_tokens_over_time_and_eta_follows_recent_steps(monkeypatch
 def test_measured_peak_is_the_better_of_stage_start_and_end(monkeypatch, tmp_path) -> None:
     """A peak measured while the machine was busy at the start is raised by the end's measurement
     (a busy start made MFU read 0.90); a declared peak is never re-measured."""
-    monkeypatch.setattr(lockstep.train.trainer, "peak_flops", lambda rt, declared: (1e9, "measured float32 matmul"))
-    monkeypatch.setattr(lockstep.train.trainer, "measure_matmul_peak_flops", lambda device, dtype: 3e9)
+    monkeypatch.setattr(lockstep.train.trainer, "peak_flops", lambda rt, declared: (1e13, "measured float32 matmul"))
+    monkeypatch.setattr(lockstep.train.trainer, "measure_matmul_peak_flops", lambda device, dtype: 3e13)
     result = _fit(_model(), _cfg(num_steps=2, checkpoint_every_steps=0), tmp_path / "a")
-    assert result.peak == {"flops_per_s": 3e9, "source": "measured float32 matmul, best of stage start and end"}
-    assert result.mfu == pytest.approx(result.tok_per_s * _model().flops_per_token() / 3e9)
+    assert result.peak == {"flops_per_s": 3e13, "source": "measured float32 matmul, best of stage start and end"}
+    assert result.mfu == pytest.approx(result.tok_per_s * _model().flops_per_token() / 3e13)
     monkeypatch.undo()
-    declared = _fit(_model(), _cfg(num_steps=2, checkpoint_every_steps=0, peak_flops=5e9), tmp_path / "b")
-    assert declared.peak == {"flops_per_s": 5e9, "source": "declared in params"}
+    declared = _fit(_model(), _cfg(num_steps=2, checkpoint_every_steps=0, peak_flops=5e13), tmp_path / "b")
+    assert declared.peak == {"flops_per_s": 5e13, "source": "declared in params"}
+
+
+def test_mfu_over_100_percent_is_withheld_not_printed(monkeypatch, tmp_path, caplog) -> None:
+    """A peak measured while other work held the cores can be below what the model then reaches
+    (progress lines read `mfu 131.1%`): from the first such step the line says `mfu n/a`, one
+    warning says why, and the result carries no MFU when even the end's measurement is too low."""
+    monkeypatch.setattr(lockstep.train.trainer, "peak_flops", lambda rt, declared: (1.0, "measured float32 matmul"))
+    monkeypatch.setattr(lockstep.train.trainer, "measure_matmul_peak_flops", lambda device, dtype: 2.0)
+    caplog.set_level(logging.INFO, logger="lockstep.train")
+    result = _fit(_model(), _cfg(num_steps=3, checkpoint_every_steps=0), tmp_path / "a")
+    progress = [m for m in caplog.messages if "tok/s" in m and "| eta " in m]
+    assert len(progress) == 3 and all("mfu n/a" in m for m in progress) and not any("%" in m for m in progress)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    warnings = [m for m in warnings if "MFU not shown" in m]
+    assert len(warnings) == 1 and "other work held the cores" in warnings[0]
+    assert math.isnan(result.mfu)
+    assert result.peak["source"].endswith("MFU withheld: the run's mean rate is above this peak")
+
+
+def test_mfu_under_the_peak_is_printed(monkeypatch, tmp_path, caplog) -> None:
+    monkeypatch.setattr(lockstep.train.trainer, "peak_flops", lambda rt, declared: (1e15, "measured float32 matmul"))
+    monkeypatch.setattr(lockstep.train.trainer, "measure_matmul_peak_flops", lambda device, dtype: 1e15)
+    caplog.set_level(logging.INFO, logger="lockstep.train")
+    result = _fit(_model(), _cfg(num_steps=2, checkpoint_every_steps=0), tmp_path / "a")
+    progress = [m for m in caplog.messages if "tok/s" in m and "| eta " in m]
+    assert progress and all(re.search(r"mfu \d+\.\d%", m) for m in progress)
+    assert 0 < result.mfu < 1 and not any("MFU not shown" in m for m in caplog.messages)

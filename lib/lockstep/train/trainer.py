@@ -365,6 +365,12 @@ class TrainResult:
     peak: dict[str, Any]
 
 
+_PEAK_TOO_LOW_WHY = {
+    "measured": " (other work held the cores while it was measured; the stage's end measures it again)",
+    "declared": " (raise the peak_flops setting to this device's real peak, or set it to 0 to measure it)",
+}
+
+
 def _fmt_count(x: float) -> str:
     for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= div:
@@ -468,6 +474,7 @@ class Trainer:
         self.guard = NonFiniteGuard(cfg.nonfinite_patience, keys=f"{params_section}." if params_section else "",
                                     announce=rt.is_main)
         self.peak, self.peak_why = peak_flops(rt, declared=cfg.peak_flops)
+        self.mfu_withheld = False  # a step ran above the peak: the peak is wrong, MFU is not shown
         self._eager_loss, self._compiled_loss = self._loss_sum(loss)
         model.train()
         self.step_count = 0  # optimizer steps completed, resumed ones included
@@ -612,12 +619,23 @@ class Trainer:
         mfu = self.flops_per_token * tok_s / (self.peak * self.rt.world_size)
         lr_now = self.optimizers[-1].param_groups[0]["lr"]
         fields = [f"loss {train_loss:.4f}", f"lr {lr_now:.3g}", f"dt {dt * 1e3:.0f}ms", f"tok/s {_fmt_count(tok_s)}",
-                  f"mfu {100 * mfu:.1f}%"]
+                  self._mfu_field(step, mfu)]
         log.info(
             "%s", progress_line(step, self.total_steps, fields, eta=eta_text(self.dts or [dt], self.total_steps - step))
         )
         self._record({"step": step, "train_loss": train_loss, "lr_mult": mult})
         self.rates.append((step, tok_s))
+
+    def _mfu_field(self, step: int, mfu: float) -> str:
+        """The progress line's MFU, or `mfu n/a` once a step has run above 100% of the peak: the
+        peak is then wrong (measured while other work held the cores, or declared too low), and
+        so is every figure divided by it. One warning says so."""
+        if mfu > 1.0 and not self.mfu_withheld:
+            self.mfu_withheld = True
+            log.warning("MFU not shown from step %d: it ran at %.3g FLOP/s per device, above the %.3g FLOP/s peak "
+                        "(%s) MFU divides by, so that peak is too low%s", step, mfu * self.peak, self.peak,
+                        self.peak_why, _PEAK_TOO_LOW_WHY.get(self.peak_why.split(" ", 1)[0], ""))
+        return "mfu n/a" if self.mfu_withheld else f"mfu {100 * mfu:.1f}%"
 
     def _record(self, row: dict[str, float]) -> None:
         self.series.append(row)
@@ -753,6 +771,9 @@ class Trainer:
             self.peak = max(self.peak, measure_matmul_peak_flops(self.rt.device, self.rt.dtype))
             self.peak_why += ", best of stage start and end"
         mfu = self.flops_per_token * tok_per_s / (self.peak * self.rt.world_size)
+        if mfu > 1.0:  # still above the peak: no trustworthy figure to give
+            mfu = float("nan")
+            self.peak_why += "; MFU withheld: the run's mean rate is above this peak"
         return TrainResult(step=step, total_steps=self.total_steps, losses=self.losses, final_eval=self.last_eval,
                            samples=samples, checkpoint=checkpoint, resumed_from=self.start_step, tokens=tokens,
                            flops=float(self.flops_per_token) * tokens, tok_per_s=tok_per_s, mfu=mfu,
