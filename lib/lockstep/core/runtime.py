@@ -5,6 +5,7 @@ determinism settings and peak-FLOPs. Knows nothing about models, data or trainin
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import platform
 import re
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from lockstep.core.config import ConfigError, FieldError
-from lockstep.core.openmp import wait_policy
+from lockstep.core.openmp import torch_read_the_default, wait_policy
 
 # Dense bf16 tensor-core peaks from the vendors' datasheets (no sparsity), FLOP/s per device.
 _DECLARED_BF16_PEAK_FLOPS = (
@@ -323,6 +324,8 @@ def init_runtime(cfg: RuntimeConfig) -> Runtime:
         reason += "; large CPU blocks reused from the heap (glibc mallopt), not re-mapped every step"
     if dev.type == "cpu":
         reason += f"; OpenMP wait policy {wait_policy()}"
+        if torch_read_the_default() and rank == 0:
+            logging.getLogger("lockstep.runtime").warning("OpenMP wait policy %s", wait_policy())
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world_size > 1 and not dist.is_initialized():
