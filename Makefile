@@ -4,7 +4,7 @@
 PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
-# Stage commands call `python`: make it the project's interpreter.
+# Stage commands call `python3`: make it the project's interpreter.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: setup repro test

@@ -102,8 +102,8 @@ def test_check_names_missing_and_extra_files_and_write_fixes_them(tmp_path: Path
 
 def test_a_stage_without_a_stage_module_is_refused(tmp_path: Path) -> None:
     dvc_yaml = _copy_dag(tmp_path)
-    dvc_yaml.write_text(dvc_yaml.read_text().replace("python -m stages.report", "bash make_report.sh", 1))
-    with pytest.raises(DepsError, match="report.*python -m stages.NAME"):
+    dvc_yaml.write_text(dvc_yaml.read_text().replace("python3 -m stages.report", "bash make_report.sh", 1))
+    with pytest.raises(DepsError, match="report.*python3 -m stages.NAME"):
         problems(dvc_yaml)
 
 

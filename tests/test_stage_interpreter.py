@@ -1,5 +1,5 @@
-"""A stage run by a `python` that is not the project's: `.venv/bin/dvc repro` from a shell without
-the venv active runs dvc.yaml's `python -m stages.X` on the first `python` on PATH. stages/__init__.py
+"""A stage run by a `python3` that is not the project's: `.venv/bin/dvc repro` from a shell without
+the venv active runs dvc.yaml's `python3 -m stages.X` on the first `python3` on PATH. stages/__init__.py
 runs the stage again with the project's .venv/bin/python, the same arguments; without one (or with
 one that lacks the packages too) it ends with one error line that says what to activate."""
 
@@ -64,3 +64,24 @@ def test_a_project_python_without_the_packages_ends_instead_of_looping(tmp_path,
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith("note: ") and lines[1].startswith("error: "), proc.stderr
+
+
+def test_dvc_yaml_runs_python3_which_a_system_without_python_has(tmp_path, bare_python):
+    """Debian, Ubuntu and macOS have `python3` and no `python`: every stage command starts with
+    `python3`, and from a PATH whose only interpreter is a system-like `python3`, the command as
+    dvc.yaml writes it (through the shell, as DVC runs it) reaches the project's interpreter."""
+    cmds = [line.split("cmd:", 1)[1].strip() for line in (ROOT / "dvc.yaml").read_text().splitlines()
+            if line.strip().startswith("cmd:")]
+    assert cmds and all(cmd.startswith("python3 -m stages.") for cmd in cmds), cmds
+    only_python3 = tmp_path / "bin"
+    only_python3.mkdir()
+    (only_python3 / "python3").symlink_to(bare_python)
+    project = _project(tmp_path / "project", Path(sys.prefix))
+    env = {**os.environ, "PATH": str(only_python3)}
+    env.pop("LOCKSTEP_STAGE_RERUN", None)
+    assert shutil.which("python", path=env["PATH"]) is None
+    proc = subprocess.run(["/bin/sh", "-c", "python3 -m stages.report --help"], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: python -m stages.report")
+    assert proc.stderr.startswith(f"note: {only_python3 / 'python3'} (first `python3` on PATH) cannot import")

@@ -15,7 +15,7 @@ import yaml
 
 from lockstep.core.codeid import module_files
 
-_ENTRY = re.compile(r"python -m (stages\.\w+)")
+_ENTRY = re.compile(r"python3? -m (stages\.\w+)")
 _STAGE_LINE = re.compile(r"^  ([A-Za-z_][\w-]*):\s*(#.*)?$")
 _DEPS_LINE = re.compile(r"^(\s+)deps:\s*(#.*)?$")
 
@@ -67,7 +67,7 @@ def stage_deps(dvc_yaml: Path) -> list[StageDeps]:
         body = stage.get("do", stage)
         m = _ENTRY.search(str(body.get("cmd", "")))
         if not m:
-            raise DepsError(f"{dvc_yaml}: stage {name!r} does not run `python -m stages.NAME`; "
+            raise DepsError(f"{dvc_yaml}: stage {name!r} does not run `python3 -m stages.NAME`; "
                             "every stage's command must, so that its code deps can be derived")
         files = module_files(m.group(1), roots)
         expected = {f.relative_to(root).as_posix() for f in files}
