@@ -122,6 +122,8 @@ def parse_training_args(stage: str, argv: list[str] | None, *, init: bool, descr
     )
     p.add_argument("--plots", type=Path, required=True, help=f"per-step series folder (data/plots/{stage})")
     p.add_argument("--runs", type=Path, required=True, help="git-ignored folder for intermediate checkpoints")
+    p.add_argument("--live", type=Path, default=None,
+                   help=f"the latest step's values while it runs, for DVC's tools (data/live/{stage}.json)")
     add_params_option(p)
     if init:
         p.add_argument("--init", type=Path, required=True, help="checkpoint to start from")

@@ -24,7 +24,8 @@ def main(stage: str, config: type[TrainConfig], argv: list[str] | None, *, descr
     if isinstance(rt, int):  # ran under torchrun: its exit status
         return rt
     paths = TrainStagePaths(cache=args.cache, tokenizer=args.tokenizer, out=args.out, metrics=args.metrics,
-                            runinfo=args.runinfo, plots=args.plots, runs=args.runs, init=args.init)
+                            runinfo=args.runinfo, plots=args.plots, runs=args.runs, init=args.init,
+                            live=args.live)
     run_training_stage(stage, cfg=cfg, paths=paths, rt=rt, seed=pre.seed, data_seed=pre.data_seed,
                        runtime_config=rt_cfg, code_revision=code_revision(module), started_s=pre.started_s)
     shutdown(rt)

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(rt, int):  # ran under torchrun: its exit status
         return rt
     paths = TrainStagePaths(cache=args.cache, tokenizer=args.tokenizer, out=args.out, metrics=args.metrics,
-                            runinfo=args.runinfo, plots=args.plots, runs=args.runs)
+                            runinfo=args.runinfo, plots=args.plots, runs=args.runs, live=args.live)
     run_training_stage(
         "pretrain",
         cfg=cfg,

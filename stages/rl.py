@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--plots", type=Path, required=True, help="per-step series folder (data/plots/rl)")
     ap.add_argument("--cache", type=Path, default=None, help="token caches folder (data/cache): rl.anchor's SFT caches")
+    ap.add_argument("--live", type=Path, default=None,
+                    help="the latest step's values while it runs, for DVC's tools (data/live/rl.json)")
     add_params_option(ap)
     args = ap.parse_args(argv)
     pre = preamble("rl", args.params)
@@ -33,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     rt = start_runtime(pre, pre.section("runtime", RuntimeConfig), module=None, argv=argv)
     assert not isinstance(rt, int)  # a single-process stage is never re-run under torchrun
     paths = RLStagePaths(init=args.init, raw=args.raw, tokenizer=args.tokenizer, out=args.out, metrics=args.metrics,
-                         runinfo=args.runinfo, plots=args.plots, cache=args.cache)
+                         runinfo=args.runinfo, plots=args.plots, cache=args.cache,
+                         live=args.live)
     run_rl_stage(cfg=cfg, paths=paths, rt=rt, seed=pre.seed, code_revision=code_revision("stages.rl"),
                  started_s=pre.started_s)
     return 0

@@ -312,6 +312,20 @@ def test_files_sharing_a_stem_are_named_by_their_path(sweep):
     assert "metrics/eval.chat.synth_math.accuracy" in names and "more/eval.loss.final" in names
 
 
+def test_live_progress_files_are_left_out(sweep):
+    """data/live/<stage>.json (the training stages' latest step, for DVC's tools while
+    they run) repeats what the stage's own metrics say: neither a row nor a note of its own."""
+    data = copy.deepcopy(sweep)
+    for state in _states(data).values():
+        metrics = (state.get("data") or {}).get("metrics")
+        if metrics:
+            metrics["data/live/pretrain.json"] = {"data": {"step": 3, "train_loss": 1.5}}
+            metrics["data/live/rl.json"] = {"error": {"type": "FileNotFoundError", "msg": "not yet"}}
+    plain = summarize(sweep)
+    s = summarize(data)
+    assert [r.metric for r in s.rows] == [r.metric for r in plain.rows] and s.notes == plain.notes
+
+
 def test_malformed_input_is_refused_with_how_to_fix(tmp_path, sweep):
     bad = tmp_path / "show.json"
     bad.write_text("ERROR: something\n")

@@ -42,7 +42,7 @@ def _args(root: Path) -> list[str]:
     return ["--init", str(root / "sft"), "--raw", str(root / "raw"), "--tokenizer", str(root / "tokenizer"),
             "--out", str(root / "rl"), "--metrics", str(root / "metrics/rl.json"),
             "--runinfo", str(root / "runinfo/rl.json"), "--plots", str(root / "plots/rl"),
-            "--params", str(root / "params.yaml")]
+            "--live", str(root / "live/rl.json"), "--params", str(root / "params.yaml")]
 
 
 def test_nan_loss_publishes_nothing(
@@ -106,14 +106,17 @@ def test_outputs_and_series_repeat_byte_for_byte(
     for run in ("a", "b"):
         args = _args(root)
         for flag, value in (("--out", root / f"rl_{run}"), ("--plots", root / f"plots/rl_{run}"),
-                            ("--metrics", root / f"metrics/rl_{run}.json"),
+                            ("--metrics", root / f"metrics/rl_{run}.json"), ("--live", root / f"live/rl_{run}.json"),
                             ("--runinfo", root / f"runinfo/rl_{run}.json")):
             args[args.index(flag) + 1] = str(value)
         assert rl.main(args) == 0
         outs[run] = {
             p.name: p.read_bytes() for d in (root / f"rl_{run}", root / f"plots/rl_{run}") for p in d.iterdir()
         }
+        outs[run]["live"] = (root / f"live/rl_{run}.json").read_bytes()
     assert outs["a"] == outs["b"]
+    live = json.loads(outs["a"]["live"])  # the latest values DVC's tools showed as it ran
+    assert live["step"] == 2 and {"reward", "loss", "val_pass@1", "val_greedy"} <= set(live)
     assert outs["a"]["train.tsv"].decode().splitlines()[0] == "step\treward\tcompletion_len\tloss"
     val = outs["a"]["val.tsv"].decode().splitlines()
     assert val[0] == "step\tval_pass@1\tval_greedy\tval_completion_len"  # pass_k=1: pass@1 once
@@ -247,4 +250,5 @@ def test_a_full_disk_at_the_checkpoint_publishes_nothing_and_ends_with_one_error
         f"error: no space left to publish {root / 'rl'} (No space left on device); no output was half written "
         f"(RL keeps no intermediate checkpoints). Free space on the disk holding {root}, or point {root} at a disk "
         f"with room (a symlink will do), and run the stage again: it trains from {root / 'sft'}")
-    assert sorted(p.name for p in root.iterdir()) == ["params.yaml", "raw", "sft", "tokenizer"]  # no .rl.partial
+    # No .rl.partial; the live progress stays as the stage left it (DVC clears it before a rerun).
+    assert sorted(p.name for p in root.iterdir() if p.name != "live") == ["params.yaml", "raw", "sft", "tokenizer"]

@@ -57,7 +57,7 @@ def workspace(tmp_path_factory) -> Path:
 def _args(root: Path, stage: str, out: str, runs: str = "runs") -> list[str]:
     args = ["--cache", str(root / "cache"), "--tokenizer", str(root / "tokenizer"), "--out", str(root / out),
             "--metrics", str(root / f"metrics/{out}.json"), "--runinfo", str(root / f"runinfo/{out}.json"),
-            "--plots", str(root / f"plots/{out}"),
+            "--plots", str(root / f"plots/{out}"), "--live", str(root / f"live/{out}.json"),
             "--runs", str(root / runs), "--params", str(root / "params.yaml")]
     if stage == "midtrain":
         args += ["--init", str(root / "pretrain")]
@@ -93,6 +93,11 @@ def test_stage_chain(workspace: Path, repo_root: Path, monkeypatch: pytest.Monke
         train_rows = (root / f"plots/{stage}/train.tsv").read_text().splitlines()
         assert train_rows[0] == "step\ttrain_loss\tlr_mult" and len(train_rows) == 1 + ck.step
         assert (root / f"plots/{stage}/val.tsv").read_text().splitlines()[0] == "step\tval_bpb"
+        # What DVC's tools read while it ran: the latest step's values, the series' last ones.
+        live = json.loads((root / f"live/{stage}.json").read_text())
+        last = dict(zip(train_rows[0].split("\t"), train_rows[-1].split("\t")))
+        assert live["step"] == ck.step and live["train_loss"] == float(last["train_loss"])
+        assert live["val_bpb"] == m["val_bpb"] and set(live) == {"step", "train_loss", "lr_mult", "val_bpb"}
     assert (
         load_checkpoint(root / "pretrain").meta["tokenizer_sha256"]
         == load_checkpoint(root / "sft").meta["tokenizer_sha256"]
@@ -108,6 +113,7 @@ def test_stage_chain(workspace: Path, repo_root: Path, monkeypatch: pytest.Monke
             name
         )
     assert (root / "metrics/pretrain.json").read_bytes() == (root / "metrics/pretrain_again.json").read_bytes()
+    assert (root / "live/pretrain.json").read_bytes() == (root / "live/pretrain_again.json").read_bytes()
     # Re-running a finished run resumes at its last step: nothing retrained, same output.
     assert pretrain.main(_args(root, "pretrain", "pretrain_third", runs="runs2")) == 0
     third = json.loads((root / "runinfo/pretrain_third.json").read_text())

@@ -7,6 +7,7 @@ Throughput and MFU go to the logs and the metrics JSON instead."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -43,10 +44,16 @@ class SeriesWriter:
     columns besides `step`), header first, rows in the order added. A row is a mapping with an
     integer `step` and values for columns of one file; its file is the one declaring them.
     Undeclared or timed columns are refused, as is a step that does not increase within a file.
-    Nothing is written before `write`, which replaces each file atomically."""
+    `write` replaces each file atomically. With `flush_every_s`, `add` also writes the files when
+    that long has passed since the last write, so that `dvc plots show` draws a running stage's
+    progress; without it nothing is written before `write`. The files' final bytes are the same
+    either way."""
 
-    def __init__(self, folder: Path, columns: Mapping[str, Sequence[str]]) -> None:
+    def __init__(self, folder: Path, columns: Mapping[str, Sequence[str]], *,
+                 flush_every_s: float | None = None) -> None:
         self.folder = Path(folder)
+        self.flush_every_s = flush_every_s
+        self._flushed_at = time.monotonic()
         self.columns = {name: tuple(cols) for name, cols in columns.items()}
         self._file_of: dict[str, str] = {}
         for name, cols in self.columns.items():
@@ -81,9 +88,12 @@ class SeriesWriter:
         if rows and step <= rows[-1][0]:
             raise SeriesError(f"{name}{SUFFIX}: step {step} after step {rows[-1][0]}; steps must increase")
         rows.append((step, {k: row[k] for k in keys}))
+        if self.flush_every_s is not None and time.monotonic() - self._flushed_at >= self.flush_every_s:
+            self.write()
 
     def write(self) -> list[Path]:
         """Write every declared file (a file without rows gets its header) and return the paths."""
+        self._flushed_at = time.monotonic()
         paths = []
         for name, cols in self.columns.items():
             path = self.folder / f"{name}{SUFFIX}"

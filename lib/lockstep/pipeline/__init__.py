@@ -6,6 +6,7 @@ from its module here alone. Nothing here reads params.yaml or argv (the stages d
 - `tokenizer`: the tokenizer stage: training text from the snapshots, a tokenizer trained and saved
 - `cache`: `cache@<name>`: a raw snapshot and the tokenizer to a published token cache
 - `train`: pretrain, midtrain and SFT around the Trainer: mixtures, model, run folder, outputs
+- `live`: a training stage's latest step for DVC's tools while it runs (data/live/<stage>.json)
 - `rl`: the rl stage: SFT checkpoint and problems in; RL checkpoint, metrics, series and run facts out
 - `eval`: `eval@<stage>`: bits per byte, CORE and chat tasks; metrics and per-item records
 - `report`: the report card (markdown and PNG charts) from metrics, run facts, eval records and series

@@ -24,6 +24,7 @@ from lockstep.data.loaders import Mixture, open_sft_dataset
 from lockstep.data.snapshot import SnapshotError, iter_records, read_meta
 from lockstep.infer.engine import decode_settings
 from lockstep.model import checkpoint as ckpt
+from lockstep.pipeline.live import FLUSH_EVERY_S, LiveMetrics, each
 from lockstep.rl.config import RLConfig
 from lockstep.rl.trainer import RLResult, RLTrainer, series_columns
 from lockstep.tokenizer import TokenizerFileError, load_tokenizer
@@ -50,6 +51,7 @@ class RLStagePaths:
     runinfo: Path  # the run facts JSON: timings, device, commit, what decides the numerics
     plots: Path  # per-step series
     cache: Path | None = None  # token caches root (data/cache): rl.anchor's SFT caches are under sft/
+    live: Path | None = None  # the latest step's values for DVC's tools while the stage runs (data/live/<stage>.json)
 
 
 def rl_metrics(result: RLResult, cfg: RLConfig, n_problems: int) -> dict[str, Any]:
@@ -134,11 +136,12 @@ def run_rl_stage(*, cfg: RLConfig, paths: RLStagePaths, rt: Runtime, seed: int,
 
     anchor = anchor_loader(cfg, paths.cache, seq_len=model.config.sequence_len, device=rt.device,
                            pad_id=tok.get_bos_token_id(), tokenizer_sha256=tok.sha256)
-    series = SeriesWriter(paths.plots, series_columns(cfg))
+    series = SeriesWriter(paths.plots, series_columns(cfg), flush_every_s=FLUSH_EVERY_S)
+    live = LiveMetrics(paths.live) if paths.live is not None else None
     t0 = time.perf_counter()
     try:
         trainer = RLTrainer(model, tok, cfg, train_problems=train_problems, val_problems=val_problems, device=rt.device,
-                            seed=seed, autocast=rt.autocast(), on_step=series.add,
+                            seed=seed, autocast=rt.autocast(), on_step=each(series.add, live.add if live else None),
                             decode=decode_settings(rt.device, rt.dtype, rt.kernels, rt.compile),
                             mixture_problems=mixture_problems, anchor=anchor)
         result = trainer.fit()

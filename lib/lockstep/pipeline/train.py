@@ -33,6 +33,7 @@ from lockstep.data.records import user_prompt
 from lockstep.model import checkpoint as ckpt
 from lockstep.model.embeddings import EMBEDDINGS
 from lockstep.model.gpt import GPT, GPTConfig
+from lockstep.pipeline.live import FLUSH_EVERY_S, LiveMetrics, each
 from lockstep.tokenizer import NoPrefixTreeError, Tokenizer, TokenizerFileError, load_tokenizer
 from lockstep.tokenizer.base import TOKEN_STRUCTURES
 from lockstep.train import objectives, resume
@@ -83,6 +84,7 @@ class TrainStagePaths:
     plots: Path  # per-step series and the first-batch parity artifact
     runs: Path  # git-ignored run folders holding the intermediate checkpoints
     init: Path | None = None  # the checkpoint to start from; None for a fresh model (pretrain)
+    live: Path | None = None  # the latest step's values for DVC's tools while the stage runs (data/live/<stage>.json)
 
 
 class AllTargets:
@@ -317,7 +319,8 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
                                outcome="the run keeps its last complete checkpoint, if any, and nothing was published",
                                rerun="run the stage again: it resumes from that checkpoint")
     with resume.hold_run_dir(run_dir, rt), training_room:
-        series = SeriesWriter(paths.plots, SERIES_COLUMNS) if rt.is_main else None
+        series = SeriesWriter(paths.plots, SERIES_COLUMNS, flush_every_s=FLUSH_EVERY_S) if rt.is_main else None
+        live = LiveMetrics(paths.live) if rt.is_main and paths.live is not None else None
         if rt.is_main:
             # Parity artifact: the first micro-batch exactly as step 0 draws it (data order is stateless).
             first = train_data.get_batch(B=cfg.device_batch_rows, generator=batch_generator(seed, 0, 0))
@@ -327,7 +330,8 @@ def run_training_stage(stage: str, *, cfg: TrainConfig, paths: TrainStagePaths, 
             trainer = Trainer(model, cfg, rt, data=train_data, seed=seed, loss=loss,
                               validation=Validation(val_data, token_bytes, seed=data_seed),
                               samples=Samples(sample_prompts(stage, tok), tok.decode),
-                              on_step=series.add if series is not None else None, params_section=stage)
+                              on_step=each(series.add if series else None, live.add if live else None),
+                              params_section=stage)
             result = trainer.fit(run_dir, meta)
         except KeyboardInterrupt:
             raise KeyboardInterrupt(resume_note(stage, run_dir)) from None

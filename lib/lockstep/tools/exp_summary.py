@@ -47,6 +47,7 @@ from lockstep.core.stats import mean_std, seed_difference
 WORKSPACE = "workspace"
 PARAMS_FILE = "params.yaml"  # DVC's default params file: its keys are named bare, others' FILE:KEY
 COUNT_SUFFIX = ".n"
+LIVE_METRICS = "data/live/"  # the training stages' live progress files (lockstep.pipeline.live): left out
 PENDING_STATES = ("queued", "running")
 UNSET = "(unset)"  # a param one configuration has and another lacks
 WITHIN_SPREAD = "within seed noise: |difference| < seed-to-seed spread (the larger std of the two groups)"
@@ -266,9 +267,15 @@ def _metric_prefixes(paths: set[str]) -> dict[str, str]:
             for stem, ps in stems.items() for p in ps}
 
 
+def _metric_files(entry: _Entry) -> dict[str, Any]:
+    """The entry's metrics files but the live progress ones (data/live/: the latest training step,
+    which the stage's own metrics file summarises)."""
+    metrics = (entry.exp.get("data") or {}).get("metrics") or {}
+    return {path: result for path, result in metrics.items() if not path.startswith(LIVE_METRICS)}
+
+
 def _readable_metric_files(entry: _Entry) -> dict[str, Any]:
-    data = entry.exp.get("data") or {}
-    return {path: result["data"] for path, result in (data.get("metrics") or {}).items()
+    return {path: result["data"] for path, result in _metric_files(entry).items()
             if isinstance(result, Mapping) and "data" in result}
 
 
@@ -289,7 +296,6 @@ def _run_of(entry: _Entry, seed_key: str, prefixes: Mapping[str, str]) -> tuple[
         # A failed queued experiment still carries metrics files: the ones it started from.
         why = error.get("msg") if isinstance(error, Mapping) else None
         return Skipped(entry.name, f"failed{f': {why}' if why else ''}"), []
-    data = entry.exp.get("data") or {}
     params = _params_of(entry)
     seed = params.pop(seed_key, None)
     metrics: dict[str, float] = {}
@@ -305,7 +311,7 @@ def _run_of(entry: _Entry, seed_key: str, prefixes: Mapping[str, str]) -> tuple[
             if _is_number(count):
                 items[name] = count
     unreadable = [f"{path} ({(result.get('error') or {}).get('type') or 'unreadable'})"
-                  for path, result in (data.get("metrics") or {}).items()
+                  for path, result in _metric_files(entry).items()
                   if isinstance(result, Mapping) and "data" not in result]
     if not metrics:
         found = f": {', '.join(unreadable)}" if unreadable else ""
