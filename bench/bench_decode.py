@@ -10,8 +10,19 @@ over the whole sequence for every new token). Runs alternate the sides. Random w
 test, not a quality measure. On a CPU other processes share, pass --threads 1: at 2 threads under
 a load of 3 every op ran ~10x slower, the compiled step's OpenMP kernels worst.
 
+With `--nanochat PATH` (a nanochat checkout at bench_gpu.NANOCHAT_COMMIT) it compares instead:
+nanochat's Engine.generate against lockstep's engine paths at one shape and sampling setting
+(default d4-32k, temperature 1, top-k 50), each dtype of --dtypes in a subprocess of its own
+(nanochat fixes its compute dtype when nanochat.common is imported, from NANOCHAT_DTYPE), the
+sides alternating within it, and prints each path's tok/s and its paired-median ratio to
+nanochat's per batch size and dtype. Both models are random-weight models of the same shape, built
+by each project's own init (the architectures differ: nanochat's has value embeddings and more);
+the stand-in tokenizer puts the special ids past the vocabulary, so no row stops early and every
+run decodes --new tokens per row.
+
     .venv/bin/python bench/bench_decode.py                      # CPU: tiny and d4-32k, fp32 and bf16
     .venv/bin/python bench/bench_decode.py --device cuda --shapes d12 --dtype bf16
+    .venv/bin/python bench/bench_decode.py --nanochat ../nanochat --threads 2   # against nanochat, CPU
 """
 
 from __future__ import annotations
@@ -19,7 +30,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -86,6 +101,133 @@ def run_once_no_cache(model: GPT, prompt: list[int], batch: int, new_tokens: int
     return t1 - t0, (new_tokens - 1) * batch / max(t2 - t1, 1e-9), new_tokens
 
 
+class NanochatIds(IdsOnly):
+    """IdsOnly with nanochat's tokenizer methods (it asks for <|bos|> by name of its own)."""
+
+    def get_bos_token_id(self) -> int:
+        return self.encode_special("<|bos|>")
+
+
+def unreachable_ids(vocab_size: int) -> NanochatIds:
+    """A stand-in tokenizer whose special ids lie past the vocabulary: no model ever samples a stop
+    token or a tool call from it, so every run is --new tokens long on both engines."""
+    return NanochatIds(vocab_size + len(SPECIAL_TOKENS))
+
+
+def timed(steps, batch: int) -> tuple[float, float, int]:
+    """(time to first column s, tok/s after it, columns) of a generator of token columns."""
+    t0 = time.perf_counter()
+    next(steps)
+    t1 = time.perf_counter()
+    n = 1
+    for _ in steps:
+        n += 1
+    t2 = time.perf_counter()
+    return t1 - t0, (n - 1) * batch / max(t2 - t1, 1e-9), n
+
+
+def compare_child(args: argparse.Namespace) -> None:
+    """One dtype of the nanochat comparison, in a process whose NANOCHAT_DTYPE the parent set."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_gpu import import_nanochat, nanochat_model
+
+    import_nanochat("bench_decode.py --nanochat", compile_on=False)
+    from nanochat.common import COMPUTE_DTYPE
+    from nanochat.engine import Engine as NanochatEngine
+
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    if COMPUTE_DTYPE != dtype:
+        raise SystemExit(f"nanochat computes in {COMPUTE_DTYPE}, not {dtype}: NANOCHAT_DTYPE was not passed down")
+    depth, vocab, seq = SHAPES[args.shapes]
+    torch.manual_seed(0)
+    nc_model = nanochat_model(depth, vocab, seq, "L").eval()  # fp32 weights cast per matmul, as its CPU load does
+    config = GPTConfig.from_depth(depth, vocab_size=vocab, sequence_len=seq)
+    ls_model = GPT.build(config, torch.device("cpu"), dtype=dtype).use_kernels(True).eval()
+    tok = unreachable_ids(vocab)
+    nanochat = NanochatEngine(nc_model, tok)
+    engines: dict[str, Engine] = {"engine": Engine(ls_model, tok), "static": Engine(ls_model, tok, fast=True)}
+    if args.compiled:
+        engines["compiled"] = Engine(ls_model, tok, fast=True, compile_step=True)
+    top_k = args.top_k or None
+    prompt = torch.randint(0, 256, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist()
+    print(
+        f"{args.dtype}: nanochat {sum(p.numel() for p in nc_model.parameters()) / 1e6:.1f}M params, lockstep "
+        f"{sum(p.numel() for p in ls_model.parameters()) / 1e6:.1f}M; load (1 min) {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    for batch in (int(b) for b in args.batches.split(",")):
+
+        def nanochat_side(n: int = args.new) -> tuple[float, float, int]:
+            return timed(
+                nanochat.generate(
+                    prompt, num_samples=batch, max_tokens=n, temperature=args.temperature, top_k=top_k, seed=0
+                ),
+                batch,
+            )
+
+        def lockstep_side(engine: Engine) -> Callable[..., tuple[float, float, int]]:
+            def side(n: int = args.new) -> tuple[float, float, int]:
+                return timed(
+                    engine.generate(
+                        prompt,
+                        num_samples=batch,
+                        max_tokens=n,
+                        temperature=args.temperature,
+                        top_k=top_k,
+                        seed=0,
+                        use_tools=False,
+                    ),
+                    batch,
+                )
+
+            return side
+
+        sides = {"nanochat": nanochat_side, **{name: lockstep_side(e) for name, e in engines.items()}}
+        for side in sides.values():  # warm-up at the measured length (the compiled step compiles here)
+            side()
+        runs: dict[str, list[tuple[float, float, int]]] = {name: [] for name in sides}
+        for _ in range(args.reps):  # alternating, so a change in the machine's load hits every side
+            for name, side in sides.items():
+                runs[name].append(side())
+        for name, rs in runs.items():
+            if any(r[2] != args.new for r in rs):
+                raise SystemExit(f"{name} decoded {[r[2] for r in rs]} columns, not {args.new}: a row stopped early")
+        nc = runs["nanochat"]
+        parts = [f"nanochat {statistics.median(r[1] for r in nc):6.0f} tok/s"]
+        for name, rs in runs.items():
+            if name != "nanochat":
+                ratio = statistics.median(s[1] / b[1] for s, b in zip(rs, nc, strict=True))
+                parts.append(f"{name} {statistics.median(r[1] for r in rs):6.0f} ({ratio:4.2f}x)")
+        print(f"{args.shapes} {args.dtype} batch {batch}: " + " | ".join(parts), flush=True)
+
+
+def compare(args: argparse.Namespace) -> None:
+    """The nanochat comparison: one subprocess per dtype (see the module docstring)."""
+    root = Path(args.nanochat).expanduser().resolve()
+    if not (root / "nanochat" / "engine.py").is_file():
+        raise SystemExit(
+            f"--nanochat {args.nanochat} holds no nanochat/engine.py: pass a nanochat checkout "
+            "(git clone https://github.com/karpathy/nanochat)"
+        )
+    if args.device != "cpu" or "," in args.shapes or args.shapes not in SHAPES:
+        raise SystemExit(
+            f"--nanochat compares on the CPU at one shape of {', '.join(SHAPES)} "
+            f"(got --device {args.device} --shapes {args.shapes})"
+        )
+    print(
+        f"nanochat {root} against lockstep, {args.shapes}, prompt {args.prompt} + {args.new} new tokens, "
+        f"temperature {args.temperature}, top-k {args.top_k}, median of {args.reps}; ratios are paired medians "
+        f"against nanochat; load average (1 min) at start {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs",
+        flush=True,
+    )
+    passed = list(sys.argv[1:])
+    for dt in args.dtypes.split(","):
+        env = dict(os.environ, NANOCHAT_ROOT=str(root), NANOCHAT_DTYPE={"bf16": "bfloat16", "fp32": "float32"}[dt])
+        cmd = [sys.executable, __file__, *passed, "--compare-child", "--dtype", dt]
+        if subprocess.run(cmd, env=env).returncode:
+            raise SystemExit(f"the {dt} comparison failed (its error is above)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -100,9 +242,20 @@ def main() -> None:
                     help="also time greedy decoding without a cache")
     ap.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=True,
                     help="also time the static path with its step compiled (compile_step)")
+    ap.add_argument("--nanochat", metavar="PATH", help="a nanochat checkout: compare against its Engine (CPU)")
+    ap.add_argument("--dtypes", default="bf16,fp32", help="with --nanochat: the dtypes compared, one process each")
+    ap.add_argument("--temperature", type=float, default=1.0, help="with --nanochat: the sampling temperature")
+    ap.add_argument("--top-k", type=int, default=50, help="with --nanochat: the top-k cut (0: none)")
+    ap.add_argument("--compare-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.nanochat and args.shapes == ap.get_default("shapes"):
+        args.shapes = "d4-32k"
+    if args.compare_child:
+        return compare_child(args)
+    if args.nanochat:
+        return compare(args)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     on_cpu = device.type == "cpu"
