@@ -24,6 +24,7 @@ import weakref
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from _tiny_model import randomize, tiny_gpt
@@ -229,13 +230,46 @@ def test_static_cache_decodes_an_fp32_model_in_bf16_with_its_latest_weights(tok)
     assert ref.generate_batch(prompt, max_tokens=20, temperature=0.0, use_tools=False) == want
 
 
+def test_static_cache_cpu_heads_follow_the_weights_and_give_the_reference_tokens(tok):
+    model = random_model(4)
+    assert isinstance(decode.cpu_decode_head(model, 1), decode.TransposedHead)  # fp32, one row
+    assert decode.cpu_decode_head(model, 3) is None  # fp32 rows: the model's own head
+    bf16 = bf16_copy(model)
+    assert decode.cpu_decode_head(bf16, 3) is F.linear and decode.cpu_decode_head(bf16, 1) is None
+    engine = Engine(model, tok, fast=True)
+    prompt = tok.encode("hello")
+    kw = dict(max_tokens=30, temperature=0.0, use_tools=False)
+    first = engine.generate_batch(prompt, **kw)
+    assert first == Engine(model, tok).generate_batch(prompt, **kw)
+    randomize(model, seed=78, scale=0.5)  # new weights in place: the step's transposed head is copied again
+    again = engine.generate_batch(prompt, **kw)
+    assert again == Engine(model, tok).generate_batch(prompt, **kw) and again != first
+    fast_bf16 = Engine(bf16, tok, fast=True).generate_batch(prompt, num_samples=3, **kw)  # F.linear's head
+    ref_bf16 = Engine(bf16, tok).generate_batch(prompt, num_samples=3, **kw)
+    assert sum(a == b for a, b in zip(fast_bf16[0][0], ref_bf16[0][0])) >= 20  # bf16: equal to rounding
+
+
 # -- the static cache itself ------------------------------------------------------------------------
 
 
-def test_static_cache_rows_at_their_own_positions_equal_full_forward(determinism):
+def test_static_cache_eager_cpu_step_attends_over_the_positions_reached():
+    model = random_model(2)
+    cache = StaticKVCache.for_model(model, 2, 64)
+    k = torch.zeros(2, model.config.n_kv_head, 1, model.config.head_dim)
+    cache.pos.copy_(torch.tensor([3, 6]))
+    keys, values, mask = cache.update(0, k, k)
+    assert keys.shape[2] == values.shape[2] == mask.shape[-1] == decode.ATTEND_STEP_TOKENS == 32
+    assert mask[0, 0, 0, :4].eq(0).all() and mask[0, 0, 0, 4:].eq(float("-inf")).all()
+    cache.pos.copy_(torch.tensor([3, 40]))  # one row past the first 32 positions: the whole buffer
+    keys, values, mask = cache.update(0, k, k)
+    assert keys is cache.keys[0] and values is cache.values[0] and mask.shape[-1] == 64
+
+
+@pytest.mark.parametrize("max_len", [32, 64], ids=["whole-buffer", "first-positions"])
+def test_static_cache_rows_at_their_own_positions_equal_full_forward(determinism, max_len):
     model = random_model(2)
     prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [20]]
-    cache = StaticKVCache.for_model(model, 3, 32)
+    cache = StaticKVCache.for_model(model, 3, max_len)
     with torch.no_grad():
         seqs = []
         for row, p in enumerate(prompts):

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lockstep.core import fastpath
 from lockstep.infer.sampling import is_greedy, nucleus_top_p
+from lockstep.model.ops import capped_logits
 
 # Cache lengths come in powers of two from this many positions up to the model's context, so the
 # steps (and their CUDA graphs) of requests of similar length are shared, while a short request
@@ -40,6 +42,12 @@ MAX_IDLE_STEPS = 6
 # Eager runs before a capture: the first call of some CUDA libraries initialises state (cuBLAS
 # handles and workspaces) that must not happen during capture; torch's own examples use a few.
 GRAPH_WARMUP_STEPS = 3
+# An eager step on the CPU attends over the cache's first positions only, up to the farthest row's
+# position rounded up to a multiple of this many (StaticKVCache.update); a captured or compiled
+# step attends over the whole buffer, whose shape it fixes. At d4 (4 heads of 64) and batch 8, one
+# layer's attention over 256 masked positions took 0.70 ms of CPU time in bf16 and 0.09 ms in fp32,
+# over 80 of them 0.23 ms and 0.03 ms (torch 2.13, one thread, this project's 2-core EPYC).
+ATTEND_STEP_TOKENS = 32
 
 
 def cache_tokens(needed_tokens: int, limit: int) -> int:
@@ -86,7 +94,8 @@ class StaticKVCache:
     own (`keys[layer]`, `values[layer]`), and the next position of each row in a `(B,)` int64
     tensor on the same device, so no shape ever changes and a step can be captured. A step writes
     each row's new keys at its own position (one index_copy_ per layer into the flattened buffer)
-    and attends over the whole buffer under a mask of the positions each row has reached.
+    and attends over the whole buffer under a mask of the positions each row has reached (an eager
+    step on the CPU, over its first positions only: ATTEND_STEP_TOKENS).
     Positions stop at T_max - 1: the engine never feeds a live row past its budget, but a finished
     row that keeps decoding (its output ignored) must not index outside the buffer or the rotary
     tables. Separate tensors rather than views of one: in a compiled step (compile_step) inductor
@@ -111,6 +120,7 @@ class StaticKVCache:
         self._slab = slab.view(batch_size, n_kv_head, 1)  # (B, Hkv, 1)
         self._write_at: torch.Tensor | None = None
         self._mask: torch.Tensor | None = None
+        self._seen = max_len  # the positions this step's layers attend over (attended)
 
     @classmethod
     def for_model(cls, model: nn.Module, batch_size: int, max_len: int) -> StaticKVCache:
@@ -128,11 +138,11 @@ class StaticKVCache:
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                                                  torch.Tensor]:
-        """Write k, v (B, Hkv, T, D) at each row's next T positions; return this layer's whole
-        key and value buffers (B, Hkv, T_max, D) and the mask (B, 1, T, T_max) to add to the
-        scores, in k's dtype: 0 where a query may see a key, -inf elsewhere. The write index and
-        the mask depend on the positions only, so layer 0 makes them and the other layers reuse
-        them."""
+        """Write k, v (B, Hkv, T, D) at each row's next T positions; return this layer's key
+        and value buffers (B, Hkv, Tk, D) and the mask (B, 1, T, Tk) to add to the scores, in k's
+        dtype: 0 where a query may see a key, -inf elsewhere. Tk is T_max, the whole buffers,
+        except in an eager step on the CPU (`attended`). The write index and the mask depend on
+        the positions only, so layer 0 makes them and the other layers reuse them."""
         B, H, T, D = k.shape
         if B != self.batch_size or H != self.n_kv_head or D != self.head_dim:
             raise ValueError(f"k of shape {tuple(k.shape)} does not fit this cache "
@@ -140,15 +150,30 @@ class StaticKVCache:
         if layer_idx == 0 or self._write_at is None:
             at = (self.pos[:, None] + torch.arange(T, device=k.device)).clamp_(max=self.max_len - 1)  # (B, T)
             self._write_at = (self._slab + at[:, None, :]).reshape(-1)  # (B * Hkv * T,)
+            self._seen = self.attended(at)
             # additive, in the queries' dtype: SDPA would otherwise turn a bool mask into this in
             # every layer (a kernel per layer per token)
-            hidden = (self._key_pos > at[:, :, None])[:, None]  # (B, 1, T, T_max)
+            hidden = (self._key_pos[: self._seen] > at[:, :, None])[:, None]  # (B, 1, T, Tk)
             self._mask = torch.zeros(hidden.shape, dtype=k.dtype, device=k.device).masked_fill_(hidden, float("-inf"))
         assert self._mask is not None
         keys, values = self.keys[layer_idx], self.values[layer_idx]  # (B, Hkv, T_max, D) each
         keys.view(-1, D).index_copy_(0, self._write_at, k.reshape(-1, D).to(keys.dtype))
         values.view(-1, D).index_copy_(0, self._write_at, v.reshape(-1, D).to(values.dtype))
-        return keys, values, self._mask
+        if self._seen == self.max_len:
+            return keys, values, self._mask
+        return keys[:, :, : self._seen], values[:, :, : self._seen], self._mask
+
+    def attended(self, at: torch.Tensor) -> int:
+        """How many of the buffer's first positions a step whose queries sit at `at` (B, T)
+        attends over: all T_max, except in an eager step on the CPU, where reading the farthest
+        position costs no device sync: that position + 1 rounded up to ATTEND_STEP_TOKENS. The
+        positions past it are masked for every row, so leaving them out changes no weight. A
+        captured or compiled step keeps the whole buffer (its shapes are fixed, and a compiled
+        step cannot read a tensor's value into a shape)."""
+        if at.device.type != "cpu" or torch.compiler.is_compiling():
+            return self.max_len
+        reach = int(at.max()) + 1
+        return min(self.max_len, -(-reach // ATTEND_STEP_TOKENS) * ATTEND_STEP_TOKENS)
 
     def advance(self, num_tokens: int) -> None:
         self.pos.add_(num_tokens).clamp_(max=self.max_len - 1)
@@ -252,6 +277,48 @@ def draw(probs: torch.Tensor, idx: torch.Tensor | None, u: torch.Tensor) -> torc
     return (place if idx is None else idx.gather(-1, place)).squeeze(-1)
 
 
+class TransposedHead:
+    """The lm_head for one row of fp32 decoding on the CPU: x (B, T, C) @ w.T read from a
+    contiguous copy of w.T (C, V), which streams the weight in the order a one-row product reads
+    it. At d4's 32768 x 256 fp32 head that took 1.2 ms of CPU time per token against 2.8 ms for
+    lockstep.model.kernels' weight-on-the-left product and 2.9 ms for F.linear (torch 2.13, one
+    thread, this project's 2-core EPYC; at 2 rows and more, and in bf16, the copy was no faster, so
+    no step keeps one there: cpu_decode_head). The copy costs the head's memory again; `refresh`
+    copies the weight in again when it has changed in place since (an optimiser step, a
+    load_state_dict: its version counter moved), so a model being trained decodes with its latest
+    weights."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+        self.t = weight.detach().t().contiguous()  # (C, V)
+        self._version = weight._version
+
+    def refresh(self) -> None:
+        if self.weight._version != self._version:
+            self.t.copy_(self.weight.detach().t())
+            self._version = self.weight._version
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        return torch.mm(x.reshape(B * T, C), self.t).view(B, T, -1)  # (B, T, V)
+
+
+def cpu_decode_head(model: nn.Module, rows: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """The head a CPU decode step of `rows` rows computes its logits with, where one measured
+    faster than the model's own (`model.ops.head`), else None: TransposedHead at one row in fp32,
+    F.linear at 2 rows and more in bf16 (at d4, batch 8: 1.7 ms of CPU time per step against 2.8
+    ms weight on the left; torch 2.13, one thread, this project's 2-core EPYC). The same logits to
+    rounding. None off the CPU and for a model that is not a lockstep GPT."""
+    if not hasattr(model, "final_hidden") or model.lm_head.weight.device.type != "cpu":
+        return None
+    dtype = model.lm_head.weight.dtype
+    if dtype == torch.float32 and rows == 1:
+        return TransposedHead(model.lm_head.weight)
+    if dtype == torch.bfloat16 and rows > 1:
+        return F.linear
+    return None
+
+
 # A decode step's parts: greedy (the whole greedy step), candidates, draw; see StaticStep.run.
 _Parts = tuple[Callable[[], None], Callable[[], tuple[torch.Tensor, torch.Tensor | None]],
                Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], None]]
@@ -286,6 +353,7 @@ class StaticStep:
         self._tokens_before = torch.zeros_like(self.tokens)  # (B, 1)
         # the sampling's graph key, fixed for the step's life: what the compiled parts read
         self._top_k, self._nucleus = sampling.top_k, sampling.top_p is not None
+        self._head = cpu_decode_head(model, B)  # None: the model's own forward
 
     @property
     def compiled(self) -> bool:
@@ -309,6 +377,8 @@ class StaticStep:
         self.temperature.fill_(sampling.temperature)
         self.top_p.fill_(1.0 if sampling.top_p is None else sampling.top_p)
         self.generator.manual_seed(seed)
+        if isinstance(self._head, TransposedHead):
+            self._head.refresh()
 
     def pick(self, logits: torch.Tensor) -> torch.Tensor:
         """Next ids (B,) from logits (B, V) under this step's sampling, on the device."""
@@ -384,7 +454,12 @@ class StaticStep:
     # self.sampling.top_p recompiled the step for each new top_p (TORCH_LOGS=recompiles).
 
     def _logits(self) -> torch.Tensor:
-        return self.model(self.tokens, kv_cache=self.cache)[:, -1, :]  # (B, V)
+        if self._head is None:
+            return self.model(self.tokens, kv_cache=self.cache)[:, -1, :]  # (B, V)
+        # the model's forward with this step's head (cpu_decode_head) in place of model.ops.head
+        m = self.model
+        x = m.final_hidden(self.tokens, self.cache)  # (B, 1, C)
+        return capped_logits(self._head, x, m.lm_head.weight, m.config.softcap, m.config.vocab_size)[:, -1, :]
 
     def _greedy(self) -> None:
         self._emit(self._logits().argmax(dim=-1))
