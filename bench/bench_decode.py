@@ -16,7 +16,9 @@ nanochat's Engine.generate against lockstep's engine paths at one shape and samp
 (nanochat fixes its compute dtype when nanochat.common is imported, from NANOCHAT_DTYPE), the
 sides alternating within it, and prints each path's tok/s and its paired-median ratio to
 nanochat's per batch size and dtype. Both models are random-weight models of the same shape, built
-by each project's own init (the architectures differ: nanochat's has value embeddings and more);
+by each project's own init (the architectures differ: nanochat's has value embeddings and more),
+nanochat's cast once to its compute dtype (--nanochat-weights compute; `fp32` keeps the fp32
+weights its checkpoint loader leaves on a CPU, which its layers cast at every matmul);
 the stand-in tokenizer puts the special ids past the vocabulary, so no row stops early and every
 run decodes --new tokens per row.
 
@@ -140,7 +142,9 @@ def compare_child(args: argparse.Namespace) -> None:
         raise SystemExit(f"nanochat computes in {COMPUTE_DTYPE}, not {dtype}: NANOCHAT_DTYPE was not passed down")
     depth, vocab, seq = SHAPES[args.shapes]
     torch.manual_seed(0)
-    nc_model = nanochat_model(depth, vocab, seq, "L").eval()  # fp32 weights cast per matmul, as its CPU load does
+    nc_model = nanochat_model(depth, vocab, seq, "L").eval()  # fp32 weights, cast per matmul, as its CPU load has them
+    if args.nanochat_weights == "compute":  # cast once instead: its Linear's per-matmul cast becomes a no-op
+        nc_model.to(dtype=COMPUTE_DTYPE)
     config = GPTConfig.from_depth(depth, vocab_size=vocab, sequence_len=seq)
     ls_model = GPT.build(config, torch.device("cpu"), dtype=dtype).use_kernels(True).eval()
     tok = unreachable_ids(vocab)
@@ -151,7 +155,8 @@ def compare_child(args: argparse.Namespace) -> None:
     top_k = args.top_k or None
     prompt = torch.randint(0, 256, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist()
     print(
-        f"{args.dtype}: nanochat {sum(p.numel() for p in nc_model.parameters()) / 1e6:.1f}M params, lockstep "
+        f"{args.dtype}: nanochat {sum(p.numel() for p in nc_model.parameters()) / 1e6:.1f}M params "
+        f"({args.nanochat_weights} weights), lockstep "
         f"{sum(p.numel() for p in ls_model.parameters()) / 1e6:.1f}M; load (1 min) {os.getloadavg()[0]:.2f}",
         flush=True,
     )
@@ -246,6 +251,13 @@ def main() -> None:
     ap.add_argument("--dtypes", default="bf16,fp32", help="with --nanochat: the dtypes compared, one process each")
     ap.add_argument("--temperature", type=float, default=1.0, help="with --nanochat: the sampling temperature")
     ap.add_argument("--top-k", type=int, default=50, help="with --nanochat: the top-k cut (0: none)")
+    ap.add_argument(
+        "--nanochat-weights",
+        choices=["fp32", "compute"],
+        default="compute",
+        help="with --nanochat: nanochat's weights in fp32, cast to its compute dtype at every matmul (as its "
+        "checkpoint loader leaves them on a CPU), or cast once to that dtype (no per-matmul cast; the default)",
+    )
     ap.add_argument("--compare-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
