@@ -3,6 +3,7 @@ every cache and mixture names a fetched source, and `lockstep preset` writes it 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,14 @@ def test_a_broken_preset_is_refused_with_where_and_params_left_alone(tmp_path: P
     with pytest.raises(PresetError, match=match):
         write_preset("bad", presets_dir=tmp_path, params_file=out)
     assert out.read_text() == "preset: tiny\n"
+
+
+@pytest.mark.parametrize("name", ["d12", "d20"])
+def test_real_presets_take_nanochats_shape_and_schedule(name: str) -> None:
+    """nanochat derives its heads as ceil(n_embd / 128) (d12: 6, d20: 10), decays the learning rate
+    over the last 20% of pretraining and rotates at base 100,000 (docs/recipe.md)."""
+    p = yaml.safe_load((ROOT / "presets" / f"{name}.yaml").read_text())
+    gcfg = section(p, "model", ModelParams).gpt_config(p["tokenizer"]["vocab_size"])
+    assert (gcfg.n_head, gcfg.n_kv_head) == (math.ceil(gcfg.n_embd / 128),) * 2
+    assert gcfg.head_dim == 128 and gcfg.rope_theta == 100_000
+    assert section(p, "pretrain", TrainConfig).warmdown_frac == 0.2

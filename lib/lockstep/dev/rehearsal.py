@@ -62,6 +62,8 @@ OVERRIDES: tuple[tuple[str, Any], ...] = (
     ("runtime.deterministic", True),
     ("model.depth", 2),
     ("model.sequence_len", 256),  # the longest GSM8K sample solutions render to ~200 tokens
+    # d12 takes nanochat's heads of 128; at this width (128) that is one head, and 4 of 32 keep
+    # attention's multi-head split and merge on the path the rehearsal runs.
     ("model.head_dim", 32),
     # Training: a few steps each, enough to run every code path (evals, checkpoints, resume state).
     ("pretrain.batch_tokens", 2048),  # = device_batch_rows * sequence_len: one micro-batch per step
