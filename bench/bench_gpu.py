@@ -31,8 +31,8 @@ check found (equality, recompiles while timed, fast paths that fell back).
 
 The baseline is optional: NANOCHAT_ROOT names a nanochat checkout at commit 92d63d4 (the folder
 holding nanochat/gpt.py); nc_* refuse with a message without it. It is measured, never imported
-by lockstep. Sizes default to the GPU check's (d12, 32 rows of 2048, vocab 65536); on CPU the
-sequence defaults to 128. A CPU rehearsal:
+by lockstep. Sizes default to the GPU check's (d12, 32 rows of 2048, vocab 65536, heads of 128 as
+the d12/d20 presets take them); on CPU the sequence defaults to 128. A CPU rehearsal:
 
     python bench/bench_gpu.py ls_train --depth 2 --rows 2 --steps 3 --compile off --kernels on
     bash bench/gpu_check.sh   # the whole check, see bench/gpu_check.py
@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import resource
 import shutil
@@ -190,7 +191,7 @@ def cmd_ls_train(a: argparse.Namespace) -> None:
 
     from lockstep.core import fastpath
     from lockstep.core.runtime import Runtime
-    from lockstep.model.gpt import GPT, GPTConfig
+    from lockstep.model.gpt import GPT
     from lockstep.train.optim import OptimConfig
     from lockstep.train.trainer import TrainConfig, Trainer
 
@@ -198,7 +199,7 @@ def cmd_ls_train(a: argparse.Namespace) -> None:
     d, seq, kernels = device(), default_seq(a), a.kernels == "on"
     dtype, why = compute_dtype(a)
     rt = Runtime(device=d, dtype=dtype, reason=why, compile=a.compile == "on", kernels=kernels)
-    gcfg = GPTConfig.from_depth(a.depth, a.vocab, seq)
+    gcfg = model_config(a, seq)
     model = GPT.build(gcfg, d, seed=0).use_kernels(kernels)
     cfg = TrainConfig(batch_tokens=a.rows * seq * a.accum, device_batch_rows=a.rows, num_steps=a.steps, warmup_steps=0,
                       eval_every_steps=0, checkpoint_every_steps=0, max_epochs=None, peak_flops=a.peak_tflops * 1e12,
@@ -218,8 +219,9 @@ def cmd_ls_train(a: argparse.Namespace) -> None:
         raise SystemExit("no timed step: pass --steps >= 2 (the first step carries compile and warm-up)")
     step_s = statistics.median(trainer.dts)
     tok_s = cfg.batch_tokens / step_s
-    result("ls_train", depth=a.depth, rows=a.rows, seq=seq, accum=a.accum, steps=a.steps, compile=a.compile,
-           kernels=a.kernels, dtype=str(dtype).removeprefix("torch."), vocab=a.vocab, tok_per_s=round(tok_s),
+    result("ls_train", depth=a.depth, heads=gcfg.n_head, rows=a.rows, seq=seq, accum=a.accum, steps=a.steps,
+           compile=a.compile, kernels=a.kernels, dtype=str(dtype).removeprefix("torch."), vocab=a.vocab,
+           tok_per_s=round(tok_s),
            step_ms=round(1e3 * step_s, 2), mfu=round(100 * trainer.flops_per_token * tok_s / trainer.peak, 2),
            peak_flops=trainer.peak, peak_source=trainer.peak_why, flops_per_token=trainer.flops_per_token,
            params=model.num_params(), losses=[round(s.train_loss, 5) for s in stats],
@@ -260,14 +262,31 @@ def import_nanochat(cmd: str, compile_on: bool) -> None:
             setattr(optim, name, getattr(fn, "_torchdynamo_orig_callable", getattr(fn, "__wrapped__", fn)))
 
 
-def nanochat_model(depth: int, vocab: int, seq: int, window: str):
-    """nanochat's GPT of lockstep's shape at this depth: width 64 x depth, heads of 64, full
+def n_heads(a: argparse.Namespace) -> int:
+    """Attention heads of the benchmarked width 64 x depth: ceil(width / --head-dim), nanochat's
+    rule, which at the default 128 gives the d12 and d20 presets' 6 and 10 heads of 128, and a
+    width under 128 (depth 1) one head of its whole width."""
+    if a.head_dim < 1:
+        raise SystemExit(f"--head-dim={a.head_dim} must be a positive number of channels per head, e.g. 128")
+    return math.ceil(64 * a.depth / a.head_dim)
+
+
+def model_config(a: argparse.Namespace, seq: int):
+    """lockstep's GPTConfig of the benchmarked shape: depth, vocab, `seq` tokens, n_heads(a) heads,
+    and the d12/d20 presets' rotary base (nanochat's, 100,000)."""
+    from lockstep.model.gpt import GPTConfig
+
+    return GPTConfig.from_depth(a.depth, a.vocab, seq, n_head=n_heads(a), rope_theta=100_000.0)
+
+
+def nanochat_model(depth: int, vocab: int, seq: int, window: str, n_head: int):
+    """nanochat's GPT of lockstep's shape at this depth: width 64 x depth, `n_head` heads, full
     attention in every layer (`window` "L"; nanochat's own default "SSSL" slides 3 of 4)."""
     import torch
     from nanochat.gpt import GPT, GPTConfig
 
     width = 64 * depth
-    cfg = GPTConfig(sequence_len=seq, vocab_size=vocab, n_layer=depth, n_head=width // 64, n_kv_head=width // 64,
+    cfg = GPTConfig(sequence_len=seq, vocab_size=vocab, n_layer=depth, n_head=n_head, n_kv_head=n_head,
                     n_embd=width, window_pattern=window)
     with torch.device("meta"):
         model = GPT(cfg)
@@ -283,7 +302,7 @@ def cmd_nc_train(a: argparse.Namespace) -> None:
     from nanochat.common import COMPUTE_DTYPE
 
     seq = default_seq(a)
-    model = nanochat_model(a.depth, a.vocab, seq, a.nc_window)
+    model = nanochat_model(a.depth, a.vocab, seq, a.nc_window, n_heads(a))
     opt = model.setup_optimizer()
     step_model = torch.compile(model, dynamic=False) if a.compile == "on" else model
     flops_per_token = model.estimate_flops()
@@ -318,8 +337,9 @@ def cmd_nc_train(a: argparse.Namespace) -> None:
     tok_s = a.rows * seq * a.accum / step_s
     # the same peak as lockstep's MFU, in the dtype nanochat computes in
     peak, source = mfu_peak(COMPUTE_DTYPE, a.peak_tflops)
-    result("nc_train", depth=a.depth, rows=a.rows, seq=seq, accum=a.accum, steps=a.steps, compile=a.compile,
-           window=a.nc_window, dtype=str(COMPUTE_DTYPE).removeprefix("torch."), vocab=a.vocab, tok_per_s=round(tok_s),
+    result("nc_train", depth=a.depth, heads=model.config.n_head, rows=a.rows, seq=seq, accum=a.accum, steps=a.steps,
+           compile=a.compile, window=a.nc_window,
+           dtype=str(COMPUTE_DTYPE).removeprefix("torch."), vocab=a.vocab, tok_per_s=round(tok_s),
            step_ms=round(1e3 * step_s, 2), mfu=round(100 * flops_per_token * tok_s / peak, 2), peak_flops=peak,
            peak_source=source, flops_per_token=flops_per_token, params=sum(p.numel() for p in model.parameters()),
            losses=[round(x, 5) for x in losses], first_step_s=round(times[0], 2), wall_s=round(wall, 1),
@@ -340,12 +360,11 @@ def cmd_ls_head(a: argparse.Namespace) -> None:
 
     from lockstep.core import fastpath
     from lockstep.model import ops
-    from lockstep.model.gpt import GPTConfig
 
     t0 = time.perf_counter()
     d, seq = device(), default_seq(a)
     dtype, _ = compute_dtype(a)
-    gcfg = GPTConfig.from_depth(a.depth, a.vocab, seq)
+    gcfg = model_config(a, seq)
     N, C, V = a.rows * seq, gcfg.n_embd, a.vocab
     g = torch.Generator().manual_seed(0)
     x0 = torch.randn(1, N, C, generator=g).to(d)  # (1, N, C): the final normed hidden states
@@ -409,14 +428,14 @@ def cmd_ls_shard(a: argparse.Namespace) -> None:
     import torch
 
     from lockstep.core import fastpath
-    from lockstep.model.gpt import GPT, GPTConfig
+    from lockstep.model.gpt import GPT
     from lockstep.train.optim import OptimConfig, build_optimizers, global_grad_norm, reduce_grads
 
     t0 = time.perf_counter()
     d, seq, kernels = device(), default_seq(a), a.kernels == "on"
     dtype, _ = compute_dtype(a)
     compiled = d.type == "cuda" and a.compile == "on" and kernels  # lockstep.train.optim.compiled_step's rule
-    gcfg = GPTConfig.from_depth(a.depth, a.vocab, seq)
+    gcfg = model_config(a, seq)
     data = RandomWindows(max(1 << 20, 8 * a.rows * (seq + 1)), a.vocab, seq)
     fields: dict[str, Any] = {}
     for clip in (0.0, 1.0):
@@ -495,9 +514,9 @@ def checkable_weights(model, seed: int = 1):
 def decode_model(a: argparse.Namespace):
     """The decode benchmarks' model: fp32 master weights (what a checkpoint loads as) with
     `checkable_weights`; the engines decode it in bf16 or fp32 as each measure says."""
-    from lockstep.model.gpt import GPT, GPTConfig
+    from lockstep.model.gpt import GPT
 
-    return checkable_weights(GPT.build(GPTConfig.from_depth(a.depth, a.vocab, a.decode_seq), device(), seed=0)).eval()
+    return checkable_weights(GPT.build(model_config(a, a.decode_seq), device(), seed=0)).eval()
 
 
 def greedy_ids(engine, tokens: int) -> list[int]:
@@ -647,7 +666,7 @@ def cmd_nc_decode(a: argparse.Namespace) -> None:
     from nanochat.common import COMPUTE_DTYPE
     from nanochat.engine import Engine
 
-    model = nanochat_model(a.depth, a.vocab, a.decode_seq, a.nc_window).eval()
+    model = nanochat_model(a.depth, a.vocab, a.decode_seq, a.nc_window, n_heads(a)).eval()
     engine = Engine(model, NoSpecials())
 
     def generate(b: int, n: int) -> int:
@@ -910,6 +929,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=12, help="optimizer steps, the first untimed")
     p.add_argument("--seq", type=int, default=0, help="tokens per sequence; 0 = 2048 on CUDA, 128 on CPU")
     p.add_argument("--vocab", type=int, default=65536)
+    p.add_argument("--head-dim", type=int, default=128,
+                   help="channels per head: ceil(64 x depth / this) heads, on both sides (128: the d12/d20 presets')")
     p.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto", help="lockstep's compute dtype")
     p.add_argument("--compile", choices=("on", "off"), default="on")
     p.add_argument("--kernels", choices=("on", "off"), default="off",

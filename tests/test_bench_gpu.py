@@ -162,3 +162,21 @@ def test_decode_checks_report_a_fault_planted_in_the_static_cache(bench, monkeyp
     # On the init weights every block is the identity on the residual stream (its output
     # projections are zero), so the same fault decodes the same tokens: the check could not fail.
     assert bench.decode_checks(_check_model(), tok, tokens=12, compile_step=False)["fp32_greedy_equal"] == 12
+
+
+@pytest.mark.parametrize("depth", [12, 20])
+def test_the_benchmarked_shape_is_the_presets(bench, depth: int) -> None:
+    """ls_* and nc_* measure the model the d12/d20 presets train: heads of 128 (6 and 10), the
+    preset's whole GPTConfig at its 65,536-id vocabulary."""
+    import argparse
+
+    import yaml
+
+    from lockstep.train.trainer import ModelParams
+    from stages._common import section
+
+    p = yaml.safe_load((ROOT / "presets" / f"d{depth}.yaml").read_text())
+    preset = section(p, "model", ModelParams).gpt_config(65536)
+    a = argparse.Namespace(depth=depth, vocab=65536, head_dim=128)
+    assert bench.n_heads(a) == preset.n_head == depth * 64 // 128
+    assert bench.model_config(a, 2048) == preset
