@@ -136,7 +136,10 @@ CHARS_PER_TOKEN_BY_VOCAB = ((1024, 2.4), (8192, 3.39), (math.inf, ASSUMED_CHARS_
 # and 41.1 B per token, channel and layer. A tally of the bf16 tensors backward needs (the fp32
 # residual twice, the normed block inputs, q, k, v, the attention output, the MLP's two 4C-wide
 # tensors) comes to ~40. Korthikanti et al. 2022's 34 (a GPT with dropout, no QK-norm) is below
-# both measurements.
+# both measurements. Both ran heads of 64; the figure holds for any head split, as the tensors
+# kept are C wide whatever it is, and what is kept per head (attention's log-sum-exp, QK-norm's
+# scales: a few fp32 values per head and token) is under 0.3 B per token and channel at heads of 64
+# (tests/test_plan.py counts autograd's saved bytes at heads of 64 and 128).
 ACTIVATION_BYTES_PER_TOKEN_CHANNEL_16BIT = 42
 # Bytes per logit (rows x T x V_padded) the loss head holds at the step's peak, by path
 # (head_path). compiled: the bf16 logits kept for backward and their bf16 gradient, torch.compile
@@ -238,6 +241,7 @@ def model_figures(gcfg: GPTConfig) -> dict[str, Any]:
         "n_layer": gcfg.n_layer,
         "n_embd": gcfg.n_embd,
         "n_head": gcfg.n_head,
+        "head_dim": gcfg.head_dim,
         "n_kv_head": gcfg.n_kv_head,
         "sequence_len": gcfg.sequence_len,
         "vocab_size": gcfg.vocab_size,
@@ -954,8 +958,8 @@ def render_text(plan: dict[str, Any]) -> str:
     """The plan as plain text; figures over a limit carry FLAG."""
     m, tp = plan["model"], plan["throughput"]
     out = [f"plan for preset {plan['preset']!r}" if plan["preset"] else "plan",
-           f"model   {m['n_layer']} layers x {m['n_embd']} channels, {m['n_head']} heads, T={m['sequence_len']}, "
-           f"vocab {m['vocab_size']} (padded {m['padded_vocab_size']})",
+           f"model   {m['n_layer']} layers x {m['n_embd']} channels, {m['n_head']} heads of {m['head_dim']}, "
+           f"T={m['sequence_len']}, vocab {m['vocab_size']} (padded {m['padded_vocab_size']})",
            f"params  {_size(m['params_total'])} total = {_size(m['params_embedding'])} embedding + "
            f"{_size(m['params_non_embedding'])} non-embedding "
            f"(Muon {_size(m['params_muon'])}, AdamW {_size(m['params_adamw'])})",
