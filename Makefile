@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	# torch first and pinned, so that no resolver step can reach for a CUDA build.
 	$(VENV)/bin/python -m pip install --quiet torch==2.13.0
-	$(VENV)/bin/python -m pip install --quiet -e '.[dev,hf]'
+	$(VENV)/bin/python -m pip install --quiet -e '.[dev,hf,eval]'
 	touch $(STAMP)
 
 setup: $(STAMP)
