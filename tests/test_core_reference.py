@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from _eval_helpers import WordTokenizer
-from _tiny_model import tiny_gpt
+from _tiny_model import fit_rows
 from lockstep.evaluate.core import CoreTask, choose_option, evaluate_task, render_item
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,16 +86,7 @@ def _model(tok: WordTokenizer, steps: int = 40) -> torch.nn.Module:
     texts += [it["context_options"][it["gold"]] + " " + it["continuation"] for it in SCHEMA]
     texts += [it["context"].strip() + " " + it["continuation"] for it in LM]
     rows = [[0, *tok.encode(t)] for t in texts]
-    T = max(len(r) for r in rows)
-    ids = torch.tensor([r + [0] * (T - len(r)) for r in rows])
-    targets = torch.tensor([r[1:] + [-100] * (T - len(r) + 1) for r in rows])
-    model = tiny_gpt(sequence_len=256, vocab_size=len(tok.vocab), seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.02)
-    for _ in range(steps):
-        opt.zero_grad()
-        model(ids, targets).backward()
-        opt.step()
-    return model.eval()
+    return fit_rows(rows, steps=steps, lr=0.02, sequence_len=256, vocab_size=len(tok.vocab))
 
 
 @pytest.mark.parametrize(("kind", "items", "shots", "delim"), TASKS, ids=TASK_IDS)

@@ -19,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from _tiny_model import tiny_gpt
+from _tiny_model import fit_rows
 from lockstep.evaluate.core import CoreTask, choose_option, evaluate_task, option_losses, render_item
 from lockstep.model.checkpoint import save_checkpoint
 from lockstep.tokenizer.kinds import train_tokenizer
@@ -153,18 +153,9 @@ STEPS = 30
 
 def _train(tok, steps: int = STEPS) -> torch.nn.Module:
     """The tiny GPT over `tok`, seeded, trained for `steps` full-batch steps on TRAIN."""
-    bos = tok.get_bos_token_id()
     rows = tok.encode(TRAIN, prepend="<|bos|>")
-    T = max(len(r) for r in rows)
-    ids = torch.tensor([r + [bos] * (T - len(r)) for r in rows])
-    targets = torch.tensor([r[1:] + [-100] * (T - len(r) + 1) for r in rows])
-    model = tiny_gpt(sequence_len=128, vocab_size=tok.get_vocab_size(), seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    for _ in range(steps):
-        opt.zero_grad()
-        model(ids, targets).backward()
-        opt.step()
-    return model.eval()
+    return fit_rows(rows, steps=steps, lr=0.01, pad_id=tok.get_bos_token_id(), sequence_len=128,
+                    vocab_size=tok.get_vocab_size())  # fmt: skip
 
 
 @pytest.fixture(scope="module")
