@@ -95,6 +95,15 @@ def _hermetic(monkeypatch: pytest.MonkeyPatch):
     fastpath.reset()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The end-to-end tests first, then the other tests marked slow, then the rest, each in their
+    # order. pytest-xdist hands out whole files in the order of their first test (pyproject's
+    # addopts): the files holding the long tests start early and the short ones fill in around
+    # them, so that none of them starts near the end and keeps one worker busy while the other
+    # has nothing left to run.
+    items.sort(key=lambda item: 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") else 2)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Two cores are shared by the suite; keep torch from oversubscribing them.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
