@@ -49,6 +49,19 @@ def tok():
     return train_tokenizer("byte", [])
 
 
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """A finished `dvc repro` of the whole DAG on the `smoke` preset, in a scratch copy of the
+    checkout (git-initialised, first commit made): built once per test run, shared by both
+    pytest-xdist workers (the first to ask builds it, the other waits for it). Read it and never
+    write in it, not even through a `dvc` command (which writes `.dvc/tmp`): a test that changes
+    it or runs DVC in it works on `_scratch_repo.copy_run(smoke_run, tmp_path / ...)`."""
+    from _scratch_repo import build_once, build_pipeline, run_folder, session_stage_progress
+
+    progress = session_stage_progress(request.config, "smoke run")
+    return build_once(run_folder(tmp_path_factory), "smoke_run", lambda work: build_pipeline(work, "smoke", progress))
+
+
 @pytest.fixture
 def restore_process_state(monkeypatch: pytest.MonkeyPatch):
     """For tests that run a stage in this process: stages set process-wide state (torch threads
