@@ -85,3 +85,29 @@ def test_dvc_yaml_runs_python3_which_a_system_without_python_has(tmp_path, bare_
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: python -m stages.report")
     assert proc.stderr.startswith(f"note: {only_python3 / 'python3'} (first `python3` on PATH) cannot import")
+
+
+def test_venv_dvc_repro_from_a_shell_without_the_venv(tmp_path):
+    """The newcomer's `.venv/bin/dvc repro`, typed in a shell whose PATH has no venv (only the
+    system's /usr/bin and /bin): DVC runs the stage command as dvc.yaml writes it, the system's
+    python3 starts it, and the stage runs on the project's interpreter and succeeds."""
+    from _exp_toy import DVC, sh, toy_env
+
+    system = [d for d in ("/usr/bin", "/bin") if os.path.isdir(d)]
+    python3 = shutil.which("python3", path=os.pathsep.join(system))
+    if python3 is None or subprocess.run([python3, "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip("needs a system python3 (in /usr/bin or /bin) without torch, as on a fresh machine")
+    project = _project(tmp_path / "project", Path(sys.prefix))
+    (project / "dvc.yaml").write_text(
+        "stages:\n  usage:\n    cmd: python3 -m stages.report --help > usage.txt\n    deps: [stages]\n"
+        "    outs: [usage.txt]\n")
+    env = toy_env(tmp_path / "home")
+    sh(project, env, "git", "init", "-q")
+    sh(project, env, DVC, "init", "-q")
+    env = {**env, "PATH": os.pathsep.join(system)}
+    env.pop("VIRTUAL_ENV", None)
+    env.pop("LOCKSTEP_STAGE_RERUN", None)
+    proc = subprocess.run([str(DVC), "repro"], cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (project / "usage.txt").read_text().startswith("usage: python -m stages.report")
+    assert f"note: {python3} (first `python3` on PATH) cannot import" in proc.stdout + proc.stderr
