@@ -701,8 +701,8 @@ def stage_command(dvc: dict[str, Any], name: str, item: str | None) -> list[str]
     if item is not None:
         cmd = cmd.replace("${item}", item)
     words = cmd.split()
-    if words[:2] != ["python", "-m"]:
-        raise SystemExit(f"dvc.yaml stage {name}: expected `python -m ...`, got {cmd[:60]!r}")
+    if words[0] not in ("python", "python3") or words[1:2] != ["-m"]:
+        raise SystemExit(f"dvc.yaml stage {name}: expected `python3 -m ...`, got {cmd[:60]!r}")
     return [sys.executable, *words[1:]]
 
 
