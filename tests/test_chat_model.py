@@ -166,3 +166,49 @@ def test_serve_command_binds_loopback_by_default(tiny, monkeypatch):
     assert seen["cors"]["access-control-allow-origin"] == "http://localhost:5173"
     r = CliRunner().invoke(cli_app, ["serve", "--ckpt", str(ckpt), "--tokenizer", str(tok_dir), "--allow-origin", "*"])
     assert r.exit_code == 2 and "may not contain '*'" in r.output
+
+
+def test_a_second_turn_carries_the_first_through_the_cli_and_the_api(tiny, monkeypatch):
+    """The second question of a conversation is asked with the first exchange before it: by
+    `lockstep chat` (interactive), whose second request to the model is [user, its own first
+    reply, user] and whose replies are the backend's greedy ones for those, and by the API, whose
+    reply to the same three messages is the same text."""
+    from lockstep.infer.chat import EngineBackend
+
+    ckpt, tok_dir = tiny
+    backend = load_backend(ckpt, tok_dir)
+    greedy = SamplingSettings(temperature=0.0, max_tokens=6)
+
+    def reply(messages):
+        return "".join(d.text for d in backend.stream(messages, greedy))
+
+    first = reply([text_message("user", "Who are you?")])
+    history = [text_message("user", "Who are you?"), text_message("assistant", first),
+               text_message("user", "Count the r's in strawberry")]
+    second = reply(history)
+    asked: list[list[dict]] = []
+    real_stream = EngineBackend.stream
+
+    def recording_stream(self, messages, settings):
+        asked.append(json.loads(json.dumps(messages)))
+        return real_stream(self, messages, settings)
+
+    monkeypatch.setattr(EngineBackend, "stream", recording_stream)
+    r = CliRunner().invoke(cli_app, ["chat", "--ckpt", str(ckpt), "--tokenizer", str(tok_dir), "--max-tokens", "6",
+                                     "--temperature", "0"],
+                           input="Who are you?\nCount the r's in strawberry\n/quit\n")
+    assert r.exit_code == 0, r.output
+    assert [[(m["role"], m["content"]) for m in a] for a in asked] == [
+        [(m["role"], m["content"]) for m in history[:1]], [(m["role"], m["content"]) for m in history]]
+    replies = r.output.split("assistant> ")[1:]
+    assert len(replies) == 2 and replies[0].startswith(first) and replies[1].startswith(second), r.output
+    monkeypatch.undo()
+    with TestClient(create_app(backend)) as client:
+        api = [{"role": m["role"], "content": content_of_message(m)} for m in history]
+        got = client.post("/v1/chat/completions", json={"messages": api, "max_tokens": 6, "temperature": 0})
+    assert got.status_code == 200 and got.json()["choices"][0]["message"]["content"] == second
+
+
+def content_of_message(message: dict) -> str:
+    content = message["content"]
+    return content if isinstance(content, str) else "".join(p["text"] for p in content)
