@@ -412,3 +412,26 @@ def test_retrying_stream_recovers_exactly_then_gives_up():
     with pytest.raises(SourceUnavailableError, match="after 2 retries"):
         with_retries(once, what="t", max_retries=2, backoff_s=0.1, sleep=lambda s: None)
     assert len(calls) == 3
+
+
+def test_synth_chat_second_exchanges(tmp_path):
+    """multi_turn_frac: that share of conversations holds a second exchange, drawn as a first one
+    is; at 0 (the default) no draw is spent on it, so single-exchange configs keep their data."""
+    from lockstep.data.sources.common import Draw, generator
+    from lockstep.data.sources.synth_chat import generate
+
+    single = generate(200, Draw(generator(7, stream=20)), 0.15)
+    assert single == generate(200, Draw(generator(7, stream=20)), 0.15, 0.0)
+    assert all(len(c["messages"]) == 2 for c in single)
+    mixed = generate(400, Draw(generator(7, stream=20)), 0.15, 0.5)
+    lengths = [len(c["messages"]) for c in mixed]
+    assert set(lengths) == {2, 4} and 160 < lengths.count(4) < 240
+    for c in mixed:
+        validate_conversation(c["messages"])
+        assert [m["role"] for m in c["messages"]] == ["user", "assistant"] * (len(c["messages"]) // 2)
+    # The README's pair, "Who are you?"-like then a letter count, is among the two-exchange ones.
+    pairs = [c["messages"] for c in mixed if len(c["messages"]) == 4]
+    assert any("lockstep" in m[1]["content"][0]["text"] and any(p["type"] == "python" for p in m[3]["content"])
+               for m in pairs)
+    _, _, train, _ = snapshot(tmp_path, {"source": "synth_chat", "n_train": 40, "n_val": 4, "multi_turn_frac": 1.0})
+    assert all(len(c["messages"]) == 4 for c in train)

@@ -1,7 +1,8 @@
 """Deterministic synthetic chats generated from the seed: letter counting answered with a python
 tool call (`'strawberry'.count('r')` then its output), word length, reversal and spelling answered
-letter by letter, and identity conversations about what this model is and who trained it. Not an
-evaluator."""
+letter by letter, and identity conversations about what this model is and who trained it; with
+`multi_turn_frac`, that share of conversations holds a second exchange after the first, so that a
+question asked second is answered as one asked first. Not an evaluator."""
 
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ class SynthChatConfig(CheckedFields):
     n_train: int = 3000  # conversations in train
     n_val: int = 150  # conversations in val (drawn after train from the same seed)
     identity_frac: float = 0.15  # share of identity conversations; the rest are letter tasks
+    multi_turn_frac: float = 0.0  # share of conversations with a second exchange (each drawn as above)
     strict: bool = False  # unused (generated records are valid); kept for a uniform schema
     artifact_records: int = 8  # records per split kept in dataset_snapshot.json, the parity artifact
 
@@ -70,6 +72,7 @@ class SynthChatConfig(CheckedFields):
         "n_train": Rule("conversations generated for train", ge=0),
         "n_val": Rule("conversations generated for val", ge=0),
         "identity_frac": Rule("the share of identity conversations", ge=0, le=1),
+        "multi_turn_frac": Rule("the share of conversations with a second exchange", ge=0, le=1),
         "artifact_records": Rule("records per split copied into dataset_snapshot.json", ge=0),
     }
 
@@ -116,23 +119,34 @@ def _identity(d: Draw) -> dict[str, Any]:
     return _conv(d.pick(questions), [_text(d.pick(answers))])
 
 
-def generate(n: int, d: Draw, identity_frac: float) -> list[dict[str, Any]]:
+def _exchange(d: Draw, identity_frac: float) -> dict[str, Any]:
+    return _identity(d) if d.uniform() < identity_frac else _letter_task(d)
+
+
+def generate(n: int, d: Draw, identity_frac: float, multi_turn_frac: float = 0.0) -> list[dict[str, Any]]:
+    """`n` conversations; a share `multi_turn_frac` of them hold a second exchange, drawn as the
+    first is (so "Who are you?" then the strawberry question is one of the pairs). With
+    `multi_turn_frac` 0 no draw is spent on it: the conversations are those of a single-exchange
+    config."""
     out = []
     for _ in range(n):
-        is_identity = d.uniform() < identity_frac
-        out.append(_identity(d) if is_identity else _letter_task(d))
+        conv = _exchange(d, identity_frac)
+        if multi_turn_frac > 0 and d.uniform() < multi_turn_frac:
+            conv = {"messages": [*conv["messages"], *_exchange(d, identity_frac)["messages"]]}
+        out.append(conv)
     return out
 
 
 def produce(cfg: SynthChatConfig, sink: SnapshotWriter, *, seed: int) -> dict[str, Any]:
     d = Draw(generator(seed, stream=20))
     for split, n in (("train", cfg.n_train), ("val", cfg.n_val)):
-        for i, conv in enumerate(generate(n, d, cfg.identity_frac)):
+        for i, conv in enumerate(generate(n, d, cfg.identity_frac, cfg.multi_turn_frac)):
             sink.add(split, conv, f"synth_chat {split} {i}")
     return {"source_id": "lockstep:synth_chat", "revision": "sha256:" + sha256_file(__file__), "streamed": False}
 
 
 def size(cfg: SynthChatConfig, *, name: str, root: Path) -> SourceSize:
-    """The conversations its params ask for; 71 tokens each, measured on the tiny preset's cache
-    (4,096-id BPE: 211,512 tokens / 3,000)."""
-    return generated_examples(name, n_train=cfg.n_train, n_val=cfg.n_val, tokens_per_example=71)
+    """The conversations its params ask for; 71 tokens per exchange, measured on the tiny preset's
+    cache (4,096-id BPE: 211,512 tokens / 3,000 single-exchange conversations)."""
+    return generated_examples(name, n_train=cfg.n_train, n_val=cfg.n_val,
+                              tokens_per_example=round(71 * (1 + cfg.multi_turn_frac)))
