@@ -383,7 +383,8 @@ def _with_counts(metrics: dict[str, dict], count) -> dict[str, dict]:
 
 def test_a_micro_run_says_so_at_the_top_and_the_tiny_run_does_not() -> None:
     tiny = _committed_metrics()
-    assert min(v for flat in tiny.values() for k, v in flat.items() if k.endswith(".n")) >= 200
+    # The committed run scores every task on well over MICRO_ITEMS items (synth_chat's 197 the fewest).
+    assert min(v for flat in tiny.values() for k, v in flat.items() if k.endswith(".n")) >= 5 * MICRO_ITEMS
     card = render_markdown(tiny, [], ENV)
     assert MICRO_RUN not in card and micro_run_line(tiny) is None
     # The smoke preset's shape: 3 items per eval task, 4 RL problems.
