@@ -141,11 +141,12 @@ def compare_child(args: argparse.Namespace) -> None:
     if COMPUTE_DTYPE != dtype:
         raise SystemExit(f"nanochat computes in {COMPUTE_DTYPE}, not {dtype}: NANOCHAT_DTYPE was not passed down")
     depth, vocab, seq = SHAPES[args.shapes]
+    config = GPTConfig.from_depth(depth, vocab_size=vocab, sequence_len=seq)
     torch.manual_seed(0)
-    nc_model = nanochat_model(depth, vocab, seq, "L").eval()  # fp32 weights, cast per matmul, as its CPU load has them
+    # fp32 weights, cast per matmul, as its CPU load has them; the same heads as lockstep's model
+    nc_model = nanochat_model(depth, vocab, seq, "L", config.n_head).eval()
     if args.nanochat_weights == "compute":  # cast once instead: its Linear's per-matmul cast becomes a no-op
         nc_model.to(dtype=COMPUTE_DTYPE)
-    config = GPTConfig.from_depth(depth, vocab_size=vocab, sequence_len=seq)
     ls_model = GPT.build(config, torch.device("cpu"), dtype=dtype).use_kernels(True).eval()
     tok = unreachable_ids(vocab)
     nanochat = NanochatEngine(nc_model, tok)
