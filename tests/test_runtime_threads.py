@@ -44,7 +44,7 @@ def test_stage_entry_and_command_line_set_it_before_torch_loads() -> None:
 
 
 def test_cpu_runtime_reason_names_the_policy(monkeypatch) -> None:
-    monkeypatch.setattr(openmp, "_chosen", {})  # as if lockstep chose it before torch loaded
+    monkeypatch.setattr(openmp, "_chosen", openmp._Choice())  # as if lockstep chose it before torch loaded
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     rt = init_runtime(RuntimeConfig(device="cpu", dtype="fp32"))
     assert rt.device == torch.device("cpu") and "OpenMP wait policy PASSIVE" in rt.reason

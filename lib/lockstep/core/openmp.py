@@ -14,9 +14,16 @@ from collections.abc import MutableMapping
 # run-to-run spread here is 717-772). bench/bench_load.py measures it.
 WAIT_POLICY = "PASSIVE"
 
-# Set by choose_wait_policy: what it found, so that a later call (a stage after `import lockstep`)
-# reports the same source, and wait_policy() can tell a policy torch never read.
-_chosen: dict[str, str] = {}
+class _Choice:
+    """What choose_wait_policy found, so that a later call (a stage after `import lockstep`)
+    reports the same source, and wait_policy() can tell a policy torch never read."""
+
+    def __init__(self) -> None:
+        self.said = ""  # the first call's answer; "" before it
+        self.torch_first = False  # torch was imported before lockstep set the policy
+
+
+_chosen = _Choice()
 
 
 def choose_wait_policy(environ: MutableMapping[str, str] | None = None) -> str:
@@ -24,23 +31,24 @@ def choose_wait_policy(environ: MutableMapping[str, str] | None = None) -> str:
     policy in force with where it came from, for the run's log. In this process, from the second
     call on, the answer is the first call's (the environment then holds what the first call set)."""
     env = os.environ if environ is None else environ
-    if environ is None and "said" in _chosen:
-        return _chosen["said"]
-    if env.get("OMP_WAIT_POLICY"):
+    if environ is None and _chosen.said:
+        return _chosen.said
+    from_env = bool(env.get("OMP_WAIT_POLICY"))
+    if from_env:
         said = f"OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']} (from the environment)"
     else:
         env["OMP_WAIT_POLICY"] = WAIT_POLICY
         said = f"OMP_WAIT_POLICY={WAIT_POLICY} (idle threads sleep, so a busy machine slows training in proportion)"
     if environ is None:
-        _chosen["said"] = said
-        _chosen["torch_first"] = "yes" if "torch" in sys.modules and not said.endswith("(from the environment)") else ""
+        _chosen.said = said
+        _chosen.torch_first = "torch" in sys.modules and not from_env
     return said
 
 
 def torch_read_the_default() -> bool:
     """Whether torch was imported before lockstep chose the policy, so that OpenMP read its
     default (spinning) instead."""
-    return bool(_chosen.get("torch_first"))
+    return _chosen.torch_first
 
 
 def wait_policy() -> str:

@@ -170,12 +170,6 @@ def cpu_bf16_features(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
     return []
 
 
-def cpu_has_native_bf16() -> bool:
-    """True when the CPU executes bf16 dot products natively (AVX-512 BF16 or AMX-BF16); there
-    bf16 matmuls run ~4x faster than fp32 (measured on a Sapphire Rapids vCPU by bench_train)."""
-    return bool(cpu_bf16_features())
-
-
 def choose_device_dtype(
     device: str = "auto", dtype: str = "auto", *, local_rank: int = 0
 ) -> tuple[torch.device, torch.dtype, str]:
