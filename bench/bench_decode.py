@@ -11,7 +11,8 @@ test, not a quality measure. On a CPU other processes share, pass --threads 1: a
 a load of 3 every op ran ~10x slower, the compiled step's OpenMP kernels worst.
 
 With `--nanochat PATH` (a nanochat checkout at bench_gpu.NANOCHAT_COMMIT) it compares instead:
-nanochat's Engine.generate against lockstep's engine paths at one shape and sampling setting
+nanochat's Engine.generate against lockstep's engine paths (the reference engine, with its CPU
+decode step, `cpu_step`, the static path and the compiled one) at one shape and sampling setting
 (default d4-32k, temperature 1, top-k 50), each dtype of --dtypes in a subprocess of its own
 (nanochat fixes its compute dtype when nanochat.common is imported, from NANOCHAT_DTYPE), the
 sides alternating within it, and prints each path's tok/s and its paired-median ratio to
@@ -150,7 +151,8 @@ def compare_child(args: argparse.Namespace) -> None:
     ls_model = GPT.build(config, torch.device("cpu"), dtype=dtype).use_kernels(True).eval()
     tok = unreachable_ids(vocab)
     nanochat = NanochatEngine(nc_model, tok)
-    engines: dict[str, Engine] = {"engine": Engine(ls_model, tok), "static": Engine(ls_model, tok, fast=True)}
+    engines: dict[str, Engine] = {"engine": Engine(ls_model, tok), "cpu_step": Engine(ls_model, tok, cpu_step=True),
+                                  "static": Engine(ls_model, tok, fast=True)}
     if args.compiled:
         engines["compiled"] = Engine(ls_model, tok, fast=True, compile_step=True)
     top_k = args.top_k or None

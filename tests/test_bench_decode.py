@@ -23,5 +23,5 @@ def test_nanochat_comparison_runs_every_path(nanochat_root: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     for batch in (1, 2):
         line = next(ln for ln in done.stdout.splitlines() if ln.startswith(f"tiny fp32 batch {batch}:"))
-        for path in ("engine", "static"):
+        for path in ("engine", "cpu_step", "static"):
             assert re.search(rf"\| {path} +\d+ \(\d+\.\d\dx\)", line), line

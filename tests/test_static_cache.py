@@ -574,16 +574,18 @@ def test_static_cache_steps_are_reused_across_calls_and_never_shared(tok):
 
 def test_static_cache_is_on_for_cuda_with_kernels_only():
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert decode_settings(cuda, torch.bfloat16, True) == {"fast": True, "dtype": torch.bfloat16, "compile_step": False}
-    assert decode_settings(cuda, torch.float32, True) == {"fast": True, "dtype": None, "compile_step": False}
-    assert decode_settings(cuda, torch.bfloat16, False) == {"fast": False, "dtype": torch.bfloat16,
-                                                            "compile_step": False}
+    off = {"compile_step": False, "cpu_step": False}
+    assert decode_settings(cuda, torch.bfloat16, True) == {"fast": True, "dtype": torch.bfloat16, **off}
+    assert decode_settings(cuda, torch.float32, True) == {"fast": True, "dtype": None, **off}
+    assert decode_settings(cuda, torch.bfloat16, False) == {"fast": False, "dtype": torch.bfloat16, **off}
     # the step compiles where the runtime compiles (runtime.compile), on the fast path only
     assert decode_settings(cuda, torch.bfloat16, True, compile=True)["compile_step"]
     assert not decode_settings(cuda, torch.bfloat16, False, compile=True)["compile_step"]
-    # the CPU keeps the reference path in the model's dtype, whatever the runtime says
+    # the CPU keeps the reference path in the model's dtype, whatever the runtime says, its decode
+    # step lockstep.infer.cpu_step's where kernels are on (tests/test_cpu_step.py)
     assert decode_settings(cpu, torch.bfloat16, True, compile=True) == {"fast": False, "dtype": None,
-                                                                        "compile_step": False}
+                                                                        "compile_step": False, "cpu_step": True}
+    assert decode_settings(cpu, torch.bfloat16, False) == {"fast": False, "dtype": None, **off}
     assert decode.MIN_CACHE_TOKENS == 256
 
 

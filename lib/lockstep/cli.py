@@ -405,7 +405,8 @@ def chat(
     seed: int = typer.Option(0, help="seed of the first reply; each later reply adds its turn number"),
     device: str = typer.Option("cpu", help="torch device to run on: cpu, cuda, cuda:1, mps"),
     kernels: bool = typer.Option(
-        False, help="run the model on its CPU fast paths (lockstep.model.kernels; runtime.kernels)"
+        True, help="run the model and its decoding on their fast paths (runtime.kernels: on the CPU "
+        "lockstep.model.kernels and lockstep.infer.cpu_step, same results to rounding); --no-kernels for the reference"
     ),
 ) -> None:
     """Chat with a checkpoint in the terminal, replies streamed as they are sampled."""
@@ -495,7 +496,8 @@ def serve(
     ),
     device: str = typer.Option("cpu", help="torch device to run on: cpu, cuda, cuda:1, mps"),
     kernels: bool = typer.Option(
-        False, help="run the model on its CPU fast paths (lockstep.model.kernels; runtime.kernels)"
+        True, help="run the model and its decoding on their fast paths (runtime.kernels: on the CPU "
+        "lockstep.model.kernels and lockstep.infer.cpu_step, same results to rounding); --no-kernels for the reference"
     ),
 ) -> None:
     """Serve the chat UI and an OpenAI-compatible API (/v1/chat/completions) for a checkpoint."""

@@ -1,9 +1,10 @@
 """Fast paths that fall back instead of ending a run. Each optional fast path of lockstep (PARTS:
 the Trainer's compiled loss, the chunked head loss's compiled chunk bodies, Muon's compiled update,
-the compiled decode step, the decode step's CUDA graph) runs through `call(part, fast, reference)`.
-The first time a part's fast path raises (a compile that fails, a capture that cannot be made, a
-first step that errors), one warning names the part and the reason, that call is answered by the
-reference path, and so is every later call of the part in this process. `facts()` says, for a
+the compiled decode step, the decode step's CUDA graph, the CPU decode step) runs through
+`call(part, fast, reference)`. The first time a part's fast path raises (a compile that fails, a
+capture that cannot be made, a first step that errors), one warning names the part and the reason,
+that call is answered by the reference path, and so is every later call of the part in this
+process. `facts()` says, for a
 stage's run facts, which path each part ran, how many graphs it compiled and how long those calls
 took, and whether the run's results are still those of one path.
 
@@ -32,6 +33,7 @@ PARTS: dict[str, tuple[str, str]] = {
     "muon_compiled": ("Muon's compiled update", "Muon's eager update"),
     "decode_compiled": ("the static-cache decode step through torch.compile", "the same step run eagerly"),
     "cuda_graphs": ("the static-cache decode step replayed from a CUDA graph", "the step launched op by op"),
+    "cpu_decode_step": ("the CPU decode step of lockstep.infer.cpu_step", "the model's own forward"),
 }
 # The first line of a failure's message kept in the warning and the run facts.
 REASON_CHARS = 300

@@ -5,6 +5,7 @@ no training and no stage.
 
 - `sampling`: sampling defaults, limits, the greedy rule and the top_p floor, shared by every front end
 - `engine`: KV cache, batched sampling and batched greedy replies, calculator output forced in
+- `cpu_step`: the reference engine's CPU decode step: fused q/k/v, fp32 products, a prepacked head
 - `decode`: the engine's fast path: static KV cache, device-side step and sampler, CUDA-graph capture
 - `calculator`: the model's tool: allowlist arithmetic over the parsed syntax tree (never eval)
 - `chat`: the chat backend (messages in, text deltas out) and the terminal chat

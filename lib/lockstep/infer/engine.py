@@ -18,6 +18,7 @@ import torch
 
 from lockstep.core import fastpath
 from lockstep.infer.calculator import NO_RESULT, evaluate
+from lockstep.infer.cpu_step import CpuStep
 from lockstep.infer.decode import (
     DecodeWeights,
     Sampling,
@@ -285,12 +286,13 @@ def _fill_from_the_end(alive: Sequence[bool]) -> list[int]:
 def decode_settings(device: torch.device, dtype: torch.dtype, kernels: bool, compile: bool = False) -> dict[str, Any]:
     """The Engine keywords for a run on `device` computing in `dtype` with `runtime.kernels` and
     `runtime.compile`: on CUDA, the static-cache, CUDA-graphed fast path when kernels is on, its
-    step compiled when compile is on too, and bf16 decoding when the run computes in bf16;
-    elsewhere the reference path in the model's own dtype, unchanged."""
+    step compiled when compile is on too, and bf16 decoding when the run computes in bf16; on the
+    CPU, the reference path in the model's own dtype (or the caller's autocast), its decode step
+    lockstep.infer.cpu_step's when kernels is on."""
     on_cuda = device.type == "cuda"
     fast = kernels and on_cuda
     return {"fast": fast, "dtype": torch.bfloat16 if on_cuda and dtype == torch.bfloat16 else None,
-            "compile_step": fast and compile}
+            "compile_step": fast and compile, "cpu_step": kernels and device.type == "cpu"}
 
 
 class Engine:
@@ -314,12 +316,17 @@ class Engine:
     aot_eager on the CPU), at the price of a compile per new step (batch rows, cache length,
     sampling graph key): 3-17 s with its first run on a 2-core CPU (bench/bench_decode.py). A
     compile that fails does not end the call: the step runs eagerly instead, for the rest of the
-    process, recorded in lockstep.core.fastpath's facts ("decode_compiled")."""
+    process, recorded in lockstep.core.fastpath's facts ("decode_compiled").
+
+    `cpu_step` (reference path, model on the CPU) decodes each token through
+    lockstep.infer.cpu_step.CpuStep instead of the model's forward: the same logits to rounding in
+    fewer, cheaper ops, greedy tokens equal in fp32 (tests/test_cpu_step.py). A step that raises is
+    answered by the model's forward, for the rest of the process ("cpu_decode_step")."""
 
     STOP_TOKENS = ("<|assistant_end|>", "<|bos|>")
 
     def __init__(self, model: GPT, tokenizer: Tokenizer, *, fast: bool = False, dtype: torch.dtype | None = None,
-                 cuda_graphs: bool | None = None, compile_step: bool = False):
+                 cuda_graphs: bool | None = None, compile_step: bool = False, cpu_step: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         sp = tokenizer.encode_special
@@ -341,6 +348,10 @@ class Engine:
         if fast and self.cuda_graphs and self._device().type != "cuda":
             raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, it is on {self._device()}; leave "
                              "cuda_graphs unset (None) to capture graphs on CUDA only")
+        if cpu_step and (fast or self._device().type != "cpu"):
+            raise ValueError(f"cpu_step decodes on the reference path with the model on the CPU (fast={fast}, model on "
+                             f"{self._device()}); drop cpu_step, or pass fast=False with the model on the CPU")
+        self._cpu_step = CpuStep(model) if cpu_step else None
         self._weights = DecodeWeights(model, dtype)
         self._pool = StepPool(self._make_step)
 
@@ -367,6 +378,16 @@ class Engine:
 
     def _device(self) -> torch.device:
         return self.model.rotary_cos.device
+
+    def _next_logits(self, col: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """The reference path's logits (B, V) of one new token per row, col (B, 1)."""
+        def forward() -> torch.Tensor:
+            return self.model(col, kv_cache=cache)[:, -1, :]
+
+        if self._cpu_step is None:
+            return forward()
+        step = self._cpu_step
+        return fastpath.call("cpu_decode_step", lambda: step(col, cache), forward)
 
     def _check(
         self, prompt_ids: Sequence[int], num_samples: int, max_tokens: int, temperature: float, top_k, top_p
@@ -455,7 +476,7 @@ class Engine:
                 return
             with torch.inference_mode(), self._reference_precision():
                 col = torch.tensor(tokens, dtype=torch.long, device=device)[:, None]  # (B, 1)
-                logits = self.model(col, kv_cache=cache)[:, -1, :]  # (B, V)
+                logits = self._next_logits(col, cache)  # (B, V)
 
     def _fast_steps(self, prompt_ids, num_samples, max_tokens, temperature, top_k, top_p, seed, use_tools):
         """`_steps` on the fast path. The prompt is prefilled by the plain forward and copied into
@@ -601,7 +622,7 @@ class Engine:
                                   for r in range(cache.batch_size)]
             while rows:
                 col = torch.tensor([r.feed for r in rows], dtype=torch.long, device=device)[:, None]  # (B, 1)
-                logits = self.model(col, kv_cache=cache)[:, -1, :]  # (B, V)
+                logits = self._next_logits(col, cache)  # (B, V)
                 picks = sample_next(
                     logits, temperature=temperature, top_k=top_k, top_p=None, generator=generator
                 ).tolist()
