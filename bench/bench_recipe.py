@@ -10,8 +10,8 @@ Variants (`--variants`, comma-separated; `--seeds` runs each under several train
   heads128      before, with heads of 128
   warmdown0.2   before, with the last 20% of steps decaying
   preset        heads of 128, warmdown 0.2, rope_theta 100,000: the d12/d20 presets' recipe now
-  uniform       preset, with nanochat's init: Uniform with the same std for q, k, v and MLP-in, the
-                MLP-in at 0.4x that std, the token embedding at std 0.8 (nanochat.gpt.GPT.init_weights)
+  uniform       preset, with nanochat's init (model.init: nanochat): Uniform with the same std for q,
+                k, v and MLP-in, the MLP-in at 0.4x that std, the token embedding at std 0.8
 
     PYTHONPATH=lib .venv/bin/python bench/bench_recipe.py [--steps 150] [--seeds 0,1] [--threads 2]
 """
@@ -39,7 +39,7 @@ class Variant:
     head_dim: int = 64
     warmdown_frac: float = 0.4
     rope_theta: float = 10_000.0
-    init: str = "normal"  # normal: lockstep's GPT.init_weights; nanochat: nanochat_init on top of it
+    init: str = "lockstep"  # model.init: lockstep (Normal) or nanochat (lockstep.model.gpt.INITS)
 
 
 VARIANTS = {
@@ -49,19 +49,6 @@ VARIANTS = {
     "preset": Variant(head_dim=128, warmdown_frac=0.2, rope_theta=100_000.0),
     "uniform": Variant(head_dim=128, warmdown_frac=0.2, rope_theta=100_000.0, init="nanochat"),
 }
-
-
-@torch.no_grad()
-def nanochat_init(model: GPT, generator: torch.Generator) -> None:
-    """Redraw the weights lockstep draws Normal as nanochat draws them: q, k, v Uniform(-s, s) with
-    s = sqrt(3 / n_embd) (the std of lockstep's Normal), the MLP's input matrix at 0.4 s, the token
-    embedding N(0, 0.8^2). The zero output projections and the lm_head are the same in both."""
-    s = (3 / model.config.n_embd) ** 0.5
-    for block in model.blocks:
-        for lin, bound in ((block.attn.c_q, s), (block.attn.c_k, s), (block.attn.c_v, s), (block.mlp.c_fc, 0.4 * s)):
-            lin.weight.copy_(torch.empty(lin.weight.shape).uniform_(-bound, bound, generator=generator))
-    wte = model.embed.wte.weight
-    wte.copy_(torch.empty(wte.shape).normal_(0.0, 0.8, generator=generator))
 
 
 def main() -> None:
@@ -109,10 +96,9 @@ def main() -> None:
     for name in args.variants.split(","):
         v = VARIANTS[name]
         for seed in (int(s) for s in args.seeds.split(",")):
-            gcfg = GPTConfig.from_depth(args.depth, tok.get_vocab_size(), T, v.head_dim, rope_theta=v.rope_theta)
+            gcfg = GPTConfig.from_depth(args.depth, tok.get_vocab_size(), T, v.head_dim, rope_theta=v.rope_theta,
+                                        init=v.init)
             model = GPT.build(gcfg, "cpu", seed=seed)
-            if v.init == "nanochat":
-                nanochat_init(model, torch.Generator().manual_seed(seed))
             model.use_kernels(True)
             cfg = TrainConfig(
                 batch_tokens=B * T,

@@ -21,6 +21,13 @@ def draw_normal(p: torch.Tensor, std: float, generator: torch.Generator) -> None
     p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, std, generator=generator))
 
 
+def draw_uniform(p: torch.Tensor, std: float, generator: torch.Generator) -> None:
+    """Fill `p` from Uniform(-a, a) with a = sqrt(3) std (standard deviation `std`), drawn as
+    draw_normal draws."""
+    a = 3**0.5 * std
+    p.copy_(torch.empty(p.shape, dtype=torch.float32).uniform_(-a, a, generator=generator))
+
+
 class TokenEmbedding(nn.Module):
     """Ids (B, T) -> vectors (B, T, n_embd). A kind creates its weights in `__init__` (on whatever
     device is current: GPT.build uses the meta device), fills them in `init_weights`, and sorts
@@ -34,8 +41,9 @@ class TokenEmbedding(nn.Module):
         super().__init__()
         self.vocab_size, self.padded_vocab_size = vocab_size, padded_vocab_size
 
-    def init_weights(self, generator: torch.Generator) -> None:
-        """Fill every parameter (and buffer) from `generator`, in a fixed order."""
+    def init_weights(self, generator: torch.Generator, table_std: float = 1.0) -> None:
+        """Fill every parameter (and buffer) from `generator`, in a fixed order, the lookup tables
+        from N(0, table_std^2)."""
         raise NotImplementedError
 
     def tables(self) -> list[nn.Parameter]:
@@ -64,8 +72,8 @@ class FlatEmbedding(TokenEmbedding):
         self.wte = nn.Embedding(padded_vocab_size, n_embd)
 
     @torch.no_grad()
-    def init_weights(self, generator: torch.Generator) -> None:
-        draw_normal(self.wte.weight, 1.0, generator)
+    def init_weights(self, generator: torch.Generator, table_std: float = 1.0) -> None:
+        draw_normal(self.wte.weight, table_std, generator)
 
     def tables(self) -> list[nn.Parameter]:
         return [self.wte.weight]
@@ -94,9 +102,9 @@ class StructuredEmbedding(TokenEmbedding):
         self.register_buffer("token_byte_row", torch.empty(P, dtype=torch.long))
 
     @torch.no_grad()
-    def init_weights(self, generator: torch.Generator) -> None:
-        draw_normal(self.wte.weight, 1.0, generator)
-        draw_normal(self.wbe.weight, 1.0, generator)
+    def init_weights(self, generator: torch.Generator, table_std: float = 1.0) -> None:
+        draw_normal(self.wte.weight, table_std, generator)
+        draw_normal(self.wbe.weight, table_std, generator)
         self.token_parent_row.copy_(torch.arange(self.padded_vocab_size))
         self.token_byte_row.fill_(NO_BYTE_ROW)
 
@@ -155,8 +163,8 @@ class TupleEmbedding(StructuredEmbedding):
         self.embed_proj = nn.Linear(2 * n_embd, n_embd, bias=False)
 
     @torch.no_grad()
-    def init_weights(self, generator: torch.Generator) -> None:
-        super().init_weights(generator)
+    def init_weights(self, generator: torch.Generator, table_std: float = 1.0) -> None:
+        super().init_weights(generator, table_std)
         draw_normal(self.embed_proj.weight, self.embed_proj.in_features**-0.5, generator)
 
     def matrices(self) -> list[nn.Parameter]:

@@ -15,11 +15,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from lockstep.core.config import FieldError, build_config, check_range, config_to_dict
-from lockstep.model.embeddings import EMBEDDINGS, draw_normal, keep_top_level_keys
+from lockstep.model.embeddings import EMBEDDINGS, draw_normal, draw_uniform, keep_top_level_keys
 from lockstep.model.ops import REFERENCE_OPS, LossReduction, Ops, capped_logits, fast_ops
 
 # IGNORE_INDEX and cross_entropy are the model's loss convention: its users import them from here too
 from lockstep.model.ops import IGNORE_INDEX, cross_entropy  # noqa: F401
+
+
+# How GPT.init_weights draws the weights that the two recipes draw differently, by `init`. The
+# output projections start at zero and the lm_head at N(0, 0.001^2) in both.
+INITS: dict[str, str] = {
+    "lockstep": "q, k, v and the MLP's input matrix N(0, 1/n_embd), the token tables N(0, 1)",
+    "nanochat": "q, k, v Uniform with std n_embd^-0.5, the MLP's input matrix Uniform at 0.4x that std, "
+                "the token tables N(0, 0.8^2) (nanochat.gpt.GPT.init_weights)",
+}
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,7 @@ class GPTConfig:
     vocab_multiple: int = 64  # pad the vocab to a multiple of this many ids
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * n_embd
     embedding: str = "flat"  # how ids become vectors: a key of lockstep.model.embeddings.EMBEDDINGS
+    init: str = "lockstep"  # how init_weights draws: a key of INITS
 
     def __post_init__(self) -> None:
         # FieldError names the field; from_dict prefixes `model.`, so a bad meta.json names its key.
@@ -69,6 +79,8 @@ class GPTConfig:
         check_range("softcap", self.softcap, ge=0, why="0 disables capping")
         if self.embedding not in EMBEDDINGS:
             raise FieldError("embedding", self.embedding, f"must be one of {', '.join(EMBEDDINGS)}")
+        if self.init not in INITS:
+            raise FieldError("init", self.init, f"must be one of {', '.join(INITS)}")
 
     @property
     def head_dim(self) -> int:
@@ -288,13 +300,18 @@ class GPT(nn.Module):
         """Fill every parameter from `generator` (a CPU generator), in a fixed order, drawing on
         the CPU and copying to the parameter's device: the weights are a pure function of the
         generator state whatever the device. Output projections start at zero so every block
-        begins as the identity on the residual stream."""
+        begins as the identity on the residual stream. `config.init` picks the distributions of
+        the rest (INITS)."""
         C = self.config.n_embd
-        self.embed.init_weights(generator)
+        nanochat = self.config.init == "nanochat"
+        self.embed.init_weights(generator, table_std=0.8 if nanochat else 1.0)
         for block in self.blocks:
             attn, mlp = block.attn, block.mlp
             for lin in (attn.c_q, attn.c_k, attn.c_v, mlp.c_fc):
-                draw_normal(lin.weight, C**-0.5, generator)
+                if nanochat:
+                    draw_uniform(lin.weight, C**-0.5 * (0.4 if lin is mlp.c_fc else 1.0), generator)
+                else:
+                    draw_normal(lin.weight, C**-0.5, generator)
             attn.c_proj.weight.zero_()
             mlp.c_proj.weight.zero_()
         # A small lm_head makes the initial distribution near uniform (loss ~ ln V).

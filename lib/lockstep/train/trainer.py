@@ -63,6 +63,8 @@ class ModelParams:
     # the non-flat modes read the tokenizer's prefix tree, hierarchical an lz78 tokenizer read
     # from a `compressed` dictionary
     embedding: str = "flat"
+    # lockstep | nanochat: the distributions init_weights draws from (lockstep.model.gpt.INITS)
+    init: str = "lockstep"
 
     def __post_init__(self) -> None:
         if self.n_kv_head < 0:
@@ -74,7 +76,7 @@ class ModelParams:
     def gpt_config(self, vocab_size: int) -> GPTConfig:
         return GPTConfig.from_depth(self.depth, vocab_size, self.sequence_len, self.head_dim,
                                     n_kv_head=self.n_kv_head or None, softcap=self.softcap, rope_theta=self.rope_theta,
-                                    embedding=self.embedding)
+                                    embedding=self.embedding, init=self.init)
 
 
 @dataclass(frozen=True)
