@@ -17,6 +17,11 @@ from lockstep.core.openmp import choose_wait_policy
 
 choose_wait_policy()  # before any command imports torch (lockstep.core.openmp)
 
+# `chat` and `serve` share their --kernels option (runtime.kernels of the stages that decode).
+DECODE_KERNELS_HELP = ("run the model and its decoding on their fast paths (runtime.kernels: on the CPU "
+                       "lockstep.model.kernels and lockstep.infer.cpu_step, same results to rounding); "
+                       "--no-kernels for the reference")
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="lockstep: reproducible chat-model training.")
 
 
@@ -404,10 +409,7 @@ def chat(
     max_tokens: int = typer.Option(256, "--max-tokens", help="new tokens per reply at most"),
     seed: int = typer.Option(0, help="seed of the first reply; each later reply adds its turn number"),
     device: str = typer.Option("cpu", help="torch device to run on: cpu, cuda, cuda:1, mps"),
-    kernels: bool = typer.Option(
-        True, help="run the model and its decoding on their fast paths (runtime.kernels: on the CPU "
-        "lockstep.model.kernels and lockstep.infer.cpu_step, same results to rounding); --no-kernels for the reference"
-    ),
+    kernels: bool = typer.Option(True, help=DECODE_KERNELS_HELP),
 ) -> None:
     """Chat with a checkpoint in the terminal, replies streamed as they are sampled."""
     from lockstep.infer.chat import ChatError, load_backend, person_settings, run_chat
@@ -495,10 +497,7 @@ def serve(
         "waiting longest for a request, or gets 503 when all are busy",
     ),
     device: str = typer.Option("cpu", help="torch device to run on: cpu, cuda, cuda:1, mps"),
-    kernels: bool = typer.Option(
-        True, help="run the model and its decoding on their fast paths (runtime.kernels: on the CPU "
-        "lockstep.model.kernels and lockstep.infer.cpu_step, same results to rounding); --no-kernels for the reference"
-    ),
+    kernels: bool = typer.Option(True, help=DECODE_KERNELS_HELP),
 ) -> None:
     """Serve the chat UI and an OpenAI-compatible API (/v1/chat/completions) for a checkpoint."""
     from lockstep.core.config import FieldError, build_config
