@@ -273,10 +273,11 @@ def n_heads(a: argparse.Namespace) -> int:
 
 def model_config(a: argparse.Namespace, seq: int):
     """lockstep's GPTConfig of the benchmarked shape: depth, vocab, `seq` tokens, n_heads(a) heads,
-    and the d12/d20 presets' rotary base (nanochat's, 100,000)."""
+    and the d12/d20 presets' rotary base and init (nanochat's: 100,000 and its recipe)."""
     from lockstep.model.gpt import GPTConfig
 
-    return GPTConfig.from_depth(a.depth, a.vocab, seq, n_head=n_heads(a), rope_theta=100_000.0)
+    return GPTConfig.from_depth(a.depth, a.vocab, seq, n_head=n_heads(a), rope_theta=100_000.0,
+                                init="nanochat")
 
 
 def nanochat_model(depth: int, vocab: int, seq: int, window: str, n_head: int):
